@@ -1,0 +1,40 @@
+# Finds the PyTorch wheel's libtorch through torch.utils.cmake_prefix_path.
+execute_process(
+  COMMAND ${SHARDCAST_PYTHON} -c "import torch,os;print(torch.utils.cmake_prefix_path);print(torch.__version__);print(os.path.dirname(os.path.dirname(torch.__file__)))"
+  OUTPUT_VARIABLE _torch_out RESULT_VARIABLE _torch_rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT _torch_rc EQUAL 0)
+  message(FATAL_ERROR "shardcast: cannot import torch with ${SHARDCAST_PYTHON}. Run tools/setup.sh first, "
+                      "or pass -DSHARDCAST_PYTHON=/path/to/python with torch>=2.4 installed.")
+endif()
+string(REPLACE "\n" ";" _torch_out "${_torch_out}")
+list(GET _torch_out 0 _torch_prefix)
+list(GET _torch_out 1 SHARDCAST_TORCH_VERSION)
+list(GET _torch_out 2 SHARDCAST_SITE_PACKAGES)
+list(APPEND CMAKE_PREFIX_PATH ${_torch_prefix})
+
+# The wheel's libtorch_cuda needs the NCCL/CUDA libraries of the nvidia-* wheels, which are newer than
+# the system toolkit's; point the linker at them (the loader finds them through libtorch's own RPATH).
+file(GLOB SHARDCAST_NVIDIA_LIB_DIRS LIST_DIRECTORIES true ${SHARDCAST_SITE_PACKAGES}/nvidia/*/lib ${SHARDCAST_SITE_PACKAGES}/nvidia/cu*/lib)
+foreach(_d ${SHARDCAST_NVIDIA_LIB_DIRS})
+  add_link_options("LINKER:-rpath-link,${_d}")
+endforeach()
+
+# TorchConfig probes CUDA for CUDA wheels; keep its chatter but not its failure when no toolkit exists.
+find_package(Torch REQUIRED)
+message(STATUS "shardcast: torch ${SHARDCAST_TORCH_VERSION} from ${_torch_prefix}")
+if(SHARDCAST_TORCH_VERSION VERSION_LESS 2.4)
+  message(FATAL_ERROR "shardcast needs torch >= 2.4, found ${SHARDCAST_TORCH_VERSION}")
+endif()
+
+# Gloo's headers are not in the wheel; ProcessGroupGloo.hpp only holds gloo types by shared_ptr, so the
+# system's gloo headers declare them without touching the layout of anything we construct.
+find_path(SHARDCAST_GLOO_INCLUDE gloo/algorithm.h PATHS /usr/include /usr/local/include)
+if(NOT SHARDCAST_GLOO_INCLUDE)
+  message(FATAL_ERROR "shardcast: gloo headers not found (Debian: apt-get install libgloo-dev; tools/setup.sh does this)")
+endif()
+
+# One interface target for "the CPU part of libtorch".
+add_library(shardcast_torch_cpu INTERFACE)
+target_link_libraries(shardcast_torch_cpu INTERFACE torch_cpu c10)
+target_include_directories(shardcast_torch_cpu SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS} ${SHARDCAST_GLOO_INCLUDE})
+target_compile_definitions(shardcast_torch_cpu INTERFACE USE_C10D_GLOO)

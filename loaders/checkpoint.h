@@ -1,0 +1,58 @@
+// loaders/checkpoint: a checkpoint directory (or one file), with every tensor looked up by key.
+//
+// Accepts, in this order: a path to one .safetensors file; a directory holding
+// model.safetensors.index.json (its "weight_map" names the files); a directory holding
+// model.safetensors. Every file named by the index must exist, be a regular file, and resolve inside
+// the directory (no absolute paths, "..", or symlinks out). Every key is unique across files, and
+// every key of the weight_map is in the file it names.
+//
+// Thread safety: immutable after Open; const methods are safe from any thread.
+// Failure: Open throws shardcast::Error (kCheckpoint naming the file and key, or kIo).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "loaders/safetensors_file.h"
+
+namespace shardcast {
+
+inline constexpr const char* kIndexFileName = "model.safetensors.index.json";
+inline constexpr const char* kSingleFileName = "model.safetensors";
+
+class Checkpoint {
+ public:
+  struct Entry {
+    const SafetensorsFile* file;
+    const TensorInfo* info;
+  };
+
+  static std::unique_ptr<Checkpoint> Open(const std::string& path, const OpenOptions& options = {});
+
+  const std::string& root() const { return root_; }  // the directory, or the file's path
+  size_t num_files() const { return files_.size(); }
+  const SafetensorsFile& file(size_t i) const { return *files_[i]; }
+  const std::vector<std::string>& keys() const { return keys_; }  // sorted
+  uint64_t total_bytes() const;
+
+  const Entry* Find(std::string_view key) const;
+  const Entry& Get(std::string_view key) const;  // throws kCheckpoint naming the key
+
+ private:
+  void AddFile(std::unique_ptr<SafetensorsFile> f);
+
+  std::string root_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::unordered_map<std::string, Entry> entries_;
+  std::vector<std::string> keys_;
+};
+
+// Parses an index.json's weight_map (key -> file name) with every rule above that needs no file
+// system: JSON, no duplicate keys, string values, names that are plain relative paths.
+std::vector<std::pair<std::string, std::string>> ParseWeightMap(std::string_view index_path,
+                                                                 std::string_view json);
+
+}  // namespace shardcast

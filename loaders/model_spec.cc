@@ -1,0 +1,203 @@
+#include "loaders/model_spec.h"
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "allocators/error.h"
+#include "loaders/spec_builder.h"
+
+namespace shardcast {
+namespace spec_internal {
+
+void Config::Fail(const std::string& what) const { throw Error(ErrorKind::kConfig, source_, what); }
+
+uint64_t Config::Uint(const char* field) const {
+  if (!Has(field)) Fail("missing field \"" + std::string(field) + "\"");
+  return Uint(field, 0);
+}
+
+uint64_t Config::Uint(const char* field, uint64_t fallback) const {
+  if (!Has(field)) return fallback;
+  const auto& v = j_[field];
+  if (!v.is_number_integer() || v.get<int64_t>() < 0) {
+    Fail("field \"" + std::string(field) + "\" must be a non-negative integer, got " + v.dump());
+  }
+  return v.get<uint64_t>();
+}
+
+bool Config::Bool(const char* field, bool fallback) const {
+  if (!Has(field)) return fallback;
+  if (!j_[field].is_boolean()) Fail("field \"" + std::string(field) + "\" must be a boolean");
+  return j_[field].get<bool>();
+}
+
+std::string Config::String(const char* field, const std::string& fallback) const {
+  if (!Has(field)) return fallback;
+  if (!j_[field].is_string()) Fail("field \"" + std::string(field) + "\" must be a string");
+  return j_[field].get<std::string>();
+}
+
+SpecBuilder::SpecBuilder(const Config& config, ModelSpec* spec) : config_(config), spec_(spec) {
+  std::string dt = config.String("torch_dtype", config.String("dtype", "bfloat16"));
+  static const std::map<std::string, DType> kTorchDTypes = {
+      {"bfloat16", DType::kBF16}, {"float16", DType::kF16}, {"float32", DType::kF32}};
+  auto it = kTorchDTypes.find(dt);
+  if (it == kTorchDTypes.end()) config.Fail("torch_dtype \"" + dt + "\" is not bfloat16, float16 or float32");
+  dtype_ = it->second;
+  const auto& j = config.json();
+  if (j.contains("quantization_config") && j["quantization_config"].is_object()) {
+    const auto& q = j["quantization_config"];
+    if (q.contains("weight_block_size")) {
+      const auto& b = q["weight_block_size"];
+      if (!b.is_array() || b.size() != 2 || !b[0].is_number_unsigned() || !b[1].is_number_unsigned() ||
+          b[0].get<uint64_t>() == 0 || b[1].get<uint64_t>() == 0) {
+        config.Fail("quantization_config.weight_block_size must be two positive integers, got " + b.dump());
+      }
+      block_out_ = b[0].get<uint64_t>();
+      block_in_ = b[1].get<uint64_t>();
+    }
+  }
+}
+
+void SpecBuilder::Add(const std::string& key, std::vector<uint64_t> shape, Role role, DType dtype, int layer) {
+  SpecEntry e;
+  e.key = key;
+  e.shape = std::move(shape);
+  e.dtype = dtype;
+  e.role = role;
+  e.layer = layer;
+  spec_->entries.push_back(std::move(e));
+}
+
+void SpecBuilder::Weight(const std::string& key, std::vector<uint64_t> shape, int layer) {
+  Add(key, std::move(shape), Role::kParameter, dtype_, layer);
+}
+
+void SpecBuilder::Linear(const std::string& prefix, uint64_t out, uint64_t in, int layer, bool quantizable) {
+  if (quantizable && block_out_ != 0) {
+    Add(prefix + ".weight", {out, in}, Role::kParameter, DType::kF8_E4M3, layer);
+    Add(prefix + ".weight_scale_inv", {(out + block_out_ - 1) / block_out_, (in + block_in_ - 1) / block_in_},
+        Role::kSidecar, DType::kF32, layer);
+  } else {
+    Weight(prefix + ".weight", {out, in}, layer);
+  }
+}
+
+void SpecBuilder::RotaryInvFreq(uint64_t rotary_dim) {
+  if (rotary_dim == 0 || rotary_dim % 2 != 0) {
+    config_.Fail("rotary dimension must be a positive even number, got " + std::to_string(rotary_dim));
+  }
+  Add("model.rotary_emb.inv_freq", {rotary_dim / 2}, Role::kNonPersistentBuffer, DType::kF32);
+  spec_->entries.back().init_rule = "rotary_inv_freq";
+  spec_->entries.back().replicated = true;
+}
+
+void SpecBuilder::EmbeddingAndHead(uint64_t vocab, uint64_t hidden) {
+  spec_->tie_word_embeddings = config_.Bool("tie_word_embeddings", false);
+  Weight("model.norm.weight", {hidden});
+  if (!spec_->tie_word_embeddings) Weight("lm_head.weight", {vocab, hidden});
+}
+
+void SpecBuilder::Layers(const std::function<void(int)>& body) {
+  for (int i = 0; i < spec_->num_layers; ++i) body(i);
+}
+
+}  // namespace spec_internal
+
+namespace {
+
+using spec_internal::Builder;
+
+const std::map<std::string, Builder>& Registry() {
+  static const std::map<std::string, Builder> registry = {
+      {"llama", spec_internal::BuildLlama},
+      {"mixtral", spec_internal::BuildMixtral},
+      {"qwen3_moe", spec_internal::BuildQwen3Moe},
+      {"deepseek_v3", spec_internal::BuildDeepseekV3},
+      {"minimax_m2", spec_internal::BuildMinimaxM2},
+  };
+  return registry;
+}
+
+}  // namespace
+
+std::string_view RoleName(Role role) {
+  switch (role) {
+    case Role::kParameter: return "parameter";
+    case Role::kPersistentBuffer: return "persistent_buffer";
+    case Role::kNonPersistentBuffer: return "non_persistent_buffer";
+    case Role::kSidecar: return "sidecar";
+  }
+  return "?";
+}
+
+uint64_t SpecEntry::numel() const {
+  uint64_t n = 1;
+  for (uint64_t d : shape) n *= d;
+  return n;
+}
+
+uint64_t ModelSpec::parameter_count() const {
+  uint64_t n = 0;
+  for (const auto& e : entries) n += e.role == Role::kParameter ? e.numel() : 0;
+  return n;
+}
+
+uint64_t ModelSpec::bytes(Role role) const {
+  uint64_t n = 0;
+  for (const auto& e : entries) n += e.role == role ? e.nbytes() : 0;
+  return n;
+}
+
+const SpecEntry* ModelSpec::Find(std::string_view key) const {
+  for (const auto& e : entries) {
+    if (e.key == key) return &e;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> KnownModelTypes() {
+  std::vector<std::string> out;
+  for (const auto& [name, _] : Registry()) out.push_back(name);
+  return out;
+}
+
+ModelSpec BuildModelSpecFromJson(std::string_view source, std::string_view config_json, const SpecOptions& options) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(config_json);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorKind::kConfig, std::string(source), std::string("not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw Error(ErrorKind::kConfig, std::string(source), "config is not a JSON object");
+  spec_internal::Config config(std::string(source), j);
+  std::string type = config.String("model_type", "");
+  auto it = Registry().find(type);
+  if (it == Registry().end()) {
+    std::string known;
+    for (const auto& k : KnownModelTypes()) known += (known.empty() ? "" : ", ") + k;
+    config.Fail(type.empty() ? "missing field \"model_type\" (known: " + known + ")"
+                             : "unknown model_type \"" + type + "\" (known: " + known + ")");
+  }
+  ModelSpec spec;
+  spec.source = std::string(source);
+  spec.model_type = type;
+  spec.config_json = std::string(config_json);
+  spec.total_layers = static_cast<int>(config.Uint("num_hidden_layers"));
+  spec.num_layers = options.layers < 0 ? spec.total_layers : std::min(options.layers, spec.total_layers);
+  spec_internal::SpecBuilder builder(config, &spec);
+  it->second(config, builder);
+  return spec;
+}
+
+ModelSpec BuildModelSpec(const std::string& config_path, const SpecOptions& options) {
+  std::ifstream in(config_path);
+  if (!in) throw Error(ErrorKind::kConfig, config_path, "cannot open config file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return BuildModelSpecFromJson(config_path, ss.str(), options);
+}
+
+}  // namespace shardcast

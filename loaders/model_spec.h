@@ -1,0 +1,70 @@
+// loaders/model_spec: the full list of state entries of a model, built from its HF config.json.
+//
+// A ModelSpec names every entry by its Hugging Face checkpoint key with its global shape, dtype and
+// role. Builders are registered per model_type (llama, mixtral, qwen3_moe, deepseek_v3, minimax_m2);
+// a new architecture adds a builder, not a branch.
+//
+// Where the config declares fp8 block quantization (quantization_config.weight_block_size), every
+// quantized linear weight is F8_E4M3 and carries a "<name>.weight_scale_inv" F32 sidecar of shape
+// ceil(out/bo) x ceil(in/bi).
+//
+// Failure: kConfig naming the file and the field (missing field, unknown model_type, bad value).
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loaders/dtype.h"
+
+namespace shardcast {
+
+enum class Role {
+  kParameter,            // nn.Parameter: stays meta until its shard arrives
+  kPersistentBuffer,     // in the state dict: real memory on every rank, filled from the checkpoint
+  kNonPersistentBuffer,  // not in the state dict: computed locally on every rank (init_rule)
+  kSidecar,              // checkpoint-only companion of a parameter (fp8 weight_scale_inv)
+};
+std::string_view RoleName(Role role);
+
+struct SpecEntry {
+  std::string key;
+  std::vector<uint64_t> shape;
+  DType dtype = DType::kBF16;
+  Role role = Role::kParameter;
+  std::string init_rule;    // kNonPersistentBuffer only: the rule's name, e.g. "rotary_inv_freq"
+  bool replicated = false;  // declared Replicate (besides 0-dim entries, which always are)
+  int layer = -1;           // decoder layer index, or -1 for entries outside the layers
+
+  uint64_t numel() const;
+  uint64_t nbytes() const { return numel() * DTypeSize(dtype); }
+};
+
+struct ModelSpec {
+  std::string source;       // the config file it came from, for messages
+  std::string model_type;
+  std::string config_json;  // the config as read; init rules read their fields from it
+  int num_layers = 0;       // layers in this spec (after SpecOptions::layers)
+  int total_layers = 0;     // layers in the config
+  bool tie_word_embeddings = false;
+  std::vector<SpecEntry> entries;
+
+  uint64_t parameter_count() const;                // numel over kParameter entries
+  uint64_t bytes(Role role) const;
+  const SpecEntry* Find(std::string_view key) const;
+};
+
+struct SpecOptions {
+  int layers = -1;  // default -1: every layer. N >= 0 keeps the first N decoder layers.
+};
+
+ModelSpec BuildModelSpecFromJson(std::string_view source, std::string_view config_json,
+                                 const SpecOptions& options = {});
+ModelSpec BuildModelSpec(const std::string& config_path, const SpecOptions& options = {});
+
+// The model_types with a registered builder, sorted.
+std::vector<std::string> KnownModelTypes();
+
+}  // namespace shardcast

@@ -1,0 +1,210 @@
+#include "loaders/safetensors_file.h"
+
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "allocators/error.h"
+
+namespace shardcast {
+namespace {
+
+[[noreturn]] void FailIo(const std::string& path, const std::string& what, int err) {
+  throw Error(ErrorKind::kIo, path, what + ": " + ErrnoText(err));
+}
+
+// ---- SIGBUS guard ---------------------------------------------------------------------------
+// A mapping whose file shrinks raises SIGBUS on the vanished pages. The guard turns that into a
+// return value for copies that opted in; any other SIGBUS goes to the previous handler.
+struct Guard {
+  sigjmp_buf env;
+  const char* begin = nullptr;
+  const char* end = nullptr;
+};
+thread_local Guard* t_guard = nullptr;
+struct sigaction g_previous_bus;
+std::once_flag g_install_once;
+
+void OnSigbus(int sig, siginfo_t* info, void* ctx) {
+  Guard* g = t_guard;
+  const char* addr = static_cast<const char*>(info->si_addr);
+  if (g != nullptr && addr >= g->begin && addr < g->end) siglongjmp(g->env, 1);
+  // Not ours: behave as if we were never installed.
+  if (g_previous_bus.sa_flags & SA_SIGINFO) {
+    g_previous_bus.sa_sigaction(sig, info, ctx);
+  } else if (g_previous_bus.sa_handler == SIG_DFL || g_previous_bus.sa_handler == SIG_IGN) {
+    signal(SIGBUS, SIG_DFL);  // returning re-executes the faulting access, which now kills us
+  } else {
+    g_previous_bus.sa_handler(sig);
+  }
+}
+
+void InstallSigbusHandler() {
+  std::call_once(g_install_once, [] {
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = OnSigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &g_previous_bus);
+  });
+}
+
+uint64_t PageSize() {
+  static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+}  // namespace
+
+bool GuardedCopy(void* dst, const void* src, size_t n) {
+  InstallSigbusHandler();
+  Guard g;
+  g.begin = static_cast<const char*>(src);
+  g.end = g.begin + n;
+  Guard* saved = t_guard;
+  if (sigsetjmp(g.env, 1) != 0) {
+    t_guard = saved;
+    return false;
+  }
+  // The fences keep the compiler from dropping or moving the stores around memcpy: only the signal
+  // handler reads t_guard, and nothing the compiler can see does.
+  t_guard = &g;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  std::memcpy(dst, src, n);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_guard = saved;
+  return true;
+}
+
+std::unique_ptr<SafetensorsFile> SafetensorsFile::Open(const std::string& path, const OpenOptions& options) {
+  std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
+  f->path_ = path;
+  f->mode_ = options.mode;
+  f->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f->fd_ < 0) FailIo(path, "cannot open", errno);
+  struct stat st;
+  if (fstat(f->fd_, &st) != 0) FailIo(path, "cannot stat", errno);
+  if (!S_ISREG(st.st_mode)) throw Error(ErrorKind::kCheckpoint, path, "not a regular file");
+  f->file_size_ = static_cast<uint64_t>(st.st_size);
+
+  unsigned char prefix[8] = {0};
+  if (f->file_size_ >= 8) f->ReadBytes(0, 8, prefix, "header length");
+  uint64_t n = ParseHeaderLength(path, prefix, f->file_size_);
+  std::string json(n, '\0');
+  f->ReadBytes(8, n, json.data(), "header");
+  f->header_ = ParseHeader(path, json, f->file_size_);
+
+  if (options.mode == ReadMode::kMmap && f->file_size_ > 0) {
+    void* p = mmap(nullptr, f->file_size_, PROT_READ, MAP_SHARED, f->fd_, 0);
+    if (p == MAP_FAILED) FailIo(path, "cannot mmap " + std::to_string(f->file_size_) + " bytes", errno);
+    f->map_ = static_cast<const unsigned char*>(p);
+    if (options.sequential_hint) madvise(p, f->file_size_, MADV_SEQUENTIAL);
+  }
+  if (options.sequential_hint) posix_fadvise(f->fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
+  return f;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ != nullptr) munmap(const_cast<unsigned char*>(map_), file_size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+const TensorInfo& SafetensorsFile::Get(std::string_view key) const {
+  const TensorInfo* t = Find(key);
+  if (t == nullptr) {
+    throw Error(ErrorKind::kCheckpoint, path_, "no tensor '" + std::string(key) + "' in this file");
+  }
+  return *t;
+}
+
+void SafetensorsFile::CheckRows(const TensorInfo& t, uint64_t r0, uint64_t r1) const {
+  if (r0 > r1 || r1 > t.rows()) {
+    throw Error(ErrorKind::kInvalidArgument, path_,
+                "tensor '" + t.key + "': rows [" + std::to_string(r0) + ", " + std::to_string(r1) +
+                    ") out of range for " + std::to_string(t.rows()) + " rows");
+  }
+}
+
+uint64_t SafetensorsFile::RowOffset(const TensorInfo& t, uint64_t r0) const {
+  CheckRows(t, r0, r0);
+  return header_.data_offset() + t.begin + r0 * t.row_bytes();
+}
+
+uint64_t SafetensorsFile::RowRangeBytes(const TensorInfo& t, uint64_t r0, uint64_t r1) const {
+  CheckRows(t, r0, r1);
+  return (r1 - r0) * t.row_bytes();
+}
+
+ByteSpan SafetensorsFile::View(const TensorInfo& t) const { return RowRange(t, 0, t.rows()); }
+
+ByteSpan SafetensorsFile::RowRange(const TensorInfo& t, uint64_t r0, uint64_t r1) const {
+  if (mode_ != ReadMode::kMmap) {
+    throw Error(ErrorKind::kInvalidArgument, path_, "zero-copy views need ReadMode::kMmap; use ReadRows");
+  }
+  uint64_t n = RowRangeBytes(t, r0, r1);
+  return ByteSpan{map_ == nullptr ? nullptr : map_ + RowOffset(t, r0), n};
+}
+
+void SafetensorsFile::ReadRows(const TensorInfo& t, uint64_t r0, uint64_t r1, void* dst) const {
+  uint64_t n = RowRangeBytes(t, r0, r1);
+  ReadBytes(RowOffset(t, r0), n, dst,
+            "tensor '" + t.key + "' rows [" + std::to_string(r0) + ", " + std::to_string(r1) + ")");
+}
+
+void SafetensorsFile::ReadBytes(uint64_t offset, uint64_t n, void* dst, std::string_view what) const {
+  if (n == 0) return;
+  auto truncated = [&](uint64_t now_size) {
+    return Error(ErrorKind::kCheckpoint, path_,
+                 std::string(what) + " at file " + ByteRangeText(offset, offset + n) +
+                     ": the file was truncated or changed while open (it was " +
+                     std::to_string(file_size_) + " bytes, now " + std::to_string(now_size) + ")");
+  };
+  if (map_ != nullptr) {
+    if (!GuardedCopy(dst, map_ + offset, n)) {
+      struct stat st;
+      throw truncated(fstat(fd_, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0);
+    }
+    return;
+  }
+  auto* out = static_cast<unsigned char*>(dst);
+  uint64_t done = 0;
+  while (done < n) {
+    ssize_t got = pread(fd_, out + done, n - done, static_cast<off_t>(offset + done));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      FailIo(path_, "pread of " + std::string(what) + " at " + ByteRangeText(offset, offset + n), errno);
+    }
+    if (got == 0) {
+      struct stat st;
+      throw truncated(fstat(fd_, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0);
+    }
+    done += static_cast<uint64_t>(got);
+  }
+}
+
+void SafetensorsFile::ReleasePages(uint64_t offset, uint64_t n, Release how) const {
+  if (n == 0) return;
+  // Whole pages only, rounded outward: a page shared with unconsumed bytes is simply faulted in
+  // again from the file if touched, so rounding outward never loses data.
+  const uint64_t page = PageSize();
+  uint64_t begin = offset / page * page;
+  uint64_t end = std::min(file_size_, (offset + n + page - 1) / page * page);
+  if (map_ != nullptr && end > begin) {
+    madvise(const_cast<unsigned char*>(map_) + begin, end - begin, MADV_DONTNEED);
+  }
+  if (how == Release::kMappingAndCache) {
+    posix_fadvise(fd_, static_cast<off_t>(begin), static_cast<off_t>(end - begin), POSIX_FADV_DONTNEED);
+  }
+}
+
+}  // namespace shardcast

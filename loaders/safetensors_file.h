@@ -1,0 +1,92 @@
+// loaders/safetensors_file: one validated safetensors file, memory-mapped read-only or read by pread.
+//
+// Open() validates the whole header (see safetensors_header.h) before it returns, so every TensorInfo
+// handed out is in bounds. Views are zero-copy and valid while the SafetensorsFile lives.
+//
+// Thread safety: after Open, every const method may be called from any thread concurrently.
+// Failure: every method throws shardcast::Error; kCheckpoint for bad or changed files (naming the
+// file, key and byte range), kIo when the OS refuses. A file truncated after Open is an Error from
+// ReadRows/ReadBytes, never SIGBUS: copies out of the mapping run under a fault guard.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "loaders/safetensors_header.h"
+
+namespace shardcast {
+
+enum class ReadMode {
+  kMmap,   // default: map the file read-only; views are zero-copy
+  kPread,  // no mapping: for filesystems where mmap is slow (NFS, Lustre); View() is unavailable
+};
+
+struct OpenOptions {
+  ReadMode mode = ReadMode::kMmap;  // default kMmap
+  bool sequential_hint = true;      // default true: madvise/fadvise SEQUENTIAL for streaming
+};
+
+// What ReleasePages drops.
+enum class Release {
+  kMapping,            // default: unmap the pages from this process (RssFile falls); page cache stays warm
+  kMappingAndCache,    // also ask the kernel to drop them from the page cache (POSIX_FADV_DONTNEED)
+};
+
+struct ByteSpan {
+  const unsigned char* data = nullptr;
+  uint64_t size = 0;
+};
+
+class SafetensorsFile {
+ public:
+  static std::unique_ptr<SafetensorsFile> Open(const std::string& path, const OpenOptions& options = {});
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const Header& header() const { return header_; }
+  uint64_t file_size() const { return file_size_; }
+  ReadMode mode() const { return mode_; }
+
+  // By key, never by position. Find returns nullptr if absent; Get throws naming the file and key.
+  const TensorInfo* Find(std::string_view key) const { return header_.Find(key); }
+  const TensorInfo& Get(std::string_view key) const;
+
+  // File-absolute offset of rows [r0, r1) of dim 0. REQUIRES: r0 <= r1 <= t.rows() (else throws).
+  uint64_t RowOffset(const TensorInfo& t, uint64_t r0) const;
+  uint64_t RowRangeBytes(const TensorInfo& t, uint64_t r0, uint64_t r1) const;
+
+  // Zero-copy views into the mapping. REQUIRES: mode() == kMmap. Touching a view of a file that was
+  // truncated after Open raises SIGBUS like any mapping; use ReadRows where that must be an error.
+  ByteSpan View(const TensorInfo& t) const;
+  ByteSpan RowRange(const TensorInfo& t, uint64_t r0, uint64_t r1) const;
+
+  // Copies rows [r0, r1) of t into dst (no alignment needed). Checks the file has not shrunk.
+  void ReadRows(const TensorInfo& t, uint64_t r0, uint64_t r1, void* dst) const;
+  // Copies file bytes [offset, offset + n) into dst; `what` names them in errors.
+  void ReadBytes(uint64_t offset, uint64_t n, void* dst, std::string_view what) const;
+
+  // Gives back the pages of file bytes [offset, offset + n) that the caller has consumed.
+  void ReleasePages(uint64_t offset, uint64_t n, Release how = Release::kMapping) const;
+
+ private:
+  SafetensorsFile() = default;
+  void CheckRows(const TensorInfo& t, uint64_t r0, uint64_t r1) const;
+
+  std::string path_;
+  int fd_ = -1;
+  const unsigned char* map_ = nullptr;
+  uint64_t file_size_ = 0;
+  ReadMode mode_ = ReadMode::kMmap;
+  Header header_;
+};
+
+// Copies n bytes from a file mapping; a SIGBUS inside [src, src + n) (the file shrank) returns false
+// instead of killing the process. Thread-safe; the guard is per thread.
+bool GuardedCopy(void* dst, const void* src, size_t n);
+
+}  // namespace shardcast

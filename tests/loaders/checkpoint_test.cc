@@ -1,0 +1,68 @@
+#include "loaders/checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "loaders/writer.h"
+#include "tests/loaders/test_util.h"
+
+namespace shardcast {
+namespace {
+
+void Small(const std::string& path, const std::vector<std::string>& keys) {
+  std::vector<WriteEntry> entries;
+  for (const auto& k : keys) entries.push_back({k, DType::kU8, {2}});
+  SafetensorsWriter w(path, entries);
+  for (size_t i = 0; i < keys.size(); ++i) w.Append("ab", 2);
+  w.Commit();
+}
+
+TEST(Checkpoint, OpensSingleFileDirAndPlainFile) {
+  testing::TempDir dir;
+  Small(dir / "model.safetensors", {"x", "y"});
+  EXPECT_EQ(Checkpoint::Open(dir.path())->keys(), (std::vector<std::string>{"x", "y"}));
+  EXPECT_EQ(Checkpoint::Open(dir / "model.safetensors")->num_files(), 1u);
+}
+
+TEST(Checkpoint, RejectsBadIndexes) {
+  testing::TempDir dir;
+  Small(dir / "a.safetensors", {"x"});
+  Small(dir / "b.safetensors", {"x", "y"});
+  const std::string index = dir / kIndexFileName;
+  auto with = [&](const std::string& json) {
+    testing::WriteFile(index, json);
+    return dir.path();
+  };
+  EXPECT_SC_ERROR(Checkpoint::Open(with("{")), ErrorKind::kCheckpoint, "not valid JSON", index.c_str());
+  EXPECT_SC_ERROR(Checkpoint::Open(with(R"({"metadata":{}})")), ErrorKind::kCheckpoint, "no \"weight_map\"");
+  EXPECT_SC_ERROR(Checkpoint::Open(with(R"({"weight_map":{"x":"a.safetensors","x":"b.safetensors"}})")),
+                  ErrorKind::kCheckpoint, "duplicate key 'x'");
+  EXPECT_SC_ERROR(Checkpoint::Open(with(R"({"weight_map":{"x":"../a.safetensors"}})")), ErrorKind::kCheckpoint,
+                  "weight_map['x']", "escapes the checkpoint directory");
+  EXPECT_SC_ERROR(Checkpoint::Open(with(R"({"weight_map":{"x":"/etc/passwd"}})")), ErrorKind::kCheckpoint,
+                  "absolute path");
+  EXPECT_SC_ERROR(Checkpoint::Open(with(R"({"weight_map":{"x":"gone.safetensors"}})")), ErrorKind::kCheckpoint,
+                  "\"gone.safetensors\", which does not exist");
+  EXPECT_SC_ERROR(Checkpoint::Open(with(R"({"weight_map":{"x":7}})")), ErrorKind::kCheckpoint, "not a file name");
+  EXPECT_SC_ERROR(Checkpoint::Open(with(R"({"weight_map":{"z":"a.safetensors"}})")), ErrorKind::kCheckpoint,
+                  "holds no tensor 'z'");
+  EXPECT_SC_ERROR(Checkpoint::Open(with(R"({"weight_map":{"x":"a.safetensors","y":"b.safetensors"}})")),
+                  ErrorKind::kCheckpoint, "tensor 'x' is also in", "unique across files");
+  testing::TempDir outside;
+  Small(outside / "evil.safetensors", {"x"});
+  ASSERT_EQ(symlink((outside / "evil.safetensors").c_str(), (dir / "link.safetensors").c_str()), 0);
+  EXPECT_SC_ERROR(Checkpoint::Open(with(R"({"weight_map":{"x":"link.safetensors"}})")), ErrorKind::kCheckpoint,
+                  "outside the checkpoint directory");
+  auto ok = Checkpoint::Open(with(R"({"weight_map":{"x":"a.safetensors"}})"));
+  EXPECT_EQ(ok->Get("x").file->path(), dir / "a.safetensors");
+  EXPECT_SC_ERROR(ok->Get("nope"), ErrorKind::kCheckpoint, "no tensor 'nope'");
+}
+
+TEST(Checkpoint, EmptyDirectoryAndMissingPath) {
+  testing::TempDir dir;
+  EXPECT_SC_ERROR(Checkpoint::Open(dir.path()), ErrorKind::kCheckpoint, "holds neither");
+  EXPECT_SC_ERROR(Checkpoint::Open(dir / "nothing"), ErrorKind::kCheckpoint, "no such file");
+}
+
+}  // namespace
+}  // namespace shardcast

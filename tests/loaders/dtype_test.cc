@@ -1,0 +1,81 @@
+#include "loaders/dtype.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace shardcast {
+namespace {
+
+TEST(DType, NamesRoundTripAndSizes) {
+  for (int i = 0; i < kNumDTypes; ++i) {
+    DType d = static_cast<DType>(i);
+    auto parsed = ParseDType(DTypeName(d));
+    ASSERT_TRUE(parsed.has_value()) << DTypeName(d);
+    EXPECT_EQ(*parsed, d);
+  }
+  EXPECT_EQ(DTypeSize(DType::kBF16), 2u);
+  EXPECT_EQ(DTypeSize(DType::kC64), 8u);
+  EXPECT_EQ(DTypeSize(DType::kF8_E8M0), 1u);
+  EXPECT_FALSE(ParseDType("F4").has_value());
+  EXPECT_FALSE(ParseDType("bf16").has_value());  // names are case-sensitive
+}
+
+TEST(DType, BFloat16RoundsToNearestEven) {
+  EXPECT_EQ(FloatToBFloat16Bits(1.0f), 0x3F80);
+  float halfway;  // 1 + 2^-8: exactly between 0x3F80 and 0x3F81 -> even (0x3F80)
+  uint32_t u = 0x3F808000;
+  std::memcpy(&halfway, &u, 4);
+  EXPECT_EQ(FloatToBFloat16Bits(halfway), 0x3F80);
+  u = 0x3F818000;  // between 0x3F81 and 0x3F82 -> even (0x3F82)
+  std::memcpy(&halfway, &u, 4);
+  EXPECT_EQ(FloatToBFloat16Bits(halfway), 0x3F82);
+  EXPECT_EQ(FloatToBFloat16Bits(std::numeric_limits<float>::quiet_NaN()) & 0x7FC0, 0x7FC0);
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    float f = BFloat16BitsToFloat(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(FloatToBFloat16Bits(f), h) << std::hex << h;
+  }
+}
+
+TEST(DType, HalfMatchesIeee) {
+  EXPECT_EQ(FloatToHalfBits(1.0f), 0x3C00);
+  EXPECT_EQ(FloatToHalfBits(-2.0f), 0xC000);
+  EXPECT_EQ(FloatToHalfBits(65504.0f), 0x7BFF);
+  EXPECT_EQ(FloatToHalfBits(65520.0f), 0x7C00);            // rounds to inf
+  EXPECT_EQ(FloatToHalfBits(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
+  EXPECT_EQ(FloatToHalfBits(std::ldexp(1.0f, -26)), 0x0000);  // underflows to zero
+  EXPECT_EQ(FloatToHalfBits(std::numeric_limits<float>::quiet_NaN()), 0x7E00);
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    float f = HalfBitsToFloat(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(FloatToHalfBits(f), h) << std::hex << h;
+  }
+}
+
+TEST(DType, ConvertElementsUnaligned) {
+  EXPECT_TRUE(CanConvert(DType::kF32, DType::kBF16));
+  EXPECT_TRUE(CanConvert(DType::kF8_E4M3, DType::kF8_E4M3));
+  EXPECT_FALSE(CanConvert(DType::kF8_E4M3, DType::kBF16));
+  EXPECT_FALSE(CanConvert(DType::kI32, DType::kF32));
+  float src[3] = {1.5f, -0.25f, 3.0f};
+  unsigned char raw[1 + sizeof(src)];
+  std::memcpy(raw + 1, src, sizeof(src));
+  unsigned char out[1 + 6];
+  ConvertElements(DType::kF32, DType::kF16, raw + 1, out + 1, 3);
+  uint16_t h[3];
+  std::memcpy(h, out + 1, 6);
+  EXPECT_EQ(h[0], 0x3E00);
+  EXPECT_EQ(h[1], 0xB400);
+  EXPECT_EQ(h[2], 0x4200);
+  unsigned char back[1 + 6];
+  ConvertElements(DType::kF16, DType::kBF16, out + 1, back + 1, 3);
+  std::memcpy(h, back + 1, 6);
+  EXPECT_EQ(h[0], FloatToBFloat16Bits(1.5f));
+  EXPECT_EQ(h[2], FloatToBFloat16Bits(3.0f));
+}
+
+}  // namespace
+}  // namespace shardcast

@@ -1,0 +1,109 @@
+#include "loaders/safetensors_file.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "loaders/writer.h"
+#include "tests/loaders/test_util.h"
+
+namespace shardcast {
+namespace {
+
+// [5, 3] int32 with value r*10+c, and a 0-dim scalar.
+std::string MakeFile(const testing::TempDir& dir) {
+  std::string path = dir / "m.safetensors";
+  SafetensorsWriter w(path, {{"m", DType::kI32, {5, 3}}, {"s", DType::kF32, {}}});
+  for (int32_t r = 0; r < 5; ++r) {
+    for (int32_t c = 0; c < 3; ++c) {
+      int32_t v = r * 10 + c;
+      w.Append(&v, 4);
+    }
+  }
+  float s = 2.5f;
+  w.Append(&s, 4);
+  w.Commit();
+  return path;
+}
+
+TEST(SafetensorsFile, RowRangesAreContiguousAndAgreeAcrossModes) {
+  testing::TempDir dir;
+  std::string path = MakeFile(dir);
+  auto mm = SafetensorsFile::Open(path);
+  auto pr = SafetensorsFile::Open(path, OpenOptions{ReadMode::kPread});
+  const TensorInfo& m = mm->Get("m");
+  EXPECT_EQ(m.row_bytes(), 12u);
+  ByteSpan rows = mm->RowRange(m, 1, 4);
+  ASSERT_EQ(rows.size, 36u);
+  int32_t v[9];
+  std::memcpy(v, rows.data, 36);
+  EXPECT_EQ(v[0], 10);
+  EXPECT_EQ(v[8], 32);
+  int32_t p[9];
+  pr->ReadRows(pr->Get("m"), 1, 4, p);
+  EXPECT_EQ(std::memcmp(v, p, 36), 0);
+  EXPECT_EQ(mm->RowRange(m, 5, 5).size, 0u);  // an empty range at the end is valid
+  EXPECT_EQ(mm->RowOffset(m, 2), mm->header().data_offset() + 24);
+  float s = 0;
+  mm->ReadRows(mm->Get("s"), 0, 1, &s);
+  EXPECT_EQ(s, 2.5f);
+  EXPECT_SC_ERROR(mm->RowRange(m, 2, 6), ErrorKind::kInvalidArgument, "tensor 'm'", "rows [2, 6)", "5 rows");
+  EXPECT_SC_ERROR(pr->View(pr->Get("m")), ErrorKind::kInvalidArgument, "ReadMode::kMmap");
+  EXPECT_SC_ERROR(mm->Get("nope"), ErrorKind::kCheckpoint, "no tensor 'nope'", path.c_str());
+}
+
+// Regression: a file truncated after Open must be an error naming the bytes, not SIGBUS.
+TEST(SafetensorsFile, TruncatedAfterOpenIsAnErrorNotSigbus) {
+  testing::TempDir dir;
+  std::string path = dir / "big.safetensors";
+  {
+    SafetensorsWriter w(path, {{"w", DType::kU8, {4, 1 << 20}}});
+    std::vector<unsigned char> row(1 << 20, 7);
+    for (int i = 0; i < 4; ++i) w.Append(row.data(), row.size());
+    w.Commit();
+  }
+  for (ReadMode mode : {ReadMode::kMmap, ReadMode::kPread}) {
+    auto f = SafetensorsFile::Open(path, OpenOptions{mode});
+    ASSERT_EQ(truncate(path.c_str(), 4096), 0);
+    std::vector<unsigned char> out(1 << 20);
+    EXPECT_SC_ERROR(f->ReadRows(f->Get("w"), 2, 3, out.data()), ErrorKind::kCheckpoint, "tensor 'w' rows [2, 3)",
+                    "truncated", path.c_str());
+    ASSERT_EQ(truncate(path.c_str(), f->file_size()), 0);  // restore for the next mode
+  }
+}
+
+long RssFileKb() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("RssFile:", 0) == 0) return std::stol(line.substr(8));
+  }
+  return -1;
+}
+
+TEST(SafetensorsFile, ReleasePagesDropsResidentFilePages) {
+  testing::TempDir dir;
+  std::string path = dir / "r.safetensors";
+  const uint64_t n = 64ull << 20;
+  {
+    SafetensorsWriter w(path, {{"w", DType::kU8, {n}}});
+    std::vector<unsigned char> chunk(1 << 20, 1);
+    for (uint64_t i = 0; i < n; i += chunk.size()) w.Append(chunk.data(), chunk.size());
+    w.Commit();
+  }
+  auto f = SafetensorsFile::Open(path);
+  ByteSpan v = f->View(f->Get("w"));
+  uint64_t sum = 0;
+  for (uint64_t i = 0; i < v.size; i += 4096) sum += v.data[i];  // fault every page in
+  EXPECT_EQ(sum, n / 4096);
+  long before = RssFileKb();
+  f->ReleasePages(f->RowOffset(f->Get("w"), 0), n);
+  long after = RssFileKb();
+  if (before < 0) GTEST_SKIP() << "no /proc/self/status";
+  EXPECT_GT(before - after, 60 * 1024) << "before " << before << " kB, after " << after << " kB";
+}
+
+}  // namespace
+}  // namespace shardcast

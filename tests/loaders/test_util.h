@@ -1,0 +1,44 @@
+// Test helpers for loaders tests: temp directories and hand-built safetensors images.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "allocators/error.h"
+
+namespace shardcast::testing {
+
+// A fresh directory under $TMPDIR, removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// 8-byte little-endian length + header + data: a safetensors image with exactly these bytes.
+std::string Image(const std::string& header_json, const std::string& data);
+void WriteFile(const std::string& path, const std::string& bytes);
+std::string ReadFile(const std::string& path);
+
+// The ../shared dir if present (CI has it), else empty.
+std::string SharedDir();
+
+}  // namespace shardcast::testing
+
+// Asserts `stmt` throws shardcast::Error of `kind` whose message contains every listed substring.
+#define EXPECT_SC_ERROR(stmt, want_kind, ...)                                                       \
+  do {                                                                                         \
+    try {                                                                                      \
+      stmt;                                                                                    \
+      ADD_FAILURE() << "expected shardcast::Error from " #stmt;                                \
+    } catch (const ::shardcast::Error& e) {                                                    \
+      EXPECT_EQ(e.kind(), want_kind) << e.what();                                                 \
+      for (const char* s : {__VA_ARGS__}) EXPECT_NE(std::string(e.what()).find(s), std::string::npos) \
+          << "message lacks \"" << s << "\": " << e.what();                                    \
+    }                                                                                          \
+  } while (0)
