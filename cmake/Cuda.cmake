@@ -11,7 +11,7 @@ if(NOT SHARDCAST_CUDA STREQUAL "OFF")
   find_path(SHARDCAST_NCCL_INCLUDE nccl.h
     PATHS ${SHARDCAST_SITE_PACKAGES}/nvidia/nccl/include ${SHARDCAST_SITE_PACKAGES}/nvidia/cu13/include
           ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include NO_DEFAULT_PATH)
-  find_library(SHARDCAST_NCCL_LIBRARY NAMES nccl libnccl.so.2
+  find_library(SHARDCAST_NCCL_LIBRARY NAMES libnccl.so.2 nccl NAMES_PER_DIR
     PATHS ${SHARDCAST_SITE_PACKAGES}/nvidia/nccl/lib ${SHARDCAST_SITE_PACKAGES}/nvidia/cu13/lib
           ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64 NO_DEFAULT_PATH)
   if(CUDAToolkit_FOUND AND TARGET torch_cuda AND SHARDCAST_NCCL_INCLUDE AND SHARDCAST_NCCL_LIBRARY)

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
 
 #include "tests/loaders/test_util.h"
@@ -28,7 +29,13 @@ TEST_P(ParameterCount, WithinOnePercentOfPublished) {
 INSTANTIATE_TEST_SUITE_P(Models, ParameterCount,
                          ::testing::Values(Published{"llama-3.1-8b.json", 8.0e9}, Published{"mixtral-8x7b.json", 46.7e9},
                                            Published{"qwen3-30b-a3b.json", 30.5e9}, Published{"minimax-m2.json", 229e9},
-                                           Published{"deepseek-v3.json", 671e9}));
+                                           Published{"deepseek-v3.json", 671e9}),
+                         [](const ::testing::TestParamInfo<Published>& info) {
+                           std::string name = info.param.file;
+                           name = name.substr(0, name.find(".json"));
+                           for (char& c : name) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+                           return name;
+                         });
 
 TEST(ModelSpec, DeepseekHasFp8SidecarsRoutingBiasAndMlaRope) {
   ModelSpec spec = BuildModelSpec(Config("deepseek-v3.json"));

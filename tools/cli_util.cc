@@ -1,0 +1,83 @@
+#include "tools/cli_util.h"
+
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+
+#include "allocators/error.h"
+
+namespace shardcast::tools {
+
+uint64_t ParseBytes(const std::string& text) {
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &pos);
+  } catch (...) {
+    throw Error(ErrorKind::kInvalidArgument, "", "\"" + text + "\" is not a byte count");
+  }
+  std::string unit = text.substr(pos);
+  double mult = 1;
+  if (unit.empty() || unit == "B") mult = 1;
+  else if (unit == "K" || unit == "KiB") mult = 1024.0;
+  else if (unit == "M" || unit == "MiB") mult = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GiB") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "T" || unit == "TiB") mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "KB") mult = 1e3;
+  else if (unit == "MB") mult = 1e6;
+  else if (unit == "GB") mult = 1e9;
+  else if (unit == "TB") mult = 1e12;
+  else throw Error(ErrorKind::kInvalidArgument, "", "\"" + text + "\": unknown unit \"" + unit + "\"");
+  if (v < 0 || !std::isfinite(v)) throw Error(ErrorKind::kInvalidArgument, "", "\"" + text + "\" is negative");
+  return static_cast<uint64_t>(v * mult);
+}
+
+std::string HumanBytes(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return buf;
+}
+
+std::string HumanCount(uint64_t n) {
+  char buf[32];
+  if (n >= 1000000000ull) std::snprintf(buf, sizeof(buf), "%.2f B", n / 1e9);
+  else if (n >= 1000000ull) std::snprintf(buf, sizeof(buf), "%.2f M", n / 1e6);
+  else std::snprintf(buf, sizeof(buf), "%llu", static_cast<unsigned long long>(n));
+  return buf;
+}
+
+std::string ShapeText(const std::vector<uint64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+int RunCommand(const std::string& command, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const Error& e) {
+    std::cerr << "shardcast " << command << ": " << ErrorKindName(e.kind()) << ": " << e.what() << "\n";
+    switch (e.kind()) {
+      case ErrorKind::kCheckpoint:
+      case ErrorKind::kConfig:
+      case ErrorKind::kInvalidArgument:
+      case ErrorKind::kManifestMismatch:
+      case ErrorKind::kUnsupported:
+        return 2;
+      default:
+        return 1;
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "shardcast " << command << ": " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace shardcast::tools

@@ -1,0 +1,32 @@
+// tools/cli_util: what the subcommands share: byte-size parsing (K/M/G suffixes), human-readable
+// numbers, and one way to turn an Error into a one-line message and an exit code.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace shardcast::tools {
+
+// "8M", "1.5G", "4096", "64KiB" -> bytes (K/M/G/T are binary, 1024-based; KB/MB/GB decimal).
+uint64_t ParseBytes(const std::string& text);
+std::string HumanBytes(uint64_t bytes);    // "1.23 GiB"
+std::string HumanCount(uint64_t n);        // "229.0 B" (billions), "8.03 M"
+std::string ShapeText(const std::vector<uint64_t>& shape);
+
+// Runs body; an Error becomes "shardcast <command>: <message>" on stderr and exit code 2 for bad
+// input (checkpoint, config, argument, mismatch) or 1 for everything else.
+int RunCommand(const std::string& command, const std::function<int()>& body);
+
+// Subcommand registration: each adds itself to the app and sets *run to its body when chosen.
+using Runner = std::function<int()>;
+void AddInspect(CLI::App& app, Runner* run);
+void AddSynth(CLI::App& app, Runner* run);
+void AddPlan(CLI::App& app, Runner* run);
+
+}  // namespace shardcast::tools

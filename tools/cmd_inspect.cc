@@ -1,0 +1,70 @@
+// shardcast inspect PATH [--json]: validate a file or checkpoint directory and list its tensors.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "loaders/checkpoint.h"
+#include "tools/cli_util.h"
+
+namespace shardcast::tools {
+namespace {
+
+struct InspectArgs {
+  std::string path;
+  bool json = false;
+};
+
+std::string BaseName(const std::string& p) {
+  auto s = p.rfind('/');
+  return s == std::string::npos ? p : p.substr(s + 1);
+}
+
+int Inspect(const InspectArgs& a) {
+  auto ckpt = Checkpoint::Open(a.path);
+  uint64_t total = 0;
+  if (a.json) {
+    nlohmann::ordered_json out;
+    out["path"] = a.path;
+    out["files"] = nlohmann::json::array();
+    for (size_t i = 0; i < ckpt->num_files(); ++i) out["files"].push_back(ckpt->file(i).path());
+    auto& tensors = out["tensors"] = nlohmann::json::array();
+    for (const auto& key : ckpt->keys()) {
+      const auto& e = ckpt->Get(key);
+      tensors.push_back({{"key", key}, {"dtype", std::string(DTypeName(e.info->dtype))}, {"shape", e.info->shape},
+                         {"bytes", e.info->nbytes()}, {"file", BaseName(e.file->path())}});
+      total += e.info->nbytes();
+    }
+    out["total_tensors"] = ckpt->keys().size();
+    out["total_bytes"] = total;
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  size_t key_w = 3;
+  for (const auto& key : ckpt->keys()) key_w = std::max(key_w, key.size());
+  key_w = std::min<size_t>(key_w, 72);
+  std::printf("%-*s  %-8s  %-22s  %14s  %s\n", static_cast<int>(key_w), "key", "dtype", "shape", "bytes", "file");
+  for (const auto& key : ckpt->keys()) {
+    const auto& e = ckpt->Get(key);
+    std::printf("%-*s  %-8s  %-22s  %14llu  %s\n", static_cast<int>(key_w), key.c_str(),
+                std::string(DTypeName(e.info->dtype)).c_str(), ShapeText(e.info->shape).c_str(),
+                static_cast<unsigned long long>(e.info->nbytes()), BaseName(e.file->path()).c_str());
+    total += e.info->nbytes();
+  }
+  std::printf("\n%zu tensors, %llu bytes (%s) in %zu file(s)\n", ckpt->keys().size(),
+              static_cast<unsigned long long>(total), HumanBytes(total).c_str(), ckpt->num_files());
+  return 0;
+}
+
+}  // namespace
+
+void AddInspect(CLI::App& app, Runner* run) {
+  auto args = std::make_shared<InspectArgs>();
+  auto* cmd = app.add_subcommand("inspect", "Validate a safetensors file or checkpoint directory and list its tensors");
+  cmd->add_option("path", args->path, "a .safetensors file, or a directory with model.safetensors[.index.json]")
+      ->required();
+  cmd->add_flag("--json", args->json, "print JSON instead of a table");
+  cmd->callback([args, run] { *run = [args] { return RunCommand("inspect", [&] { return Inspect(*args); }); }; });
+}
+
+}  // namespace shardcast::tools
