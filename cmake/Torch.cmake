@@ -38,3 +38,9 @@ add_library(shardcast_torch_cpu INTERFACE)
 target_link_libraries(shardcast_torch_cpu INTERFACE torch_cpu c10)
 target_include_directories(shardcast_torch_cpu SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS} ${SHARDCAST_GLOO_INCLUDE})
 target_compile_definitions(shardcast_torch_cpu INTERFACE USE_C10D_GLOO)
+# shardcast's own code is C++17; targets that include torch headers take the standard the found torch
+# demands (torch >= 2.10 declares cxx_std_20 on its `torch` target, older wheels cxx_std_17).
+get_target_property(_torch_features torch INTERFACE_COMPILE_FEATURES)
+if(_torch_features)
+  target_compile_features(shardcast_torch_cpu INTERFACE ${_torch_features})
+endif()

@@ -1,0 +1,46 @@
+#include "allocators/lazy_zero.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <string>
+
+#include "allocators/error.h"
+#include "allocators/stats_counter.h"
+
+namespace shardcast {
+namespace {
+
+internal::StatsCounter g_stats;
+
+size_t RoundToPages(size_t bytes) {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return (bytes + page - 1) / page * page;
+}
+
+}  // namespace
+
+void* LazyZeroAllocate(size_t bytes, const LazyZeroOptions& options) {
+  if (bytes == 0) return nullptr;
+  const size_t len = RoundToPages(bytes);
+  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    throw Error(ErrorKind::kIo, "lazy-zero allocator",
+                "mmap of " + std::to_string(bytes) + " bytes refused: " + ErrnoText(errno));
+  }
+  if (options.huge_pages) madvise(p, len, MADV_HUGEPAGE);  // advisory; ignored where THP is off
+  g_stats.Add(len);
+  return p;
+}
+
+void LazyZeroFree(void* p, size_t bytes) {
+  if (p == nullptr) return;
+  const size_t len = RoundToPages(bytes);
+  munmap(p, len);
+  g_stats.Sub(len);
+}
+
+AllocatorStats LazyZeroStats() { return g_stats.Read(); }
+
+}  // namespace shardcast

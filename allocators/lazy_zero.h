@@ -1,0 +1,33 @@
+// allocators/lazy_zero: zeros at the cost of empty.
+//
+// Every allocation is a fresh MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE mapping. The kernel hands
+// out such pages zero-filled and commits each only when first written, so an untouched allocation
+// costs no RSS and reads as zeros. Memory is never recycled: Free unmaps, and the next allocation
+// is a new mapping, so no caller ever sees another's bytes (unlike empty_like from a heap).
+//
+// Thread safety: all functions are thread-safe. Failure: kIo (mmap refused), naming the size.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace shardcast {
+
+struct LazyZeroOptions {
+  bool huge_pages = false;  // default false. true: MADV_HUGEPAGE (2 MiB pages once touched; fewer faults)
+};
+
+struct AllocatorStats {
+  uint64_t current_bytes = 0;  // live now
+  uint64_t peak_bytes = 0;     // most live at once
+  uint64_t total_bytes = 0;    // all ever allocated
+  uint64_t allocations = 0;    // count ever allocated
+};
+
+// Returns a zero-filled, page-aligned region of `bytes` (rounded up to pages); nullptr for 0 bytes.
+void* LazyZeroAllocate(size_t bytes, const LazyZeroOptions& options = {});
+// REQUIRES: p from LazyZeroAllocate with the same bytes.
+void LazyZeroFree(void* p, size_t bytes);
+AllocatorStats LazyZeroStats();
+
+}  // namespace shardcast

@@ -1,0 +1,77 @@
+#include "runtime/buffer_init.h"
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "allocators/error.h"
+#include "runtime/rope.h"
+
+namespace shardcast {
+namespace {
+
+std::string RotaryInvFreq(const BufferInitContext& ctx, at::Tensor& out) {
+  if (out.dim() != 1 || out.scalar_type() != at::kFloat) {
+    throw Error(ErrorKind::kConfig, ctx.source, "buffer '" + ctx.key + "' must be a 1-d float32 tensor for rotary_inv_freq");
+  }
+  RopeInit r = ComputeRope(ctx.config, ctx.source, static_cast<size_t>(out.size(0)) * 2);
+  std::memcpy(out.data_ptr<float>(), r.inv_freq.data(), r.inv_freq.size() * sizeof(float));
+  char note[96];
+  std::snprintf(note, sizeof(note), "%s, attention scaling %.6g", r.rope_type.c_str(), r.attention_scaling);
+  return note;
+}
+
+}  // namespace
+
+bool GlobMatch(const std::string& pattern, const std::string& text) {
+  size_t p = 0, t = 0, star = std::string::npos, mark = 0;
+  while (t < text.size()) {
+    if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      mark = t;
+    } else if (p < pattern.size() && pattern[p] == text[t]) {
+      ++p;
+      ++t;
+    } else if (star != std::string::npos) {
+      p = star + 1;
+      t = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+BufferInitRegistry& BufferInitRegistry::Global() {
+  static BufferInitRegistry* registry = [] {
+    auto* r = new BufferInitRegistry();
+    r->Register("rotary_inv_freq", "*rotary_emb.inv_freq", RotaryInvFreq);
+    return r;
+  }();
+  return *registry;
+}
+
+void BufferInitRegistry::Register(std::string rule, std::string key_pattern, BufferInitFn fn) {
+  rules_.push_back(Rule{std::move(rule), std::move(key_pattern), std::move(fn)});
+}
+
+const BufferInitFn* BufferInitRegistry::Find(const std::string& key, const std::string& rule) const {
+  for (const auto& r : rules_) {
+    if (rule.empty() ? GlobMatch(r.pattern, key) : r.name == rule) return &r.fn;
+  }
+  return nullptr;
+}
+
+std::string BufferInitRegistry::Run(const BufferInitContext& ctx, const std::string& rule, at::Tensor& out) const {
+  const BufferInitFn* fn = Find(ctx.key, rule);
+  if (fn == nullptr) {
+    throw Error(ErrorKind::kConfig, ctx.key,
+                "non-persistent buffer has no init rule" + (rule.empty() ? std::string() : " named \"" + rule + "\"") +
+                    "; register one (BufferInitRegistry, or buffer_init= in Python) rather than leave it uninitialized");
+  }
+  return (*fn)(ctx, out);
+}
+
+}  // namespace shardcast

@@ -1,0 +1,133 @@
+#include "runtime/materializer.h"
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "allocators/error.h"
+#include "allocators/pinned.h"
+#include "allocators/tensor_alloc.h"
+#include "runtime/buffer_init.h"
+#include "runtime/torch_dtype.h"
+
+namespace shardcast {
+namespace {
+
+std::vector<int64_t> Sizes(const std::vector<uint64_t>& shape) { return std::vector<int64_t>(shape.begin(), shape.end()); }
+
+at::Tensor PinnedZeroTensor(at::IntArrayRef sizes, at::ScalarType dtype) {
+  int64_t numel = 1;
+  for (int64_t s : sizes) numel *= s;
+  size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  auto buffer = std::make_shared<PinnedBuffer>(PinnedBuffer::Allocate(std::max<size_t>(bytes, 1)));
+  std::memset(buffer->data(), 0, bytes);  // pinned memory is committed anyway; zero it explicitly
+  return at::from_blob(buffer->data(), sizes, [buffer](void*) mutable { buffer.reset(); },
+                       at::TensorOptions().dtype(dtype));
+}
+
+}  // namespace
+
+std::optional<Target> ParseTarget(const std::string& name) {
+  if (name == "cpu") return Target::kCpu;
+  if (name == "pinned") return Target::kPinned;
+  if (name == "cuda") return Target::kCuda;
+  return std::nullopt;
+}
+
+const char* TargetName(Target target) {
+  switch (target) {
+    case Target::kCpu: return "cpu";
+    case Target::kPinned: return "pinned";
+    case Target::kCuda: return "cuda";
+  }
+  return "?";
+}
+
+at::Tensor AllocateZeroed(at::IntArrayRef sizes, at::ScalarType dtype, Target target, const PrepareOptions& options) {
+  switch (target) {
+    case Target::kCpu:
+      return LazyZeroTensor(sizes, dtype, options.host);
+    case Target::kPinned:
+      return PinnedZeroTensor(sizes, dtype);
+    case Target::kCuda:
+      try {
+        return at::zeros(sizes, at::TensorOptions().dtype(dtype).device(at::Device(at::kCUDA, options.device_index)));
+      } catch (const c10::Error& e) {
+        throw Error(ErrorKind::kUnsupported, "target cuda",
+                    "cannot allocate on cuda:" + std::to_string(options.device_index) + ": " + e.what_without_backtrace());
+      }
+  }
+  throw Error(ErrorKind::kInternal, "materializer", "unknown target");
+}
+
+RankState RankState::Prepare(const Plan& plan, const ModelSpec& spec, int rank, const PrepareOptions& options) {
+  plan.CheckRank(rank);
+  RankState s;
+  s.plan_ = &plan;
+  s.rank_ = rank;
+  s.options_ = options;
+  s.report_.rank = rank;
+  s.report_.world_size = plan.world_size();
+  s.report_.target = options.target;
+  const nlohmann::json config = nlohmann::json::parse(spec.config_json);
+  const int world = plan.world_size();
+  s.tensors_.reserve(plan.entries().size());
+  for (const PlanEntry& e : plan.entries()) {
+    LocalTensor t;
+    t.entry = &e;
+    t.rows = e.Local(world, rank);
+    const at::ScalarType dtype = ToScalarType(e.dtype);
+    const std::vector<int64_t> local = Sizes(e.LocalShape(world, rank));
+    switch (e.role) {
+      case Role::kParameter:
+      case Role::kSidecar:
+        t.tensor = at::empty(local, at::TensorOptions().dtype(dtype).device(at::kMeta));
+        t.from_checkpoint = true;
+        ++s.report_.meta_entries;
+        s.report_.shard_bytes += t.rows.rows() * e.row_bytes();
+        if (e.placement.kind == Placement::kShard && t.rows.empty()) ++s.report_.entries_without_rows;
+        break;
+      case Role::kPersistentBuffer:
+        t.tensor = AllocateZeroed(local, dtype, options.target, options);
+        t.from_checkpoint = true;
+        ++s.report_.persistent_buffers;
+        s.report_.buffer_bytes += e.nbytes();
+        break;
+      case Role::kNonPersistentBuffer: {
+        at::Tensor host = LazyZeroTensor(local, dtype);
+        try {
+          t.note = BufferInitRegistry::Global().Run(BufferInitContext{config, spec.source, e.key}, e.init_rule, host);
+        } catch (const Error& err) {
+          const std::string what = err.what();
+          if (what.compare(0, e.key.size(), e.key) == 0) throw;
+          throw Error(err.kind(), e.key, what);  // name the buffer, then the rule's own cause
+        }
+        t.tensor = options.target == Target::kCpu ? host : AllocateZeroed(local, dtype, options.target, options);
+        if (options.target != Target::kCpu) t.tensor.copy_(host);
+        s.report_.notes.push_back(e.key + ": " + t.note);
+        ++s.report_.computed_buffers;
+        s.report_.buffer_bytes += e.nbytes();
+        break;
+      }
+    }
+    s.tensors_.push_back(std::move(t));
+  }
+  return s;
+}
+
+void RankState::AllocateShards() {
+  for (LocalTensor& t : tensors_) {
+    if (!t.tensor.is_meta()) continue;
+    t.tensor = AllocateZeroed(t.tensor.sizes(), t.tensor.scalar_type(), options_.target, options_);
+  }
+}
+
+LocalTensor* RankState::Find(const std::string& key) {
+  for (auto& t : tensors_) {
+    if (t.entry->key == key) return &t;
+  }
+  return nullptr;
+}
+
+}  // namespace shardcast

@@ -1,0 +1,66 @@
+#include "allocators/lazy_zero.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "allocators/memory_probe.h"
+
+namespace shardcast {
+namespace {
+
+constexpr size_t kBytes = 256u << 20;
+
+TEST(LazyZero, CommitsNothingUntilWrittenAndReadsAsZeros) {
+  MemorySnapshot before = ReadMemory();
+  auto* p = static_cast<unsigned char*>(LazyZeroAllocate(kBytes));
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 4096, 0u);
+  uint64_t sum = 0;
+  for (size_t i = 0; i < kBytes; i += 4096) sum += p[i];  // reads map the shared zero page
+  EXPECT_EQ(sum, 0u);
+  MemorySnapshot read = ReadMemory();
+  EXPECT_LT(read.rss_anon, before.rss_anon + (8u << 20)) << "reading must not commit";
+  EXPECT_GE(read.vm_size, before.vm_size + kBytes);
+  std::memset(p, 0x7f, kBytes / 2);
+  MemorySnapshot written = ReadMemory();
+  EXPECT_GE(written.rss_anon, before.rss_anon + kBytes / 2 - (8u << 20)) << "writes commit";
+  LazyZeroFree(p, kBytes);
+  EXPECT_LT(ReadMemory().rss_anon, written.rss_anon - kBytes / 4) << "free unmaps";
+}
+
+// Regression for the empty_like NaN problem: memory written and freed never comes back non-zero.
+TEST(LazyZero, NeverRecyclesWrittenMemory) {
+  for (int round = 0; round < 20; ++round) {
+    size_t bytes = (1u << 16) << (round % 5);
+    auto* p = static_cast<unsigned char*>(LazyZeroAllocate(bytes));
+    for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(p[i], 0) << "round " << round << " byte " << i;
+    std::memset(p, 0xff, bytes);  // bf16 0xffff is NaN
+    LazyZeroFree(p, bytes);
+  }
+}
+
+TEST(LazyZero, StatsTrackCurrentPeakTotal) {
+  AllocatorStats s0 = LazyZeroStats();
+  void* a = LazyZeroAllocate(1 << 20);
+  void* b = LazyZeroAllocate(3);  // rounds up to a page
+  AllocatorStats s1 = LazyZeroStats();
+  EXPECT_EQ(s1.current_bytes - s0.current_bytes, (1u << 20) + 4096);
+  EXPECT_GE(s1.peak_bytes, s1.current_bytes);
+  EXPECT_EQ(s1.allocations - s0.allocations, 2u);
+  LazyZeroFree(a, 1 << 20);
+  LazyZeroFree(b, 3);
+  AllocatorStats s2 = LazyZeroStats();
+  EXPECT_EQ(s2.current_bytes, s0.current_bytes);
+  EXPECT_EQ(s2.total_bytes - s0.total_bytes, (1u << 20) + 4096);
+  EXPECT_EQ(LazyZeroAllocate(0), nullptr);
+}
+
+TEST(LazyZero, HugePagesOptionStillZeroAndLazy) {
+  auto* p = static_cast<unsigned char*>(LazyZeroAllocate(8u << 20, LazyZeroOptions{true}));
+  EXPECT_EQ(p[12345], 0);
+  LazyZeroFree(p, 8u << 20);
+}
+
+}  // namespace
+}  // namespace shardcast

@@ -1,0 +1,54 @@
+// The NaN demonstration as a test: a heap-backed empty tensor can hand back what a freed tensor
+// held (bf16 NaN here); a lazy-zero tensor never does.
+#include "allocators/tensor_alloc.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "allocators/memory_probe.h"
+
+namespace shardcast {
+namespace {
+
+constexpr int64_t kElems = 64 * 1024;  // 128 KiB of bf16: a heap chunk glibc reuses as-is
+
+int64_t CountNonZero(const at::Tensor& t) { return (t.view(at::kShort) != 0).sum().item<int64_t>(); }
+
+TEST(NanDemonstration, EmptyReturnsOldBytesLazyZeroNever) {
+  int64_t garbage = 0, nans = 0;
+  for (int i = 0; i < 4; ++i) {
+    {
+      at::Tensor a = at::empty({kElems}, at::kBFloat16);
+      a.fill_(std::numeric_limits<float>::quiet_NaN());
+    }
+    at::Tensor b = at::empty({kElems}, at::kBFloat16);
+    garbage = std::max(garbage, CountNonZero(b));
+    nans = std::max(nans, b.isnan().sum().item<int64_t>());
+  }
+  EXPECT_GT(garbage, 0) << "empty() after free returned clean memory; the demonstration needs heap reuse";
+  EXPECT_GT(nans, 0) << "no NaN came back from the freed NaN-filled tensor";
+  for (int i = 0; i < 4; ++i) {
+    {
+      at::Tensor a = LazyZeroTensor({kElems}, at::kBFloat16);
+      a.fill_(std::numeric_limits<float>::quiet_NaN());
+    }
+    at::Tensor b = LazyZeroTensor({kElems}, at::kBFloat16);
+    ASSERT_EQ(CountNonZero(b), 0) << "lazy-zero must never return used memory";
+    ASSERT_FALSE(b.isnan().any().item<bool>());
+  }
+}
+
+TEST(LazyZeroTensor, IsLazyAndFreesOnLastReference) {
+  uint64_t before = ReadMemory().rss_anon;
+  at::Tensor t = LazyZeroTensor({1024, 1024, 64}, at::kBFloat16);  // 128 MiB
+  EXPECT_EQ(t.numel(), 1024 * 1024 * 64);
+  EXPECT_LT(ReadMemory().rss_anon, before + (16u << 20));
+  EXPECT_EQ(LazyZeroStats().current_bytes >= 128u << 20, true);
+  t.reset();
+  EXPECT_LT(LazyZeroStats().current_bytes, 128u << 20);
+  at::Tensor z = LazyZeroTensor({0, 5}, at::kFloat);
+  EXPECT_EQ(z.numel(), 0);
+}
+
+}  // namespace
+}  // namespace shardcast
