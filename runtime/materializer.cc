@@ -77,24 +77,23 @@ RankState RankState::Prepare(const Plan& plan, const ModelSpec& spec, int rank, 
     LocalTensor t;
     t.entry = &e;
     t.rows = e.Local(world, rank);
-    const at::ScalarType dtype = ToScalarType(e.dtype);
-    const std::vector<int64_t> local = Sizes(e.LocalShape(world, rank));
     switch (e.role) {
       case Role::kParameter:
       case Role::kSidecar:
-        t.tensor = at::empty(local, at::TensorOptions().dtype(dtype).device(at::kMeta));
-        t.from_checkpoint = true;
+        t.from_checkpoint = true;  // t.tensor stays undefined: meta without a TensorImpl per entry
         ++s.report_.meta_entries;
         s.report_.shard_bytes += t.rows.rows() * e.row_bytes();
         if (e.placement.kind == Placement::kShard && t.rows.empty()) ++s.report_.entries_without_rows;
         break;
       case Role::kPersistentBuffer:
-        t.tensor = AllocateZeroed(local, dtype, options.target, options);
+        t.tensor = AllocateZeroed(Sizes(e.shape), ToScalarType(e.dtype), options.target, options);
         t.from_checkpoint = true;
         ++s.report_.persistent_buffers;
         s.report_.buffer_bytes += e.nbytes();
         break;
       case Role::kNonPersistentBuffer: {
+        const std::vector<int64_t> local = Sizes(e.shape);
+        const at::ScalarType dtype = ToScalarType(e.dtype);
         at::Tensor host = LazyZeroTensor(local, dtype);
         try {
           t.note = BufferInitRegistry::Global().Run(BufferInitContext{config, spec.source, e.key}, e.init_rule, host);
@@ -117,10 +116,18 @@ RankState RankState::Prepare(const Plan& plan, const ModelSpec& spec, int rank, 
 }
 
 void RankState::AllocateShards() {
+  const int world = plan_->world_size();
   for (LocalTensor& t : tensors_) {
-    if (!t.tensor.is_meta()) continue;
-    t.tensor = AllocateZeroed(t.tensor.sizes(), t.tensor.scalar_type(), options_.target, options_);
+    if (!t.is_meta()) continue;
+    t.tensor = AllocateZeroed(Sizes(t.entry->LocalShape(world, rank_)), ToScalarType(t.entry->dtype), options_.target,
+                              options_);
   }
+}
+
+at::Tensor LocalTensor::MetaTensor() const {
+  std::vector<int64_t> sizes = Sizes(entry->shape);
+  if (!sizes.empty()) sizes[0] = static_cast<int64_t>(rows.rows());
+  return at::empty(sizes, at::TensorOptions().dtype(ToScalarType(entry->dtype)).device(at::kMeta));
 }
 
 LocalTensor* RankState::Find(const std::string& key) {

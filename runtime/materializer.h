@@ -1,6 +1,7 @@
 // runtime/materializer: what one rank holds before the weights arrive (the call before fully_shard).
 //
-//   parameters, sidecars     meta: no storage until AllocateShards(), and then only this rank's rows
+//   parameters, sidecars     meta: no storage (and no TensorImpl either: the plan holds their shape)
+//                            until AllocateShards(), and then only this rank's rows
 //   persistent buffers       real, zero, replicated: filled from the checkpoint by the load
 //   non-persistent buffers   real, computed here from the config by the BufferInitRegistry
 //
@@ -39,7 +40,9 @@ at::Tensor AllocateZeroed(at::IntArrayRef sizes, at::ScalarType dtype, Target ta
 struct LocalTensor {
   const PlanEntry* entry = nullptr;
   RowRange rows;               // this rank's rows, in global row indices
-  at::Tensor tensor;           // meta until allocated (parameters, sidecars); real for buffers
+  at::Tensor tensor;           // undefined until allocated (parameters, sidecars); real for buffers
+  bool is_meta() const { return !tensor.defined() || tensor.is_meta(); }
+  at::Tensor MetaTensor() const;  // a meta tensor of the local shape, for callers that want one
   bool from_checkpoint = false;  // parameters, sidecars, persistent buffers
   std::string note;            // init rule's note for computed buffers
 };

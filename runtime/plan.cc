@@ -54,9 +54,10 @@ Plan Plan::Build(const ModelSpec& spec, int world_size, const PlanOptions& optio
                   "Shard(" + std::to_string(it->second) + ") is not supported: its rows are not contiguous; "
                   "only Shard(0) and Replicate are");
     }
-    plan.index_.emplace(p.key, plan.entries_.size());
     plan.entries_.push_back(std::move(p));
   }
+  plan.index_.reserve(plan.entries_.size());
+  for (size_t i = 0; i < plan.entries_.size(); ++i) plan.index_.emplace(plan.entries_[i].key, i);
   return plan;
 }
 

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "loaders/model_spec.h"
@@ -59,6 +61,12 @@ struct PlanOptions {
 
 class Plan {
  public:
+  Plan() = default;
+  Plan(Plan&&) = default;  // move-only: the index points into entries_
+  Plan& operator=(Plan&&) = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+
   static Plan Build(const ModelSpec& spec, int world_size, const PlanOptions& options = {});
 
   int world_size() const { return world_size_; }
@@ -76,7 +84,7 @@ class Plan {
  private:
   int world_size_ = 1;
   std::vector<PlanEntry> entries_;
-  std::map<std::string, size_t> index_;
+  std::unordered_map<std::string_view, size_t> index_;
 };
 
 }  // namespace shardcast

@@ -59,6 +59,14 @@ std::string ShapeText(const std::vector<uint64_t>& shape) {
   return s + "]";
 }
 
+void WriteTextFile(const std::string& path, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) throw Error(ErrorKind::kIo, path, "cannot create");
+  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  ok &= std::fclose(f) == 0;
+  if (!ok) throw Error(ErrorKind::kIo, path, "write failed");
+}
+
 int RunCommand(const std::string& command, const std::function<int()>& body) {
   try {
     return body();

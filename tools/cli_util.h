@@ -18,6 +18,7 @@ uint64_t ParseBytes(const std::string& text);
 std::string HumanBytes(uint64_t bytes);    // "1.23 GiB"
 std::string HumanCount(uint64_t n);        // "229.0 B" (billions), "8.03 M"
 std::string ShapeText(const std::vector<uint64_t>& shape);
+void WriteTextFile(const std::string& path, const std::string& text);  // throws kIo naming the path
 
 // Runs body; an Error becomes "shardcast <command>: <message>" on stderr and exit code 2 for bad
 // input (checkpoint, config, argument, mismatch) or 1 for everything else.
@@ -28,5 +29,6 @@ using Runner = std::function<int()>;
 void AddInspect(CLI::App& app, Runner* run);
 void AddSynth(CLI::App& app, Runner* run);
 void AddPlan(CLI::App& app, Runner* run);
+void AddPrepare(CLI::App& app, Runner* run);
 
 }  // namespace shardcast::tools

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   shardcast::tools::AddInspect(app, &run);
   shardcast::tools::AddSynth(app, &run);
   shardcast::tools::AddPlan(app, &run);
+  shardcast::tools::AddPrepare(app, &run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

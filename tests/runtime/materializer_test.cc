@@ -30,8 +30,9 @@ TEST(Materializer, ParametersStayMetaBuffersAreRealAndNothingIsGarbage) {
     switch (t.entry->role) {
       case Role::kParameter:
       case Role::kSidecar:
-        EXPECT_TRUE(t.tensor.is_meta()) << t.entry->key;
-        EXPECT_EQ(t.tensor.size(0), static_cast<int64_t>(t.rows.rows())) << t.entry->key;
+        EXPECT_TRUE(t.is_meta()) << t.entry->key;
+        EXPECT_TRUE(t.MetaTensor().is_meta());
+        EXPECT_EQ(t.MetaTensor().size(0), static_cast<int64_t>(t.rows.rows())) << t.entry->key;
         break;
       case Role::kPersistentBuffer:
         EXPECT_FALSE(t.tensor.is_meta());
@@ -48,7 +49,7 @@ TEST(Materializer, ParametersStayMetaBuffersAreRealAndNothingIsGarbage) {
   }
   s.AllocateShards();
   for (const LocalTensor& t : s.tensors()) {
-    ASSERT_FALSE(t.tensor.is_meta()) << t.entry->key;
+    ASSERT_FALSE(t.is_meta()) << t.entry->key;
     if (t.from_checkpoint) {
       EXPECT_EQ(t.tensor.count_nonzero().item<int64_t>(), 0) << t.entry->key;
     }
