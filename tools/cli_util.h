@@ -30,5 +30,6 @@ void AddInspect(CLI::App& app, Runner* run);
 void AddSynth(CLI::App& app, Runner* run);
 void AddPlan(CLI::App& app, Runner* run);
 void AddPrepare(CLI::App& app, Runner* run);
+void AddBenchRss(CLI::App& app, Runner* run);
 
 }  // namespace shardcast::tools

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   shardcast::tools::AddSynth(app, &run);
   shardcast::tools::AddPlan(app, &run);
   shardcast::tools::AddPrepare(app, &run);
+  shardcast::tools::AddBenchRss(app, &run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
