@@ -48,11 +48,11 @@ MemorySnapshot SnapFromJson(const nlohmann::json& j) {
   return m;
 }
 
-void Materialize(const ModelSpec& spec, RssStrategy s, std::vector<at::Tensor>* held) {
+void Materialize(ModelSpec spec, RssStrategy s, std::vector<at::Tensor>* held) {
   if (s == RssStrategy::kMeta) {
     // shardcast's prepare, plus the meta parameters a model built under torch.device("meta") holds.
-    Plan plan = Plan::Build(spec, 1);
-    RankState state = RankState::Prepare(plan, spec, 0);
+    Plan plan = Plan::Build(std::move(spec), 1);
+    RankState state = RankState::Prepare(plan, 0);
     for (const LocalTensor& t : state.tensors()) held->push_back(t.is_meta() ? t.MetaTensor() : t.tensor);
     return;
   }
@@ -112,7 +112,7 @@ RssCaseResult RunRssCase(const RssCase& c, std::vector<at::Tensor>* held) {
   r.peak_reset = ResetPeak();
   PeakSampler sampler;
   auto t0 = std::chrono::steady_clock::now();
-  Materialize(spec, c.strategy, held);
+  Materialize(std::move(spec), c.strategy, held);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.peaks = sampler.Stop();
   r.held = ReadMemory();

@@ -61,8 +61,9 @@ at::Tensor AllocateZeroed(at::IntArrayRef sizes, at::ScalarType dtype, Target ta
   throw Error(ErrorKind::kInternal, "materializer", "unknown target");
 }
 
-RankState RankState::Prepare(const Plan& plan, const ModelSpec& spec, int rank, const PrepareOptions& options) {
+RankState RankState::Prepare(const Plan& plan, int rank, const PrepareOptions& options) {
   plan.CheckRank(rank);
+  const ModelSpec& spec = plan.spec();
   RankState s;
   s.plan_ = &plan;
   s.rank_ = rank;

@@ -58,7 +58,8 @@ struct PrepareReport {
 
 class RankState {
  public:
-  static RankState Prepare(const Plan& plan, const ModelSpec& spec, int rank, const PrepareOptions& options = {});
+  // REQUIRES: plan outlives the RankState.
+  static RankState Prepare(const Plan& plan, int rank, const PrepareOptions& options = {});
 
   // Gives parameters and sidecars storage for this rank's rows (idempotent).
   void AllocateShards();

@@ -32,20 +32,16 @@ std::vector<uint64_t> PlanEntry::LocalShape(int world, int rank) const {
   return s;
 }
 
-Plan Plan::Build(const ModelSpec& spec, int world_size, const PlanOptions& options) {
+Plan Plan::Build(ModelSpec spec, int world_size, const PlanOptions& options) {
   if (world_size < 1) {
     throw Error(ErrorKind::kInvalidArgument, "plan", "world size must be at least 1, got " + std::to_string(world_size));
   }
   Plan plan;
   plan.world_size_ = world_size;
-  plan.entries_.reserve(spec.entries.size());
-  for (const SpecEntry& e : spec.entries) {
-    PlanEntry p;
-    p.key = e.key;
-    p.shape = e.shape;
-    p.dtype = e.dtype;
-    p.role = e.role;
-    p.init_rule = e.init_rule;
+  plan.spec_ = std::move(spec);
+  plan.entries_.reserve(plan.spec_.entries.size());
+  for (const SpecEntry& e : plan.spec_.entries) {
+    PlanEntry p(e);
     const bool buffer = e.role == Role::kPersistentBuffer || e.role == Role::kNonPersistentBuffer;
     if (e.shape.empty() || e.replicated || buffer) {
       p.placement.kind = Placement::kReplicate;

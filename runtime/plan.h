@@ -38,13 +38,17 @@ struct RowRange {
 // FSDP2's dim-0 rule for n rows over `world` ranks. REQUIRES: 0 <= rank < world.
 RowRange ShardRows(uint64_t n, int world, int rank);
 
+// Refers into the ModelSpec its Plan owns: a plan of 100k entries adds no copy of keys or shapes.
 struct PlanEntry {
-  std::string key;
-  std::vector<uint64_t> shape;  // global
-  DType dtype = DType::kBF16;
-  Role role = Role::kParameter;
+  explicit PlanEntry(const SpecEntry& e)
+      : key(e.key), shape(e.shape), dtype(e.dtype), role(e.role), init_rule(e.init_rule) {}
+
+  const std::string& key;
+  const std::vector<uint64_t>& shape;  // global
+  DType dtype;
+  Role role;
   Placement placement;
-  std::string init_rule;  // non-persistent buffers
+  const std::string& init_rule;  // non-persistent buffers
 
   uint64_t rows() const { return shape.empty() ? 1 : shape[0]; }
   uint64_t row_bytes() const;          // bytes of one dim-0 row (all of a 0-dim entry)
@@ -67,8 +71,10 @@ class Plan {
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
 
-  static Plan Build(const ModelSpec& spec, int world_size, const PlanOptions& options = {});
+  // Takes the spec (move it in where the caller is done with it); entries refer into it.
+  static Plan Build(ModelSpec spec, int world_size, const PlanOptions& options = {});
 
+  const ModelSpec& spec() const { return spec_; }
   int world_size() const { return world_size_; }
   const std::vector<PlanEntry>& entries() const { return entries_; }
   const PlanEntry* Find(const std::string& key) const;
@@ -83,6 +89,7 @@ class Plan {
 
  private:
   int world_size_ = 1;
+  ModelSpec spec_;
   std::vector<PlanEntry> entries_;
   std::unordered_map<std::string_view, size_t> index_;
 };

@@ -52,16 +52,17 @@ int RunPrepare(const PrepareArgs& a) {
   PeakSampler sampler;
   auto t0 = std::chrono::steady_clock::now();
   ModelSpec spec = BuildModelSpec(a.config, SpecOptions{a.layers});
-  Plan plan = Plan::Build(spec, a.world_size);
+  const std::string model_type = spec.model_type;
+  Plan plan = Plan::Build(std::move(spec), a.world_size);
   PrepareOptions options;
   options.target = *target;
-  RankState state = RankState::Prepare(plan, spec, a.rank, options);
+  RankState state = RankState::Prepare(plan, a.rank, options);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   MemoryPeaks peaks = sampler.Stop();
   const PrepareReport& r = state.report();
   Plan::RankBytes bytes = plan.LocalBytes(a.rank);
   auto above = [](uint64_t v, uint64_t b) { return v > b ? v - b : 0; };
-  std::printf("prepare: %s rank %d of %d, target %s, %.3f s\n", spec.model_type.c_str(), a.rank, a.world_size,
+  std::printf("prepare: %s rank %d of %d, target %s, %.3f s\n", model_type.c_str(), a.rank, a.world_size,
               TargetName(*target), seconds);
   std::printf("  entries: %zu meta (parameters, sidecars), %zu computed buffers, %zu persistent buffers, "
               "%zu with no rows on this rank\n", r.meta_entries, r.computed_buffers, r.persistent_buffers,
@@ -77,7 +78,7 @@ int RunPrepare(const PrepareArgs& a) {
               reset ? "" : " (peak reset refused: sampled peaks only)");
   for (const auto& note : r.notes) std::printf("  %s\n", note.c_str());
   if (!a.json.empty()) {
-    nlohmann::ordered_json j = {{"model_type", spec.model_type}, {"rank", a.rank}, {"world_size", a.world_size},
+    nlohmann::ordered_json j = {{"model_type", model_type}, {"rank", a.rank}, {"world_size", a.world_size},
                                 {"target", TargetName(*target)}, {"seconds", seconds},
                                 {"peak_rss_anon_above_baseline", above(peaks.rss_anon, base.rss_anon)},
                                 {"peak_rss_file_above_baseline", above(peaks.rss_file, base.rss_file)},

@@ -21,7 +21,7 @@ constexpr const char* kTinyDeepseek = R"({"model_type":"deepseek_v3","num_hidden
 TEST(Materializer, ParametersStayMetaBuffersAreRealAndNothingIsGarbage) {
   ModelSpec spec = BuildModelSpecFromJson("ds.json", kTinyDeepseek);
   Plan plan = Plan::Build(spec, 4);
-  RankState s = RankState::Prepare(plan, spec, 3);
+  RankState s = RankState::Prepare(plan, 3);
   const PrepareReport& r = s.report();
   EXPECT_EQ(r.computed_buffers, 1u);
   EXPECT_EQ(r.persistent_buffers, 1u);
@@ -61,13 +61,13 @@ TEST(Materializer, ParametersStayMetaBuffersAreRealAndNothingIsGarbage) {
 TEST(Materializer, BadInputNamesTheEntry) {
   ModelSpec spec = BuildModelSpecFromJson("ds.json", kTinyDeepseek);
   Plan plan = Plan::Build(spec, 2);
-  EXPECT_SC_ERROR(RankState::Prepare(plan, spec, 2), ErrorKind::kInvalidArgument, "rank 2 is outside world size 2");
-  EXPECT_SC_ERROR(RankState::Prepare(plan, spec, -1), ErrorKind::kInvalidArgument, "rank -1");
+  EXPECT_SC_ERROR(RankState::Prepare(plan, 2), ErrorKind::kInvalidArgument, "rank 2 is outside world size 2");
+  EXPECT_SC_ERROR(RankState::Prepare(plan, -1), ErrorKind::kInvalidArgument, "rank -1");
   nlohmann::json bad = nlohmann::json::parse(kTinyDeepseek);
   bad["rope_scaling"]["type"] = "su";
   ModelSpec bad_spec = BuildModelSpecFromJson("bad.json", bad.dump());
   Plan bad_plan = Plan::Build(bad_spec, 2);
-  EXPECT_SC_ERROR(RankState::Prepare(bad_plan, bad_spec, 0), ErrorKind::kConfig, "model.rotary_emb.inv_freq",
+  EXPECT_SC_ERROR(RankState::Prepare(bad_plan, 0), ErrorKind::kConfig, "model.rotary_emb.inv_freq",
                   "rope type \"su\" has no init rule");
   ModelSpec no_rule = spec;
   for (auto& e : no_rule.entries) {
@@ -77,7 +77,7 @@ TEST(Materializer, BadInputNamesTheEntry) {
     }
   }
   Plan no_rule_plan = Plan::Build(no_rule, 2);
-  EXPECT_SC_ERROR(RankState::Prepare(no_rule_plan, no_rule, 0), ErrorKind::kConfig,
+  EXPECT_SC_ERROR(RankState::Prepare(no_rule_plan, 0), ErrorKind::kConfig,
                   "model.layers.0.self_attn.alibi_slopes", "has no init rule");
 }
 
@@ -85,7 +85,7 @@ TEST(Materializer, FullScaleDeepseekRankHoldsAlmostNothing) {
   ModelSpec spec = BuildModelSpec(std::string(SHARDCAST_SOURCE_DIR) + "/configs/models/deepseek-v3.json");
   Plan plan = Plan::Build(spec, 8);
   uint64_t before = ReadMemory().rss_anon;
-  RankState s = RankState::Prepare(plan, spec, 3);
+  RankState s = RankState::Prepare(plan, 3);
   EXPECT_EQ(s.report().shard_bytes, plan.LocalBytes(3).by_role[0] + plan.LocalBytes(3).by_role[3]);
   EXPECT_LT(s.report().buffer_bytes, 1u << 20);
   EXPECT_LT(ReadMemory().rss_anon, before + (256u << 20)) << "meta parameters must not commit memory";
@@ -98,7 +98,7 @@ TEST(Materializer, PinnedAndCudaTargetsFailClearlyWithoutADevice) {
     try {
       PrepareOptions options;
       options.target = t;
-      RankState::Prepare(plan, spec, 0, options);  // works on a GPU machine
+      RankState::Prepare(plan, 0, options);  // works on a GPU machine
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::kUnsupported) << e.what();
     }

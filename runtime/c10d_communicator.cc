@@ -1,0 +1,287 @@
+#include "runtime/c10d_communicator.h"
+
+#include <ATen/ATen.h>
+#include <ATen/ops/from_blob.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdlib>
+#include <mutex>
+
+#include "allocators/error.h"
+
+namespace shardcast {
+namespace {
+
+// c10d and gloo report timeouts in their messages; everything else is a comm failure.
+bool LooksLikeTimeout(const std::string& what) {
+  for (const char* s : {"imed out", "imeout", "timeout"}) {
+    if (what.find(s) != std::string::npos) return true;
+  }
+  return false;
+}
+
+class C10dCommunicator : public Communicator {
+ public:
+  C10dCommunicator(c10::intrusive_ptr<c10d::Backend> backend, c10::intrusive_ptr<c10d::Store> store,
+                   std::chrono::milliseconds timeout, c10::Device device, bool owns)
+      : backend_(std::move(backend)), store_(std::move(store)), timeout_(timeout), device_(device), owns_(owns),
+        rank_(backend_->getRank()), size_(backend_->getSize()) {}
+
+  static constexpr const char* kFailureKey = "shardcast/failure";
+
+  void PublishFailure(ErrorKind kind, const std::string& message) override {
+    if (!store_) return;
+    try {
+      std::string v = std::to_string(static_cast<int>(kind)) + "|" + message;
+      store_->compareSet(kFailureKey, {}, std::vector<uint8_t>(v.begin(), v.end()));  // the first failure wins
+    } catch (...) {
+    }
+  }
+
+  std::optional<std::pair<ErrorKind, std::string>> FetchFailure(std::chrono::milliseconds wait) override {
+    if (!store_) return std::nullopt;
+    try {
+      store_->wait({kFailureKey}, wait);
+      std::vector<uint8_t> v = store_->get(kFailureKey);
+      std::string s(v.begin(), v.end());
+      size_t bar = s.find('|');
+      if (bar == std::string::npos) return std::nullopt;
+      return std::make_pair(static_cast<ErrorKind>(std::stoi(s.substr(0, bar))), s.substr(bar + 1));
+    } catch (...) {
+      return std::nullopt;  // no store (rank 0 is gone) or nothing published in time
+    }
+  }
+
+  ~C10dCommunicator() override = default;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return size_; }
+  std::string backend() const override { return backend_ ? backend_->getBackendName() : "finished"; }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+
+  void Broadcast(void* data, uint64_t bytes, int root) override {
+    if (bytes == 0) return;
+    Run("broadcast of " + std::to_string(bytes) + " bytes from rank " + std::to_string(root), [&] {
+      std::vector<at::Tensor> t = {Wrap(data, bytes)};
+      c10d::BroadcastOptions o;
+      o.rootRank = root;
+      o.timeout = timeout_;
+      Wait(backend_->broadcast(t, o));
+    });
+  }
+
+  std::unique_ptr<PendingSend> SendAsync(const void* data, uint64_t bytes, int peer) override {
+    std::unique_ptr<PendingSend> out;
+    Run("send of " + std::to_string(bytes) + " bytes to rank " + std::to_string(peer), [&] {
+      auto tensors = std::make_shared<std::vector<at::Tensor>>(1, Wrap(const_cast<void*>(data), bytes));
+      out = std::make_unique<Pending>(this, backend_->send(*tensors, peer, /*tag=*/0), tensors, peer, bytes);
+    });
+    return out;
+  }
+
+  void Recv(void* data, uint64_t bytes, int peer) override {
+    if (bytes == 0) return;
+    Run("receive of " + std::to_string(bytes) + " bytes from rank " + std::to_string(peer), [&] {
+      std::vector<at::Tensor> t = {Wrap(data, bytes)};
+      Wait(backend_->recv(t, peer, /*tag=*/0));
+    });
+  }
+
+  void AllReduceSum(int64_t* values, uint64_t count) override {
+    Run("all-reduce of " + std::to_string(count) + " values", [&] {
+      std::vector<at::Tensor> t = {at::from_blob(values, {static_cast<int64_t>(count)}, at::kLong)};
+      c10d::AllreduceOptions o;
+      o.reduceOp = c10d::ReduceOp::SUM;
+      o.timeout = timeout_;
+      Wait(backend_->allreduce(t, o));
+    });
+  }
+
+  void Barrier() override {
+    Run("barrier", [&] {
+      c10d::BarrierOptions o;
+      o.timeout = timeout_;
+      Wait(backend_->barrier(o));
+    });
+  }
+
+  void Abort() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!finished_) finished_ = "aborted";
+    if (backend_ && owns_) {
+      try {
+        backend_->abort();
+      } catch (...) {
+      }
+      backend_.reset();  // closes the pairs: peers blocked on us see "connection closed" at once
+    }
+  }
+
+ private:
+  struct Pending : PendingSend {
+    Pending(C10dCommunicator* c, c10::intrusive_ptr<c10d::Work> w, std::shared_ptr<std::vector<at::Tensor>> t, int peer,
+            uint64_t bytes)
+        : comm(c), work(std::move(w)), tensors(std::move(t)), what("send of " + std::to_string(bytes) + " bytes to rank " +
+                                                                   std::to_string(peer)) {}
+    void Wait() override {
+      if (!work) return;
+      comm->Run(what, [&] { comm->Wait(work); });
+      work.reset();
+    }
+    C10dCommunicator* comm;
+    c10::intrusive_ptr<c10d::Work> work;
+    std::shared_ptr<std::vector<at::Tensor>> tensors;
+    std::string what;
+  };
+
+  at::Tensor Wrap(void* data, uint64_t bytes) {
+    return at::from_blob(data, {static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device_));
+  }
+
+  void Wait(const c10::intrusive_ptr<c10d::Work>& work) {
+    if (!work->wait(timeout_)) {
+      throw Error(ErrorKind::kCommTimeout, "", "did not complete within " + std::to_string(timeout_.count()) + " ms");
+    }
+  }
+
+  // Runs one operation; any failure finishes the communicator and is re-raised in our terms.
+  template <typename F>
+  void Run(const std::string& what, F&& op) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finished_) {
+        throw Error(ErrorKind::kComm, "rank " + std::to_string(rank_),
+                    "communicator is finished after an earlier failure (" + *finished_ + "); " + what + " refused");
+      }
+    }
+    const std::string context = "rank " + std::to_string(rank_) + ": " + what;
+    auto fail = [&](ErrorKind kind, const std::string& cause) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!finished_) finished_ = what + ": " + cause.substr(0, 200);
+      }
+      Abort();
+      throw Error(kind, context, cause);
+    };
+    try {
+      op();
+    } catch (const Error& e) {
+      fail(e.kind(), e.what());
+    } catch (const c10::Error& e) {
+      std::string m = e.what_without_backtrace();
+      fail(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, m.substr(0, m.find('\n')));
+    } catch (const std::exception& e) {
+      std::string m = e.what();
+      fail(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, m.substr(0, m.find('\n')));
+    }
+  }
+
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::chrono::milliseconds timeout_;
+  c10::Device device_;
+  bool owns_;
+  int rank_, size_;
+  std::mutex mu_;
+  std::optional<std::string> finished_;
+};
+
+class LocalCommunicator : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  std::string backend() const override { return "local"; }
+  std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(0); }
+  void Broadcast(void*, uint64_t, int) override {}
+  std::unique_ptr<PendingSend> SendAsync(const void*, uint64_t, int peer) override {
+    throw Error(ErrorKind::kInternal, "local communicator", "no peer " + std::to_string(peer));
+  }
+  void Recv(void*, uint64_t, int peer) override {
+    throw Error(ErrorKind::kInternal, "local communicator", "no peer " + std::to_string(peer));
+  }
+  void AllReduceSum(int64_t*, uint64_t) override {}
+  void Barrier() override {}
+  void Abort() override {}
+};
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || x < 0 || x > 1 << 30) {
+    throw Error(ErrorKind::kInvalidArgument, name, std::string("\"") + v + "\" is not a non-negative integer");
+  }
+  return static_cast<int>(x);
+}
+
+}  // namespace
+
+Rendezvous RendezvousFromEnvironment() {
+  Rendezvous rv;
+  if (std::getenv("RANK") && std::getenv("WORLD_SIZE")) {
+    rv.source = "torchrun";
+    rv.rank = EnvInt("RANK", 0);
+    rv.world_size = EnvInt("WORLD_SIZE", 1);
+    rv.local_rank = EnvInt("LOCAL_RANK", rv.rank);
+    rv.local_world_size = EnvInt("LOCAL_WORLD_SIZE", rv.world_size);
+  } else if (std::getenv("SLURM_PROCID") && std::getenv("SLURM_NTASKS")) {
+    rv.source = "slurm";
+    rv.rank = EnvInt("SLURM_PROCID", 0);
+    rv.world_size = EnvInt("SLURM_NTASKS", 1);
+    rv.local_rank = EnvInt("SLURM_LOCALID", 0);
+    rv.local_world_size = EnvInt("SLURM_NTASKS_PER_NODE", rv.world_size);  // "8" or "8(x2)": strtol stops early
+    if (const char* ip = std::getenv("SLURM_LAUNCH_NODE_IPADDR")) rv.master_addr = ip;
+  } else {
+    rv.source = "default";
+  }
+  if (const char* addr = std::getenv("MASTER_ADDR")) rv.master_addr = addr;
+  rv.master_port = EnvInt("MASTER_PORT", rv.master_port);
+  if (rv.world_size < 1 || rv.rank >= rv.world_size) {
+    throw Error(ErrorKind::kInvalidArgument, rv.source + " environment",
+                "rank " + std::to_string(rv.rank) + " is outside world size " + std::to_string(rv.world_size));
+  }
+  return rv;
+}
+
+std::unique_ptr<Communicator> WrapC10dBackend(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout,
+                                              c10::intrusive_ptr<c10d::Store> store, c10::Device device) {
+  return std::make_unique<C10dCommunicator>(std::move(backend), std::move(store), timeout, device, /*owns=*/false);
+}
+
+std::unique_ptr<Communicator> CreateLocalCommunicator() { return std::make_unique<LocalCommunicator>(); }
+
+std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::chrono::milliseconds timeout) {
+  const std::string where = "rank " + std::to_string(rv.rank) + " rendezvous at " + rv.master_addr + ":" +
+                            std::to_string(rv.master_port);
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(rv.master_port);
+    so.isServer = rv.rank == 0;
+    so.numWorkers = rv.world_size;
+    so.waitWorkers = true;
+    so.timeout = timeout;
+    auto store = c10::make_intrusive<c10d::TCPStore>(rv.master_addr, so);
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("shardcast", store);
+    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    } else if (rv.master_addr == "127.0.0.1" || rv.master_addr == "localhost") {
+      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    } else {
+      options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    }
+    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rv.rank, rv.world_size, options);
+    return std::make_unique<C10dCommunicator>(pg, prefixed, timeout, c10::Device(c10::kCPU), /*owns=*/true);
+  } catch (const c10::Error& e) {
+    std::string m = e.what_without_backtrace();
+    throw Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, m.substr(0, m.find('\n')));
+  } catch (const std::exception& e) {
+    std::string m = e.what();
+    throw Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, m.substr(0, m.find('\n')));
+  }
+}
+
+}  // namespace shardcast

@@ -1,0 +1,19 @@
+// runtime/c10d_communicator: a Communicator over any c10d Backend (Gloo here; NCCL's for device
+// buffers). Used with a backend shardcast created, or with the caller's existing process group, so
+// Python users need no second rendezvous.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "runtime/communicator.h"
+
+namespace shardcast {
+
+// device: where buffers live (CPU for Gloo). The backend's rank and size are the communicator's.
+// store: the group's store, for the failure side channel (may be null).
+std::unique_ptr<Communicator> WrapC10dBackend(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout,
+                                              c10::intrusive_ptr<c10d::Store> store = {},
+                                              c10::Device device = c10::Device(c10::kCPU));
+
+}  // namespace shardcast

@@ -1,0 +1,79 @@
+// runtime/communicator: the narrow seam between shardcast and a transport.
+//
+// Four operations, all on raw host (or, for NCCL, device) bytes: broadcast, scatter of uneven byte
+// ranges from a root, a small all-reduce (sum of int64s, for verdicts), and barrier. Every operation
+// waits at most `timeout`. After any timeout or error the communicator is finished: every later
+// call throws kComm naming the first failure, so a half-failed collective is never reused.
+//
+// Implementations: c10d (Gloo on CPU, from a TCPStore rendezvous or the caller's process group) and,
+// in CUDA builds, NCCL with its unique id exchanged through the same store.
+//
+// Thread safety: one thread drives a communicator; SendAsync work may complete on others.
+// Failure: kCommTimeout (a peer stalled or died without closing), kComm (a peer died, connection lost).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "allocators/error.h"
+
+namespace shardcast {
+
+// Where a rank finds its peers: torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), or SLURM's (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
+// SLURM_NTASKS_PER_NODE; MASTER_ADDR/MASTER_PORT still needed, or SLURM_LAUNCH_NODE_IPADDR).
+struct Rendezvous {
+  int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string source;  // "torchrun", "slurm" or "default" (single process)
+};
+Rendezvous RendezvousFromEnvironment();  // throws kInvalidArgument naming the variable on bad values
+
+// A pending send; Wait throws like the collectives do.
+class PendingSend {
+ public:
+  virtual ~PendingSend() = default;
+  virtual void Wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual std::string backend() const = 0;
+
+  virtual void Broadcast(void* data, uint64_t bytes, int root) = 0;
+  // Root: SendAsync(bytes to `peer`); peer: Recv(bytes from root). The scatter of uneven row ranges
+  // is a sequence of these, in an order every rank derives from the manifest.
+  virtual std::unique_ptr<PendingSend> SendAsync(const void* data, uint64_t bytes, int peer) = 0;
+  virtual void Recv(void* data, uint64_t bytes, int peer) = 0;
+  virtual void AllReduceSum(int64_t* values, uint64_t count) = 0;
+  virtual void Barrier() = 0;
+
+  virtual std::chrono::milliseconds timeout() const = 0;
+
+  // A side channel for the first failure: the rank that knows the cause publishes it before it
+  // aborts, and a rank whose collective then fails fetches it (waiting at most `wait`), so every rank
+  // can raise the same error. Both are best effort: no store, no message.
+  virtual void PublishFailure(ErrorKind kind, const std::string& message) {}
+  virtual std::optional<std::pair<ErrorKind, std::string>> FetchFailure(std::chrono::milliseconds wait) {
+    return std::nullopt;
+  }
+  // Tears the transport down so peers blocked on us fail fast instead of waiting out their timeout.
+  virtual void Abort() = 0;
+};
+
+// Gloo through libtorch's c10d, rendezvous over a TCPStore at master_addr:master_port.
+std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::chrono::milliseconds timeout);
+
+// A single-process communicator for world size 1: every operation is local.
+std::unique_ptr<Communicator> CreateLocalCommunicator();
+
+}  // namespace shardcast
