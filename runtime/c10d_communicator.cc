@@ -8,11 +8,21 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <thread>
 
 #include "allocators/error.h"
 
 namespace shardcast {
 namespace {
+
+// The first line of a c10d/gloo message, without gloo's advice and source location.
+std::string Clean(const std::string& m) {
+  std::string s = m.substr(0, m.find('\n'));
+  size_t advice = s.find(" This is typically caused");
+  if (advice != std::string::npos) s = s.substr(0, advice);
+  if (s.rfind("[", 0) == 0 && s.find("] ") != std::string::npos) s = s.substr(s.find("] ") + 2);
+  return s;
+}
 
 // c10d and gloo report timeouts in their messages; everything else is a comm failure.
 bool LooksLikeTimeout(const std::string& what) {
@@ -30,6 +40,18 @@ class C10dCommunicator : public Communicator {
         rank_(backend_->getRank()), size_(backend_->getSize()) {}
 
   static constexpr const char* kFailureKey = "shardcast/failure";
+  static constexpr const char* kFailureAcksKey = "shardcast/failure_acks";
+
+  void AwaitFailureAcks(int n, std::chrono::milliseconds wait) override {
+    if (!store_) return;
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    try {
+      while (store_->add(kFailureAcksKey, 0) < n && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    } catch (...) {
+    }
+  }
 
   void PublishFailure(ErrorKind kind, const std::string& message) override {
     if (!store_) return;
@@ -45,6 +67,7 @@ class C10dCommunicator : public Communicator {
     try {
       store_->wait({kFailureKey}, wait);
       std::vector<uint8_t> v = store_->get(kFailureKey);
+      store_->add(kFailureAcksKey, 1);
       std::string s(v.begin(), v.end());
       size_t bar = s.find('|');
       if (bar == std::string::npos) return std::nullopt;
@@ -170,11 +193,11 @@ class C10dCommunicator : public Communicator {
     } catch (const Error& e) {
       fail(e.kind(), e.what());
     } catch (const c10::Error& e) {
-      std::string m = e.what_without_backtrace();
-      fail(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, m.substr(0, m.find('\n')));
+      std::string m = Clean(e.what_without_backtrace());
+      fail(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, m);
     } catch (const std::exception& e) {
-      std::string m = e.what();
-      fail(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, m.substr(0, m.find('\n')));
+      std::string m = Clean(e.what());
+      fail(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, m);
     }
   }
 
@@ -276,11 +299,11 @@ std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::
     auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rv.rank, rv.world_size, options);
     return std::make_unique<C10dCommunicator>(pg, prefixed, timeout, c10::Device(c10::kCPU), /*owns=*/true);
   } catch (const c10::Error& e) {
-    std::string m = e.what_without_backtrace();
-    throw Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, m.substr(0, m.find('\n')));
+    std::string m = Clean(e.what_without_backtrace());
+    throw Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, m);
   } catch (const std::exception& e) {
-    std::string m = e.what();
-    throw Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, m.substr(0, m.find('\n')));
+    std::string m = Clean(e.what());
+    throw Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, m);
   }
 }
 

@@ -66,6 +66,8 @@ class Communicator {
   virtual std::optional<std::pair<ErrorKind, std::string>> FetchFailure(std::chrono::milliseconds wait) {
     return std::nullopt;
   }
+  // The publisher (usually rank 0, which hosts the store) waits until `n` ranks fetched, or `wait`.
+  virtual void AwaitFailureAcks(int n, std::chrono::milliseconds wait) {}
   // Tears the transport down so peers blocked on us fail fast instead of waiting out their timeout.
   virtual void Abort() = 0;
 };

@@ -1,9 +1,12 @@
 #include "runtime/subprocess.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -42,6 +45,23 @@ std::string SelfExe() {
   if (n <= 0) throw Error(ErrorKind::kIo, "/proc/self/exe", "cannot resolve: " + ErrnoText(errno));
   buf[n] = '\0';
   return buf;
+}
+
+int FreeLocalPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) close(fd);
+    throw Error(ErrorKind::kIo, "local port", "cannot find a free local port: " + ErrnoText(errno));
+  }
+  int port = ntohs(a.sin_port);
+  close(fd);
+  return port;
 }
 
 Subprocess Subprocess::Spawn(const SpawnOptions& options) {

@@ -53,4 +53,7 @@ class Subprocess {
 // The path of the running executable (/proc/self/exe).
 std::string SelfExe();
 
+// A TCP port on 127.0.0.1 that was free a moment ago (for a local rendezvous).
+int FreeLocalPort();
+
 }  // namespace shardcast

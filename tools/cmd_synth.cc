@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cstdio>
 
+#include <nlohmann/json.hpp>
+
 #include "loaders/synth.h"
 #include "tools/cli_util.h"
 
@@ -24,6 +26,10 @@ int Synth(const SynthArgs& a) {
   opt.sparse = a.sparse;
   auto t0 = std::chrono::steady_clock::now();
   WrittenCheckpoint w = WriteSynthCheckpoint(spec, a.out, opt);
+  // The config beside the weights, as HF checkpoints ship it (layers as written), so `load` finds it.
+  nlohmann::json config = nlohmann::json::parse(spec.config_json);
+  config["num_hidden_layers"] = spec.num_layers;
+  WriteTextFile(a.out + "/config.json", config.dump(2) + "\n");
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("synth: %s (%d of %d layers), %s parameters, %llu bytes (%s) in %zu file(s) under %s%s\n",
               spec.model_type.c_str(), spec.num_layers, spec.total_layers, HumanCount(spec.parameter_count()).c_str(),

@@ -1,0 +1,104 @@
+#include "tests/runtime/load_worker.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "loaders/synth.h"
+#include "runtime/load.h"
+#include "runtime/rope.h"
+
+namespace shardcast {
+namespace {
+
+constexpr uint64_t kSeed = 7;
+
+// Checks every byte this rank holds: synthetic checkpoint values (converted to the plan's dtype where
+// the checkpoint's differs) for checkpoint entries, the RoPE rule for computed buffers.
+void Check(const RankState& state, const Checkpoint& ckpt, int64_t* checked, int64_t* mismatches) {
+  const int world = state.plan().world_size();
+  for (const LocalTensor& t : state.tensors()) {
+    const PlanEntry& e = *t.entry;
+    const at::Tensor& x = t.tensor;
+    if (e.role == Role::kNonPersistentBuffer) {
+      RopeInit r = ComputeRope(nlohmann::json::parse(state.plan().spec().config_json), "c", e.shape[0] * 2);
+      *mismatches += std::memcmp(x.data_ptr(), r.inv_freq.data(), r.inv_freq.size() * 4) != 0;
+      ++*checked;
+      continue;
+    }
+    const Checkpoint::Entry& ce = ckpt.Get(e.key);
+    RowRange rows = e.Local(world, state.rank());
+    uint64_t row_elems = e.rows() ? ce.info->numel() / e.rows() : 0;
+    uint64_t first = rows.begin * row_elems, n = rows.rows() * row_elems;
+    std::vector<unsigned char> src(n * DTypeSize(ce.info->dtype)), want(n * DTypeSize(e.dtype));
+    SynthElements(kSeed, e.key, ce.info->dtype, first, n, src.data());
+    ConvertElements(ce.info->dtype, e.dtype, src.data(), want.data(), n);
+    if (static_cast<uint64_t>(x.numel()) != n || std::memcmp(x.data_ptr(), want.data(), want.size()) != 0) {
+      ++*mismatches;
+      std::cerr << "rank " << state.rank() << ": mismatch in " << e.key << "\n";
+    }
+    ++*checked;
+  }
+}
+
+}  // namespace
+}  // namespace shardcast
+
+int LoadWorkerMain(int argc, char** argv) {
+  using namespace shardcast;
+  const std::string scenario = argv[2], ckpt_dir = argv[3], config = argv[4], source = argv[5];
+  nlohmann::json out = {{"ok", false}};
+  try {
+    Rendezvous rv = RendezvousFromEnvironment();
+    LoadRequest rq;
+    rq.checkpoint = ckpt_dir;
+    rq.options.chunk_bytes = 64 << 10;  // small: exercise splitting and coalescing
+    rq.options.staging_slots = 3;
+    rq.options.timeout = std::chrono::milliseconds(20000);
+    rq.options.verify = true;
+    rq.options.source = source == "each-rank" ? Source::kEachRank : Source::kRank0;
+    if (scenario == "strict_keys") rq.extra_keys = ExtraKeys::kError;
+    bool truncated = false, announced = false;
+    if (scenario == "truncate" && rv.rank == 0) {
+      rq.progress = [&](uint64_t, uint64_t) {  // after the handshake, mid-stream: cut the last file short
+        if (truncated) return;
+        auto c = Checkpoint::Open(ckpt_dir);
+        if (truncate(c->file(c->num_files() - 1).path().c_str(), 4096) != 0) std::perror("truncate");
+        truncated = true;
+      };
+    }
+    if (scenario == "slow" && rv.rank == 0) {
+      rq.progress = [&](uint64_t, uint64_t) {  // long enough a stream for the parent to kill a rank in it
+        if (!announced) std::cout << "PROGRESS" << std::endl;
+        announced = true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      };
+    }
+    std::unique_ptr<Communicator> comm =
+        rv.world_size == 1 ? CreateLocalCommunicator() : CreateGlooCommunicator(rv, rq.options.timeout);
+    ModelSpec spec = BuildModelSpec(config);
+    int plan_world = rv.world_size;
+    if (scenario == "dtype_divergence" && rv.rank == 1) {
+      for (auto& e : spec.entries) e.dtype = e.key == "model.norm.weight" ? DType::kF32 : e.dtype;
+    }
+    if (scenario == "world_size_mismatch" && rv.rank == 1) plan_world = rv.world_size + 1;
+    Plan plan = Plan::Build(std::move(spec), plan_world);
+    RankState state = RankState::Prepare(plan, rv.rank);
+    LoadReport report = Load(*comm, &state, rq);
+    int64_t checked = 0, mismatches = 0;
+    auto ckpt = Checkpoint::Open(ckpt_dir);
+    Check(state, *ckpt, &checked, &mismatches);
+    out = {{"ok", true}, {"checked", checked}, {"mismatches", mismatches}, {"skipped", report.skipped_keys},
+           {"verified", report.ranks[rv.rank].verified}, {"stored", report.ranks[rv.rank].bytes_stored}};
+  } catch (const Error& e) {
+    out = {{"ok", false}, {"kind", ErrorKindName(e.kind())}, {"message", e.what()}};
+  } catch (const std::exception& e) {
+    out = {{"ok", false}, {"kind", "std"}, {"message", e.what()}};
+  }
+  std::cout << out.dump() << std::endl;
+  return 0;
+}

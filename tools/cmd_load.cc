@@ -1,0 +1,167 @@
+// shardcast load --checkpoint DIR [--config FILE] [--nproc N] [--source rank0|each-rank]
+//                [--target cpu|pinned|cuda] [--chunk-bytes B] [--staging-slots K] [--verify] [--json OUT]
+// With --nproc it launches N local ranks of itself; under torchrun or SLURM it runs as the given rank.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <sys/stat.h>
+
+#include "allocators/error.h"
+#include "runtime/load.h"
+#include "runtime/subprocess.h"
+#include "tools/cli_util.h"
+#include "tools/launcher.h"
+
+namespace shardcast::tools {
+namespace {
+
+struct LoadArgs {
+  std::string checkpoint, config, source = "rank0", target = "cpu", chunk, json;
+  int nproc = 0, staging_slots = 0, layers = -1;
+  int64_t timeout_ms = 0;
+  bool verify = false, checksum_only = false, strict_keys = false, quiet = false;
+  std::vector<std::string> argv;  // as given, for the launcher
+};
+
+// Rank 0's progress: a live bar on a TTY, a line every few seconds otherwise.
+class ProgressPrinter {
+ public:
+  ProgressPrinter() : tty_(isatty(STDERR_FILENO)), t0_(std::chrono::steady_clock::now()) {}
+  void operator()(uint64_t done, uint64_t total) {
+    auto now = std::chrono::steady_clock::now();
+    double since = std::chrono::duration<double>(now - last_).count();
+    if (done < total && since < (tty_ ? 0.2 : 5.0)) return;
+    last_ = now;
+    double s = std::chrono::duration<double>(now - t0_).count();
+    double gbs = s > 0 ? done / s / 1e9 : 0;
+    double eta = gbs > 0 ? (total - done) / 1e9 / gbs : 0;
+    MemorySnapshot m = ReadMemory();
+    std::fprintf(stderr, "%sload: %s / %s (%3.0f%%) %.2f GB/s ETA %.1f s, reader RSS anon %s file %s%s",
+                 tty_ ? "\r" : "", HumanBytes(done).c_str(), HumanBytes(total).c_str(),
+                 total ? 100.0 * done / total : 100.0, gbs, eta, HumanBytes(m.rss_anon).c_str(),
+                 HumanBytes(m.rss_file).c_str(), tty_ ? (done >= total ? "\n" : "") : "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  bool tty_;
+  std::chrono::steady_clock::time_point t0_, last_{};
+};
+
+std::string ConfigFor(const LoadArgs& a) {
+  if (!a.config.empty()) return a.config;
+  std::string c = a.checkpoint + "/config.json";
+  struct stat st;
+  if (stat(c.c_str(), &st) == 0) return c;
+  throw Error(ErrorKind::kInvalidArgument, "--config", "not given, and " + c + " does not exist");
+}
+
+void PrintReport(const LoadReport& r) {
+  std::printf("load: %s -> %s over %s, %d rank(s), %llu entries, %s", r.source.c_str(), r.target.c_str(),
+              r.backend.c_str(), r.world_size, static_cast<unsigned long long>(r.entries), HumanBytes(r.total_bytes).c_str());
+  if (r.skipped_keys) {
+    std::printf(", skipped %llu checkpoint key(s) the model does not own (e.g. %s)",
+                static_cast<unsigned long long>(r.skipped_keys), r.skipped_examples.front().c_str());
+  }
+  double slowest = 0;
+  for (const auto& rr : r.ranks) slowest = std::max(slowest, rr.seconds);
+  std::printf("\nload: %.3f s, %.2f GB/s\n", slowest, slowest > 0 ? r.total_bytes / slowest / 1e9 : 0.0);
+  std::printf("%5s %12s %12s %12s %9s %16s %16s %8s\n", "rank", "received", "stored", "sent", "seconds",
+              "peak RssAnon", "peak RssFile", "verify");
+  for (const auto& rr : r.ranks) {
+    std::printf("%5d %12s %12s %12s %9.3f %16s %16s %8s\n", rr.rank, HumanBytes(rr.bytes_received).c_str(),
+                HumanBytes(rr.bytes_stored).c_str(), HumanBytes(rr.bytes_sent).c_str(), rr.seconds,
+                HumanBytes(rr.peak_rss_anon).c_str(), HumanBytes(rr.peak_rss_file).c_str(),
+                rr.verified == 1 ? "ok" : "off");
+  }
+  std::printf("(peak RSS above each rank's baseline at the start of the load)\n");
+}
+
+int RunRank(const LoadArgs& a) {
+  Rendezvous rv = RendezvousFromEnvironment();
+  LoadRequest rq;
+  rq.checkpoint = a.checkpoint;
+  ApplyEnvironment(&rq.options);
+  if (!a.chunk.empty()) rq.options.chunk_bytes = ParseBytes(a.chunk);
+  if (a.staging_slots > 0) rq.options.staging_slots = a.staging_slots;
+  if (a.timeout_ms > 0) rq.options.timeout = std::chrono::milliseconds(a.timeout_ms);
+  ApplyEnvironment(&rq.options);  // validates what the flags set, too
+  if (a.source != "rank0" && a.source != "each-rank") {
+    throw Error(ErrorKind::kInvalidArgument, "--source", "\"" + a.source + "\" is not rank0 or each-rank");
+  }
+  rq.options.source = a.source == "rank0" ? Source::kRank0 : Source::kEachRank;
+  auto target = ParseTarget(a.target);
+  if (!target) throw Error(ErrorKind::kInvalidArgument, "--target", "\"" + a.target + "\" is not cpu, pinned or cuda");
+  rq.options.target = *target;
+  rq.options.verify = a.verify;
+  rq.checksum_only = a.checksum_only;
+  rq.extra_keys = a.strict_keys ? ExtraKeys::kError : ExtraKeys::kSkip;
+  ProgressPrinter printer;
+  if (rv.rank == 0 && !a.quiet) rq.progress = [&printer](uint64_t d, uint64_t t) { printer(d, t); };
+
+  std::unique_ptr<Communicator> comm =
+      rv.world_size == 1 ? CreateLocalCommunicator() : CreateGlooCommunicator(rv, rq.options.timeout);
+  std::unique_ptr<Plan> plan;
+  std::unique_ptr<RankState> state;
+  try {
+    plan = std::make_unique<Plan>(Plan::Build(BuildModelSpec(ConfigFor(a), SpecOptions{a.layers}), rv.world_size));
+    PrepareOptions po;
+    po.target = *target;
+    po.device_index = rv.local_rank;
+    state = std::make_unique<RankState>(RankState::Prepare(*plan, rv.rank, po));
+  } catch (const Error& e) {
+    FailHandshake(*comm, e.kind(), e.what());
+  }
+  LoadReport report = Load(*comm, state.get(), rq);
+  if (rv.rank == 0) {
+    PrintReport(report);
+    if (!a.json.empty()) WriteTextFile(a.json, report.ToJson() + "\n");
+  }
+  return 0;
+}
+
+int RunLoad(const LoadArgs& a) {
+  if (a.nproc > 0) {
+    // Re-run ourselves as each rank: the same arguments without --nproc.
+    std::vector<std::string> argv = {SelfExe()};
+    for (size_t i = 1; i < a.argv.size(); ++i) {
+      if (a.argv[i] == "--nproc") {
+        ++i;
+        continue;
+      }
+      if (a.argv[i].rfind("--nproc=", 0) == 0) continue;
+      argv.push_back(a.argv[i]);
+    }
+    LoadOptions o;
+    if (a.timeout_ms > 0) o.timeout = std::chrono::milliseconds(a.timeout_ms);
+    return LaunchLocalRanks(a.nproc, argv, o.timeout + std::chrono::seconds(10));
+  }
+  return RunRank(a);
+}
+
+}  // namespace
+
+void AddLoad(CLI::App& app, Runner* run, const std::vector<std::string>& argv) {
+  auto args = std::make_shared<LoadArgs>();
+  args->argv = argv;
+  auto* cmd = app.add_subcommand("load", "Load a checkpoint into this rank's shard (every rank receives only its rows)");
+  cmd->add_option("--checkpoint", args->checkpoint, "checkpoint directory or .safetensors file")->required();
+  cmd->add_option("--config", args->config, "HF config.json (default: DIR/config.json)");
+  cmd->add_option("--nproc", args->nproc, "launch N local ranks (like torchrun --standalone)");
+  cmd->add_option("--source", args->source, "rank0 (default) or each-rank");
+  cmd->add_option("--target", args->target, "cpu (default), pinned or cuda");
+  cmd->add_option("--chunk-bytes", args->chunk, "staging slot size, e.g. 64M (default 64M)");
+  cmd->add_option("--staging-slots", args->staging_slots, "staging ring slots (default 4)");
+  cmd->add_option("--timeout-ms", args->timeout_ms, "per-collective timeout (default 600000)");
+  cmd->add_option("--layers", args->layers, "keep only the first N decoder layers of the config");
+  cmd->add_flag("--verify", args->verify, "xxHash every entry on every rank and compare with the sender");
+  cmd->add_flag("--checksum-only", args->checksum_only, "receive and hash only; keep nothing (benchmarks)");
+  cmd->add_flag("--strict-keys", args->strict_keys, "fail on checkpoint keys the model does not own");
+  cmd->add_flag("--quiet", args->quiet, "no progress output");
+  cmd->add_option("--json", args->json, "write the per-rank report as JSON (rank 0)");
+  cmd->callback([args, run] { *run = [args] { return RunCommand("load", [&] { return RunLoad(*args); }); }; });
+}
+
+}  // namespace shardcast::tools
