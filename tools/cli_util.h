@@ -32,5 +32,6 @@ void AddPlan(CLI::App& app, Runner* run);
 void AddPrepare(CLI::App& app, Runner* run);
 void AddBenchRss(CLI::App& app, Runner* run);
 void AddLoad(CLI::App& app, Runner* run, const std::vector<std::string>& argv);
+void AddBenchPread(CLI::App& app, Runner* run);
 
 }  // namespace shardcast::tools

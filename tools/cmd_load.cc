@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "allocators/error.h"
+#include "bench/baseline_load.h"
 #include "runtime/load.h"
 #include "runtime/subprocess.h"
 #include "tools/cli_util.h"
@@ -88,7 +89,8 @@ int RunRank(const LoadArgs& a) {
   if (a.staging_slots > 0) rq.options.staging_slots = a.staging_slots;
   if (a.timeout_ms > 0) rq.options.timeout = std::chrono::milliseconds(a.timeout_ms);
   ApplyEnvironment(&rq.options);  // validates what the flags set, too
-  if (a.source != "rank0" && a.source != "each-rank") {
+  const bool baseline = a.source == "baseline";  // benchmarks: the full-tensor broadcast algorithm
+  if (a.source != "rank0" && a.source != "each-rank" && !baseline) {
     throw Error(ErrorKind::kInvalidArgument, "--source", "\"" + a.source + "\" is not rank0 or each-rank");
   }
   rq.options.source = a.source == "rank0" ? Source::kRank0 : Source::kEachRank;
@@ -114,7 +116,7 @@ int RunRank(const LoadArgs& a) {
   } catch (const Error& e) {
     FailHandshake(*comm, e.kind(), e.what());
   }
-  LoadReport report = Load(*comm, state.get(), rq);
+  LoadReport report = baseline ? bench::BaselineLoad(*comm, state.get(), rq.checkpoint) : Load(*comm, state.get(), rq);
   if (rv.rank == 0) {
     PrintReport(report);
     if (!a.json.empty()) WriteTextFile(a.json, report.ToJson() + "\n");
@@ -150,7 +152,7 @@ void AddLoad(CLI::App& app, Runner* run, const std::vector<std::string>& argv) {
   cmd->add_option("--checkpoint", args->checkpoint, "checkpoint directory or .safetensors file")->required();
   cmd->add_option("--config", args->config, "HF config.json (default: DIR/config.json)");
   cmd->add_option("--nproc", args->nproc, "launch N local ranks (like torchrun --standalone)");
-  cmd->add_option("--source", args->source, "rank0 (default) or each-rank");
+  cmd->add_option("--source", args->source, "rank0 (default) or each-rank (baseline: the full-broadcast algorithm, for benchmarks)");
   cmd->add_option("--target", args->target, "cpu (default), pinned or cuda");
   cmd->add_option("--chunk-bytes", args->chunk, "staging slot size, e.g. 64M (default 64M)");
   cmd->add_option("--staging-slots", args->staging_slots, "staging ring slots (default 4)");
@@ -162,6 +164,27 @@ void AddLoad(CLI::App& app, Runner* run, const std::vector<std::string>& argv) {
   cmd->add_flag("--quiet", args->quiet, "no progress output");
   cmd->add_option("--json", args->json, "write the per-rank report as JSON (rank 0)");
   cmd->callback([args, run] { *run = [args] { return RunCommand("load", [&] { return RunLoad(*args); }); }; });
+}
+
+}  // namespace shardcast::tools
+
+namespace shardcast::tools {
+
+// shardcast bench-pread DIR: the raw I/O reference for the load benchmark (JSON on stdout).
+void AddBenchPread(CLI::App& app, Runner* run) {
+  auto dir = std::make_shared<std::string>();
+  auto* cmd = app.add_subcommand("bench-pread", "Read every data byte of a checkpoint with pread (I/O reference)");
+  cmd->add_option("checkpoint", *dir, "checkpoint directory")->required();
+  cmd->callback([dir, run] {
+    *run = [dir] {
+      return RunCommand("bench-pread", [&] {
+        bench::PreadResult r = bench::PreadCheckpoint(*dir);
+        std::printf("{\"bytes\": %llu, \"seconds\": %.6f, \"gbps\": %.4f}\n", static_cast<unsigned long long>(r.bytes),
+                    r.seconds, r.seconds > 0 ? r.bytes / r.seconds / 1e9 : 0.0);
+        return 0;
+      });
+    };
+  });
 }
 
 }  // namespace shardcast::tools

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   shardcast::tools::AddPrepare(app, &run);
   shardcast::tools::AddBenchRss(app, &run);
   shardcast::tools::AddLoad(app, &run, std::vector<std::string>(argv, argv + argc));
+  shardcast::tools::AddBenchPread(app, &run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,0 +1,108 @@
+#include "bench/baseline_load.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "allocators/error.h"
+#include "runtime/torch_dtype.h"
+#include "runtime/verdict.h"
+
+namespace shardcast::bench {
+
+using Clock = std::chrono::steady_clock;
+
+LoadReport BaselineLoad(Communicator& comm, RankState* state, const std::string& checkpoint) {
+  const auto t0 = Clock::now();
+  const MemorySnapshot base = ReadMemory();
+  PeakSampler sampler;
+  const Plan& plan = state->plan();
+  const int me = comm.rank(), world = comm.world_size();
+  std::unique_ptr<Checkpoint> ckpt;
+  if (me == 0) ckpt = Checkpoint::Open(checkpoint);
+  // The full state dict on rank 0; zeros-like full copies everywhere else.
+  std::vector<at::Tensor> full;
+  std::vector<const PlanEntry*> entries;
+  uint64_t total = 0;
+  for (const PlanEntry& e : plan.entries()) {
+    if (e.role == Role::kNonPersistentBuffer) continue;
+    std::vector<int64_t> sizes(e.shape.begin(), e.shape.end());
+    at::ScalarType dtype = ToScalarType(e.dtype);
+    if (me == 0) {
+      at::Tensor t = at::empty(sizes, dtype);
+      const auto& ce = ckpt->Get(e.key);
+      if (ce.info->dtype != e.dtype) throw Error(ErrorKind::kUnsupported, e.key, "the baseline does not convert dtypes");
+      ce.file->ReadRows(*ce.info, 0, ce.info->rows(), t.data_ptr());
+      full.push_back(t);
+    } else {
+      full.push_back(at::zeros(sizes, dtype));
+    }
+    entries.push_back(&e);
+    total += e.nbytes();
+  }
+  state->AllocateShards();
+  uint64_t received = 0, stored = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const PlanEntry& e = *entries[i];
+    comm.Broadcast(full[i].data_ptr(), e.nbytes(), 0);  // the whole tensor to every rank
+    if (me != 0) received += e.nbytes();
+    LocalTensor* local = state->Find(e.key);
+    RowRange rows = e.Local(world, me);
+    const uint64_t n = rows.rows() * e.row_bytes();
+    std::memcpy(local->tensor.data_ptr(), static_cast<const char*>(full[i].data_ptr()) + rows.begin * e.row_bytes(), n);
+    stored += n;
+  }
+  comm.Barrier();
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  MemoryPeaks peaks = sampler.Stop();
+  auto above = [](uint64_t v, uint64_t b) { return static_cast<int64_t>(v > b ? v - b : 0); };
+  auto all = AllGather(comm, {static_cast<int64_t>(received), static_cast<int64_t>(stored),
+                              static_cast<int64_t>(me == 0 ? total * (world - 1) : 0), static_cast<int64_t>(me == 0 ? total : 0),
+                              static_cast<int64_t>(seconds * 1e6), above(peaks.rss_anon, base.rss_anon),
+                              above(peaks.rss_file, base.rss_file), static_cast<int64_t>(base.rss_anon),
+                              static_cast<int64_t>(base.rss_file)});
+  LoadReport r;
+  r.source = "baseline-broadcast";
+  r.target = "cpu";
+  r.backend = comm.backend();
+  r.world_size = world;
+  r.entries = entries.size();
+  r.total_bytes = total;
+  r.seconds = seconds;
+  for (int i = 0; i < world; ++i) {
+    const auto& v = all[i];
+    RankReport rr;
+    rr.rank = i;
+    rr.bytes_received = v[0], rr.bytes_stored = v[1], rr.bytes_sent = v[2], rr.bytes_read = v[3];
+    rr.seconds = v[4] / 1e6;
+    rr.peak_rss_anon = v[5], rr.peak_rss_file = v[6], rr.baseline_rss_anon = v[7], rr.baseline_rss_file = v[8];
+    r.ranks.push_back(rr);
+  }
+  return r;
+}
+
+PreadResult PreadCheckpoint(const std::string& checkpoint) {
+  auto ckpt = Checkpoint::Open(checkpoint, OpenOptions{ReadMode::kPread});
+  std::vector<unsigned char> buf(64u << 20);
+  PreadResult r;
+  const auto t0 = Clock::now();
+  for (size_t i = 0; i < ckpt->num_files(); ++i) {
+    const SafetensorsFile& f = ckpt->file(i);
+    int fd = ::open(f.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw Error(ErrorKind::kIo, f.path(), "cannot open: " + ErrnoText(errno));
+    for (uint64_t off = f.header().data_offset(); off < f.file_size();) {
+      ssize_t n = pread(fd, buf.data(), std::min<uint64_t>(buf.size(), f.file_size() - off), static_cast<off_t>(off));
+      if (n <= 0) break;
+      off += static_cast<uint64_t>(n);
+      r.bytes += static_cast<uint64_t>(n);
+    }
+    ::close(fd);
+  }
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace shardcast::bench

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""shardcast's load benchmark: shardcast rank0 and each-rank against the full-broadcast baseline
+(DCP broadcast_from_rank0 / accelerate), on the same communicator, the same synthesized
+Qwen3-MoE-shaped checkpoints and the same report, plus a raw pread of the same files as the I/O
+reference. Every run is `shardcast load --nproc W ... --json`; this script only orchestrates and
+tabulates.
+
+    bench/bench_load.py [--layers 0,1,3,6,12] [--world-size 4] [--out bench/results/load.json]
+
+Checkpoints are Qwen3-30B-A3B's config cut to N layers (N=0: 1.2 GB ... N=12: 16 GB). The baseline
+runs only where (world size + 1) x checkpoint fits in memory; elsewhere it is reported as not run.
+"""
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def sh(args, **kw):
+    return subprocess.run([str(a) for a in args], check=True, capture_output=True, text=True, **kw)
+
+
+def mem_total():
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def warm(ckpt):
+    for f in sorted(ckpt.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            while fh.read(64 << 20):
+                pass
+
+
+def run_load(exe, ckpt, source, world, out_json):
+    t0 = time.monotonic()
+    sh([exe, "load", "--checkpoint", ckpt, "--nproc", world, "--source", source, "--quiet", "--json", out_json,
+        "--timeout-ms", 900000])
+    wall = time.monotonic() - t0
+    report = json.loads(pathlib.Path(out_json).read_text())
+    report["wall_seconds"] = wall
+    return report
+
+
+def summarize(report):
+    ranks = report["ranks"]
+    slowest = max(r["seconds"] for r in ranks)
+    return {
+        "seconds": slowest,
+        "gbps": report["total_bytes"] / slowest / 1e9,
+        "reader_anon": ranks[0]["peak_rss_anon_above_baseline"],
+        "reader_file": ranks[0]["peak_rss_file_above_baseline"],
+        "other_anon": max((r["peak_rss_anon_above_baseline"] for r in ranks[1:]), default=0),
+        "other_file": max((r["peak_rss_file_above_baseline"] for r in ranks[1:]), default=0),
+        "node_anon": sum(r["peak_rss_anon_above_baseline"] for r in ranks),
+        "node_file": sum(r["peak_rss_file_above_baseline"] for r in ranks),
+        "shard": max(r["bytes_stored"] for r in ranks),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", default="0,1,3,6,12")
+    ap.add_argument("--world-size", type=int, default=4)
+    ap.add_argument("--config", default=str(ROOT / "configs/models/qwen3-30b-a3b.json"))
+    ap.add_argument("--work", default=str(ROOT / "out/bench-load"))
+    ap.add_argument("--out", default=str(ROOT / "bench/results/load.json"))
+    ap.add_argument("--exe", default=str(ROOT / "build/tools/shardcast"))
+    args = ap.parse_args()
+    work = pathlib.Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    world = args.world_size
+    rows = []
+    print(f"{'ckpt GB':>8} {'method':<20} {'seconds':>8} {'GB/s':>6} {'reader anon':>12} {'reader file':>12} "
+          f"{'other anon':>11} {'node anon':>10} {'shard':>9}", flush=True)
+    for layers in [int(x) for x in args.layers.split(",")]:
+        ckpt = work / f"qwen3-L{layers}"
+        if not (ckpt / "model.safetensors.index.json").exists():
+            sh([args.exe, "synth", "--config", args.config, "--out", ckpt, "--layers", layers,
+                "--max-shard-size", "2G", "--seed", "1"])
+        size = sum(f.stat().st_size for f in ckpt.glob("*.safetensors"))
+        warm(ckpt)
+        pread = json.loads(sh([args.exe, "bench-pread", ckpt]).stdout)
+        result = {"layers": layers, "checkpoint_bytes": size, "pread_gbps": pread["gbps"], "methods": {}}
+        print(f"{size/1e9:8.2f} {'pread (I/O reference)':<20} {pread['seconds']:8.2f} {pread['gbps']:6.2f}", flush=True)
+        methods = ["rank0", "each-rank", "baseline"]
+        for m in methods:
+            if m == "baseline" and (world + 1) * size > 0.8 * mem_total():
+                result["methods"][m] = {"skipped": f"needs ~{(world + 1) * size / 1e9:.0f} GB of RAM"}
+                print(f"{size/1e9:8.2f} {m:<20} {'not run: needs ~%.0f GB RAM' % ((world + 1) * size / 1e9)}", flush=True)
+                continue
+            warm(ckpt)
+            s = summarize(run_load(args.exe, ckpt, m, world, work / f"{m}-L{layers}.json"))
+            result["methods"][m] = s
+            print(f"{size/1e9:8.2f} {m:<20} {s['seconds']:8.2f} {s['gbps']:6.2f} {s['reader_anon']/1e6:10.0f}MB "
+                  f"{s['reader_file']/1e6:10.0f}MB {s['other_anon']/1e6:9.0f}MB {s['node_anon']/1e6:8.0f}MB "
+                  f"{s['shard']/1e6:7.0f}MB", flush=True)
+        rows.append(result)
+        pathlib.Path(args.out).write_text(json.dumps({"world_size": world, "rows": rows}, indent=2) + "\n")
+    print(f"\nwritten to {args.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
