@@ -56,14 +56,19 @@ Handshake RunHandshake(Communicator& comm, const Plan& plan, const LoadRequest& 
       if (!diff.empty()) local = Problem{ErrorKind::kManifestMismatch, diff};
       if (each && !reader && local.message.empty()) {  // this rank's view of the files must be rank 0's
         for (const ManifestEntry& e : h.manifest.entries) {
-          const Checkpoint::Entry* mine = h.ckpt->Find(e.checkpoint_key);
-          uint64_t off = mine ? mine->file->header().data_offset() + mine->info->begin : 0;
-          if (!mine || mine->info->dtype != e.source_dtype || mine->info->shape != e.shape || off != e.offset) {
-            local = Problem{ErrorKind::kManifestMismatch,
-                            "key '" + e.key + "': rank " + std::to_string(comm.rank()) + "'s view of the checkpoint " +
-                                rq.checkpoint + " differs from rank 0's (missing, or another dtype, shape or offset)"};
-            break;
+          for (const ManifestPart& p : e.parts) {
+            const Checkpoint::Entry* mine = h.ckpt->Find(p.checkpoint_key);
+            uint64_t off = mine ? mine->file->header().data_offset() + mine->info->begin : 0;
+            if (!mine || mine->info->dtype != p.source_dtype || mine->info->numel() != p.numel || off != p.offset ||
+                mine->file->path() != h.manifest.files[p.file]) {
+              local = Problem{ErrorKind::kManifestMismatch,
+                              "key '" + p.checkpoint_key + "': rank " + std::to_string(comm.rank()) +
+                                  "'s view of the checkpoint " + rq.checkpoint +
+                                  " differs from rank 0's (missing, or another dtype, size, file or offset)"};
+              break;
+            }
           }
+          if (!local.message.empty()) break;
         }
       }
     } catch (const std::exception& e) {

@@ -64,13 +64,18 @@ std::string Manifest::Serialize() const {
   o.U64(entries.size());
   for (const auto& e : entries) {
     o.Str(e.key);
-    o.Str(e.checkpoint_key == e.key ? std::string() : e.checkpoint_key);
-    o.U64(static_cast<uint64_t>(e.source_dtype) | static_cast<uint64_t>(e.target_dtype) << 8 |
-          static_cast<uint64_t>(e.role) << 16 | static_cast<uint64_t>(e.placement) << 24);
+    o.U64(static_cast<uint64_t>(e.target_dtype) | static_cast<uint64_t>(e.role) << 8 |
+          static_cast<uint64_t>(e.placement) << 16);
     o.U64(e.shape.size());
     for (uint64_t d : e.shape) o.U64(d);
-    o.U64(e.file);
-    o.U64(e.offset);
+    o.U64(e.parts.size());
+    for (const auto& p : e.parts) {
+      o.Str(p.checkpoint_key == e.key ? std::string() : p.checkpoint_key);
+      o.U64(static_cast<uint64_t>(p.source_dtype));
+      o.U64(p.file);
+      o.U64(p.offset);
+      o.U64(p.numel);
+    }
   }
   o.U64(skipped);
   o.U64(skipped_examples.size());
@@ -90,19 +95,25 @@ Manifest Manifest::Deserialize(const std::string& bytes) {
   m.entries.resize(n);
   for (auto& e : m.entries) {
     e.key = in.Str();
-    e.checkpoint_key = in.Str();
-    if (e.checkpoint_key.empty()) e.checkpoint_key = e.key;
     uint64_t packed = in.U64();
-    e.source_dtype = static_cast<DType>(packed & 0xff);
-    e.target_dtype = static_cast<DType>((packed >> 8) & 0xff);
-    e.role = static_cast<Role>((packed >> 16) & 0xff);
-    e.placement = static_cast<Placement::Kind>((packed >> 24) & 0xff);
+    e.target_dtype = static_cast<DType>(packed & 0xff);
+    e.role = static_cast<Role>((packed >> 8) & 0xff);
+    e.placement = static_cast<Placement::Kind>((packed >> 16) & 0xff);
     uint64_t dims = in.U64();
     in.Need(dims * 8);
     e.shape.resize(dims);
     for (auto& d : e.shape) d = in.U64();
-    e.file = static_cast<uint32_t>(in.U64());
-    e.offset = in.U64();
+    uint64_t parts = in.U64();
+    in.Need(parts * 40);
+    e.parts.resize(parts);
+    for (auto& p : e.parts) {
+      p.checkpoint_key = in.Str();
+      if (p.checkpoint_key.empty()) p.checkpoint_key = e.key;
+      p.source_dtype = static_cast<DType>(in.U64());
+      p.file = static_cast<uint32_t>(in.U64());
+      p.offset = in.U64();
+      p.numel = in.U64();
+    }
   }
   m.skipped = in.U64();
   m.skipped_examples.resize(std::min<uint64_t>(in.U64(), 5));
@@ -125,8 +136,50 @@ Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& map
     return mapping.add_prefix + key;
   };
   std::set<std::string> used;
+  auto part_of = [&](const Checkpoint::Entry& found, const std::string& ck) {
+    return ManifestPart{ck, found.info->dtype, file_index.at(found.file),
+                        found.file->header().data_offset() + found.info->begin, found.info->numel()};
+  };
+  auto check_dtype = [&](const std::string& key, const std::string& ck, const Checkpoint::Entry& found, DType want) {
+    if (!CanConvert(found.info->dtype, want)) {
+      throw Error(ErrorKind::kManifestMismatch, "key '" + key + "'",
+                  "dtype " + std::string(DTypeName(found.info->dtype)) + " of '" + ck + "' in the checkpoint (" +
+                      found.file->path() + ") but " + std::string(DTypeName(want)) +
+                      " in rank 0's plan, and there is no conversion between them");
+    }
+  };
+  auto missing = [&](const std::string& key, const std::string& ck) {
+    return Error(ErrorKind::kManifestMismatch, "key '" + key + "'",
+                 "rank 0's plan needs it but the checkpoint " + ckpt.root() + " has no tensor '" + ck + "'");
+  };
   for (const PlanEntry& e : plan.entries()) {
     if (!FromCheckpoint(e.role)) continue;
+    ManifestEntry me;
+    me.key = e.key;
+    me.target_dtype = e.dtype;
+    me.shape = e.shape;
+    me.role = e.role;
+    me.placement = e.placement.kind;
+    if (auto c = mapping.compose.find(e.key); c != mapping.compose.end()) {
+      uint64_t numel = 0;
+      for (const std::string& ck : c->second) {
+        const Checkpoint::Entry* found = ckpt.Find(ck);
+        if (found == nullptr) throw missing(e.key, ck);
+        check_dtype(e.key, ck, *found, e.dtype);
+        me.parts.push_back(part_of(*found, ck));
+        numel += found->info->numel();
+        used.insert(ck);
+      }
+      uint64_t want = 1;
+      for (uint64_t d : e.shape) want *= d;
+      if (numel != want) {
+        throw Error(ErrorKind::kManifestMismatch, "key '" + e.key + "'",
+                    "its " + std::to_string(c->second.size()) + " checkpoint parts hold " + std::to_string(numel) +
+                        " elements but rank 0's plan has " + Shape(e.shape) + " = " + std::to_string(want));
+      }
+      m.entries.push_back(std::move(me));
+      continue;
+    }
     std::string ck = checkpoint_key(e.key);
     const Checkpoint::Entry* found = ckpt.Find(ck);
     if (found == nullptr) {
@@ -135,10 +188,7 @@ Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& map
         found = ckpt.Find(ck);
       }
     }
-    if (found == nullptr) {
-      throw Error(ErrorKind::kManifestMismatch, "key '" + e.key + "'",
-                  "rank 0's plan needs it but the checkpoint " + ckpt.root() + " has no tensor '" + ck + "'");
-    }
+    if (found == nullptr) throw missing(e.key, ck);
     used.insert(ck);
     const TensorInfo& t = *found->info;
     if (t.shape != e.shape) {
@@ -146,21 +196,8 @@ Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& map
                   "shape " + Shape(t.shape) + " in the checkpoint (" + found->file->path() + ") but " + Shape(e.shape) +
                       " in rank 0's plan");
     }
-    if (!CanConvert(t.dtype, e.dtype)) {
-      throw Error(ErrorKind::kManifestMismatch, "key '" + e.key + "'",
-                  "dtype " + std::string(DTypeName(t.dtype)) + " in the checkpoint (" + found->file->path() + ") but " +
-                      std::string(DTypeName(e.dtype)) + " in rank 0's plan, and there is no conversion between them");
-    }
-    ManifestEntry me;
-    me.key = e.key;
-    me.checkpoint_key = ck;
-    me.source_dtype = t.dtype;
-    me.target_dtype = e.dtype;
-    me.shape = e.shape;
-    me.role = e.role;
-    me.placement = e.placement.kind;
-    me.file = file_index.at(found->file);
-    me.offset = found->file->header().data_offset() + t.begin;
+    check_dtype(e.key, ck, *found, e.dtype);
+    me.parts.push_back(part_of(*found, ck));
     m.entries.push_back(std::move(me));
   }
   for (const auto& key : ckpt.keys()) {

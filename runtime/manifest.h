@@ -25,6 +25,9 @@ struct KeyMapping {
   std::string add_prefix;    // default "": checkpoint key = add_prefix + model key
   std::string strip_prefix;  // default "": checkpoint key = model key without this prefix
   std::map<std::string, std::string> tied;  // model key -> model key it shares storage with
+  // model key -> checkpoint keys whose elements, concatenated in order, are the entry's: a fused
+  // expert tensor [E, 2I, H] is [gate_0, up_0, gate_1, up_1, ...] (transformers 5's MoE layout).
+  std::map<std::string, std::vector<std::string>> compose;
 };
 
 enum class ExtraKeys {
@@ -32,16 +35,22 @@ enum class ExtraKeys {
   kError,  // a checkpoint key the model does not own is a mismatch
 };
 
+// One checkpoint tensor that supplies consecutive elements of an entry.
+struct ManifestPart {
+  std::string checkpoint_key;
+  DType source_dtype = DType::kBF16;  // in the checkpoint
+  uint32_t file = 0;                  // index into Manifest::files
+  uint64_t offset = 0;                // absolute byte offset of its data in that file
+  uint64_t numel = 0;
+};
+
 struct ManifestEntry {
   std::string key;             // the model's key
-  std::string checkpoint_key;  // where rank 0 found it
-  DType source_dtype = DType::kBF16;  // in the checkpoint
   DType target_dtype = DType::kBF16;  // rank 0's plan
   std::vector<uint64_t> shape;
   Role role = Role::kParameter;
   Placement::Kind placement = Placement::kShard;
-  uint32_t file = 0;           // index into Manifest::files
-  uint64_t offset = 0;         // absolute byte offset of the data in that file
+  std::vector<ManifestPart> parts;  // one, or several concatenated (KeyMapping::compose)
 };
 
 struct Manifest {

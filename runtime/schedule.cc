@@ -35,17 +35,45 @@ bool Schedule::Next(Message* out) {
   return true;
 }
 
-// Elements [first, first + n) of entry e as chunk-sized messages to `dest`, their local offsets
-// counted from element `local_first`.
+// Calls fn(part, element offset within the part, count) for the parts that supply elements
+// [first, first + n) of an entry, in order.
+template <typename F>
+static void ForEachPart(const ManifestEntry& e, uint64_t first, uint64_t n, F&& fn) {
+  uint64_t start = 0;  // the entry element at which the current part begins
+  for (uint32_t p = 0; p < e.parts.size() && n > 0; ++p) {
+    const uint64_t size = e.parts[p].numel;
+    if (first < start + size) {
+      const uint64_t within = first - start, k = std::min(n, size - within);
+      fn(p, within, k);
+      first += k;
+      n -= k;
+    }
+    start += size;
+  }
+}
+
+static Segment MakeSegment(const ManifestEntry& e, uint32_t index, uint32_t part, uint64_t within, uint64_t k,
+                           uint64_t local_elem) {
+  const ManifestPart& p = e.parts[part];
+  const uint64_t ss = DTypeSize(p.source_dtype), ts = DTypeSize(e.target_dtype);
+  return Segment{index, part, p.offset + within * ss, k * ss, local_elem * ts, k * ts};
+}
+
+// Elements [first, first + n) of entry e as chunk-sized single-segment messages to `dest` (received
+// in place), never crossing a part; local offsets count from element `local_first`.
 static void SplitElements(const ManifestEntry& e, uint32_t index, int dest, uint64_t first, uint64_t n,
                           uint64_t local_first, uint64_t chunk, std::deque<Message>* q) {
-  const uint64_t ss = DTypeSize(e.source_dtype), ts = DTypeSize(e.target_dtype);
-  const uint64_t per = std::max<uint64_t>(1, chunk / std::max(ss, ts));
-  for (uint64_t done = 0; done < n; done += per) {
-    uint64_t k = std::min(per, n - done);
-    Segment s{index, e.offset + (first + done) * ss, k * ss, (first + done - local_first) * ts, k * ts};
-    q->push_back(Message{dest, {s}, s.target_bytes});
-  }
+  uint64_t at = first;
+  ForEachPart(e, first, n, [&](uint32_t part, uint64_t within, uint64_t count) {
+    const uint64_t widest = std::max(DTypeSize(e.parts[part].source_dtype), DTypeSize(e.target_dtype));
+    const uint64_t per = std::max<uint64_t>(1, chunk / widest);
+    for (uint64_t done = 0; done < count; done += per) {
+      const uint64_t k = std::min(per, count - done);
+      Segment s = MakeSegment(e, index, part, within + done, k, at + done - local_first);
+      q->push_back(Message{dest, {s}, s.target_bytes});
+    }
+    at += count;
+  });
 }
 
 void Schedule::FillBroadcast(uint32_t e) {
@@ -81,14 +109,18 @@ void Schedule::EmitRank(int r, const std::vector<uint32_t>& batch) {
     const RowRange mine = ShardRows(rows, world_, r);
     const uint64_t first = mine.begin * row_elems, n = mine.rows() * row_elems;
     if (n == 0) continue;
-    const uint64_t ss = DTypeSize(e.source_dtype), ts = DTypeSize(e.target_dtype);
+    const uint64_t ts = DTypeSize(e.target_dtype);
     if (n * ts >= coalesce_) {  // large: its own chunk-sized messages, received in place
       flush();
       SplitElements(e, i, r, first, n, first, chunk_, &queue_);
       continue;
     }
     if (pack.target_bytes + n * ts > coalesce_) flush();
-    pack.segments.push_back(Segment{i, e.offset + first * ss, n * ss, 0, n * ts});
+    uint64_t at = first;
+    ForEachPart(e, first, n, [&](uint32_t part, uint64_t within, uint64_t count) {
+      pack.segments.push_back(MakeSegment(e, i, part, within, count, at - first));
+      at += count;
+    });
     pack.target_bytes += n * ts;
   }
   flush();

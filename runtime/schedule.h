@@ -26,6 +26,7 @@ inline constexpr int kBroadcast = -1;
 
 struct Segment {
   uint32_t entry = 0;          // index into manifest entries
+  uint32_t part = 0;           // index into that entry's parts
   uint64_t source_offset = 0;  // absolute file offset
   uint64_t source_bytes = 0;
   uint64_t local_offset = 0;   // byte offset in the destination's local tensor

@@ -105,14 +105,15 @@ class Local {
 void ReadSegment(const Manifest& m, const Checkpoint& ckpt, const Segment& s, unsigned char* out, Buffer* scratch,
                  bool release) {
   const ManifestEntry& e = m.entries[s.entry];
-  const SafetensorsFile& f = ckpt.file(e.file);
-  const std::string what = "tensor '" + e.checkpoint_key + "'";
-  if (e.source_dtype == e.target_dtype) {
+  const ManifestPart& p = e.parts[s.part];
+  const SafetensorsFile& f = ckpt.file(p.file);
+  const std::string what = "tensor '" + p.checkpoint_key + "'";
+  if (p.source_dtype == e.target_dtype) {
     f.ReadBytes(s.source_offset, s.source_bytes, out, what);
   } else {
     unsigned char* raw = scratch->Get(s.source_bytes);
     f.ReadBytes(s.source_offset, s.source_bytes, raw, what);
-    ConvertElements(e.source_dtype, e.target_dtype, raw, out, s.source_bytes / DTypeSize(e.source_dtype));
+    ConvertElements(p.source_dtype, e.target_dtype, raw, out, s.source_bytes / DTypeSize(p.source_dtype));
   }
   if (release) f.ReleasePages(s.source_offset, s.source_bytes);
 }

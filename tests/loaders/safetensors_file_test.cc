@@ -107,3 +107,36 @@ TEST(SafetensorsFile, ReleasePagesDropsResidentFilePages) {
 
 }  // namespace
 }  // namespace shardcast
+
+namespace shardcast {
+namespace {
+
+// Regression: releasing only the consumed pages left the kernel's fault-around neighbours mapped, so
+// RssFile grew with the checkpoint when segments were read out of file order (as the scatter does).
+TEST(SafetensorsFile, ReleaseCoversFaultAroundWhenReadingOutOfOrder) {
+  testing::TempDir dir;
+  std::string path = dir / "r.safetensors";
+  const uint64_t n = 64ull << 20, seg = 100 << 10;  // segments not aligned to 64 KiB windows
+  {
+    SafetensorsWriter w(path, {{"w", DType::kU8, {n}}});
+    std::vector<unsigned char> chunk(1 << 20, 3);
+    for (uint64_t i = 0; i < n; i += chunk.size()) w.Append(chunk.data(), chunk.size());
+    w.Commit();
+  }
+  auto f = SafetensorsFile::Open(path);
+  const TensorInfo& t = f->Get("w");
+  std::vector<unsigned char> out(seg);
+  long before = RssFileKb();
+  for (int pass = 0; pass < 2; ++pass) {  // even segments, then odd: every read lands beside released ones
+    for (uint64_t s = pass; s * seg + seg <= n; s += 2) {
+      f->ReadRows(t, s * seg, s * seg + seg, out.data());
+      f->ReleasePages(f->RowOffset(t, s * seg), seg);
+    }
+  }
+  long after = RssFileKb();
+  if (before < 0) GTEST_SKIP() << "no /proc/self/status";
+  EXPECT_LT(after - before, 4 * 1024) << "RssFile grew by " << (after - before) << " kB over a 64 MiB read";
+}
+
+}  // namespace
+}  // namespace shardcast
