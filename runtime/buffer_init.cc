@@ -48,6 +48,8 @@ BufferInitRegistry& BufferInitRegistry::Global() {
   static BufferInitRegistry* registry = [] {
     auto* r = new BufferInitRegistry();
     r->Register("rotary_inv_freq", "*rotary_emb.inv_freq", RotaryInvFreq);
+    // transformers >= 5 keeps the unscaled-at-init copy that dynamic RoPE resets to: the same values.
+    r->Register("rotary_original_inv_freq", "*rotary_emb.original_inv_freq", RotaryInvFreq);
     return r;
   }();
   return *registry;

@@ -116,6 +116,50 @@ RankState RankState::Prepare(const Plan& plan, int rank, const PrepareOptions& o
   return s;
 }
 
+RankState RankState::Adopt(const Plan& plan, int rank, std::vector<at::Tensor> tensors) {
+  plan.CheckRank(rank);
+  if (tensors.size() != plan.entries().size()) {
+    throw Error(ErrorKind::kInternal, "adopt", std::to_string(tensors.size()) + " tensors for " +
+                                                   std::to_string(plan.entries().size()) + " entries");
+  }
+  RankState s;
+  s.plan_ = &plan;
+  s.rank_ = rank;
+  s.report_.rank = rank;
+  s.report_.world_size = plan.world_size();
+  const int world = plan.world_size();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const PlanEntry& e = plan.entries()[i];
+    at::Tensor& x = tensors[i];
+    std::vector<int64_t> want = Sizes(e.LocalShape(world, rank));
+    const std::string where = "key '" + e.key + "' on rank " + std::to_string(rank);
+    if (!x.defined() || x.is_meta()) {
+      throw Error(ErrorKind::kInvalidArgument, where, "has no storage (still on meta: call to_empty first)");
+    }
+    if (x.sizes().vec() != want) {
+      auto text = [](at::IntArrayRef v) {
+        std::string out;
+        for (int64_t d : v) out += (out.empty() ? "" : ", ") + std::to_string(d);
+        return "[" + out + "]";
+      };
+      throw Error(ErrorKind::kInvalidArgument, where,
+                  "local tensor has shape " + text(x.sizes()) + " but FSDP2's dim-0 rule gives " + text(want) +
+                      " (" + std::to_string(e.rows()) + " rows over " + std::to_string(world) + " ranks)");
+    }
+    if (x.scalar_type() != ToScalarType(e.dtype)) {
+      throw Error(ErrorKind::kInvalidArgument, where, "local tensor dtype differs from the plan's");
+    }
+    if (!x.is_contiguous()) throw Error(ErrorKind::kInvalidArgument, where, "local tensor is not contiguous");
+    LocalTensor t;
+    t.entry = &e;
+    t.rows = e.Local(world, rank);
+    t.tensor = x;
+    t.from_checkpoint = e.role != Role::kNonPersistentBuffer;
+    s.tensors_.push_back(std::move(t));
+  }
+  return s;
+}
+
 void RankState::AllocateShards() {
   const int world = plan_->world_size();
   for (LocalTensor& t : tensors_) {

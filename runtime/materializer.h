@@ -64,6 +64,11 @@ class RankState {
   // REQUIRES: plan outlives the RankState.
   static RankState Prepare(const Plan& plan, int rank, const PrepareOptions& options = {});
 
+  // A state over tensors the caller already holds (FSDP2's local shards, or an explicit mapping), one
+  // per plan entry in plan order. Each must be contiguous with the entry's local shape and dtype;
+  // anything else is kInvalidArgument naming the key, both shapes and the rank.
+  static RankState Adopt(const Plan& plan, int rank, std::vector<at::Tensor> tensors);
+
   // Gives parameters and sidecars storage for this rank's rows (idempotent).
   void AllocateShards();
 

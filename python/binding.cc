@@ -1,0 +1,137 @@
+// python/binding: the _shardcast extension. Thin: it turns Python arguments into the C++ core's
+// types, runs the load without the GIL, and maps every shardcast::Error kind to its own Python
+// exception class (the package re-exports them).
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/buffer_init.h"
+#include "runtime/c10d_communicator.h"
+#include "runtime/load.h"
+#include "runtime/torch_dtype.h"
+
+namespace py = pybind11;
+
+namespace shardcast {
+namespace {
+
+std::map<ErrorKind, py::object>& ExceptionTypes() {
+  static auto* m = new std::map<ErrorKind, py::object>();
+  return *m;
+}
+
+// entries: [(key, local tensor, global shape, role, replicated, compose or None)], one per entry, in an
+// order every rank shares (the model's named_parameters/named_buffers order).
+py::dict LoadEntries(py::list entries, const std::string& checkpoint, py::dict opts, py::object backend_obj,
+                     py::object store_obj, int rank, int world_size) {
+  c10::intrusive_ptr<c10d::Backend> backend;
+  c10::intrusive_ptr<c10d::Store> store;
+  if (!backend_obj.is_none()) backend = backend_obj.cast<c10::intrusive_ptr<c10d::Backend>>();
+  if (!store_obj.is_none()) store = store_obj.cast<c10::intrusive_ptr<c10d::Store>>();
+  if (world_size > 1 && !backend) {
+    throw Error(ErrorKind::kInvalidArgument, "process group", "no CPU backend for a world of " + std::to_string(world_size));
+  }
+  ModelSpec spec;
+  spec.source = "<python model>";
+  spec.model_type = "python";
+  spec.config_json = "{}";
+  std::vector<at::Tensor> tensors;
+  KeyMapping mapping;
+  for (py::handle h : entries) {
+    auto t = h.cast<py::tuple>();
+    SpecEntry e;
+    e.key = t[0].cast<std::string>();
+    at::Tensor x = t[1].cast<at::Tensor>();
+    for (auto d : t[2].cast<std::vector<int64_t>>()) e.shape.push_back(static_cast<uint64_t>(d));
+    auto dtype = FromScalarType(x.scalar_type());
+    if (!dtype) throw Error(ErrorKind::kUnsupported, e.key, "dtype has no safetensors equivalent");
+    e.dtype = *dtype;
+    std::string role = t[3].cast<std::string>();
+    e.role = role == "persistent_buffer" ? Role::kPersistentBuffer : Role::kParameter;
+    e.replicated = t[4].cast<bool>();
+    if (!t[5].is_none()) mapping.compose[e.key] = t[5].cast<std::vector<std::string>>();
+    spec.entries.push_back(std::move(e));
+    tensors.push_back(x);
+  }
+  if (opts.contains("tied")) mapping.tied = opts["tied"].cast<std::map<std::string, std::string>>();
+  LoadRequest rq;
+  rq.checkpoint = checkpoint;
+  ApplyEnvironment(&rq.options);
+  if (opts.contains("chunk_bytes")) rq.options.chunk_bytes = opts["chunk_bytes"].cast<uint64_t>();
+  if (opts.contains("staging_slots")) rq.options.staging_slots = opts["staging_slots"].cast<int>();
+  if (opts.contains("timeout_ms")) rq.options.timeout = std::chrono::milliseconds(opts["timeout_ms"].cast<int64_t>());
+  rq.options.verify = opts.contains("verify") && opts["verify"].cast<bool>();
+  std::string source = opts.contains("source") ? opts["source"].cast<std::string>() : "rank0";
+  if (source != "rank0" && source != "each-rank") {
+    throw Error(ErrorKind::kInvalidArgument, "source", "\"" + source + "\" is not rank0 or each-rank");
+  }
+  rq.options.source = source == "rank0" ? Source::kRank0 : Source::kEachRank;
+  rq.mapping = std::move(mapping);
+  rq.extra_keys = opts.contains("strict_keys") && opts["strict_keys"].cast<bool>() ? ExtraKeys::kError : ExtraKeys::kSkip;
+  ApplyEnvironment(&rq.options);
+
+  LoadReport report;
+  {
+    py::gil_scoped_release nogil;
+    std::unique_ptr<Communicator> comm =
+        world_size == 1 ? CreateLocalCommunicator() : WrapC10dBackend(backend, rq.options.timeout, store);
+    Plan plan = Plan::Build(std::move(spec), world_size);
+    std::optional<RankState> state;
+    try {
+      state.emplace(RankState::Adopt(plan, rank, std::move(tensors)));
+    } catch (const Error& e) {
+      FailHandshake(*comm, e.kind(), e.what());
+    }
+    report = Load(*comm, &*state, rq);
+  }
+  return py::module_::import("json").attr("loads")(report.ToJson()).cast<py::dict>();
+}
+
+}  // namespace
+}  // namespace shardcast
+
+PYBIND11_MODULE(_shardcast, m) {
+  using namespace shardcast;
+  m.doc() = "shardcast's C++ core: locally computed buffers and the sharded streaming load";
+  py::object base = py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
+  py::object root = py::reinterpret_steal<py::object>(
+      PyErr_NewExceptionWithDoc("shardcast.ShardcastError", "Base of every shardcast error.", base.ptr(), nullptr));
+  m.attr("ShardcastError") = root;
+  const std::pair<ErrorKind, const char*> kinds[] = {
+      {ErrorKind::kInvalidArgument, "InvalidArgument"}, {ErrorKind::kConfig, "ConfigError"},
+      {ErrorKind::kCheckpoint, "CheckpointError"},      {ErrorKind::kIo, "IoError"},
+      {ErrorKind::kManifestMismatch, "ManifestMismatch"}, {ErrorKind::kCommTimeout, "CommTimeout"},
+      {ErrorKind::kComm, "CommError"},                  {ErrorKind::kUnsupported, "Unsupported"},
+      {ErrorKind::kInternal, "InternalError"}};
+  for (const auto& [kind, name] : kinds) {
+    std::string qualified = std::string("shardcast.") + name;
+    py::object cls = py::reinterpret_steal<py::object>(PyErr_NewException(qualified.c_str(), root.ptr(), nullptr));
+    m.attr(name) = cls;
+    ExceptionTypes()[kind] = cls;
+  }
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      PyErr_SetString(ExceptionTypes().at(e.kind()).ptr(), e.what());
+    }
+  });
+
+  m.def("has_buffer_rule", [](const std::string& key) { return BufferInitRegistry::Global().Find(key, "") != nullptr; },
+        "Whether a built-in init rule matches this buffer key.");
+  m.def(
+      "init_buffer",
+      [](const std::string& config_json, const std::string& source, const std::string& key, at::Tensor out) {
+        nlohmann::json config = nlohmann::json::parse(config_json);
+        at::Tensor host = out.device().is_cpu() ? out : at::empty_like(out, at::TensorOptions().device(at::kCPU));
+        std::string note = BufferInitRegistry::Global().Run(BufferInitContext{config, source, key}, "", host);
+        if (!out.device().is_cpu()) out.copy_(host);
+        return note;
+      },
+      py::arg("config_json"), py::arg("source"), py::arg("key"), py::arg("out"),
+      "Fills `out` (zeroed, the buffer's shape and dtype) with the buffer's locally computed values.");
+  m.def("load_entries", &LoadEntries, py::arg("entries"), py::arg("checkpoint"), py::arg("options"),
+        py::arg("backend"), py::arg("store"), py::arg("rank"), py::arg("world_size"));
+}

@@ -1,0 +1,109 @@
+"""Which checkpoint tensors make up each model entry.
+
+Most entries are one checkpoint tensor under the same key. transformers >= 5 also fuses MoE experts in
+the model (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I]) while checkpoints
+keep one tensor per expert, and renames some modules (Mixtral's `block_sparse_moe` -> `mlp`). Both are
+read from transformers' own conversion mapping for the model type, so shardcast follows whatever the
+installed transformers declares; a fused entry becomes the list of its per-expert tensors in row order,
+which the C++ core streams as consecutive parts of one entry.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from typing import Dict, List, Optional, Tuple
+
+
+def _header(path: str) -> dict:
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > 100_000_000:
+            return {}  # let the C++ reader report it properly
+        return json.loads(f.read(n))
+
+
+def checkpoint_keys(path: str) -> Dict[str, Tuple[int, ...]]:
+    """{key: shape} of a checkpoint (a file, a dir with model.safetensors, or with an index)."""
+    if os.path.isfile(path):
+        files = [path]
+    elif os.path.exists(os.path.join(path, "model.safetensors.index.json")):
+        with open(os.path.join(path, "model.safetensors.index.json")) as f:
+            names = sorted(set(json.load(f).get("weight_map", {}).values()))
+        files = [os.path.join(path, n) for n in names]
+    else:
+        files = [os.path.join(path, "model.safetensors")]
+    keys: Dict[str, Tuple[int, ...]] = {}
+    for file in files:
+        try:
+            header = _header(file)
+        except (OSError, ValueError, struct.error):
+            continue  # missing or malformed: the C++ core raises the precise CheckpointError
+        for k, v in header.items():
+            if k != "__metadata__" and isinstance(v, dict):
+                keys[k] = tuple(v.get("shape", ()))
+    return keys
+
+
+def _rules(model):
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type is None:
+        return []
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    except ImportError:
+        return []
+    return get_checkpoint_conversion_mapping(model_type) or []
+
+
+def _op_names(rule) -> List[str]:
+    return [f"{type(op).__name__}{getattr(op, 'dim', '')}" for op in getattr(rule, "operations", []) or []]
+
+
+def compositions(model, keys: Dict[str, Tuple[int, ...]]) -> Dict[str, List[str]]:
+    """{model key: [checkpoint keys, concatenated in order]} for model entries not stored under their
+    own key. Entries it cannot explain are left out; the load then names them as missing."""
+    rules = _rules(model)
+    if not rules:
+        return {}
+    renames = [(r.source_patterns[0], r.target_patterns[0]) for r in rules
+               if type(r).__name__ == "WeightRenaming" and len(r.source_patterns) == 1]
+    converters = [r for r in rules if type(r).__name__ == "WeightConverter"]
+
+    def to_checkpoint(name: str) -> Optional[str]:
+        if name in keys:
+            return name
+        for src, dst in renames:  # transformers renames checkpoint -> model; we go back
+            if dst in name and name.replace(dst, src) in keys:
+                return name.replace(dst, src)
+        return None
+
+    out: Dict[str, List[str]] = {}
+    names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
+    shapes = dict(model.named_parameters())
+    shapes.update(dict(model.named_buffers()))
+    for name in names:
+        if name in keys:
+            continue
+        plain = to_checkpoint(name)
+        if plain is not None:
+            out[name] = [plain]
+            continue
+        for rule in converters:
+            ops = _op_names(rule)
+            if ops not in (["MergeModulelist0"], ["MergeModulelist0", "Concatenate1"]):
+                continue
+            target = rule.target_patterns[0]
+            if not name.endswith(target):
+                continue
+            prefix = name[: len(name) - len(target)]
+            experts = int(shapes[name].shape[0])
+            parts = []
+            for e in range(experts):
+                for src in rule.source_patterns:
+                    parts.append(to_checkpoint(prefix + src.replace("*", str(e))))
+            if all(p is not None for p in parts):
+                out[name] = parts
+                break
+    return out

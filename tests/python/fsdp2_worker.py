@@ -1,0 +1,117 @@
+"""One rank of the Python tests: `python fsdp2_worker.py MODE ROOT OUT` with torchrun's variables set.
+
+MODE flow:     for every model under ROOT: meta model -> shardcast.prepare -> fully_shard on a CPU mesh
+               -> shardcast.load; every local shard is compared bit-exactly with transformers'
+               own from_pretrained of the same checkpoint, every non-persistent buffer with what
+               transformers computes.
+MODE mapping:  the explicit {key: (local, begin, end)} path, no DTensor.
+MODE mismatch: rank 1 builds a different model; every rank must raise the same ManifestMismatch.
+"""
+import datetime
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import shardcast
+
+
+def rows(n, world, rank):  # FSDP2's dim-0 rule, written out independently
+    chunk = -(-n // world)
+    begin = min(n, rank * chunk)
+    return begin, min(n, begin + chunk)
+
+
+def ulps(a, b):
+    ia, ib = a.float().view(torch.int32).long(), b.float().view(torch.int32).long()
+    return int((ia - ib).abs().max()) if a.numel() else 0
+
+
+def flow(root, rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoConfig, AutoModelForCausalLM
+    mesh = init_device_mesh("cpu", (world,))
+    out = {}
+    for name in sorted(os.listdir(root)):
+        ckpt = os.path.join(root, name)
+        config = AutoConfig.from_pretrained(ckpt)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        prep = shardcast.prepare(model, config=config)
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        report = shardcast.load(model, ckpt, verify=True, chunk_bytes=4096)
+        ref = AutoModelForCausalLM.from_pretrained(ckpt)
+        ref_params, ref_buffers = dict(ref.named_parameters()), dict(ref.named_buffers())
+        bad, checked = [], 0
+        for pname, p in model.named_parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            full = ref_params[pname].detach()
+            b, e = rows(full.shape[0], world, rank)
+            if not torch.equal(local.detach().view(torch.uint8) if local.numel() else local, full[b:e].view(torch.uint8)
+                               if local.numel() else full[b:e]):
+                bad.append(pname)
+            checked += 1
+        for bname, buf in model.named_buffers():
+            if ulps(buf, ref_buffers[bname]) > 1:
+                bad.append(f"{bname} ({ulps(buf, ref_buffers[bname])} ulp)")
+            checked += 1
+        out[name] = {"checked": checked, "bad": bad, "computed": sorted(prep["computed_buffers"]),
+                     "verify": report["ranks"][rank]["verify"], "skipped": report["skipped_keys"],
+                     "entries": report["entries"]}
+    return out
+
+
+def mapping(root, rank, world):
+    from safetensors.torch import load_file
+    ckpt = os.path.join(root, sorted(os.listdir(root))[0])
+    files = [f for f in sorted(os.listdir(ckpt)) if f.endswith(".safetensors")]
+    full = {}
+    for f in files:
+        full.update(load_file(os.path.join(ckpt, f)))
+    wanted = sorted(full)[:6]
+    m = {}
+    for k in wanted:
+        b, e = rows(full[k].shape[0], world, rank)
+        m[k] = (torch.empty((e - b,) + tuple(full[k].shape[1:]), dtype=full[k].dtype), b, e)
+    shardcast.load(m, ckpt, verify=True)
+    bad = [k for k, (t, b, e) in m.items() if not torch.equal(t, full[k][b:e])]
+    return {"checked": len(m), "bad": bad}
+
+
+def mismatch(root, rank, world):
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (world,))
+    ckpt = os.path.join(root, "llama")
+    config = AutoConfig.from_pretrained(ckpt)
+    if rank == 1:
+        config.intermediate_size += 8  # this rank's model disagrees with the checkpoint and rank 0
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    shardcast.prepare(model, config=config)
+    fully_shard(model, mesh=mesh)
+    try:
+        shardcast.load(model, ckpt, timeout=30)
+    except shardcast.ShardcastError as e:
+        return {"type": type(e).__name__, "message": str(e)}
+    return {"type": None}
+
+
+def main():
+    mode, root, out_path = sys.argv[1:4]
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    result = {"flow": flow, "mapping": mapping, "mismatch": mismatch}[mode](root, rank, world)
+    with open(f"{out_path}.{rank}", "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
