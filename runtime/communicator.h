@@ -58,6 +58,9 @@ class Communicator {
   virtual void Barrier() = 0;
 
   virtual std::chrono::milliseconds timeout() const = 0;
+  // Where the buffers passed to Broadcast/SendAsync/Recv must live: host memory for Gloo, the device
+  // for NCCL (the stream then stages through device buffers).
+  virtual bool device_buffers() const { return false; }
 
   // A side channel for the first failure: the rank that knows the cause publishes it before it
   // aborts, and a rank whose collective then fails fetches it (waiting at most `wait`), so every rank
@@ -77,5 +80,9 @@ std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::
 
 // A single-process communicator for world size 1: every operation is local.
 std::unique_ptr<Communicator> CreateLocalCommunicator();
+
+// NCCL, in CUDA builds: the unique id goes through a TCPStore at the same rendezvous. Buffers are
+// device memory on `device`. Throws kUnsupported in builds without CUDA or where no device is usable.
+std::unique_ptr<Communicator> CreateNcclCommunicator(const Rendezvous& rv, std::chrono::milliseconds timeout, int device);
 
 }  // namespace shardcast

@@ -83,6 +83,15 @@ class Local {
     if (!x.defined() || !x.device().is_cpu()) return nullptr;
     return static_cast<unsigned char*>(x.data_ptr()) + s.local_offset;
   }
+  unsigned char* DirectDevice(const Segment& s) {
+    at::Tensor& x = t_.tensors[s.entry];
+    if (!x.defined() || !x.device().is_cuda()) return nullptr;
+    return static_cast<unsigned char*>(x.data_ptr()) + s.local_offset;
+  }
+  at::Tensor DeviceBytes(const Segment& s) {
+    return t_.tensors[s.entry].view({-1}).view(at::kByte).narrow(0, static_cast<int64_t>(s.local_offset),
+                                                                  static_cast<int64_t>(s.target_bytes));
+  }
   // Returns true when the bytes were stored (false: the checksum-only sink).
   bool Store(const Segment& s, const unsigned char* data) {
     at::Tensor& x = t_.tensors[s.entry];
@@ -99,6 +108,31 @@ class Local {
 
  private:
   StreamTargets& t_;
+};
+
+// Device buffers for a communicator that sends from device memory (NCCL): one reusable byte tensor
+// per use, grown as needed, on the current CUDA device.
+class DeviceBuffer {
+ public:
+  unsigned char* Get(uint64_t bytes) {
+    if (!t_.defined() || static_cast<uint64_t>(t_.numel()) < bytes) {
+      t_ = at::empty({static_cast<int64_t>(std::max<uint64_t>(bytes, 1))}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA));
+    }
+    return t_.data_ptr<unsigned char>();
+  }
+  void FromHost(const unsigned char* host, uint64_t bytes) {
+    Get(bytes);
+    t_.narrow(0, 0, static_cast<int64_t>(bytes)).copy_(HostBytes(host, bytes));
+  }
+  void ToHost(unsigned char* host, uint64_t bytes) const {
+    HostBytes(host, bytes).copy_(t_.narrow(0, 0, static_cast<int64_t>(bytes)));
+  }
+  static at::Tensor HostBytes(const unsigned char* p, uint64_t n) {
+    return at::from_blob(const_cast<unsigned char*>(p), {static_cast<int64_t>(n)}, at::kByte);
+  }
+
+ private:
+  at::Tensor t_;
 };
 
 // Reads a segment's source bytes and writes its target bytes (converted if the dtypes differ).
@@ -215,23 +249,38 @@ StreamStats Receive(Communicator& comm, const Manifest& m, StreamTargets& target
   StreamStats st;
   Local local(targets);
   Digests digests(m.entries.size(), 1);
-  Buffer bounce;
+  Buffer bounce, host_copy;
+  DeviceBuffer device_bounce;
+  const bool on_device = comm.device_buffers();
   Schedule schedule(m, comm.world_size(), o.chunk_bytes);
   Message msg;
   const int me = comm.rank();
   while (schedule.Next(&msg)) {
     if (msg.dest != me && msg.dest != kBroadcast) continue;
-    unsigned char* direct = msg.direct() ? local.Direct(msg.segments[0]) : nullptr;
-    unsigned char* buf = direct ? direct : bounce.Get(msg.target_bytes);
+    // In place when the message is one segment and its destination lives where the transport writes.
+    unsigned char* direct = nullptr;
+    if (msg.direct()) direct = on_device ? local.DirectDevice(msg.segments[0]) : local.Direct(msg.segments[0]);
+    unsigned char* buf = direct ? direct : on_device ? device_bounce.Get(msg.target_bytes) : bounce.Get(msg.target_bytes);
     if (msg.dest == kBroadcast) {
       comm.Broadcast(buf, msg.target_bytes, 0);
     } else {
       comm.Recv(buf, msg.target_bytes, 0);
     }
     st.bytes_received += msg.target_bytes;
+    // Host bytes for storing and hashing: the buffer itself, or a copy off the device.
+    const unsigned char* host = buf;
+    if (on_device && (!direct || want_digests)) {
+      unsigned char* h = host_copy.Get(msg.target_bytes);
+      if (direct) {
+        DeviceBuffer::HostBytes(h, msg.target_bytes).copy_(local.DeviceBytes(msg.segments[0]));
+      } else {
+        device_bounce.ToHost(h, msg.target_bytes);
+      }
+      host = h;
+    }
     uint64_t off = 0;
     for (const Segment& s : msg.segments) {
-      const unsigned char* p = buf + off;
+      const unsigned char* p = host + off;
       if (direct || local.Store(s, p)) st.bytes_stored += s.target_bytes;
       if (want_digests) digests.Update(s.entry, 0, p, s.target_bytes);
       off += s.target_bytes;
@@ -264,6 +313,8 @@ StreamStats StreamRank0(Communicator& comm, const Manifest& m, const Checkpoint*
   const uint64_t total = TotalTargetBytes(m, world);
   uint64_t done = 0;
   StagingRing ring(m, *ckpt, o, world);
+  const bool on_device = comm.device_buffers();
+  std::vector<DeviceBuffer> device_slots(on_device ? o.staging_slots : 0);
   struct InFlight {
     StagingRing::Slot* slot;
     uint64_t seq;
@@ -297,14 +348,21 @@ StreamStats StreamRank0(Communicator& comm, const Manifest& m, const Checkpoint*
       }
       off += s.target_bytes;
     }
+    // A device transport sends from a device copy of the slot.
+    unsigned char* wire = slot->data;
+    if (on_device && msg.dest != 0) {
+      DeviceBuffer& d = device_slots[seq % device_slots.size()];
+      d.FromHost(slot->data, msg.target_bytes);
+      wire = d.Get(msg.target_bytes);
+    }
     if (msg.dest == kBroadcast) {
-      comm.Broadcast(slot->data, msg.target_bytes, 0);
+      comm.Broadcast(wire, msg.target_bytes, 0);
       st.bytes_sent += msg.target_bytes * static_cast<uint64_t>(world - 1);
       ring.Free(slot);
     } else if (msg.dest == 0) {
       ring.Free(slot);
     } else {
-      inflight.push_back({slot, seq, comm.SendAsync(slot->data, msg.target_bytes, msg.dest)});
+      inflight.push_back({slot, seq, comm.SendAsync(wire, msg.target_bytes, msg.dest)});
       st.bytes_sent += msg.target_bytes;
       if (inflight.size() >= max_inflight) retire_oldest();
     }

@@ -19,7 +19,7 @@ namespace shardcast::tools {
 namespace {
 
 struct LoadArgs {
-  std::string checkpoint, config, source = "rank0", target = "cpu", chunk, json;
+  std::string checkpoint, config, source = "rank0", target = "cpu", chunk, json, backend = "gloo";
   int nproc = 0, staging_slots = 0, layers = -1;
   int64_t timeout_ms = 0;
   bool verify = false, checksum_only = false, strict_keys = false, quiet = false;
@@ -103,8 +103,16 @@ int RunRank(const LoadArgs& a) {
   ProgressPrinter printer;
   if (rv.rank == 0 && !a.quiet) rq.progress = [&printer](uint64_t d, uint64_t t) { printer(d, t); };
 
+  if (a.backend != "gloo" && a.backend != "nccl") {
+    throw Error(ErrorKind::kInvalidArgument, "--backend", "\"" + a.backend + "\" is not gloo or nccl");
+  }
+  if (a.backend == "nccl" && *target != Target::kCuda) {
+    throw Error(ErrorKind::kInvalidArgument, "--backend nccl", "needs --target cuda (NCCL moves device memory)");
+  }
   std::unique_ptr<Communicator> comm =
-      rv.world_size == 1 ? CreateLocalCommunicator() : CreateGlooCommunicator(rv, rq.options.timeout);
+      rv.world_size == 1       ? CreateLocalCommunicator()
+      : a.backend == "nccl"    ? CreateNcclCommunicator(rv, rq.options.timeout, rv.local_rank)
+                               : CreateGlooCommunicator(rv, rq.options.timeout);
   std::unique_ptr<Plan> plan;
   std::unique_ptr<RankState> state;
   try {
@@ -154,6 +162,7 @@ void AddLoad(CLI::App& app, Runner* run, const std::vector<std::string>& argv) {
   cmd->add_option("--nproc", args->nproc, "launch N local ranks (like torchrun --standalone)");
   cmd->add_option("--source", args->source, "rank0 (default) or each-rank (baseline: the full-broadcast algorithm, for benchmarks)");
   cmd->add_option("--target", args->target, "cpu (default), pinned or cuda");
+  cmd->add_option("--backend", args->backend, "gloo (default) or nccl (with --target cuda; CUDA builds)");
   cmd->add_option("--chunk-bytes", args->chunk, "staging slot size, e.g. 64M (default 64M)");
   cmd->add_option("--staging-slots", args->staging_slots, "staging ring slots (default 4)");
   cmd->add_option("--timeout-ms", args->timeout_ms, "per-collective timeout (default 600000)");

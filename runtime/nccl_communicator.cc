@@ -1,0 +1,171 @@
+// The NCCL communicator (CUDA builds). Every operation is issued non-blocking on a stream of its own
+// and polled until it completes, fails (ncclCommGetAsyncError) or runs past the timeout, when the
+// communicator is aborted (ncclCommAbort) and finished: no NCCL call is ever left to hang.
+#include "runtime/communicator.h"
+#include "shardcast_config.h"
+
+#if SHARDCAST_HAVE_CUDA
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstring>
+#include <thread>
+
+namespace shardcast {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class NcclCommunicator : public Communicator {
+ public:
+  NcclCommunicator(const Rendezvous& rv, std::chrono::milliseconds timeout, int device)
+      : rank_(rv.rank), size_(rv.world_size), timeout_(timeout), device_(device) {
+    Cuda(cudaSetDevice(device_), "cudaSetDevice");
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(rv.master_port);
+    so.isServer = rv.rank == 0;
+    so.numWorkers = rv.world_size;
+    so.timeout = timeout;
+    store_ = c10::make_intrusive<c10d::PrefixStore>("shardcast-nccl", c10::make_intrusive<c10d::TCPStore>(rv.master_addr, so));
+    ncclUniqueId id;
+    if (rank_ == 0) {
+      Nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+      store_->set("id", std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof(id)));
+    } else {
+      std::vector<uint8_t> v = store_->get("id");  // waits up to the store's timeout
+      std::memcpy(&id, v.data(), std::min(v.size(), sizeof(id)));
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    Nccl(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config), "ncclCommInitRankConfig");
+    Poll("init");
+    Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  ~NcclCommunicator() override {
+    if (comm_ != nullptr) finished_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return size_; }
+  std::string backend() const override { return "nccl"; }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+  bool device_buffers() const override { return true; }
+
+  void Broadcast(void* data, uint64_t bytes, int root) override {
+    Run("broadcast", [&] { return ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_); });
+  }
+  std::unique_ptr<PendingSend> SendAsync(const void* data, uint64_t bytes, int peer) override {
+    Run("send to rank " + std::to_string(peer), [&] { return ncclSend(data, bytes, ncclUint8, peer, comm_, stream_); });
+    return std::make_unique<Done>();  // Run waited for completion: the send is done
+  }
+  void Recv(void* data, uint64_t bytes, int peer) override {
+    Run("receive from rank " + std::to_string(peer), [&] { return ncclRecv(data, bytes, ncclUint8, peer, comm_, stream_); });
+  }
+  void AllReduceSum(int64_t* values, uint64_t count) override {
+    // Verdicts are host values: stage them through the device.
+    void* d = nullptr;
+    Cuda(cudaMalloc(&d, count * sizeof(int64_t)), "cudaMalloc");
+    Cuda(cudaMemcpy(d, values, count * sizeof(int64_t), cudaMemcpyHostToDevice), "cudaMemcpy");
+    Run("all-reduce", [&] { return ncclAllReduce(d, d, count, ncclInt64, ncclSum, comm_, stream_); });
+    Cuda(cudaMemcpy(values, d, count * sizeof(int64_t), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    cudaFree(d);
+  }
+  void Barrier() override {
+    int64_t one = 1;
+    AllReduceSum(&one, 1);
+  }
+  void Abort() override {
+    if (comm_ != nullptr && !finished_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    finished_ = true;
+  }
+  void PublishFailure(ErrorKind kind, const std::string& message) override {
+    try {
+      std::string v = std::to_string(static_cast<int>(kind)) + "|" + message;
+      store_->compareSet("failure", {}, std::vector<uint8_t>(v.begin(), v.end()));
+    } catch (...) {
+    }
+  }
+  std::optional<std::pair<ErrorKind, std::string>> FetchFailure(std::chrono::milliseconds wait) override {
+    try {
+      store_->wait({"failure"}, wait);
+      std::vector<uint8_t> v = store_->get("failure");
+      std::string s(v.begin(), v.end());
+      size_t bar = s.find('|');
+      if (bar == std::string::npos) return std::nullopt;
+      return std::make_pair(static_cast<ErrorKind>(std::stoi(s.substr(0, bar))), s.substr(bar + 1));
+    } catch (...) {
+      return std::nullopt;
+    }
+  }
+
+ private:
+  struct Done : PendingSend {
+    void Wait() override {}
+  };
+
+  [[noreturn]] void Fail(ErrorKind kind, const std::string& what) {
+    Abort();
+    throw Error(kind, "rank " + std::to_string(rank_), "nccl " + what);
+  }
+  void Cuda(cudaError_t rc, const char* what) {
+    if (rc != cudaSuccess) {
+      cudaGetLastError();
+      throw Error(ErrorKind::kUnsupported, what, cudaGetErrorString(rc));
+    }
+  }
+  void Nccl(ncclResult_t rc, const std::string& what) {
+    if (rc != ncclSuccess && rc != ncclInProgress) Fail(ErrorKind::kComm, what + ": " + ncclGetErrorString(rc));
+  }
+  // Waits for the communicator's pending work (init, or the stream's last operation).
+  void Poll(const std::string& what) {
+    const auto deadline = Clock::now() + timeout_;
+    while (true) {
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress) Fail(ErrorKind::kComm, what + ": " + ncclGetErrorString(async));
+      bool idle = async == ncclSuccess && (stream_ == nullptr || cudaStreamQuery(stream_) == cudaSuccess);
+      if (idle) return;
+      if (Clock::now() > deadline) {
+        Fail(ErrorKind::kCommTimeout, what + ": did not complete within " + std::to_string(timeout_.count()) + " ms");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+  template <typename F>
+  void Run(const std::string& what, F&& op) {
+    if (finished_) throw Error(ErrorKind::kComm, "rank " + std::to_string(rank_), "communicator is finished; " + what + " refused");
+    Nccl(op(), what);
+    Poll(what);
+  }
+
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  int device_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> CreateNcclCommunicator(const Rendezvous& rv, std::chrono::milliseconds timeout, int device) {
+  return std::make_unique<NcclCommunicator>(rv, timeout, device);
+}
+
+}  // namespace shardcast
+
+#else
+
+namespace shardcast {
+std::unique_ptr<Communicator> CreateNcclCommunicator(const Rendezvous&, std::chrono::milliseconds, int) {
+  throw Error(ErrorKind::kUnsupported, "nccl", "unavailable in this build (built without CUDA)");
+}
+}  // namespace shardcast
+
+#endif
