@@ -135,6 +135,8 @@ class DeviceBuffer {
   at::Tensor t_;
 };
 
+constexpr uint64_t kReleaseStep = 8ull << 20;
+
 // Reads a segment's source bytes and writes its target bytes (converted if the dtypes differ).
 void ReadSegment(const Manifest& m, const Checkpoint& ckpt, const Segment& s, unsigned char* out, Buffer* scratch,
                  bool release) {
@@ -142,14 +144,22 @@ void ReadSegment(const Manifest& m, const Checkpoint& ckpt, const Segment& s, un
   const ManifestPart& p = e.parts[s.part];
   const SafetensorsFile& f = ckpt.file(p.file);
   const std::string what = "tensor '" + p.checkpoint_key + "'";
-  if (p.source_dtype == e.target_dtype) {
-    f.ReadBytes(s.source_offset, s.source_bytes, out, what);
-  } else {
-    unsigned char* raw = scratch->Get(s.source_bytes);
-    f.ReadBytes(s.source_offset, s.source_bytes, raw, what);
-    ConvertElements(p.source_dtype, e.target_dtype, raw, out, s.source_bytes / DTypeSize(p.source_dtype));
+  // In steps of kReleaseStep, each released as soon as it is copied: file pages mapped at once stay a
+  // few MiB, not a whole 64 MiB chunk.
+  const uint64_t ss = DTypeSize(p.source_dtype), ts = DTypeSize(e.target_dtype);
+  const uint64_t step = std::max<uint64_t>(ss, kReleaseStep / ss * ss);
+  for (uint64_t done = 0; done < s.source_bytes; done += step) {
+    const uint64_t n = std::min(step, s.source_bytes - done);
+    unsigned char* dst = out + done / ss * ts;
+    if (p.source_dtype == e.target_dtype) {
+      f.ReadBytes(s.source_offset + done, n, dst, what);
+    } else {
+      unsigned char* raw = scratch->Get(n);
+      f.ReadBytes(s.source_offset + done, n, raw, what);
+      ConvertElements(p.source_dtype, e.target_dtype, raw, dst, n / ss);
+    }
+    if (release) f.ReleasePages(s.source_offset + done, n);
   }
-  if (release) f.ReleasePages(s.source_offset, s.source_bytes);
 }
 
 // The reader side of the staging ring: K slots, filled in schedule order by a thread of its own.
