@@ -9,7 +9,6 @@
 
 #include "allocators/error.h"
 #include "runtime/torch_dtype.h"
-#include "runtime/verdict.h"
 
 namespace shardcast::bench {
 
@@ -58,12 +57,13 @@ LoadReport BaselineLoad(Communicator& comm, RankState* state, const std::string&
   comm.Barrier();
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   MemoryPeaks peaks = sampler.Stop();
-  auto above = [](uint64_t v, uint64_t b) { return static_cast<int64_t>(v > b ? v - b : 0); };
-  auto all = AllGather(comm, {static_cast<int64_t>(received), static_cast<int64_t>(stored),
-                              static_cast<int64_t>(me == 0 ? total * (world - 1) : 0), static_cast<int64_t>(me == 0 ? total : 0),
-                              static_cast<int64_t>(seconds * 1e6), above(peaks.rss_anon, base.rss_anon),
-                              above(peaks.rss_file, base.rss_file), static_cast<int64_t>(base.rss_anon),
-                              static_cast<int64_t>(base.rss_file)});
+  auto above = [](uint64_t v, uint64_t b) { return v > b ? v - b : 0; };
+  RankReport mine;
+  mine.bytes_received = received, mine.bytes_stored = stored;
+  mine.bytes_sent = me == 0 ? total * (world - 1) : 0, mine.bytes_read = me == 0 ? total : 0;
+  mine.seconds = seconds;
+  mine.peak_rss_anon = above(peaks.rss_anon, base.rss_anon), mine.peak_rss_file = above(peaks.rss_file, base.rss_file);
+  mine.baseline_rss_anon = base.rss_anon, mine.baseline_rss_file = base.rss_file;
   LoadReport r;
   r.source = "baseline-broadcast";
   r.target = "cpu";
@@ -72,15 +72,7 @@ LoadReport BaselineLoad(Communicator& comm, RankState* state, const std::string&
   r.entries = entries.size();
   r.total_bytes = total;
   r.seconds = seconds;
-  for (int i = 0; i < world; ++i) {
-    const auto& v = all[i];
-    RankReport rr;
-    rr.rank = i;
-    rr.bytes_received = v[0], rr.bytes_stored = v[1], rr.bytes_sent = v[2], rr.bytes_read = v[3];
-    rr.seconds = v[4] / 1e6;
-    rr.peak_rss_anon = v[5], rr.peak_rss_file = v[6], rr.baseline_rss_anon = v[7], rr.baseline_rss_file = v[8];
-    r.ranks.push_back(rr);
-  }
+  r.ranks = GatherReports(comm, mine);
   return r;
 }
 

@@ -163,13 +163,13 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   if (rq.options.verify) Verify(comm, h.manifest, st);
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   MemoryPeaks peaks = sampler.Stop();
-  auto above = [](uint64_t v, uint64_t b) { return static_cast<int64_t>(v > b ? v - b : 0); };
-  std::vector<int64_t> mine = {static_cast<int64_t>(st.bytes_received), static_cast<int64_t>(st.bytes_stored),
-                               static_cast<int64_t>(st.bytes_sent), static_cast<int64_t>(st.bytes_read),
-                               static_cast<int64_t>(seconds * 1e6), above(peaks.rss_anon, base.rss_anon),
-                               above(peaks.rss_file, base.rss_file), static_cast<int64_t>(base.rss_anon),
-                               static_cast<int64_t>(base.rss_file), rq.options.verify ? 1 : -1};
-  auto all = AllGather(comm, mine);
+  auto above = [](uint64_t v, uint64_t b) { return v > b ? v - b : 0; };
+  RankReport mine;
+  mine.bytes_received = st.bytes_received, mine.bytes_stored = st.bytes_stored;
+  mine.bytes_sent = st.bytes_sent, mine.bytes_read = st.bytes_read, mine.seconds = seconds;
+  mine.peak_rss_anon = above(peaks.rss_anon, base.rss_anon), mine.peak_rss_file = above(peaks.rss_file, base.rss_file);
+  mine.baseline_rss_anon = base.rss_anon, mine.baseline_rss_file = base.rss_file;
+  mine.verified = rq.options.verify ? 1 : -1;
   LoadReport r;
   r.source = SourceName(rq.options.source);
   r.target = rq.checksum_only ? "checksum-only" : TargetName(rq.options.target);
@@ -180,6 +180,17 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   r.skipped_keys = h.manifest.skipped;
   r.skipped_examples = h.manifest.skipped_examples;
   r.seconds = seconds;
+  r.ranks = GatherReports(comm, mine);
+  return r;
+}
+
+std::vector<RankReport> GatherReports(Communicator& comm, const RankReport& m) {
+  auto all = AllGather(comm, {static_cast<int64_t>(m.bytes_received), static_cast<int64_t>(m.bytes_stored),
+                              static_cast<int64_t>(m.bytes_sent), static_cast<int64_t>(m.bytes_read),
+                              static_cast<int64_t>(m.seconds * 1e6), static_cast<int64_t>(m.peak_rss_anon),
+                              static_cast<int64_t>(m.peak_rss_file), static_cast<int64_t>(m.baseline_rss_anon),
+                              static_cast<int64_t>(m.baseline_rss_file), m.verified});
+  std::vector<RankReport> out;
   for (int i = 0; i < comm.world_size(); ++i) {
     const auto& v = all[i];
     RankReport rr;
@@ -188,9 +199,9 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
     rr.seconds = v[4] / 1e6;
     rr.peak_rss_anon = v[5], rr.peak_rss_file = v[6], rr.baseline_rss_anon = v[7], rr.baseline_rss_file = v[8];
     rr.verified = static_cast<int>(v[9]);
-    r.ranks.push_back(rr);
+    out.push_back(rr);
   }
-  return r;
+  return out;
 }
 
 std::string LoadReport::ToJson() const {

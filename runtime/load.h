@@ -53,6 +53,9 @@ struct LoadRequest {
   Progress progress;           // default none: called on rank 0 as bytes go out
 };
 
+// Every rank's report on every rank (one small all-reduce). `mine` is this rank's; rank ignored.
+std::vector<RankReport> GatherReports(Communicator& comm, const RankReport& mine);
+
 // REQUIRES: state prepared from a plan of comm.world_size() ranks, for comm.rank() (checked in the
 // handshake). Allocates the state's shards unless checksum_only.
 LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& request);
