@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "allocators/error.h"
+#include "allocators/lazy_zero.h"
 #include "runtime/torch_dtype.h"
 
 namespace shardcast::bench {
@@ -76,21 +77,26 @@ LoadReport BaselineLoad(Communicator& comm, RankState* state, const std::string&
   return r;
 }
 
-PreadResult PreadCheckpoint(const std::string& checkpoint) {
+PreadResult PreadCheckpoint(const std::string& checkpoint, bool fresh) {
   auto ckpt = Checkpoint::Open(checkpoint, OpenOptions{ReadMode::kPread});
-  std::vector<unsigned char> buf(64u << 20);
+  std::vector<unsigned char> reused(fresh ? 0 : 64u << 20);
   PreadResult r;
   const auto t0 = Clock::now();
   for (size_t i = 0; i < ckpt->num_files(); ++i) {
     const SafetensorsFile& f = ckpt->file(i);
     int fd = ::open(f.path().c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw Error(ErrorKind::kIo, f.path(), "cannot open: " + ErrnoText(errno));
+    const uint64_t data = f.file_size() - f.header().data_offset();
+    auto* dst = fresh ? static_cast<unsigned char*>(LazyZeroAllocate(std::max<uint64_t>(data, 1))) : nullptr;
     for (uint64_t off = f.header().data_offset(); off < f.file_size();) {
-      ssize_t n = pread(fd, buf.data(), std::min<uint64_t>(buf.size(), f.file_size() - off), static_cast<off_t>(off));
+      const uint64_t want = std::min<uint64_t>(64u << 20, f.file_size() - off);
+      unsigned char* to = fresh ? dst + (off - f.header().data_offset()) : reused.data();
+      ssize_t n = pread(fd, to, want, static_cast<off_t>(off));
       if (n <= 0) break;
       off += static_cast<uint64_t>(n);
       r.bytes += static_cast<uint64_t>(n);
     }
+    if (fresh) LazyZeroFree(dst, std::max<uint64_t>(data, 1));
     ::close(fd);
   }
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -16,11 +16,13 @@ namespace shardcast::bench {
 
 LoadReport BaselineLoad(Communicator& comm, RankState* state, const std::string& checkpoint);
 
-// Reads every data byte of a checkpoint with pread into a 64 MiB buffer: the I/O reference.
+// Reads every data byte of a checkpoint with pread: the I/O reference.
 struct PreadResult {
   uint64_t bytes = 0;
   double seconds = 0;
 };
-PreadResult PreadCheckpoint(const std::string& checkpoint);
+// fresh: read into newly mapped memory (lazy-zero, first touch zeroes it, as a shard's does) instead
+// of one reused buffer; the ceiling for any loader that lands bytes in fresh memory.
+PreadResult PreadCheckpoint(const std::string& checkpoint, bool fresh = false);
 
 }  // namespace shardcast::bench

@@ -141,7 +141,18 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   const auto t0 = Clock::now();
   const MemorySnapshot base = ReadMemory();
   PeakSampler sampler;
-  Handshake h = RunHandshake(comm, state->plan(), rq);
+  // A collective that fails in any phase goes through the same protocol as the stream's failures, so
+  // a peer that dies during the handshake or the verify is one message on every rank too.
+  auto together = [&comm](const Error& e) {
+    if (e.kind() == ErrorKind::kComm || e.kind() == ErrorKind::kCommTimeout) FailTogether(comm, e);
+    throw;
+  };
+  Handshake h;
+  try {
+    h = RunHandshake(comm, state->plan(), rq);
+  } catch (const Error& e) {
+    together(e);
+  }
   // Agreed: allocate only now, so a failed handshake commits nothing.
   StreamTargets targets;
   targets.tensors.resize(h.manifest.entries.size());
@@ -160,7 +171,11 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   } catch (const std::exception& e) {
     FailTogether(comm, e);
   }
-  if (rq.options.verify) Verify(comm, h.manifest, st);
+  try {
+    if (rq.options.verify) Verify(comm, h.manifest, st);
+  } catch (const Error& e) {
+    together(e);
+  }
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   MemoryPeaks peaks = sampler.Stop();
   auto above = [](uint64_t v, uint64_t b) { return v > b ? v - b : 0; };

@@ -72,9 +72,11 @@ int LoadWorkerMain(int argc, char** argv) {
       };
     }
     if (scenario == "slow" && rv.rank == 0) {
-      rq.progress = [&](uint64_t, uint64_t) {  // long enough a stream for the parent to kill a rank in it
-        if (!announced) std::cout << "PROGRESS" << std::endl;
-        announced = true;
+      rq.progress = [&](uint64_t done, uint64_t total) {  // long enough a stream to kill a rank in it
+        if (!announced && done * 2 >= total) {  // half way: every rank is past the handshake, streaming
+          std::cout << "PROGRESS" << std::endl;
+          announced = true;
+        }
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       };
     }
