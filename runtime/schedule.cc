@@ -62,7 +62,7 @@ static Segment MakeSegment(const ManifestEntry& e, uint32_t index, uint32_t part
 // Elements [first, first + n) of entry e as chunk-sized single-segment messages to `dest` (received
 // in place), never crossing a part; local offsets count from element `local_first`.
 static void SplitElements(const ManifestEntry& e, uint32_t index, int dest, uint64_t first, uint64_t n,
-                          uint64_t local_first, uint64_t chunk, std::deque<Message>* q) {
+                          uint64_t local_first, uint64_t chunk, std::deque<Message, HostStlAllocator<Message>>* q) {
   uint64_t at = first;
   ForEachPart(e, first, n, [&](uint32_t part, uint64_t within, uint64_t count) {
     const uint64_t widest = std::max(DTypeSize(e.parts[part].source_dtype), DTypeSize(e.target_dtype));

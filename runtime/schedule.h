@@ -18,6 +18,7 @@
 #include <deque>
 #include <vector>
 
+#include "allocators/host_allocator.h"
 #include "runtime/manifest.h"
 
 namespace shardcast {
@@ -33,9 +34,12 @@ struct Segment {
   uint64_t target_bytes = 0;
 };
 
+// Staging descriptors are many and small: they come from the mimalloc host allocator.
+using SegmentList = std::vector<Segment, HostStlAllocator<Segment>>;
+
 struct Message {
   int dest = kBroadcast;  // a rank, or kBroadcast
-  std::vector<Segment> segments;
+  SegmentList segments;
   uint64_t target_bytes = 0;  // sum over segments: the bytes on the wire
   bool direct() const { return segments.size() == 1; }
 };
@@ -54,7 +58,7 @@ class Schedule {
   int world_;
   uint64_t chunk_, coalesce_;
   uint32_t next_broadcast_ = 0, next_shard_ = 0;
-  std::deque<Message> queue_;
+  std::deque<Message, HostStlAllocator<Message>> queue_;
 };
 
 }  // namespace shardcast
