@@ -70,7 +70,7 @@ py::dict LoadEntries(py::list entries, const std::string& checkpoint, py::dict o
   rq.options.source = source == "rank0" ? Source::kRank0 : Source::kEachRank;
   rq.mapping = std::move(mapping);
   rq.extra_keys = opts.contains("strict_keys") && opts["strict_keys"].cast<bool>() ? ExtraKeys::kError : ExtraKeys::kSkip;
-  ApplyEnvironment(&rq.options);
+  Validate(rq.options);  // keywords were applied after the environment: they win
 
   LoadReport report;
   {

@@ -193,6 +193,8 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   r.entries = h.manifest.entries.size();
   r.total_bytes = TotalTargetBytes(h.manifest, comm.world_size());
   r.skipped_keys = h.manifest.skipped;
+  r.chunk_bytes = rq.options.chunk_bytes;
+  r.staging_slots = rq.options.staging_slots;
   r.skipped_examples = h.manifest.skipped_examples;
   r.seconds = seconds;
   r.ranks = GatherReports(comm, mine);
@@ -228,6 +230,8 @@ std::string LoadReport::ToJson() const {
   j["entries"] = entries;
   j["total_bytes"] = total_bytes;
   j["skipped_keys"] = skipped_keys;
+  j["chunk_bytes"] = chunk_bytes;
+  j["staging_slots"] = staging_slots;
   j["skipped_examples"] = skipped_examples;
   j["ranks"] = nlohmann::json::array();
   for (const auto& rr : ranks) {

@@ -38,6 +38,8 @@ struct LoadReport {
   std::string source, target, backend;
   int world_size = 1;
   uint64_t entries = 0, total_bytes = 0, skipped_keys = 0;
+  uint64_t chunk_bytes = 0;  // the options the load ran with
+  int staging_slots = 0;
   std::vector<std::string> skipped_examples;
   double seconds = 0;  // this rank's wall time
   std::vector<RankReport> ranks;  // every rank's, gathered

@@ -33,8 +33,12 @@ void ApplyEnvironment(LoadOptions* o) {
   if (ReadUint("SHARDCAST_STAGING_SLOTS", &v)) o->staging_slots = static_cast<int>(v);
   if (ReadUint("SHARDCAST_TIMEOUT_MS", &v)) o->timeout = std::chrono::milliseconds(v);
   if (ReadUint("SHARDCAST_PREAD", &v)) o->pread = v != 0;
-  if (o->chunk_bytes < 4096) throw Error(ErrorKind::kInvalidArgument, "chunk bytes", "must be at least 4096");
-  if (o->staging_slots < 2) throw Error(ErrorKind::kInvalidArgument, "staging slots", "must be at least 2 (read overlaps send)");
+  Validate(*o);
+}
+
+void Validate(const LoadOptions& o) {
+  if (o.chunk_bytes < 4096) throw Error(ErrorKind::kInvalidArgument, "chunk bytes", "must be at least 4096");
+  if (o.staging_slots < 2) throw Error(ErrorKind::kInvalidArgument, "staging slots", "must be at least 2 (read overlaps send)");
 }
 
 }  // namespace shardcast

@@ -30,7 +30,12 @@ struct LoadOptions {
 };
 
 // Overrides fields from SHARDCAST_CHUNK_BYTES, SHARDCAST_STAGING_SLOTS, SHARDCAST_TIMEOUT_MS and
-// SHARDCAST_PREAD where set. Throws kInvalidArgument naming the variable on a bad value.
+// SHARDCAST_PREAD where set. Throws kInvalidArgument naming the variable on a bad value. Callers with
+// explicit arguments (CLI flags, Python keywords) apply the environment first and their arguments
+// after, so an explicit argument wins, then call Validate.
 void ApplyEnvironment(LoadOptions* options);
+
+// Throws kInvalidArgument when the options cannot work (chunk < 4096, fewer than 2 staging slots).
+void Validate(const LoadOptions& options);
 
 }  // namespace shardcast

@@ -29,9 +29,14 @@ struct LoadArgs {
 // Rank 0's progress: a live bar on a TTY, a line every few seconds otherwise.
 class ProgressPrinter {
  public:
-  ProgressPrinter() : tty_(isatty(STDERR_FILENO)), t0_(std::chrono::steady_clock::now()) {}
+  ProgressPrinter() : tty_(isatty(STDERR_FILENO)) {}
   void operator()(uint64_t done, uint64_t total) {
     auto now = std::chrono::steady_clock::now();
+    if (!started_) {  // the stream's first bytes, not the rendezvous and handshake before them
+      started_ = true;
+      t0_ = now;
+      last_ = now;
+    }
     double since = std::chrono::duration<double>(now - last_).count();
     if (done < total && since < (tty_ ? 0.2 : 5.0)) return;
     last_ = now;
@@ -48,7 +53,8 @@ class ProgressPrinter {
 
  private:
   bool tty_;
-  std::chrono::steady_clock::time_point t0_, last_{};
+  bool started_ = false;
+  std::chrono::steady_clock::time_point t0_, last_;
 };
 
 std::string ConfigFor(const LoadArgs& a) {
@@ -88,7 +94,7 @@ int RunRank(const LoadArgs& a) {
   if (!a.chunk.empty()) rq.options.chunk_bytes = ParseBytes(a.chunk);
   if (a.staging_slots > 0) rq.options.staging_slots = a.staging_slots;
   if (a.timeout_ms > 0) rq.options.timeout = std::chrono::milliseconds(a.timeout_ms);
-  ApplyEnvironment(&rq.options);  // validates what the flags set, too
+  Validate(rq.options);  // flags were applied after the environment: they win
   const bool baseline = a.source == "baseline";  // benchmarks: the full-tensor broadcast algorithm
   if (a.source != "rank0" && a.source != "each-rank" && !baseline) {
     throw Error(ErrorKind::kInvalidArgument, "--source", "\"" + a.source + "\" is not rank0 or each-rank");

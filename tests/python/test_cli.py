@@ -85,4 +85,20 @@ def test_synth_then_load_across_ranks(shardcast_bin, tmp_path):
     assert r.returncode == 0, r.stderr
     j = json.loads(report.read_text())
     assert [x["verify"] for x in j["ranks"]] == ["ok"] * 3
+    assert j["chunk_bytes"] == 64 << 20 and j["staging_slots"] == 4  # the documented defaults
+
+
+# Regression: the environment was applied again after the flags, so SHARDCAST_* silently beat them.
+def test_flags_win_over_the_environment(shardcast_bin, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    assert sc(shardcast_bin, "synth", "--config", ROOT / "configs" / "tiny-moe.json", "--out", ckpt, "--layers", "1",
+              "--max-shard-size", "16M").returncode == 0
+    report = tmp_path / "report.json"
+    env = {"SHARDCAST_CHUNK_BYTES": "1M", "SHARDCAST_STAGING_SLOTS": "5"}
+    r = sc(shardcast_bin, "load", "--checkpoint", ckpt, "--nproc", "2", "--quiet", "--json", report,
+           "--chunk-bytes", "64K", env=env)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(report.read_text())
+    assert j["chunk_bytes"] == 64 << 10, j  # the flag
+    assert j["staging_slots"] == 5, j       # no flag: the environment
     assert sum(x["bytes_stored"] for x in j["ranks"]) >= j["total_bytes"]
