@@ -54,6 +54,20 @@ def free_port():
 
 
 def run(mode, root, world, tmp_path):
+    # A free port can be taken by a concurrent test before rank 0 binds it: then start over on another.
+    for attempt in range(3):
+        try:
+            return run_once(mode, root, world, tmp_path)
+        except PortTaken:
+            if attempt == 2:
+                raise
+
+
+class PortTaken(Exception):
+    pass
+
+
+def run_once(mode, root, world, tmp_path):
     port, out = free_port(), tmp_path / f"{mode}-{world}"
     env_base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
                     TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
@@ -67,6 +81,8 @@ def run(mode, root, world, tmp_path):
     finally:
         for p in procs:
             p.kill()
+    if any("EADDRINUSE" in log for log in logs):
+        raise PortTaken()
     for r, p in enumerate(procs):
         assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-3000:]}"
     return [json.loads((tmp_path / f"{mode}-{world}.{r}").read_text()) for r in range(world)]

@@ -93,10 +93,22 @@ class LoadTest : public ::testing::Test {
 
   static std::string Path(const std::string& name) { return *dir_ / name; }
 
-  // Runs `world` ranks of the worker; `during` may act on them while they run (e.g. kill one).
+  // Runs `world` ranks of the worker; `during` may act on them while they run (e.g. kill one). A free
+  // port found by one test can be taken by a concurrent one (ctest -j) before rank 0 binds it; then
+  // the whole run starts again on another port.
   std::vector<Result> Run(int world, const std::string& scenario, const std::string& ckpt, const std::string& config,
                           const std::string& source = "rank0",
                           const std::function<void(std::vector<Subprocess>&)>& during = nullptr) {
+    for (int attempt = 0;; ++attempt) {
+      std::vector<Result> out = RunOnce(world, scenario, ckpt, config, source, during);
+      bool port_taken = false;
+      for (const Result& r : out) port_taken |= r.message.find("EADDRINUSE") != std::string::npos;
+      if (!port_taken || attempt == 2) return out;
+    }
+  }
+
+  std::vector<Result> RunOnce(int world, const std::string& scenario, const std::string& ckpt, const std::string& config,
+                              const std::string& source, const std::function<void(std::vector<Subprocess>&)>& during) {
     const int port = FreeLocalPort();
     std::vector<Subprocess> ranks;
     for (int r = 0; r < world; ++r) {
