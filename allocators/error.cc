@@ -19,6 +19,13 @@ const char* ErrorKindName(ErrorKind kind) {
   return "Error";
 }
 
+ErrorKind ErrorKindFromName(const std::string& name) {
+  for (int k = 0; k <= static_cast<int>(ErrorKind::kInternal); ++k) {
+    if (name == ErrorKindName(static_cast<ErrorKind>(k))) return static_cast<ErrorKind>(k);
+  }
+  return ErrorKind::kInternal;
+}
+
 std::string ErrnoText(int err) {
   char buf[256];
   // GNU strerror_r may return a static string instead of filling buf.

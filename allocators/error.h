@@ -22,7 +22,8 @@ enum class ErrorKind {
   kInternal,          // a broken invariant: a bug in shardcast
 };
 
-const char* ErrorKindName(ErrorKind kind);
+const char* ErrorKindName(ErrorKind kind);            // "CheckpointError", as the Python classes are named
+ErrorKind ErrorKindFromName(const std::string& name);  // the inverse; kInternal for an unknown name
 
 class Error : public std::runtime_error {
  public:

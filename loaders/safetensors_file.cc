@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -192,6 +193,14 @@ void SafetensorsFile::ReadBytes(uint64_t offset, uint64_t n, void* dst, std::str
     }
     done += static_cast<uint64_t>(got);
   }
+}
+
+void SafetensorsFile::Prefetch(uint64_t offset, uint64_t n) const {
+  if (n == 0 || offset >= file_size_) return;
+  n = std::min(n, file_size_ - offset);
+  // fadvise works on the page cache whether or not the file is mapped, and returns once the reads are
+  // queued; MADV_WILLNEED on the mapping would do the same through the VMA.
+  posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(n), POSIX_FADV_WILLNEED);
 }
 
 void SafetensorsFile::ReleasePages(uint64_t offset, uint64_t n, Release how) const {

@@ -70,6 +70,10 @@ class SafetensorsFile {
   // Copies file bytes [offset, offset + n) into dst; `what` names them in errors.
   void ReadBytes(uint64_t offset, uint64_t n, void* dst, std::string_view what) const;
 
+  // Asks the kernel to start reading file bytes [offset, offset + n) in the background (read-ahead
+  // for a stream that will need them soon). Best effort: never blocks on the read, never throws.
+  void Prefetch(uint64_t offset, uint64_t n) const;
+
   // Gives back the pages of file bytes [offset, offset + n) that the caller has consumed.
   void ReleasePages(uint64_t offset, uint64_t n, Release how = Release::kMapping) const;
 

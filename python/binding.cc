@@ -22,10 +22,39 @@ std::map<ErrorKind, py::object>& ExceptionTypes() {
   return *m;
 }
 
+Option OptionNamed(const std::string& name) {
+  static const std::map<std::string, Option> kByName = {
+      {"source", Option::kSource},          {"target", Option::kTarget},
+      {"chunk_bytes", Option::kChunkBytes}, {"staging_slots", Option::kStagingSlots},
+      {"readahead_bytes", Option::kReadaheadBytes}, {"timeout_ms", Option::kTimeoutMs},
+      {"verify", Option::kVerify},          {"strict_keys", Option::kStrictKeys}};
+  auto it = kByName.find(name);
+  if (it == kByName.end()) throw Error(ErrorKind::kInternal, "load options", "no option named " + name);
+  return it->second;
+}
+
+// Called on this rank as its messages complete, at most every 100 ms (and at the end), with the GIL.
+Progress PythonProgress(py::object callback) {
+  if (callback.is_none()) return {};
+  auto last = std::make_shared<std::chrono::steady_clock::time_point>();
+  auto cb = std::make_shared<py::object>(std::move(callback));
+  return [cb, last](uint64_t done, uint64_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (done < total && now - *last < std::chrono::milliseconds(100)) return;
+    *last = now;
+    py::gil_scoped_acquire gil;
+    (*cb)(done, total);
+  };
+}
+
 // entries: [(key, local tensor, global shape, role, replicated, compose or None)], one per entry, in an
-// order every rank shares (the model's named_parameters/named_buffers order).
-py::dict LoadEntries(py::list entries, const std::string& checkpoint, py::dict opts, py::object backend_obj,
-                     py::object store_obj, int rank, int world_size) {
+// order every rank shares (the model's named_parameters/named_buffers order). options: {name: text},
+// only those the caller gave (the environment fills the rest; given ones win). problem: (kind name,
+// message) when the caller already failed on this rank: it is agreed in the handshake, so every rank
+// raises it instead of waiting.
+py::dict LoadEntries(py::list entries, const std::string& checkpoint, py::dict opts, py::dict tied,
+                     py::object backend_obj, py::object store_obj, int rank, int world_size, py::object progress,
+                     py::object problem) {
   c10::intrusive_ptr<c10d::Backend> backend;
   c10::intrusive_ptr<c10d::Store> store;
   if (!backend_obj.is_none()) backend = backend_obj.cast<c10::intrusive_ptr<c10d::Backend>>();
@@ -33,12 +62,30 @@ py::dict LoadEntries(py::list entries, const std::string& checkpoint, py::dict o
   if (world_size > 1 && !backend) {
     throw Error(ErrorKind::kInvalidArgument, "process group", "no CPU backend for a world of " + std::to_string(world_size));
   }
+  std::optional<Error> failed;
+  if (!problem.is_none()) {
+    auto p = problem.cast<std::pair<std::string, std::string>>();
+    failed = Error(ErrorKindFromName(p.first), "", p.second);
+  }
+  LoadRequest rq;
+  rq.checkpoint = checkpoint;
+  try {
+    LoadOptionsBuilder b;
+    b.FromEnvironment();
+    for (auto [k, v] : opts) {
+      const std::string name = k.cast<std::string>();
+      b.Set(OptionNamed(name), v.cast<std::string>(), name + "=");
+    }
+    rq.options = b.Build();
+  } catch (const Error& e) {
+    if (!failed) failed = e;
+  }
+  rq.progress = PythonProgress(progress);
   ModelSpec spec;
   spec.source = "<python model>";
   spec.model_type = "python";
   spec.config_json = "{}";
   std::vector<at::Tensor> tensors;
-  KeyMapping mapping;
   for (py::handle h : entries) {
     auto t = h.cast<py::tuple>();
     SpecEntry e;
@@ -46,31 +93,16 @@ py::dict LoadEntries(py::list entries, const std::string& checkpoint, py::dict o
     at::Tensor x = t[1].cast<at::Tensor>();
     for (auto d : t[2].cast<std::vector<int64_t>>()) e.shape.push_back(static_cast<uint64_t>(d));
     auto dtype = FromScalarType(x.scalar_type());
-    if (!dtype) throw Error(ErrorKind::kUnsupported, e.key, "dtype has no safetensors equivalent");
-    e.dtype = *dtype;
+    if (!dtype && !failed) failed = Error(ErrorKind::kUnsupported, e.key, "dtype has no safetensors equivalent");
+    e.dtype = dtype.value_or(DType::kU8);
     std::string role = t[3].cast<std::string>();
     e.role = role == "persistent_buffer" ? Role::kPersistentBuffer : Role::kParameter;
     e.replicated = t[4].cast<bool>();
-    if (!t[5].is_none()) mapping.compose[e.key] = t[5].cast<std::vector<std::string>>();
+    if (!t[5].is_none()) rq.mapping.compose[e.key] = t[5].cast<std::vector<std::string>>();
     spec.entries.push_back(std::move(e));
     tensors.push_back(x);
   }
-  if (opts.contains("tied")) mapping.tied = opts["tied"].cast<std::map<std::string, std::string>>();
-  LoadRequest rq;
-  rq.checkpoint = checkpoint;
-  ApplyEnvironment(&rq.options);
-  if (opts.contains("chunk_bytes")) rq.options.chunk_bytes = opts["chunk_bytes"].cast<uint64_t>();
-  if (opts.contains("staging_slots")) rq.options.staging_slots = opts["staging_slots"].cast<int>();
-  if (opts.contains("timeout_ms")) rq.options.timeout = std::chrono::milliseconds(opts["timeout_ms"].cast<int64_t>());
-  rq.options.verify = opts.contains("verify") && opts["verify"].cast<bool>();
-  std::string source = opts.contains("source") ? opts["source"].cast<std::string>() : "rank0";
-  if (source != "rank0" && source != "each-rank") {
-    throw Error(ErrorKind::kInvalidArgument, "source", "\"" + source + "\" is not rank0 or each-rank");
-  }
-  rq.options.source = source == "rank0" ? Source::kRank0 : Source::kEachRank;
-  rq.mapping = std::move(mapping);
-  rq.extra_keys = opts.contains("strict_keys") && opts["strict_keys"].cast<bool>() ? ExtraKeys::kError : ExtraKeys::kSkip;
-  Validate(rq.options);  // keywords were applied after the environment: they win
+  rq.mapping.tied = tied.cast<std::map<std::string, std::string>>();
 
   LoadReport report;
   {
@@ -80,6 +112,7 @@ py::dict LoadEntries(py::list entries, const std::string& checkpoint, py::dict o
     Plan plan = Plan::Build(std::move(spec), world_size);
     std::optional<RankState> state;
     try {
+      if (failed) throw *failed;
       state.emplace(RankState::Adopt(plan, rank, std::move(tensors)));
     } catch (const Error& e) {
       FailHandshake(*comm, e.kind(), e.what());
@@ -132,6 +165,7 @@ PYBIND11_MODULE(_shardcast, m) {
       },
       py::arg("config_json"), py::arg("source"), py::arg("key"), py::arg("out"),
       "Fills `out` (zeroed, the buffer's shape and dtype) with the buffer's locally computed values.");
-  m.def("load_entries", &LoadEntries, py::arg("entries"), py::arg("checkpoint"), py::arg("options"),
-        py::arg("backend"), py::arg("store"), py::arg("rank"), py::arg("world_size"));
+  m.def("load_entries", &LoadEntries, py::arg("entries"), py::arg("checkpoint"), py::arg("options"), py::arg("tied"),
+        py::arg("backend"), py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("progress") = py::none(),
+        py::arg("problem") = py::none());
 }

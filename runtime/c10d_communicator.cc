@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "allocators/error.h"
+#include "runtime/store_channel.h"
 
 namespace shardcast {
 namespace {
@@ -34,48 +35,15 @@ bool LooksLikeTimeout(const std::string& what) {
 
 class C10dCommunicator : public Communicator {
  public:
+  // store_host: who serves `store`, for the messages of a store that stops answering.
   C10dCommunicator(c10::intrusive_ptr<c10d::Backend> backend, c10::intrusive_ptr<c10d::Store> store,
-                   std::chrono::milliseconds timeout, c10::Device device, bool owns)
-      : backend_(std::move(backend)), store_(std::move(store)), timeout_(timeout), device_(device), owns_(owns),
-        rank_(backend_->getRank()), size_(backend_->getSize()) {}
+                   std::string store_host, std::chrono::milliseconds timeout, c10::Device device, bool owns)
+      : backend_(std::move(backend)), channel_(std::move(store), std::move(store_host)), timeout_(timeout),
+        device_(device), owns_(owns), rank_(backend_->getRank()), size_(backend_->getSize()) {}
 
-  static constexpr const char* kFailureKey = "shardcast/failure";
-  static constexpr const char* kFailureAcksKey = "shardcast/failure_acks";
-
-  void AwaitFailureAcks(int n, std::chrono::milliseconds wait) override {
-    if (!store_) return;
-    const auto deadline = std::chrono::steady_clock::now() + wait;
-    try {
-      while (store_->add(kFailureAcksKey, 0) < n && std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-    } catch (...) {
-    }
-  }
-
-  void PublishFailure(ErrorKind kind, const std::string& message) override {
-    if (!store_) return;
-    try {
-      std::string v = std::to_string(static_cast<int>(kind)) + "|" + message;
-      store_->compareSet(kFailureKey, {}, std::vector<uint8_t>(v.begin(), v.end()));  // the first failure wins
-    } catch (...) {
-    }
-  }
-
-  std::optional<std::pair<ErrorKind, std::string>> FetchFailure(std::chrono::milliseconds wait) override {
-    if (!store_) return std::nullopt;
-    try {
-      store_->wait({kFailureKey}, wait);
-      std::vector<uint8_t> v = store_->get(kFailureKey);
-      store_->add(kFailureAcksKey, 1);
-      std::string s(v.begin(), v.end());
-      size_t bar = s.find('|');
-      if (bar == std::string::npos) return std::nullopt;
-      return std::make_pair(static_cast<ErrorKind>(std::stoi(s.substr(0, bar))), s.substr(bar + 1));
-    } catch (...) {
-      return std::nullopt;  // no store (rank 0 is gone) or nothing published in time
-    }
-  }
+  std::optional<FailureNote> PublishFailure(const FailureNote& mine) override { return channel_.Publish(mine); }
+  std::optional<FailureNote> FetchFailure(std::chrono::milliseconds wait) override { return channel_.Fetch(wait); }
+  void AwaitFailureAcks(int n, std::chrono::milliseconds wait) override { channel_.AwaitAcks(n, wait); }
 
   ~C10dCommunicator() override = default;
 
@@ -202,7 +170,7 @@ class C10dCommunicator : public Communicator {
   }
 
   c10::intrusive_ptr<c10d::Backend> backend_;
-  c10::intrusive_ptr<c10d::Store> store_;
+  StoreChannel channel_;
   std::chrono::milliseconds timeout_;
   c10::Device device_;
   bool owns_;
@@ -242,6 +210,10 @@ int EnvInt(const char* name, int fallback) {
 
 }  // namespace
 
+std::string StoreHost(const Rendezvous& rv) {
+  return "rank 0 (the store host at " + rv.master_addr + ":" + std::to_string(rv.master_port) + ")";
+}
+
 Rendezvous RendezvousFromEnvironment() {
   Rendezvous rv;
   if (std::getenv("RANK") && std::getenv("WORLD_SIZE")) {
@@ -262,6 +234,7 @@ Rendezvous RendezvousFromEnvironment() {
   }
   if (const char* addr = std::getenv("MASTER_ADDR")) rv.master_addr = addr;
   rv.master_port = EnvInt("MASTER_PORT", rv.master_port);
+  if (rv.rank == 0 && std::getenv("SHARDCAST_LISTEN_FD")) rv.listen_fd = EnvInt("SHARDCAST_LISTEN_FD", -1);
   if (rv.world_size < 1 || rv.rank >= rv.world_size) {
     throw Error(ErrorKind::kInvalidArgument, rv.source + " environment",
                 "rank " + std::to_string(rv.rank) + " is outside world size " + std::to_string(rv.world_size));
@@ -271,7 +244,8 @@ Rendezvous RendezvousFromEnvironment() {
 
 std::unique_ptr<Communicator> WrapC10dBackend(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout,
                                               c10::intrusive_ptr<c10d::Store> store, c10::Device device) {
-  return std::make_unique<C10dCommunicator>(std::move(backend), std::move(store), timeout, device, /*owns=*/false);
+  return std::make_unique<C10dCommunicator>(std::move(backend), std::move(store), "the process group's store", timeout,
+                                            device, /*owns=*/false);
 }
 
 std::unique_ptr<Communicator> CreateLocalCommunicator() { return std::make_unique<LocalCommunicator>(); }
@@ -286,6 +260,7 @@ std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::
     so.numWorkers = rv.world_size;
     so.waitWorkers = true;
     so.timeout = timeout;
+    if (rv.rank == 0 && rv.listen_fd >= 0) so.masterListenFd = rv.listen_fd;  // bound by the launcher: no port race
     auto store = c10::make_intrusive<c10d::TCPStore>(rv.master_addr, so);
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("shardcast", store);
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -297,7 +272,8 @@ std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::
       options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
     }
     auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rv.rank, rv.world_size, options);
-    return std::make_unique<C10dCommunicator>(pg, prefixed, timeout, c10::Device(c10::kCPU), /*owns=*/true);
+    return std::make_unique<C10dCommunicator>(pg, prefixed, StoreHost(rv), timeout, c10::Device(c10::kCPU),
+                                              /*owns=*/true);
   } catch (const c10::Error& e) {
     std::string m = Clean(e.what_without_backtrace());
     throw Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, m);

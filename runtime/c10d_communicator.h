@@ -16,4 +16,7 @@ std::unique_ptr<Communicator> WrapC10dBackend(c10::intrusive_ptr<c10d::Backend> 
                                               c10::intrusive_ptr<c10d::Store> store = {},
                                               c10::Device device = c10::Device(c10::kCPU));
 
+// "rank 0 (the store host at ADDR:PORT)": the store a Rendezvous makes, for failure messages.
+std::string StoreHost(const Rendezvous& rv);
+
 }  // namespace shardcast

@@ -31,6 +31,7 @@ struct Rendezvous {
   int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  int listen_fd = -1;  // rank 0: a socket already listening on master_port (SHARDCAST_LISTEN_FD), or -1
   std::string source;  // "torchrun", "slurm" or "default" (single process)
 };
 Rendezvous RendezvousFromEnvironment();  // throws kInvalidArgument naming the variable on bad values
@@ -40,6 +41,11 @@ class PendingSend {
  public:
   virtual ~PendingSend() = default;
   virtual void Wait() = 0;
+};
+
+struct FailureNote {
+  ErrorKind kind = ErrorKind::kComm;
+  std::string message;
 };
 
 class Communicator {
@@ -62,13 +68,15 @@ class Communicator {
   // for NCCL (the stream then stages through device buffers).
   virtual bool device_buffers() const { return false; }
 
-  // A side channel for the first failure: the rank that knows the cause publishes it before it
-  // aborts, and a rank whose collective then fails fetches it (waiting at most `wait`), so every rank
-  // can raise the same error. Both are best effort: no store, no message.
-  virtual void PublishFailure(ErrorKind kind, const std::string& message) {}
-  virtual std::optional<std::pair<ErrorKind, std::string>> FetchFailure(std::chrono::milliseconds wait) {
-    return std::nullopt;
-  }
+  // A side channel for the first failure, through the rendezvous store, so every rank can raise the
+  // same error. Every store operation here has a deadline: a store whose host (rank 0, for a store
+  // shardcast made) is frozen or gone answers with a note saying so, the same on every rank:
+  //   kCommTimeout "<store host> did not answer within N ms: it is frozen or unreachable"
+  //   kComm        "<store host> is lost: <cause>"
+  // PublishFailure stores `mine` unless a failure is already there and returns the one that stands;
+  // FetchFailure waits at most `wait` for one. No store: nullopt from both.
+  virtual std::optional<FailureNote> PublishFailure(const FailureNote& mine) { return std::nullopt; }
+  virtual std::optional<FailureNote> FetchFailure(std::chrono::milliseconds wait) { return std::nullopt; }
   // The publisher (usually rank 0, which hosts the store) waits until `n` ranks fetched, or `wait`.
   virtual void AwaitFailureAcks(int n, std::chrono::milliseconds wait) {}
   // Tears the transport down so peers blocked on us fail fast instead of waiting out their timeout.

@@ -1,16 +1,16 @@
 // runtime/load: the call after fully_shard. Every rank of the communicator calls Load together.
 //
-//   1. rank 0 (every rank, for each-rank) opens the checkpoint and resolves its plan by key
-//   2. rank 0 broadcasts the manifest; every rank checks it against its own plan
-//   3. one verdict: all ranks go on, or all raise the same error -- no data moves before this
-//   4. shard storage is allocated (only this rank's rows), then the stream runs
-//   5. with verify, every rank's xxHash of every entry is compared with the sender's
-//   6. per-rank reports are gathered to every rank
-// A failure during the stream is published by the rank that saw it, and every other rank raises
-// that same message instead of its own "connection closed".
+//   1. handshake: rank 0 resolves its plan by key into the manifest (with the stream's parameters);
+//      every rank checks it, the route's readers match the files; one verdict (handshake.h)
+//   2. allocate: only this rank's rows; a rank that cannot is one agreed error (a second verdict)
+//   3. stream: one loop for every route, bytes into this rank's sink (stream.h)
+//   4. verify (optional): every rank's digests against its verifiers' (verify.h)
+//   5. every rank's report, gathered to every rank
+// A failure while data moves is published by the rank that saw it and every other rank raises that
+// same message (failure.h); a route with no data on the wire (each-rank) agrees on failures by verdict.
 //
-// Failure: shardcast::Error of kind kManifestMismatch, kCheckpoint, kCommTimeout, kComm, ... with the
-// same message on every rank.
+// Failure: shardcast::Error of kind kManifestMismatch, kCheckpoint, kCommTimeout, kComm, kIo, ... with
+// the same message on every rank.
 #pragma once
 
 #include <string>
@@ -18,8 +18,7 @@
 
 #include "allocators/memory_probe.h"
 #include "runtime/communicator.h"
-#include "runtime/load_options.h"
-#include "runtime/manifest.h"
+#include "runtime/handshake.h"
 #include "runtime/materializer.h"
 #include "runtime/stream.h"
 
@@ -27,8 +26,9 @@ namespace shardcast {
 
 struct RankReport {
   int rank = 0;
-  uint64_t bytes_received = 0, bytes_stored = 0, bytes_sent = 0, bytes_read = 0;
+  uint64_t bytes_received = 0, bytes_stored = 0, bytes_sent = 0, bytes_read = 0, messages = 0;
   double seconds = 0;
+  double handshake_seconds = 0, allocate_seconds = 0, stream_seconds = 0, verify_seconds = 0;
   uint64_t peak_rss_anon = 0, peak_rss_file = 0;  // above this rank's baseline at the start of Load
   uint64_t baseline_rss_anon = 0, baseline_rss_file = 0;
   int verified = -1;  // -1 not asked, 1 every entry matched
@@ -38,21 +38,23 @@ struct LoadReport {
   std::string source, target, backend;
   int world_size = 1;
   uint64_t entries = 0, total_bytes = 0, skipped_keys = 0;
-  uint64_t chunk_bytes = 0;  // the options the load ran with
+  uint64_t chunk_bytes = 0;  // the agreed parameters the stream ran with
   int staging_slots = 0;
+  bool setup_only = false;
   std::vector<std::string> skipped_examples;
-  double seconds = 0;  // this rank's wall time
-  std::vector<RankReport> ranks;  // every rank's, gathered
+  std::vector<std::string> adopted;  // this rank's options that rank 0's replaced
+  double seconds = 0;                // this rank's wall time
+  std::vector<RankReport> ranks;     // every rank's, gathered
   std::string ToJson() const;
 };
 
 struct LoadRequest {
   std::string checkpoint;
-  LoadOptions options;
+  LoadOptions options;         // from LoadOptionsBuilder
   KeyMapping mapping;
-  ExtraKeys extra_keys = ExtraKeys::kSkip;
   bool checksum_only = false;  // default false. true: receive and hash, keep nothing (benchmarks)
-  Progress progress;           // default none: called on rank 0 as bytes go out
+  bool setup_only = false;     // default false. true: handshake, allocation and schedule; move no bytes
+  Progress progress;           // default none: called on every rank as its messages complete
 };
 
 // Every rank's report on every rank (one small all-reduce). `mine` is this rank's; rank ignored.
@@ -61,9 +63,5 @@ std::vector<RankReport> GatherReports(Communicator& comm, const RankReport& mine
 // REQUIRES: state prepared from a plan of comm.world_size() ranks, for comm.rank() (checked in the
 // handshake). Allocates the state's shards unless checksum_only.
 LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& request);
-
-// For a rank that could not even prepare (bad config, no memory): takes part in the handshake's
-// collectives with its problem, so every rank raises the same error instead of waiting. Always throws.
-[[noreturn]] void FailHandshake(Communicator& comm, ErrorKind kind, const std::string& problem);
 
 }  // namespace shardcast

@@ -3,42 +3,92 @@
 #include <cstdlib>
 
 #include "allocators/error.h"
+#include "allocators/units.h"
 
 namespace shardcast {
 namespace {
 
-bool ReadUint(const char* name, uint64_t* out) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return false;
-  char* end = nullptr;
-  unsigned long long x = std::strtoull(v, &end, 10);
-  uint64_t mult = 1;
-  if (*end == 'K' || *end == 'k') mult = 1ull << 10, ++end;
-  else if (*end == 'M' || *end == 'm') mult = 1ull << 20, ++end;
-  else if (*end == 'G' || *end == 'g') mult = 1ull << 30, ++end;
-  if (*end != '\0' || v[0] == '-') {
-    throw Error(ErrorKind::kInvalidArgument, name, std::string("\"") + v + "\" is not a non-negative integer (K/M/G allowed)");
-  }
-  *out = x * mult;
-  return true;
+constexpr Option kAll[] = {Option::kSource,    Option::kTarget,  Option::kChunkBytes,
+                           Option::kStagingSlots, Option::kReadaheadBytes, Option::kTimeoutMs,
+                           Option::kVerify,    Option::kStrictKeys, Option::kPread};
+
+[[noreturn]] void Bad(const std::string& origin, const std::string& text, const std::string& why) {
+  throw Error(ErrorKind::kInvalidArgument, origin, "\"" + text + "\" " + why);
 }
 
 }  // namespace
 
 const char* SourceName(Source source) { return source == Source::kRank0 ? "rank0" : "each-rank"; }
 
-void ApplyEnvironment(LoadOptions* o) {
-  uint64_t v;
-  if (ReadUint("SHARDCAST_CHUNK_BYTES", &v)) o->chunk_bytes = v;
-  if (ReadUint("SHARDCAST_STAGING_SLOTS", &v)) o->staging_slots = static_cast<int>(v);
-  if (ReadUint("SHARDCAST_TIMEOUT_MS", &v)) o->timeout = std::chrono::milliseconds(v);
-  if (ReadUint("SHARDCAST_PREAD", &v)) o->pread = v != 0;
-  Validate(*o);
+const char* LoadOptionsBuilder::EnvironmentName(Option option) {
+  switch (option) {
+    case Option::kSource: return "SHARDCAST_SOURCE";
+    case Option::kTarget: return "SHARDCAST_TARGET";
+    case Option::kChunkBytes: return "SHARDCAST_CHUNK_BYTES";
+    case Option::kStagingSlots: return "SHARDCAST_STAGING_SLOTS";
+    case Option::kReadaheadBytes: return "SHARDCAST_READAHEAD_BYTES";
+    case Option::kTimeoutMs: return "SHARDCAST_TIMEOUT_MS";
+    case Option::kVerify: return "SHARDCAST_VERIFY";
+    case Option::kStrictKeys: return "SHARDCAST_STRICT_KEYS";
+    case Option::kPread: return "SHARDCAST_PREAD";
+  }
+  return "?";
 }
 
-void Validate(const LoadOptions& o) {
-  if (o.chunk_bytes < 4096) throw Error(ErrorKind::kInvalidArgument, "chunk bytes", "must be at least 4096");
-  if (o.staging_slots < 2) throw Error(ErrorKind::kInvalidArgument, "staging slots", "must be at least 2 (read overlaps send)");
+LoadOptionsBuilder& LoadOptionsBuilder::FromEnvironment() {
+  for (Option o : kAll) {
+    const char* name = EnvironmentName(o);
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') continue;
+    auto it = values_.find(o);
+    if (it != values_.end() && it->second.explicit_) continue;
+    values_[o] = Value{v, name, false};
+  }
+  return *this;
 }
+
+LoadOptionsBuilder& LoadOptionsBuilder::Set(Option option, std::string value, std::string origin) {
+  values_[option] = Value{std::move(value), std::move(origin), true};
+  return *this;
+}
+
+LoadOptions LoadOptionsBuilder::Build() const {
+  LoadOptions o;
+  for (const auto& [option, v] : values_) {
+    const std::string& t = v.text;
+    switch (option) {
+      case Option::kSource:
+        if (t == "rank0") o.source = Source::kRank0;
+        else if (t == "each-rank") o.source = Source::kEachRank;
+        else Bad(v.origin, t, "is not a source (rank0 or each-rank)");
+        break;
+      case Option::kTarget: {
+        auto target = ParseTarget(t);
+        if (!target) Bad(v.origin, t, "is not a target (cpu, pinned or cuda)");
+        o.target = *target;
+        break;
+      }
+      case Option::kChunkBytes:
+        o.chunk_bytes = ParseBytes(t, v.origin, kMaxChunkBytes);
+        if (o.chunk_bytes < kMinChunkBytes) Bad(v.origin, t, "is below the minimum chunk of 4096 bytes");
+        break;
+      case Option::kStagingSlots:
+        o.staging_slots = static_cast<int>(ParseCount(t, v.origin, kMaxStagingSlots));
+        if (o.staging_slots < kMinStagingSlots) Bad(v.origin, t, "is below 2 staging slots (reading overlaps sending)");
+        break;
+      case Option::kReadaheadBytes: o.readahead_bytes = ParseBytes(t, v.origin, kMaxReadaheadBytes); break;
+      case Option::kTimeoutMs:
+        o.timeout = std::chrono::milliseconds(ParseCount(t, v.origin, kMaxTimeoutMs));
+        if (o.timeout.count() == 0) Bad(v.origin, t, "is not a timeout: it must be at least 1 ms");
+        break;
+      case Option::kVerify: o.verify = ParseFlag(t, v.origin); break;
+      case Option::kStrictKeys: o.strict_keys = ParseFlag(t, v.origin); break;
+      case Option::kPread: o.pread = ParseFlag(t, v.origin); break;
+    }
+  }
+  return o;
+}
+
+LoadOptions LoadOptionsFromEnvironment() { return LoadOptionsBuilder().FromEnvironment().Build(); }
 
 }  // namespace shardcast

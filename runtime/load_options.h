@@ -1,41 +1,85 @@
-// runtime/load_options: how a load runs. One plain struct; every field has a documented default, and
-// SHARDCAST_* environment variables override them in one place (ApplyEnvironment).
+// runtime/load_options: how a load runs, and the one place options are built.
+//
+// LoadOptions is a plain struct; every field has a documented default. LoadOptionsBuilder is the only
+// way the CLI and the Python binding make one: it reads SHARDCAST_* variables, takes explicit values
+// (flags, keywords) that beat them, parses every value with the one parser (allocators/units.h),
+// checks bounds, and names the value's origin in every error:
+//
+//   LoadOptionsBuilder b;                       // defaults
+//   b.FromEnvironment();                        // SHARDCAST_CHUNK_BYTES=64MiB ... (parsed in Build)
+//   b.Set(Option::kChunkBytes, "128M", "--chunk-bytes");   // explicit: wins over the variable
+//   LoadOptions o = b.Build();                  // kInvalidArgument: '--chunk-bytes: "1e30" is not a size'
+//
+// A bad environment value that an explicit value overrides is never parsed, so a flag can always
+// repair a bad variable. Which options shape the stream and how ranks agree on them: see manifest.h
+// (StreamParams): the reader's values win; verify and strict_keys must match on every rank.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "runtime/materializer.h"
 
 namespace shardcast {
 
-enum class Source {
+enum class Source : uint8_t {
   kRank0,     // rank 0 reads and sends each rank only its rows (scatter); needs storage on rank 0 only
   kEachRank,  // every rank reads its own rows; for storage every rank can see; no data communication
 };
 const char* SourceName(Source source);
 
 struct LoadOptions {
-  Source source = Source::kRank0;                 // default kRank0
-  Target target = Target::kCpu;                   // default kCpu
-  uint64_t chunk_bytes = 64ull << 20;             // default 64 MiB: one staging slot       (SHARDCAST_CHUNK_BYTES)
-  int staging_slots = 4;                          // default 4: slots in the staging ring    (SHARDCAST_STAGING_SLOTS)
-  std::chrono::milliseconds timeout{10 * 60 * 1000};  // default 10 min per collective       (SHARDCAST_TIMEOUT_MS)
-  bool verify = false;                            // default false: xxHash every entry on every rank
-  bool release_pages = true;                      // default true: give consumed file pages back
-  bool pread = false;                             // default false: read with pread instead of mmap (SHARDCAST_PREAD)
+  Source source = Source::kRank0;                     // default kRank0                 (SHARDCAST_SOURCE)
+  Target target = Target::kCpu;                       // default kCpu                   (SHARDCAST_TARGET)
+  uint64_t chunk_bytes = 64ull << 20;                 // default 64 MiB: one staging slot  (SHARDCAST_CHUNK_BYTES)
+  int staging_slots = 4;                              // default 4: slots in the ring      (SHARDCAST_STAGING_SLOTS)
+  uint64_t readahead_bytes = 256ull << 20;            // default 256 MiB read ahead; 0 off (SHARDCAST_READAHEAD_BYTES)
+  std::chrono::milliseconds timeout{10 * 60 * 1000};  // default 10 min per collective     (SHARDCAST_TIMEOUT_MS)
+  bool verify = false;                                // default false: xxHash every entry (SHARDCAST_VERIFY)
+  bool strict_keys = false;                           // default false: skip extra keys    (SHARDCAST_STRICT_KEYS)
+  bool pread = false;                                 // default false: mmap; true: pread  (SHARDCAST_PREAD)
+  bool release_pages = true;                          // default true: give consumed file pages back
 
   uint64_t staging_bytes() const { return chunk_bytes * static_cast<uint64_t>(staging_slots); }
 };
 
-// Overrides fields from SHARDCAST_CHUNK_BYTES, SHARDCAST_STAGING_SLOTS, SHARDCAST_TIMEOUT_MS and
-// SHARDCAST_PREAD where set. Throws kInvalidArgument naming the variable on a bad value. Callers with
-// explicit arguments (CLI flags, Python keywords) apply the environment first and their arguments
-// after, so an explicit argument wins, then call Validate.
-void ApplyEnvironment(LoadOptions* options);
+// Bounds every builder enforces (and names in its errors).
+inline constexpr uint64_t kMinChunkBytes = 4096;
+inline constexpr uint64_t kMaxChunkBytes = 4ull << 30;
+inline constexpr int kMinStagingSlots = 2;
+inline constexpr int kMaxStagingSlots = 64;
+inline constexpr uint64_t kMaxReadaheadBytes = 64ull << 30;
+inline constexpr int64_t kMaxTimeoutMs = 7ll * 24 * 3600 * 1000;
 
-// Throws kInvalidArgument when the options cannot work (chunk < 4096, fewer than 2 staging slots).
-void Validate(const LoadOptions& options);
+enum class Option {
+  kSource, kTarget, kChunkBytes, kStagingSlots, kReadaheadBytes, kTimeoutMs, kVerify, kStrictKeys, kPread,
+};
+
+class LoadOptionsBuilder {
+ public:
+  // Records every SHARDCAST_* variable that is set (see LoadOptions); parsing waits for Build.
+  LoadOptionsBuilder& FromEnvironment();
+  // An explicit value; `origin` names it in errors ("--chunk-bytes", "chunk_bytes="). Beats the
+  // environment whatever the call order.
+  LoadOptionsBuilder& Set(Option option, std::string value, std::string origin);
+  // Throws kInvalidArgument naming the origin, the value and the bound.
+  LoadOptions Build() const;
+
+  static const char* EnvironmentName(Option option);
+
+ private:
+  struct Value {
+    std::string text, origin;
+    bool explicit_ = false;
+  };
+  std::map<Option, Value> values_;
+};
+
+// The environment and nothing else (tools that take no load flags, e.g. plan's forecast).
+LoadOptions LoadOptionsFromEnvironment();
 
 }  // namespace shardcast

@@ -1,7 +1,10 @@
 #include "runtime/manifest.h"
 
-#include <cstring>
+#include <xxhash.h>
+
 #include <set>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "allocators/error.h"
 
@@ -16,196 +19,160 @@ std::string Shape(const std::vector<uint64_t>& s) {
 
 bool FromCheckpoint(Role r) { return r != Role::kNonPersistentBuffer; }
 
-// Little-endian, length-prefixed: small and fast for ~100k entries.
-class Out {
- public:
-  void U64(uint64_t v) { s_.append(reinterpret_cast<const char*>(&v), 8); }
-  void Str(const std::string& v) {
-    U64(v.size());
-    s_ += v;
-  }
-  std::string s_;
-};
-
-class In {
- public:
-  explicit In(const std::string& s) : s_(s) {}
-  uint64_t U64() {
-    Need(8);
-    uint64_t v;
-    std::memcpy(&v, s_.data() + p_, 8);
-    p_ += 8;
-    return v;
-  }
-  std::string Str() {
-    uint64_t n = U64();
-    Need(n);
-    std::string v = s_.substr(p_, n);
-    p_ += n;
-    return v;
-  }
-  void Need(uint64_t n) {
-    if (n > s_.size() - p_) throw Error(ErrorKind::kComm, "manifest", "truncated or malformed manifest received");
-  }
-
- private:
-  const std::string& s_;
-  size_t p_ = 0;
-};
-
-}  // namespace
-
-std::string Manifest::Serialize() const {
-  Out o;
-  o.Str("shardcast-manifest-1");
-  o.U64(static_cast<uint64_t>(world_size));
-  o.U64(files.size());
-  for (const auto& f : files) o.Str(f);
-  o.U64(entries.size());
-  for (const auto& e : entries) {
-    o.Str(e.key);
-    o.U64(static_cast<uint64_t>(e.target_dtype) | static_cast<uint64_t>(e.role) << 8 |
-          static_cast<uint64_t>(e.placement) << 16);
-    o.U64(e.shape.size());
-    for (uint64_t d : e.shape) o.U64(d);
-    o.U64(e.parts.size());
-    for (const auto& p : e.parts) {
-      o.Str(p.checkpoint_key == e.key ? std::string() : p.checkpoint_key);
-      o.U64(static_cast<uint64_t>(p.source_dtype));
-      o.U64(p.file);
-      o.U64(p.offset);
-      o.U64(p.numel);
-    }
-  }
-  o.U64(skipped);
-  o.U64(skipped_examples.size());
-  for (const auto& k : skipped_examples) o.Str(k);
-  return o.s_;
+uint64_t Numel(const std::vector<uint64_t>& s) {
+  uint64_t n = 1;
+  for (uint64_t d : s) n *= d;
+  return n;
 }
 
-Manifest Manifest::Deserialize(const std::string& bytes) {
-  In in(bytes);
-  if (in.Str() != "shardcast-manifest-1") throw Error(ErrorKind::kComm, "manifest", "unknown manifest version");
-  Manifest m;
-  m.world_size = static_cast<int>(in.U64());
-  m.files.resize(in.U64());
-  for (auto& f : m.files) f = in.Str();
-  uint64_t n = in.U64();
-  in.Need(n);  // every entry takes more than a byte: a bound before reserving
-  m.entries.resize(n);
-  for (auto& e : m.entries) {
-    e.key = in.Str();
-    uint64_t packed = in.U64();
-    e.target_dtype = static_cast<DType>(packed & 0xff);
-    e.role = static_cast<Role>((packed >> 8) & 0xff);
-    e.placement = static_cast<Placement::Kind>((packed >> 16) & 0xff);
-    uint64_t dims = in.U64();
-    in.Need(dims * 8);
-    e.shape.resize(dims);
-    for (auto& d : e.shape) d = in.U64();
-    uint64_t parts = in.U64();
-    in.Need(parts * 40);
-    e.parts.resize(parts);
-    for (auto& p : e.parts) {
-      p.checkpoint_key = in.Str();
-      if (p.checkpoint_key.empty()) p.checkpoint_key = e.key;
-      p.source_dtype = static_cast<DType>(in.U64());
-      p.file = static_cast<uint32_t>(in.U64());
-      p.offset = in.U64();
-      p.numel = in.U64();
-    }
+// Rank 0's side of the resolution: one plan entry at a time, by key.
+class Resolver {
+ public:
+  Resolver(const Checkpoint& ckpt, const KeyMapping& mapping) : ckpt_(ckpt), mapping_(mapping) {
+    for (size_t i = 0; i < ckpt.num_files(); ++i) file_index_[&ckpt.file(i)] = static_cast<uint32_t>(i);
   }
-  m.skipped = in.U64();
-  m.skipped_examples.resize(std::min<uint64_t>(in.U64(), 5));
-  for (auto& k : m.skipped_examples) k = in.Str();
-  return m;
-}
 
-Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& mapping, ExtraKeys extra) {
-  Manifest m;
-  m.world_size = plan.world_size();
-  std::map<const SafetensorsFile*, uint32_t> file_index;
-  for (size_t i = 0; i < ckpt.num_files(); ++i) {
-    file_index[&ckpt.file(i)] = static_cast<uint32_t>(i);
-    m.files.push_back(ckpt.file(i).path());
-  }
-  auto checkpoint_key = [&](const std::string& key) {
-    if (!mapping.strip_prefix.empty() && key.rfind(mapping.strip_prefix, 0) == 0) {
-      return key.substr(mapping.strip_prefix.size());
-    }
-    return mapping.add_prefix + key;
-  };
-  std::set<std::string> used;
-  auto part_of = [&](const Checkpoint::Entry& found, const std::string& ck) {
-    return ManifestPart{ck, found.info->dtype, file_index.at(found.file),
-                        found.file->header().data_offset() + found.info->begin, found.info->numel()};
-  };
-  auto check_dtype = [&](const std::string& key, const std::string& ck, const Checkpoint::Entry& found, DType want) {
-    if (!CanConvert(found.info->dtype, want)) {
-      throw Error(ErrorKind::kManifestMismatch, "key '" + key + "'",
-                  "dtype " + std::string(DTypeName(found.info->dtype)) + " of '" + ck + "' in the checkpoint (" +
-                      found.file->path() + ") but " + std::string(DTypeName(want)) +
-                      " in rank 0's plan, and there is no conversion between them");
-    }
-  };
-  auto missing = [&](const std::string& key, const std::string& ck) {
-    return Error(ErrorKind::kManifestMismatch, "key '" + key + "'",
-                 "rank 0's plan needs it but the checkpoint " + ckpt.root() + " has no tensor '" + ck + "'");
-  };
-  for (const PlanEntry& e : plan.entries()) {
-    if (!FromCheckpoint(e.role)) continue;
+  ManifestEntry Entry(const PlanEntry& e) {
     ManifestEntry me;
     me.key = e.key;
     me.target_dtype = e.dtype;
     me.shape = e.shape;
     me.role = e.role;
     me.placement = e.placement.kind;
-    if (auto c = mapping.compose.find(e.key); c != mapping.compose.end()) {
+    if (auto c = mapping_.compose.find(e.key); c != mapping_.compose.end()) {
       uint64_t numel = 0;
       for (const std::string& ck : c->second) {
-        const Checkpoint::Entry* found = ckpt.Find(ck);
-        if (found == nullptr) throw missing(e.key, ck);
-        check_dtype(e.key, ck, *found, e.dtype);
-        me.parts.push_back(part_of(*found, ck));
+        const Checkpoint::Entry* found = ckpt_.Find(ck);
+        if (found == nullptr) throw Missing(e.key, ck);
+        me.parts.push_back(Part(e, ck, *found));
         numel += found->info->numel();
-        used.insert(ck);
       }
-      uint64_t want = 1;
-      for (uint64_t d : e.shape) want *= d;
-      if (numel != want) {
+      if (numel != Numel(e.shape)) {
         throw Error(ErrorKind::kManifestMismatch, "key '" + e.key + "'",
                     "its " + std::to_string(c->second.size()) + " checkpoint parts hold " + std::to_string(numel) +
-                        " elements but rank 0's plan has " + Shape(e.shape) + " = " + std::to_string(want));
+                        " elements but rank 0's plan has " + Shape(e.shape) + " = " + std::to_string(Numel(e.shape)));
       }
-      m.entries.push_back(std::move(me));
-      continue;
+      return me;
     }
-    std::string ck = checkpoint_key(e.key);
-    const Checkpoint::Entry* found = ckpt.Find(ck);
+    std::string ck = CheckpointKey(e.key);
+    const Checkpoint::Entry* found = ckpt_.Find(ck);
     if (found == nullptr) {
-      if (auto t = mapping.tied.find(e.key); t != mapping.tied.end()) {
-        ck = checkpoint_key(t->second);
-        found = ckpt.Find(ck);
+      if (auto t = mapping_.tied.find(e.key); t != mapping_.tied.end()) {
+        ck = CheckpointKey(t->second);
+        found = ckpt_.Find(ck);
       }
     }
-    if (found == nullptr) throw missing(e.key, ck);
-    used.insert(ck);
-    const TensorInfo& t = *found->info;
-    if (t.shape != e.shape) {
+    if (found == nullptr) throw Missing(e.key, ck);
+    if (found->info->shape != e.shape) {
       throw Error(ErrorKind::kManifestMismatch, "key '" + e.key + "'",
-                  "shape " + Shape(t.shape) + " in the checkpoint (" + found->file->path() + ") but " + Shape(e.shape) +
-                      " in rank 0's plan");
+                  "shape " + Shape(found->info->shape) + " in the checkpoint (" + found->file->path() + ") but " +
+                      Shape(e.shape) + " in rank 0's plan");
     }
-    check_dtype(e.key, ck, *found, e.dtype);
-    me.parts.push_back(part_of(*found, ck));
-    m.entries.push_back(std::move(me));
+    me.parts.push_back(Part(e, ck, *found));
+    return me;
+  }
+
+  bool Used(const std::string& key) const { return used_.count(key) > 0; }
+
+ private:
+  std::string CheckpointKey(const std::string& key) const {
+    if (!mapping_.strip_prefix.empty() && key.rfind(mapping_.strip_prefix, 0) == 0) {
+      return key.substr(mapping_.strip_prefix.size());
+    }
+    return mapping_.add_prefix + key;
+  }
+
+  ManifestPart Part(const PlanEntry& e, const std::string& ck, const Checkpoint::Entry& found) {
+    if (!CanConvert(found.info->dtype, e.dtype)) {
+      throw Error(ErrorKind::kManifestMismatch, "key '" + e.key + "'",
+                  "dtype " + std::string(DTypeName(found.info->dtype)) + " of '" + ck + "' in the checkpoint (" +
+                      found.file->path() + ") but " + std::string(DTypeName(e.dtype)) +
+                      " in rank 0's plan, and there is no conversion between them");
+    }
+    used_.insert(ck);
+    return ManifestPart{ck, found.info->dtype, file_index_.at(found.file),
+                        found.file->header().data_offset() + found.info->begin, found.info->numel(),
+                        found.info->shape};
+  }
+
+  Error Missing(const std::string& key, const std::string& ck) const {
+    return Error(ErrorKind::kManifestMismatch, "key '" + key + "'",
+                 "rank 0's plan needs it but the checkpoint " + ckpt_.root() + " has no tensor '" + ck + "'");
+  }
+
+  const Checkpoint& ckpt_;
+  const KeyMapping& mapping_;
+  std::unordered_map<const SafetensorsFile*, uint32_t> file_index_;
+  std::unordered_set<std::string> used_;
+};
+
+}  // namespace
+
+uint64_t ManifestPart::row_elems() const {
+  if (shape.size() < 2) return 1;
+  return shape[0] == 0 ? 0 : numel / shape[0];
+}
+
+StreamParams StreamParamsFrom(const LoadOptions& o) {
+  StreamParams p;
+  p.source = o.source;
+  p.chunk_bytes = o.chunk_bytes;
+  p.coalesce_bytes = std::min<uint64_t>(4ull << 20, o.chunk_bytes);
+  p.staging_slots = static_cast<uint32_t>(o.staging_slots);
+  p.verify = o.verify;
+  p.strict_keys = o.strict_keys;
+  return p;
+}
+
+uint64_t FileDigest(const SafetensorsFile& file) {
+  XXH3_state_t* s = XXH3_createState();
+  XXH3_64bits_reset(s);
+  auto u64 = [&](uint64_t v) { XXH3_64bits_update(s, &v, sizeof(v)); };
+  const Header& h = file.header();
+  u64(h.header_bytes);
+  u64(h.data_bytes);
+  for (const TensorInfo& t : h.tensors) {
+    u64(t.key.size());
+    XXH3_64bits_update(s, t.key.data(), t.key.size());
+    u64(static_cast<uint64_t>(t.dtype));
+    u64(t.shape.size());
+    for (uint64_t d : t.shape) u64(d);
+    u64(t.begin);
+    u64(t.end);
+  }
+  const uint64_t d = XXH3_64bits_digest(s);
+  XXH3_freeState(s);
+  return d;
+}
+
+std::string RelativeName(const Checkpoint& ckpt, size_t i) {
+  const std::string& path = ckpt.file(i).path();
+  const std::string& root = ckpt.root();
+  if (path == root) return path.substr(path.find_last_of('/') + 1);  // a single-file checkpoint
+  if (path.compare(0, root.size(), root) == 0 && path.size() > root.size() && path[root.size()] == '/') {
+    return path.substr(root.size() + 1);
+  }
+  return path;
+}
+
+Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& mapping, const StreamParams& params) {
+  Manifest m;
+  m.world_size = plan.world_size();
+  m.params = params;
+  for (size_t i = 0; i < ckpt.num_files(); ++i) {
+    const SafetensorsFile& f = ckpt.file(i);
+    m.files.push_back(ManifestFile{RelativeName(ckpt, i), f.file_size(), FileDigest(f)});
+  }
+  Resolver resolver(ckpt, mapping);
+  for (const PlanEntry& e : plan.entries()) {
+    if (FromCheckpoint(e.role)) m.entries.push_back(resolver.Entry(e));
   }
   for (const auto& key : ckpt.keys()) {
-    if (used.count(key)) continue;
+    if (resolver.Used(key)) continue;
     ++m.skipped;
     if (m.skipped_examples.size() < 5) m.skipped_examples.push_back(key);
   }
-  if (extra == ExtraKeys::kError && m.skipped > 0) {
+  if (params.strict_keys && m.skipped > 0) {
     throw Error(ErrorKind::kManifestMismatch, "checkpoint " + ckpt.root(),
                 std::to_string(m.skipped) + " key(s) the model does not own, e.g. '" + m.skipped_examples.front() +
                     "' (extra keys are rejected; skip them to load anyway)");
@@ -237,7 +204,7 @@ std::string CheckManifest(const Manifest& m, const Plan& plan, int rank, int wor
     }
   }
   if (from_ckpt != m.entries.size()) {
-    std::set<std::string_view> in_manifest;
+    std::unordered_set<std::string_view> in_manifest;
     for (const ManifestEntry& x : m.entries) in_manifest.insert(x.key);
     for (const PlanEntry& e : plan.entries()) {
       if (FromCheckpoint(e.role) && !in_manifest.count(e.key)) {
@@ -246,6 +213,19 @@ std::string CheckManifest(const Manifest& m, const Plan& plan, int rank, int wor
     }
   }
   return {};
+}
+
+std::string CheckParams(const StreamParams& reader, const LoadOptions& mine, int rank) {
+  std::string out;
+  auto differ = [&](const char* name, bool theirs, bool ours) {
+    if (theirs == ours) return;
+    out += std::string(out.empty() ? "" : "; ") + name + " is " + (theirs ? "on" : "off") + " on rank 0 but " +
+           (ours ? "on" : "off") + " on rank " + std::to_string(rank);
+  };
+  differ("verify", reader.verify, mine.verify);
+  differ("strict_keys", reader.strict_keys, mine.strict_keys);
+  if (!out.empty()) out += " (these change the result, so every rank must ask for the same)";
+  return out;
 }
 
 }  // namespace shardcast

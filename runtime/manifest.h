@@ -1,14 +1,21 @@
-// runtime/manifest: what rank 0 found in the checkpoint for every entry of its plan, in the order
-// every rank will use; and each rank's check of it against its own plan.
+// runtime/manifest: everything that shapes a load's stream, decided by rank 0 and agreed by every
+// rank before any data moves.
+//
+//   StreamParams   chunk, coalescing, staging, source, verify, strict keys: the reader's values
+//   files          by name (relative to the checkpoint), size and header digest
+//   entries        key, target dtype, global shape, role, placement, and the checkpoint parts that
+//                  supply its elements (key, dtype, file, offset, element count, shape)
 //
 // Resolve (rank 0): every plan entry that comes from the checkpoint (parameters, sidecars, persistent
-// buffers) is looked up by key, through the declared mappings (prefix add/strip, tied weights). Keys
-// the model does not own (fp8 sidecars of a non-fp8 model, bitsandbytes absmax / quant_map /
-// quant_state.*, DeepSeek's MTP layer) are skipped and counted, or rejected when asked; either way they
-// never shift anything, because nothing is paired by position.
+// buffers) is looked up by key, through the declared mappings (prefix add/strip, tied weights,
+// composed experts). Keys the model does not own are skipped and counted, or rejected when
+// strict_keys; either way they never shift anything, because nothing is paired by position.
 //
-// Check (every rank): same world size, same keys in the same order, same shapes and dtypes as its own
-// plan. The first difference is the rank's problem for the verdict.
+// Check (every rank): same world size, keys, shapes, dtypes and roles as its own plan; the options
+// that change results (verify, strict_keys) equal its own. The first difference is the rank's
+// problem for the verdict. Everything else in StreamParams is adopted from rank 0.
+//
+// Wire format: EncodeManifest / DecodeManifest, one versioned pair (manifest_wire.cc).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +24,7 @@
 #include <vector>
 
 #include "loaders/checkpoint.h"
+#include "runtime/load_options.h"
 #include "runtime/plan.h"
 
 namespace shardcast {
@@ -30,9 +38,21 @@ struct KeyMapping {
   std::map<std::string, std::vector<std::string>> compose;
 };
 
-enum class ExtraKeys {
-  kSkip,   // default: count them in the report
-  kError,  // a checkpoint key the model does not own is a mismatch
+// The reader's options that shape the stream. Every rank runs with these, whatever it asked for.
+struct StreamParams {
+  Source source = Source::kRank0;
+  uint64_t chunk_bytes = 64ull << 20;    // message size (a part row larger than this is one message)
+  uint64_t coalesce_bytes = 4ull << 20;  // small segments to one rank are packed up to this
+  uint32_t staging_slots = 4;
+  bool verify = false;       // must equal every rank's own
+  bool strict_keys = false;  // must equal every rank's own
+};
+StreamParams StreamParamsFrom(const LoadOptions& options);
+
+struct ManifestFile {
+  std::string name;        // relative to the checkpoint directory (the file name for a single file)
+  uint64_t size = 0;       // bytes, as fstat saw them
+  uint64_t digest = 0;     // of the header (see FileDigest)
 };
 
 // One checkpoint tensor that supplies consecutive elements of an entry.
@@ -42,32 +62,42 @@ struct ManifestPart {
   uint32_t file = 0;                  // index into Manifest::files
   uint64_t offset = 0;                // absolute byte offset of its data in that file
   uint64_t numel = 0;
+  std::vector<uint64_t> shape;        // the checkpoint tensor's own shape
+  uint64_t row_elems() const;         // elements of one dim-0 row of the part (1 for 0-dim and 1-d)
 };
 
 struct ManifestEntry {
-  std::string key;             // the model's key
+  std::string key;                    // the model's key
   DType target_dtype = DType::kBF16;  // rank 0's plan
   std::vector<uint64_t> shape;
   Role role = Role::kParameter;
   Placement::Kind placement = Placement::kShard;
-  std::vector<ManifestPart> parts;  // one, or several concatenated (KeyMapping::compose)
+  std::vector<ManifestPart> parts;    // one, or several concatenated (KeyMapping::compose)
 };
 
 struct Manifest {
   int world_size = 1;
-  std::vector<std::string> files;  // paths as rank 0 opened them
+  StreamParams params;
+  std::vector<ManifestFile> files;
   std::vector<ManifestEntry> entries;
-  uint64_t skipped = 0;            // checkpoint keys the model does not own
+  uint64_t skipped = 0;                       // checkpoint keys the model does not own
   std::vector<std::string> skipped_examples;  // up to 5
-
-  std::string Serialize() const;
-  static Manifest Deserialize(const std::string& bytes);  // throws kComm on a malformed blob
 };
 
+std::string EncodeManifest(const Manifest& m);
+Manifest DecodeManifest(const std::string& bytes);  // throws kComm on a malformed or other-version blob
+
+// A digest of a file's header: equal digests mean the same tensors at the same offsets.
+uint64_t FileDigest(const SafetensorsFile& file);
+// The file's name relative to the checkpoint root.
+std::string RelativeName(const Checkpoint& ckpt, size_t file);
+
 // Throws kManifestMismatch / kCheckpoint naming the key, file and both values.
-Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& mapping, ExtraKeys extra);
+Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& mapping, const StreamParams& params);
 
 // Returns this rank's first difference from rank 0's manifest, or "" when it agrees.
 std::string CheckManifest(const Manifest& m, const Plan& plan, int rank, int world_size);
+// Returns the options this rank asked for that change results and differ from the reader's, or "".
+std::string CheckParams(const StreamParams& reader, const LoadOptions& mine, int rank);
 
 }  // namespace shardcast

@@ -176,10 +176,11 @@ at::Tensor LocalTensor::MetaTensor() const {
 }
 
 LocalTensor* RankState::Find(const std::string& key) {
-  for (auto& t : tensors_) {
-    if (t.entry->key == key) return &t;
-  }
-  return nullptr;
+  // tensors_ holds one entry per plan entry, in plan order: the plan's index finds it in O(1).
+  const PlanEntry* e = plan_->Find(key);
+  if (e == nullptr) return nullptr;
+  const size_t i = static_cast<size_t>(e - plan_->entries().data());
+  return i < tensors_.size() && tensors_[i].entry == e ? &tensors_[i] : nullptr;
 }
 
 }  // namespace shardcast

@@ -76,7 +76,7 @@ class RankState {
   const Plan& plan() const { return *plan_; }
   std::vector<LocalTensor>& tensors() { return tensors_; }
   const std::vector<LocalTensor>& tensors() const { return tensors_; }
-  LocalTensor* Find(const std::string& key);
+  LocalTensor* Find(const std::string& key);  // O(1), by the plan's index
   const PrepareReport& report() const { return report_; }
 
  private:

@@ -14,6 +14,9 @@
 #include <cstring>
 #include <thread>
 
+#include "runtime/c10d_communicator.h"
+#include "runtime/store_channel.h"
+
 namespace shardcast {
 namespace {
 
@@ -29,7 +32,9 @@ class NcclCommunicator : public Communicator {
     so.isServer = rv.rank == 0;
     so.numWorkers = rv.world_size;
     so.timeout = timeout;
+    if (rv.rank == 0 && rv.listen_fd >= 0) so.masterListenFd = rv.listen_fd;
     store_ = c10::make_intrusive<c10d::PrefixStore>("shardcast-nccl", c10::make_intrusive<c10d::TCPStore>(rv.master_addr, so));
+    channel_ = std::make_unique<StoreChannel>(store_, StoreHost(rv));
     ncclUniqueId id;
     if (rank_ == 0) {
       Nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
@@ -83,25 +88,9 @@ class NcclCommunicator : public Communicator {
     comm_ = nullptr;
     finished_ = true;
   }
-  void PublishFailure(ErrorKind kind, const std::string& message) override {
-    try {
-      std::string v = std::to_string(static_cast<int>(kind)) + "|" + message;
-      store_->compareSet("failure", {}, std::vector<uint8_t>(v.begin(), v.end()));
-    } catch (...) {
-    }
-  }
-  std::optional<std::pair<ErrorKind, std::string>> FetchFailure(std::chrono::milliseconds wait) override {
-    try {
-      store_->wait({"failure"}, wait);
-      std::vector<uint8_t> v = store_->get("failure");
-      std::string s(v.begin(), v.end());
-      size_t bar = s.find('|');
-      if (bar == std::string::npos) return std::nullopt;
-      return std::make_pair(static_cast<ErrorKind>(std::stoi(s.substr(0, bar))), s.substr(bar + 1));
-    } catch (...) {
-      return std::nullopt;
-    }
-  }
+  std::optional<FailureNote> PublishFailure(const FailureNote& mine) override { return channel_->Publish(mine); }
+  std::optional<FailureNote> FetchFailure(std::chrono::milliseconds wait) override { return channel_->Fetch(wait); }
+  void AwaitFailureAcks(int n, std::chrono::milliseconds wait) override { channel_->AwaitAcks(n, wait); }
 
  private:
   struct Done : PendingSend {
@@ -147,6 +136,7 @@ class NcclCommunicator : public Communicator {
   std::chrono::milliseconds timeout_;
   int device_;
   c10::intrusive_ptr<c10d::Store> store_;
+  std::unique_ptr<StoreChannel> channel_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   bool finished_ = false;

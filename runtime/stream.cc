@@ -2,307 +2,199 @@
 
 #include <ATen/ATen.h>
 #include <ATen/ops/from_blob.h>
-#include <xxhash.h>
 
-#include <condition_variable>
-#include <cstring>
 #include <deque>
-#include <exception>
-#include <mutex>
-#include <thread>
+#include <optional>
 
 #include "allocators/error.h"
-#include "allocators/lazy_zero.h"
-#include "runtime/schedule.h"
+#include "runtime/fault.h"
 
 namespace shardcast {
 namespace {
 
-// A lazily grown lazy-zero buffer (bounce, scratch, staging slot): commits only what is written.
-class Buffer {
- public:
-  ~Buffer() { LazyZeroFree(data_, size_); }
-  unsigned char* Get(uint64_t bytes) {
-    if (bytes > size_) {
-      LazyZeroFree(data_, size_);
-      data_ = static_cast<unsigned char*>(LazyZeroAllocate(bytes));
-      size_ = bytes;
-    }
-    return data_;
-  }
-
- private:
-  unsigned char* data_ = nullptr;
-  uint64_t size_ = 0;
-};
-
-// XXH3 of the bytes each rank stores for each entry, in stream order. Per column, an entry's
-// segments are consecutive, so one open state per column suffices.
-class Digests {
- public:
-  Digests(size_t entries, int columns) : columns_(columns), values_(entries * columns, 0), open_(columns) {}
-  ~Digests() {
-    for (auto& o : open_) XXH3_freeState(o.state);
-  }
-  void Update(uint32_t entry, int col, const void* p, uint64_t n) {
-    Open& o = open_[col];
-    if (o.state == nullptr) o.state = XXH3_createState();
-    if (o.entry != static_cast<int64_t>(entry)) {
-      Close(col);
-      XXH3_64bits_reset(o.state);
-      o.entry = entry;
-    }
-    XXH3_64bits_update(o.state, p, n);
-  }
-  std::vector<uint64_t> Finish() {
-    for (int c = 0; c < columns_; ++c) Close(c);
-    return values_;
-  }
-
- private:
-  struct Open {
-    int64_t entry = -1;
-    XXH3_state_t* state = nullptr;
-  };
-  void Close(int col) {
-    Open& o = open_[col];
-    if (o.entry >= 0) values_[static_cast<size_t>(o.entry) * columns_ + col] = XXH3_64bits_digest(o.state);
-    o.entry = -1;
-  }
-  int columns_;
-  std::vector<uint64_t> values_;
-  std::vector<Open> open_;
-};
-
-// The local side of a segment: a host pointer to fill in place, or a copy into the target.
-class Local {
- public:
-  explicit Local(StreamTargets& t) : t_(t) {}
-  unsigned char* Direct(const Segment& s) {
-    at::Tensor& x = t_.tensors[s.entry];
-    if (!x.defined() || !x.device().is_cpu()) return nullptr;
-    return static_cast<unsigned char*>(x.data_ptr()) + s.local_offset;
-  }
-  unsigned char* DirectDevice(const Segment& s) {
-    at::Tensor& x = t_.tensors[s.entry];
-    if (!x.defined() || !x.device().is_cuda()) return nullptr;
-    return static_cast<unsigned char*>(x.data_ptr()) + s.local_offset;
-  }
-  at::Tensor DeviceBytes(const Segment& s) {
-    return t_.tensors[s.entry].view({-1}).view(at::kByte).narrow(0, static_cast<int64_t>(s.local_offset),
-                                                                  static_cast<int64_t>(s.target_bytes));
-  }
-  // Returns true when the bytes were stored (false: the checksum-only sink).
-  bool Store(const Segment& s, const unsigned char* data) {
-    at::Tensor& x = t_.tensors[s.entry];
-    if (!x.defined()) return false;
-    if (x.device().is_cpu()) {
-      std::memcpy(static_cast<unsigned char*>(x.data_ptr()) + s.local_offset, data, s.target_bytes);
-    } else {
-      at::Tensor src = at::from_blob(const_cast<unsigned char*>(data), {static_cast<int64_t>(s.target_bytes)}, at::kByte);
-      x.view({-1}).view(at::kByte).narrow(0, static_cast<int64_t>(s.local_offset), static_cast<int64_t>(s.target_bytes))
-          .copy_(src);
-    }
-    return true;
-  }
-
- private:
-  StreamTargets& t_;
-};
-
-// Device buffers for a communicator that sends from device memory (NCCL): one reusable byte tensor
-// per use, grown as needed, on the current CUDA device.
+// The transport's memory: host for Gloo; for a device transport (NCCL), device buffers that host
+// bytes are copied through. One reusable byte tensor per use, grown as needed.
 class DeviceBuffer {
  public:
   unsigned char* Get(uint64_t bytes) {
     if (!t_.defined() || static_cast<uint64_t>(t_.numel()) < bytes) {
-      t_ = at::empty({static_cast<int64_t>(std::max<uint64_t>(bytes, 1))}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA));
+      t_ = at::empty({static_cast<int64_t>(std::max<uint64_t>(bytes, 1))},
+                     at::TensorOptions().dtype(at::kByte).device(at::kCUDA));
     }
     return t_.data_ptr<unsigned char>();
   }
-  void FromHost(const unsigned char* host, uint64_t bytes) {
-    Get(bytes);
+  unsigned char* FromHost(const unsigned char* host, uint64_t bytes) {
+    unsigned char* d = Get(bytes);
     t_.narrow(0, 0, static_cast<int64_t>(bytes)).copy_(HostBytes(host, bytes));
+    return d;
   }
   void ToHost(unsigned char* host, uint64_t bytes) const {
     HostBytes(host, bytes).copy_(t_.narrow(0, 0, static_cast<int64_t>(bytes)));
   }
+
+ private:
   static at::Tensor HostBytes(const unsigned char* p, uint64_t n) {
     return at::from_blob(const_cast<unsigned char*>(p), {static_cast<int64_t>(n)}, at::kByte);
   }
-
- private:
   at::Tensor t_;
 };
 
-constexpr uint64_t kReleaseStep = 8ull << 20;
-
-// Reads a segment's source bytes and writes its target bytes (converted if the dtypes differ).
-void ReadSegment(const Manifest& m, const Checkpoint& ckpt, const Segment& s, unsigned char* out, Buffer* scratch,
-                 bool release) {
-  const ManifestEntry& e = m.entries[s.entry];
-  const ManifestPart& p = e.parts[s.part];
-  const SafetensorsFile& f = ckpt.file(p.file);
-  const std::string what = "tensor '" + p.checkpoint_key + "'";
-  // In steps of kReleaseStep, each released as soon as it is copied: file pages mapped at once stay a
-  // few MiB, not a whole 64 MiB chunk.
-  const uint64_t ss = DTypeSize(p.source_dtype), ts = DTypeSize(e.target_dtype);
-  const uint64_t step = std::max<uint64_t>(ss, kReleaseStep / ss * ss);
-  for (uint64_t done = 0; done < s.source_bytes; done += step) {
-    const uint64_t n = std::min(step, s.source_bytes - done);
-    unsigned char* dst = out + done / ss * ts;
-    if (p.source_dtype == e.target_dtype) {
-      f.ReadBytes(s.source_offset + done, n, dst, what);
-    } else {
-      unsigned char* raw = scratch->Get(n);
-      f.ReadBytes(s.source_offset + done, n, raw, what);
-      ConvertElements(p.source_dtype, e.target_dtype, raw, dst, n / ss);
-    }
-    if (release) f.ReleasePages(s.source_offset + done, n);
-  }
-}
-
-// The reader side of the staging ring: K slots, filled in schedule order by a thread of its own.
-class StagingRing {
+class Engine {
  public:
-  StagingRing(const Manifest& m, const Checkpoint& ckpt, const LoadOptions& o, int world)
-      : m_(m), ckpt_(ckpt), o_(o), slots_(o.staging_slots), buffers_(o.staging_slots),
-        schedule_(m, world, o.chunk_bytes) {
-    thread_ = std::thread([this] { Run(); });
+  explicit Engine(const StreamContext& c)
+      : c_(c), comm_(*c.comm), m_(*c.manifest), route_(*c.route), me_(comm_.rank()),
+        verify_(m_.params.verify), on_device_(comm_.device_buffers()), slots_(m_.params.staging_slots),
+        device_slots_(on_device_ ? slots_ : 0) {
+    r_.held = DigestColumn(verify_ ? m_.entries.size() : 0);
+    r_.expected = ExpectedDigests(m_.entries.size());
   }
-  ~StagingRing() {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  // The next filled slot (in schedule order), or nullptr when the schedule is done. Rethrows the
-  // reader's error.
-  struct Slot {
+
+  StreamResult Run() {
+    const StreamStats plan = PlanStream(c_);
+    const uint64_t total = plan.bytes_read + plan.bytes_received;
+    std::optional<StagingRing> ring;
+    if (route_.Reads(me_, verify_)) ring.emplace(m_, *c_.files, RingFor());
+    Schedule schedule(m_);
     Message msg;
-    unsigned char* data = nullptr;
-    bool filled = false;
-    uint64_t seq = 0;
-  };
-  Slot* Next() {
-    std::unique_lock<std::mutex> l(mu_);
-    Slot& s = slots_[taken_ % slots_.size()];
-    cv_.wait(l, [&] { return error_ || (s.filled && s.seq == taken_) || (done_ && filled_ == taken_); });
-    if (error_) std::rethrow_exception(error_);
-    if (!(s.filled && s.seq == taken_)) return nullptr;
-    ++taken_;
-    return &s;
-  }
-  void Free(Slot* s) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      s->filled = false;
+    uint64_t done = 0;
+    while (schedule.Next(&msg)) {
+      const Task t = route_.For(msg, me_, verify_);
+      if (!t.any()) continue;
+      FaultPoint("stream", me_);
+      if (t.read) {
+        Deliver(*ring, msg, t);
+      } else {
+        Receive(msg, t);
+      }
+      ++r_.stats.messages;
+      done += msg.target_bytes;
+      if (c_.progress) c_.progress(done, total);
     }
-    cv_.notify_all();
+    while (!inflight_.empty()) Retire(*ring);
+    if (ring) r_.stats.bytes_read = ring->bytes_read();
+    return std::move(r_);
   }
 
  private:
-  void Run() {
-    try {
-      Buffer scratch;
-      Message msg;
-      for (uint64_t seq = 0; schedule_.Next(&msg); ++seq) {
-        Slot& s = slots_[seq % slots_.size()];
-        {
-          std::unique_lock<std::mutex> l(mu_);
-          cv_.wait(l, [&] { return stop_ || !s.filled; });
-          if (stop_) return;
-        }
-        unsigned char* data = buffers_[seq % slots_.size()].Get(std::max<uint64_t>(msg.target_bytes, 1));
-        uint64_t off = 0;
-        for (const Segment& seg : msg.segments) {
-          ReadSegment(m_, ckpt_, seg, data + off, &scratch, o_.release_pages);
-          off += seg.target_bytes;
-        }
-        {
-          std::lock_guard<std::mutex> l(mu_);
-          s.msg = std::move(msg);
-          s.data = data;
-          s.seq = seq;
-          s.filled = true;
-          filled_ = seq + 1;
-        }
-        cv_.notify_all();
-      }
-      std::lock_guard<std::mutex> l(mu_);
-      done_ = true;
-    } catch (...) {
-      std::lock_guard<std::mutex> l(mu_);
-      error_ = std::current_exception();
-    }
-    cv_.notify_all();
+  struct InFlight {
+    StagingRing::Slot* slot;
+    std::unique_ptr<PendingSend> send;
+  };
+
+  RingOptions RingFor() {
+    RingOptions o;
+    o.slots = slots_;
+    o.release_pages = c_.release_pages;
+    o.readahead_bytes = c_.readahead_bytes;
+    o.select = [this](const Message& msg) { return route_.For(msg, me_, verify_).read; };
+    o.in_place = [this](const Message& msg) -> unsigned char* {
+      const Task t = route_.For(msg, me_, verify_);
+      if (!t.keep || t.send || !msg.direct() || (t.broadcast && on_device_)) return nullptr;
+      return c_.sink->HostDirect(msg.segments[0]);
+    };
+    return o;
   }
 
-  const Manifest& m_;
-  const Checkpoint& ckpt_;
-  const LoadOptions& o_;
-  std::vector<Slot> slots_;
-  std::vector<Buffer> buffers_;  // owned here, not by the reader: sends read them after it finishes
-  Schedule schedule_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false, done_ = false;
-  uint64_t taken_ = 0, filled_ = 0;
-  std::exception_ptr error_;
-  std::thread thread_;
-};
+  void Retire(StagingRing& ring) {
+    inflight_.front().send->Wait();
+    ring.Free(inflight_.front().slot);
+    inflight_.pop_front();
+  }
 
-StreamStats Receive(Communicator& comm, const Manifest& m, StreamTargets& targets, const LoadOptions& o,
-                    bool want_digests) {
-  StreamStats st;
-  Local local(targets);
-  Digests digests(m.entries.size(), 1);
-  Buffer bounce, host_copy;
-  DeviceBuffer device_bounce;
-  const bool on_device = comm.device_buffers();
-  Schedule schedule(m, comm.world_size(), o.chunk_bytes);
-  Message msg;
-  const int me = comm.rank();
-  while (schedule.Next(&msg)) {
-    if (msg.dest != me && msg.dest != kBroadcast) continue;
-    // In place when the message is one segment and its destination lives where the transport writes.
-    unsigned char* direct = nullptr;
-    if (msg.direct()) direct = on_device ? local.DirectDevice(msg.segments[0]) : local.Direct(msg.segments[0]);
-    unsigned char* buf = direct ? direct : on_device ? device_bounce.Get(msg.target_bytes) : bounce.Get(msg.target_bytes);
-    if (msg.dest == kBroadcast) {
-      comm.Broadcast(buf, msg.target_bytes, 0);
+  // This rank read `msg`: hash it, keep it, send or broadcast it.
+  void Deliver(StagingRing& ring, const Message& msg, const Task& t) {
+    // The slot the next message lands in may still be held by a send: finish that send first, or the
+    // reader waits for the slot while we wait for the reader.
+    while (!inflight_.empty() && inflight_.front().slot->index + slots_ <= next_slot_) Retire(ring);
+    StagingRing::Slot* slot = ring.Next();
+    if (slot == nullptr || slot->msg.seq != msg.seq) {
+      throw Error(ErrorKind::kInternal, "stream", "the staging ring fell out of step with the schedule");
+    }
+    ++next_slot_;
+    const unsigned char* data = slot->data;
+    const uint64_t n = msg.target_bytes;
+    if (t.verify) Expect(msg, data);
+    if (t.broadcast) {
+      unsigned char* wire = on_device_ ? device_slots_[slot->index % slots_].FromHost(data, n) : slot->data;
+      comm_.Broadcast(wire, n, me_);
+      r_.stats.bytes_sent += n * static_cast<uint64_t>(comm_.world_size() - 1);
+    }
+    if (t.keep) Keep(msg, data, slot->in_place);
+    if (t.send) {
+      const unsigned char* wire = on_device_ ? device_slots_[slot->index % slots_].FromHost(data, n) : data;
+      inflight_.push_back({slot, comm_.SendAsync(wire, n, msg.dest)});
+      r_.stats.bytes_sent += n;
+      if (inflight_.size() >= std::max<size_t>(1, slots_ - 1)) Retire(ring);
     } else {
-      comm.Recv(buf, msg.target_bytes, 0);
+      ring.Free(slot);
     }
-    st.bytes_received += msg.target_bytes;
-    // Host bytes for storing and hashing: the buffer itself, or a copy off the device.
+  }
+
+  // This rank receives `msg` from the reader.
+  void Receive(const Message& msg, const Task& t) {
+    const uint64_t n = msg.target_bytes;
+    const Segment& first = msg.segments[0];
+    unsigned char* direct = nullptr;
+    if (msg.direct()) direct = on_device_ ? c_.sink->DeviceDirect(first) : c_.sink->HostDirect(first);
+    unsigned char* buf = direct ? direct : on_device_ ? device_bounce_.Get(n) : bounce_.Get(n);
+    if (t.broadcast) {
+      comm_.Broadcast(buf, n, t.peer);
+    } else {
+      comm_.Recv(buf, n, t.peer);
+    }
+    r_.stats.bytes_received += n;
     const unsigned char* host = buf;
-    if (on_device && (!direct || want_digests)) {
-      unsigned char* h = host_copy.Get(msg.target_bytes);
-      if (direct) {
-        DeviceBuffer::HostBytes(h, msg.target_bytes).copy_(local.DeviceBytes(msg.segments[0]));
-      } else {
-        device_bounce.ToHost(h, msg.target_bytes);
-      }
-      host = h;
+    if (on_device_ && !direct) {
+      device_bounce_.ToHost(bounce_.Get(n), n);
+      host = bounce_.Get(n);
+    } else if (on_device_ && verify_) {
+      c_.sink->CopyDeviceToHost(first, bounce_.Get(n));
+      host = bounce_.Get(n);
     }
+    Keep(msg, host, direct != nullptr);
+  }
+
+  void Keep(const Message& msg, const unsigned char* data, bool in_place) {
     uint64_t off = 0;
     for (const Segment& s : msg.segments) {
-      const unsigned char* p = host + off;
-      if (direct || local.Store(s, p)) st.bytes_stored += s.target_bytes;
-      if (want_digests) digests.Update(s.entry, 0, p, s.target_bytes);
+      if (!in_place) c_.sink->Store(s, data + off);
+      if (c_.sink->keeps()) r_.stats.bytes_stored += s.target_bytes;
+      if (verify_) r_.held.Add(s.entry, SegmentDigest(data + off, s.target_bytes, s.local_offset));
       off += s.target_bytes;
     }
   }
-  st.digests = digests.Finish();
-  return st;
-}
+
+  void Expect(const Message& msg, const unsigned char* data) {
+    uint64_t off = 0;
+    for (const Segment& s : msg.segments) {
+      const uint64_t d = SegmentDigest(data + off, s.target_bytes, s.local_offset);
+      if (msg.dest == kBroadcast) {
+        for (int r = 0; r < comm_.world_size(); ++r) r_.expected.Add(r, s.entry, d);
+      } else {
+        r_.expected.Add(msg.dest, s.entry, d);
+      }
+      off += s.target_bytes;
+    }
+  }
+
+  const StreamContext& c_;
+  Communicator& comm_;
+  const Manifest& m_;
+  const Route& route_;
+  const int me_;
+  const bool verify_, on_device_;
+  const uint32_t slots_;
+  std::vector<DeviceBuffer> device_slots_;
+  DeviceBuffer device_bounce_;
+  Buffer bounce_;
+  std::deque<InFlight> inflight_;
+  uint64_t next_slot_ = 0;
+  StreamResult r_;
+};
 
 }  // namespace
 
-uint64_t TotalTargetBytes(const Manifest& m, int world_size) {
+uint64_t TotalTargetBytes(const Manifest& m) {
   uint64_t total = 0;
   for (const auto& e : m.entries) {
     uint64_t n = DTypeSize(e.target_dtype);
@@ -312,108 +204,22 @@ uint64_t TotalTargetBytes(const Manifest& m, int world_size) {
   return total;
 }
 
-StreamStats StreamRank0(Communicator& comm, const Manifest& m, const Checkpoint* ckpt, StreamTargets& targets,
-                        const LoadOptions& o, const Progress& progress) {
-  const bool want_digests = o.verify;
-  if (comm.rank() != 0) return Receive(comm, m, targets, o, want_digests);
-  const int world = comm.world_size();
+StreamStats PlanStream(const StreamContext& c) {
   StreamStats st;
-  Local local(targets);
-  Digests digests(m.entries.size(), world);
-  const uint64_t total = TotalTargetBytes(m, world);
-  uint64_t done = 0;
-  StagingRing ring(m, *ckpt, o, world);
-  const bool on_device = comm.device_buffers();
-  std::vector<DeviceBuffer> device_slots(on_device ? o.staging_slots : 0);
-  struct InFlight {
-    StagingRing::Slot* slot;
-    uint64_t seq;
-    std::unique_ptr<PendingSend> send;
-  };
-  std::deque<InFlight> inflight;
-  const size_t max_inflight = std::max(1, o.staging_slots - 1);
-  const uint64_t slots = static_cast<uint64_t>(o.staging_slots);
-  auto retire_oldest = [&] {
-    inflight.front().send->Wait();
-    ring.Free(inflight.front().slot);
-    inflight.pop_front();
-  };
-  // Message n goes into slot n % K: the send still holding that slot (message n - K) must finish
-  // first, or the reader waits for the slot while we wait for the reader.
-  for (uint64_t seq = 0;; ++seq) {
-    while (!inflight.empty() && inflight.front().seq + slots <= seq) retire_oldest();
-    StagingRing::Slot* slot = ring.Next();
-    if (slot == nullptr) break;
-    const Message& msg = slot->msg;
-    st.bytes_read += msg.target_bytes;
-    uint64_t off = 0;
-    for (const Segment& s : msg.segments) {  // what each destination will hold, hashed as sent
-      if (msg.dest == 0 || msg.dest == kBroadcast) {
-        if (local.Store(s, slot->data + off)) st.bytes_stored += s.target_bytes;
-      }
-      if (want_digests) {
-        for (int c = 0; c < world; ++c) {
-          if (msg.dest == c || msg.dest == kBroadcast) digests.Update(s.entry, c, slot->data + off, s.target_bytes);
-        }
-      }
-      off += s.target_bytes;
-    }
-    // A device transport sends from a device copy of the slot.
-    unsigned char* wire = slot->data;
-    if (on_device && msg.dest != 0) {
-      DeviceBuffer& d = device_slots[seq % device_slots.size()];
-      d.FromHost(slot->data, msg.target_bytes);
-      wire = d.Get(msg.target_bytes);
-    }
-    if (msg.dest == kBroadcast) {
-      comm.Broadcast(wire, msg.target_bytes, 0);
-      st.bytes_sent += msg.target_bytes * static_cast<uint64_t>(world - 1);
-      ring.Free(slot);
-    } else if (msg.dest == 0) {
-      ring.Free(slot);
-    } else {
-      inflight.push_back({slot, seq, comm.SendAsync(wire, msg.target_bytes, msg.dest)});
-      st.bytes_sent += msg.target_bytes;
-      if (inflight.size() >= max_inflight) retire_oldest();
-    }
-    done += msg.target_bytes;
-    if (progress) progress(done, total);
+  Schedule schedule(*c.manifest);
+  Message msg;
+  const int me = c.comm->rank();
+  const bool verify = c.manifest->params.verify;
+  while (schedule.Next(&msg)) {
+    const Task t = c.route->For(msg, me, verify);
+    if (!t.any()) continue;
+    ++st.messages;
+    if (t.read) st.bytes_read += msg.target_bytes;
+    if (t.receive || (t.broadcast && !t.read)) st.bytes_received += msg.target_bytes;
   }
-  while (!inflight.empty()) retire_oldest();
-  st.digests = digests.Finish();
   return st;
 }
 
-StreamStats StreamEachRank(Communicator& comm, const Manifest& m, const Checkpoint& ckpt, StreamTargets& targets,
-                           const LoadOptions& o) {
-  StreamStats st;
-  Local local(targets);
-  const int me = comm.rank(), world = comm.world_size();
-  // With --verify, rank 0 also derives every rank's expected digests from its own view of the files.
-  const bool expect_all = o.verify && me == 0;
-  Digests digests(m.entries.size(), expect_all ? world : 1);
-  Buffer bounce, scratch;
-  Schedule schedule(m, world, o.chunk_bytes);
-  Message msg;
-  while (schedule.Next(&msg)) {
-    const bool mine = msg.dest == me || msg.dest == kBroadcast;
-    if (!mine && !expect_all) continue;
-    for (const Segment& s : msg.segments) {
-      unsigned char* direct = mine ? local.Direct(s) : nullptr;
-      unsigned char* out = direct ? direct : bounce.Get(s.target_bytes);
-      ReadSegment(m, ckpt, s, out, &scratch, o.release_pages && mine);
-      st.bytes_read += s.source_bytes;
-      if (mine && (direct || local.Store(s, out))) st.bytes_stored += s.target_bytes;
-      if (o.verify) {
-        for (int c = 0; c < (expect_all ? world : 1); ++c) {
-          int rank = expect_all ? c : me;
-          if (msg.dest == rank || msg.dest == kBroadcast) digests.Update(s.entry, c, out, s.target_bytes);
-        }
-      }
-    }
-  }
-  st.digests = digests.Finish();
-  return st;
-}
+StreamResult RunStream(const StreamContext& c) { return Engine(c).Run(); }
 
 }  // namespace shardcast

@@ -1,52 +1,59 @@
-// runtime/stream: moving the bytes the schedule names, after the handshake agreed.
+// runtime/stream: moving the bytes the schedule names, after the handshake agreed, for any Route.
 //
-// Source rank0: a reader thread copies each message's segments out of the mapping into the next free
-// slot of a K-slot staging ring (converting dtype there), releases the file pages it consumed, and
-// hands the slot to the sending thread, which sends it to its one destination (or broadcasts it).
-// Reading message i+1 overlaps sending message i. Receivers take their messages in the same order,
-// in place when a message is one segment, through a small bounce buffer when it is a coalesced pack.
-//
-// Source each-rank: every rank reads only its own messages from its own view of the files.
+// One loop on every rank walks the agreed schedule. For each message the route says what this rank
+// does (read it, keep it, send it, broadcast it, receive it, hash it for verify); reading happens
+// ahead in the staging ring's thread, so reading message i+1 overlaps sending message i; bytes that
+// stay on this rank go to its Sink. Receivers take messages in schedule order, in place when a message
+// is one segment and the sink's memory is where the transport writes, through a bounce buffer when it
+// is a coalesced pack.
 //
 // Thread safety: internal. Failure: throws; the caller turns it into one agreed error.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
-#include <atomic>
 #include <functional>
-#include <vector>
 
-#include "loaders/checkpoint.h"
 #include "runtime/communicator.h"
-#include "runtime/load_options.h"
-#include "runtime/manifest.h"
+#include "runtime/digest.h"
+#include "runtime/route.h"
+#include "runtime/sink.h"
+#include "runtime/staging_ring.h"
 
 namespace shardcast {
 
-// Where the bytes of manifest entry i land on this rank. An undefined tensor: hash only (the
-// checksum-only sink of the full-scale benchmark).
-struct StreamTargets {
-  std::vector<at::Tensor> tensors;  // one per manifest entry; CPU, pinned or CUDA
-};
-
 struct StreamStats {
-  uint64_t bytes_read = 0;      // from files (reader / each-rank)
-  uint64_t bytes_sent = 0;      // on the wire, from this rank
+  uint64_t bytes_read = 0;      // from files
+  uint64_t bytes_sent = 0;      // on the wire, from this rank (a broadcast counts once per receiver)
   uint64_t bytes_received = 0;  // on the wire, to this rank
-  uint64_t bytes_stored = 0;    // into this rank's tensors
-  std::vector<uint64_t> digests;  // rank-0: entries x world expected; others: entries (this rank's)
+  uint64_t bytes_stored = 0;    // into this rank's sink
+  uint64_t messages = 0;        // that this rank took part in
 };
 
-// Progress callback on the sending rank: bytes done, bytes total.
+// Called on every rank as its messages complete: this rank's bytes done and its total.
 using Progress = std::function<void(uint64_t done, uint64_t total)>;
 
-StreamStats StreamRank0(Communicator& comm, const Manifest& m, const Checkpoint* ckpt, StreamTargets& targets,
-                        const LoadOptions& options, const Progress& progress);
-StreamStats StreamEachRank(Communicator& comm, const Manifest& m, const Checkpoint& ckpt, StreamTargets& targets,
-                           const LoadOptions& options);
+struct StreamContext {
+  Communicator* comm = nullptr;
+  const Manifest* manifest = nullptr;
+  const Route* route = nullptr;
+  const FileTable* files = nullptr;  // REQUIRES: set when the route has this rank read
+  Sink* sink = nullptr;
+  bool release_pages = true;
+  uint64_t readahead_bytes = 256ull << 20;
+  Progress progress;
+};
 
-// Total bytes on the wire for a manifest (for progress and GB/s).
-uint64_t TotalTargetBytes(const Manifest& m, int world_size);
+struct StreamResult {
+  StreamStats stats;
+  DigestColumn held;          // with verify: digests of what this rank stored, per entry
+  ExpectedDigests expected;   // with verify: what this rank hashed as a verifier, per destination
+};
+
+// What this rank will do, from a walk of the schedule alone (no I/O): its bytes and message count.
+StreamStats PlanStream(const StreamContext& c);
+
+StreamResult RunStream(const StreamContext& c);
+
+// Total target bytes of a manifest (every entry once).
+uint64_t TotalTargetBytes(const Manifest& m);
 
 }  // namespace shardcast

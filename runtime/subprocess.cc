@@ -64,6 +64,25 @@ int FreeLocalPort() {
   return port;
 }
 
+LocalListener LocalListener::Open() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(fd, 1024) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    const int err = errno;
+    if (fd >= 0) close(fd);
+    throw Error(ErrorKind::kIo, "local listener", "cannot listen on 127.0.0.1: " + ErrnoText(err));
+  }
+  return LocalListener(fd, ntohs(a.sin_port));
+}
+
+LocalListener::~LocalListener() {
+  if (fd_ >= 0) close(fd_);
+}
+
 Subprocess Subprocess::Spawn(const SpawnOptions& options) {
   if (options.argv.empty()) throw Error(ErrorKind::kInvalidArgument, "spawn", "empty argv");
   // Everything the child needs is built before fork: after it, only async-signal-safe calls.
@@ -85,6 +104,7 @@ Subprocess Subprocess::Spawn(const SpawnOptions& options) {
     if (getppid() != parent) _exit(127);  // the parent died before prctl took effect
     if (options.pipe_stdin) dup2(in_pipe[0], STDIN_FILENO);
     if (options.pipe_stdout) dup2(out_pipe[1], STDOUT_FILENO);
+    for (int fd : options.inherit_fds) fcntl(fd, F_SETFD, 0);  // this child only keeps it across exec
     execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }

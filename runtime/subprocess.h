@@ -22,6 +22,7 @@ struct SpawnOptions {
   std::vector<std::string> env;              // "NAME=value" added to (or replacing in) the parent's environment
   bool pipe_stdin = false;                   // default false: inherit
   bool pipe_stdout = false;                  // default false: inherit
+  std::vector<int> inherit_fds;              // default none: descriptors (else close-on-exec) the child keeps
 };
 
 class Subprocess {
@@ -53,7 +54,27 @@ class Subprocess {
 // The path of the running executable (/proc/self/exe).
 std::string SelfExe();
 
-// A TCP port on 127.0.0.1 that was free a moment ago (for a local rendezvous).
+// A TCP port on 127.0.0.1 that was free a moment ago (for a local rendezvous). Racy: another process
+// may take it before it is bound again; prefer ListenLocal.
 int FreeLocalPort();
+
+// A socket bound and listening on 127.0.0.1, on a port the kernel picked: hand `fd` to the rank that
+// hosts the store (TCPStoreOptions::masterListenFd, as torchrun does), so no other process can take
+// the port in between. Closes on destruction; close-on-exec unless inherited explicitly.
+class LocalListener {
+ public:
+  static LocalListener Open();
+  LocalListener(LocalListener&& o) noexcept : fd_(o.fd_), port_(o.port_) { o.fd_ = -1; }
+  LocalListener(const LocalListener&) = delete;
+  LocalListener& operator=(const LocalListener&) = delete;
+  ~LocalListener();
+  int fd() const { return fd_; }
+  int port() const { return port_; }
+
+ private:
+  LocalListener(int fd, int port) : fd_(fd), port_(port) {}
+  int fd_ = -1;
+  int port_ = 0;
+};
 
 }  // namespace shardcast

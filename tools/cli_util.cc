@@ -8,30 +8,6 @@
 
 namespace shardcast::tools {
 
-uint64_t ParseBytes(const std::string& text) {
-  size_t pos = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &pos);
-  } catch (...) {
-    throw Error(ErrorKind::kInvalidArgument, "", "\"" + text + "\" is not a byte count");
-  }
-  std::string unit = text.substr(pos);
-  double mult = 1;
-  if (unit.empty() || unit == "B") mult = 1;
-  else if (unit == "K" || unit == "KiB") mult = 1024.0;
-  else if (unit == "M" || unit == "MiB") mult = 1024.0 * 1024;
-  else if (unit == "G" || unit == "GiB") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "T" || unit == "TiB") mult = 1024.0 * 1024 * 1024 * 1024;
-  else if (unit == "KB") mult = 1e3;
-  else if (unit == "MB") mult = 1e6;
-  else if (unit == "GB") mult = 1e9;
-  else if (unit == "TB") mult = 1e12;
-  else throw Error(ErrorKind::kInvalidArgument, "", "\"" + text + "\": unknown unit \"" + unit + "\"");
-  if (v < 0 || !std::isfinite(v)) throw Error(ErrorKind::kInvalidArgument, "", "\"" + text + "\" is negative");
-  return static_cast<uint64_t>(v * mult);
-}
-
 std::string HumanBytes(uint64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = static_cast<double>(bytes);

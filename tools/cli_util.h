@@ -1,4 +1,4 @@
-// tools/cli_util: what the subcommands share: byte-size parsing (K/M/G suffixes), human-readable
+// tools/cli_util: what the subcommands share: human-readable
 // numbers, and one way to turn an Error into a one-line message and an exit code.
 #pragma once
 
@@ -13,8 +13,6 @@ class App;
 
 namespace shardcast::tools {
 
-// "8M", "1.5G", "4096", "64KiB" -> bytes (K/M/G/T are binary, 1024-based; KB/MB/GB decimal).
-uint64_t ParseBytes(const std::string& text);
 std::string HumanBytes(uint64_t bytes);    // "1.23 GiB"
 std::string HumanCount(uint64_t n);        // "229.0 B" (billions), "8.03 M"
 std::string ShapeText(const std::vector<uint64_t>& shape);

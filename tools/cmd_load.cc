@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <optional>
 #include <cstdio>
 #include <sys/stat.h>
 
@@ -19,12 +20,29 @@ namespace shardcast::tools {
 namespace {
 
 struct LoadArgs {
-  std::string checkpoint, config, source = "rank0", target = "cpu", chunk, json, backend = "gloo";
-  int nproc = 0, staging_slots = 0, layers = -1;
-  int64_t timeout_ms = 0;
-  bool verify = false, checksum_only = false, strict_keys = false, quiet = false;
+  std::string checkpoint, config, json, backend = "gloo";
+  // Load options as given (empty: not given), parsed by LoadOptionsBuilder with the environment.
+  std::string source, target, chunk, staging_slots, readahead, timeout_ms;
+  int nproc = 0, layers = -1;
+  bool verify = false, checksum_only = false, strict_keys = false, quiet = false, setup_only = false;
   std::vector<std::string> argv;  // as given, for the launcher
 };
+
+// The one way a load's options are made: the environment, then the flags given (which win).
+LoadOptions BuildOptions(const LoadArgs& a) {
+  LoadOptionsBuilder b;
+  b.FromEnvironment();
+  const std::pair<Option, std::pair<const std::string*, const char*>> flags[] = {
+      {Option::kSource, {&a.source, "--source"}},          {Option::kTarget, {&a.target, "--target"}},
+      {Option::kChunkBytes, {&a.chunk, "--chunk-bytes"}},   {Option::kStagingSlots, {&a.staging_slots, "--staging-slots"}},
+      {Option::kReadaheadBytes, {&a.readahead, "--readahead-bytes"}}, {Option::kTimeoutMs, {&a.timeout_ms, "--timeout-ms"}}};
+  for (const auto& [option, flag] : flags) {
+    if (!flag.first->empty()) b.Set(option, *flag.first, flag.second);
+  }
+  if (a.verify) b.Set(Option::kVerify, "1", "--verify");
+  if (a.strict_keys) b.Set(Option::kStrictKeys, "1", "--strict-keys");
+  return b.Build();
+}
 
 // Rank 0's progress: a live bar on a TTY, a line every few seconds otherwise.
 class ProgressPrinter {
@@ -84,35 +102,39 @@ void PrintReport(const LoadReport& r) {
                 rr.verified == 1 ? "ok" : "off");
   }
   std::printf("(peak RSS above each rank's baseline at the start of the load)\n");
+  std::printf("%5s %11s %11s %11s %11s %10s\n", "rank", "handshake", "allocate", r.setup_only ? "schedule" : "stream",
+              "verify", "messages");
+  for (const auto& rr : r.ranks) {
+    std::printf("%5d %10.3fs %10.3fs %10.3fs %10.3fs %10llu\n", rr.rank, rr.handshake_seconds, rr.allocate_seconds,
+                rr.stream_seconds, rr.verify_seconds, static_cast<unsigned long long>(rr.messages));
+  }
+  for (const auto& note : r.adopted) std::printf("rank 0 options adopted: %s\n", note.c_str());
 }
 
 int RunRank(const LoadArgs& a) {
   Rendezvous rv = RendezvousFromEnvironment();
+  const bool baseline = a.source == "baseline";  // benchmarks: the full-tensor broadcast algorithm
+  LoadArgs parsed = a;
+  if (baseline) parsed.source.clear();
   LoadRequest rq;
   rq.checkpoint = a.checkpoint;
-  ApplyEnvironment(&rq.options);
-  if (!a.chunk.empty()) rq.options.chunk_bytes = ParseBytes(a.chunk);
-  if (a.staging_slots > 0) rq.options.staging_slots = a.staging_slots;
-  if (a.timeout_ms > 0) rq.options.timeout = std::chrono::milliseconds(a.timeout_ms);
-  Validate(rq.options);  // flags were applied after the environment: they win
-  const bool baseline = a.source == "baseline";  // benchmarks: the full-tensor broadcast algorithm
-  if (a.source != "rank0" && a.source != "each-rank" && !baseline) {
-    throw Error(ErrorKind::kInvalidArgument, "--source", "\"" + a.source + "\" is not rank0 or each-rank");
+  // A rank whose options are bad still joins the handshake with that problem, so no rank waits for it.
+  std::optional<Error> bad_options;
+  try {
+    rq.options = BuildOptions(parsed);
+  } catch (const Error& e) {
+    bad_options = e;
   }
-  rq.options.source = a.source == "rank0" ? Source::kRank0 : Source::kEachRank;
-  auto target = ParseTarget(a.target);
-  if (!target) throw Error(ErrorKind::kInvalidArgument, "--target", "\"" + a.target + "\" is not cpu, pinned or cuda");
-  rq.options.target = *target;
-  rq.options.verify = a.verify;
   rq.checksum_only = a.checksum_only;
-  rq.extra_keys = a.strict_keys ? ExtraKeys::kError : ExtraKeys::kSkip;
+  rq.setup_only = a.setup_only;
+  const Target target = rq.options.target;
   ProgressPrinter printer;
   if (rv.rank == 0 && !a.quiet) rq.progress = [&printer](uint64_t d, uint64_t t) { printer(d, t); };
 
   if (a.backend != "gloo" && a.backend != "nccl") {
     throw Error(ErrorKind::kInvalidArgument, "--backend", "\"" + a.backend + "\" is not gloo or nccl");
   }
-  if (a.backend == "nccl" && *target != Target::kCuda) {
+  if (a.backend == "nccl" && target != Target::kCuda) {
     throw Error(ErrorKind::kInvalidArgument, "--backend nccl", "needs --target cuda (NCCL moves device memory)");
   }
   std::unique_ptr<Communicator> comm =
@@ -122,9 +144,10 @@ int RunRank(const LoadArgs& a) {
   std::unique_ptr<Plan> plan;
   std::unique_ptr<RankState> state;
   try {
+    if (bad_options) throw *bad_options;
     plan = std::make_unique<Plan>(Plan::Build(BuildModelSpec(ConfigFor(a), SpecOptions{a.layers}), rv.world_size));
     PrepareOptions po;
-    po.target = *target;
+    po.target = target;
     po.device_index = rv.local_rank;
     state = std::make_unique<RankState>(RankState::Prepare(*plan, rv.rank, po));
   } catch (const Error& e) {
@@ -150,8 +173,9 @@ int RunLoad(const LoadArgs& a) {
       if (a.argv[i].rfind("--nproc=", 0) == 0) continue;
       argv.push_back(a.argv[i]);
     }
-    LoadOptions o;
-    if (a.timeout_ms > 0) o.timeout = std::chrono::milliseconds(a.timeout_ms);
+    LoadArgs parsed = a;
+    if (parsed.source == "baseline") parsed.source.clear();
+    const LoadOptions o = BuildOptions(parsed);  // a bad option fails here once, not in every rank
     return LaunchLocalRanks(a.nproc, argv, o.timeout + std::chrono::seconds(10));
   }
   return RunRank(a);
@@ -169,14 +193,17 @@ void AddLoad(CLI::App& app, Runner* run, const std::vector<std::string>& argv) {
   cmd->add_option("--source", args->source, "rank0 (default) or each-rank (baseline: the full-broadcast algorithm, for benchmarks)");
   cmd->add_option("--target", args->target, "cpu (default), pinned or cuda");
   cmd->add_option("--backend", args->backend, "gloo (default) or nccl (with --target cuda; CUDA builds)");
-  cmd->add_option("--chunk-bytes", args->chunk, "staging slot size, e.g. 64M (default 64M)");
-  cmd->add_option("--staging-slots", args->staging_slots, "staging ring slots (default 4)");
-  cmd->add_option("--timeout-ms", args->timeout_ms, "per-collective timeout (default 600000)");
+  cmd->add_option("--chunk-bytes", args->chunk, "staging slot size, e.g. 64M (default 64M, 4K-4G)");
+  cmd->add_option("--staging-slots", args->staging_slots, "staging ring slots, 2-64 (default 4)");
+  cmd->add_option("--readahead-bytes", args->readahead, "read ahead of the stream, e.g. 256M (default 256M; 0 off)");
+  cmd->add_option("--timeout-ms", args->timeout_ms, "per-collective timeout in ms (default 600000)");
   cmd->add_option("--layers", args->layers, "keep only the first N decoder layers of the config");
   cmd->add_flag("--verify", args->verify, "xxHash every entry on every rank and compare with the sender");
   cmd->add_flag("--checksum-only", args->checksum_only, "receive and hash only; keep nothing (benchmarks)");
   cmd->add_flag("--strict-keys", args->strict_keys, "fail on checkpoint keys the model does not own");
   cmd->add_flag("--quiet", args->quiet, "no progress output");
+  cmd->add_flag("--setup-only", args->setup_only,
+                "handshake, allocation and schedule only; move no bytes (measures per-rank setup)");
   cmd->add_option("--json", args->json, "write the per-rank report as JSON (rank 0)");
   cmd->callback([args, run] { *run = [args] { return RunCommand("load", [&] { return RunLoad(*args); }); }; });
 }

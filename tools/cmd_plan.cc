@@ -77,8 +77,7 @@ int RunPlan(const PlanArgs& a) {
   } else {
     for (int r = 0; r < a.world_size; ++r) ranks.push_back(r);
   }
-  LoadOptions opt;
-  ApplyEnvironment(&opt);
+  const LoadOptions opt = LoadOptionsFromEnvironment();
   std::map<std::pair<std::string, std::string>, std::pair<uint64_t, uint64_t>> by;  // (role, dtype) -> (n, bytes)
   uint64_t total = 0;
   for (const auto& e : spec.entries) {

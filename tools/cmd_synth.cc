@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loaders/synth.h"
+#include "allocators/units.h"
 #include "tools/cli_util.h"
 
 namespace shardcast::tools {
@@ -22,7 +23,7 @@ int Synth(const SynthArgs& a) {
   ModelSpec spec = BuildModelSpec(a.config, SpecOptions{a.layers});
   SynthOptions opt;
   opt.seed = a.seed;
-  opt.max_shard_bytes = ParseBytes(a.max_shard);
+  opt.max_shard_bytes = ParseBytes(a.max_shard, "--max-shard-size");
   opt.sparse = a.sparse;
   auto t0 = std::chrono::steady_clock::now();
   WrittenCheckpoint w = WriteSynthCheckpoint(spec, a.out, opt);

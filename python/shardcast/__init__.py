@@ -73,13 +73,18 @@ def _match(pattern: str, name: str) -> bool:
     return fnmatch.fnmatchcase(name, pattern)
 
 
-def _compute_buffers(model, config_json: str, source: str, device, buffer_init: Optional[Dict[str, BufferInit]]):
-    """Fills every non-persistent buffer from its rule; returns {name: note}."""
-    notes = {}
+def _compute_buffers(model, config_json: str, source: str, device, buffer_init: Optional[Dict[str, BufferInit]],
+                     keep: Optional[Dict[str, torch.Tensor]] = None):
+    """Fills every non-persistent buffer: from `keep` (values computed earlier, e.g. by prepare), else
+    from `buffer_init`, else from shardcast's rule. Returns ({name: note}, [names with no value])."""
+    notes, missing = {}, []
     for name, buf, owner, leaf in list(_non_persistent(model)):
         dev = device if device is not None else (buf.device if buf.device.type != "meta" else torch.device("cpu"))
         user = next((fn for pat, fn in (buffer_init or {}).items() if _match(pat, name)), None)
-        if user is not None:
+        if keep is not None and name in keep:
+            owner._buffers[leaf] = keep[name].to(device=dev)
+            notes[name] = "kept from prepare"
+        elif user is not None:
             value = user(name, torch.empty(buf.shape, dtype=buf.dtype, device="meta"))
             if tuple(value.shape) != tuple(buf.shape):
                 raise ConfigError(f"buffer_init for '{name}' returned shape {tuple(value.shape)}, "
@@ -90,10 +95,40 @@ def _compute_buffers(model, config_json: str, source: str, device, buffer_init: 
             out = torch.zeros(buf.shape, dtype=buf.dtype, device=dev)
             notes[name] = _shardcast.init_buffer(config_json, source, name, out)
             owner._buffers[leaf] = out
-        elif buf.device.type == "meta":
-            raise ConfigError(f"non-persistent buffer '{name}' is on meta and has no init rule: pass "
-                              f"buffer_init={{'{name}': fn}} rather than leave it uninitialized")
-    return notes
+        elif buf.device.type == "meta" or keep is not None:
+            missing.append(name)
+    return notes, missing
+
+
+def _missing_buffers_error(missing) -> ConfigError:
+    names = ", ".join(f"'{n}'" for n in missing)
+    return ConfigError(f"{len(missing)} non-persistent buffer(s) have no value and no init rule: {names}. Pass "
+                       f"buffer_init={{pattern: fn(name, meta_tensor) -> tensor}} to shardcast.prepare() (it "
+                       f"survives to load) or to shardcast.load(), rather than leave them uninitialized")
+
+
+def _keep_fp32(model) -> list:
+    """Applies the model class's `_keep_in_fp32_modules_strict` the way transformers' from_pretrained
+    does (glob patterns searched in each name; only bf16/f16 entries are upcast). Returns the names."""
+    patterns = getattr(model, "_keep_in_fp32_modules_strict", None)
+    if not patterns:
+        return []
+    import re
+    regex = re.compile("|".join(f"(?:{p.replace('*', '.*')})" for p in patterns))
+    kept = []
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if t.dtype not in (torch.bfloat16, torch.float16) or not regex.search(name):
+            continue
+        owner, leaf = _owner(model, name)
+        if leaf in owner._parameters:
+            owner._parameters[leaf] = torch.nn.Parameter(t.to(torch.float32), requires_grad=t.requires_grad)
+        else:
+            owner._buffers[leaf] = t.to(torch.float32)
+        kept.append(name)
+    return kept
+
+
+_PREPARED = "_shardcast_prepared"  # attribute on the model: what prepare computed, for load
 
 
 def prepare(model: torch.nn.Module, config=None, target: str = "cpu",
@@ -102,11 +137,17 @@ def prepare(model: torch.nn.Module, config=None, target: str = "cpu",
 
     Parameters stay on meta. Non-persistent buffers (RoPE inv_freq) get real memory on `target` and are
     computed locally from `config` with shardcast's rules, or by `buffer_init={pattern: fn(name, meta)}`
-    for buffers no rule covers. Persistent buffers get real, zeroed memory; `load` fills them.
+    for buffers no rule covers; `load` keeps these values (its `to_empty` would wipe them). Persistent
+    buffers get real, zeroed memory; `load` fills them. Entries the model class keeps in fp32
+    (`_keep_in_fp32_modules_strict`, e.g. DeepSeek-V3's `e_score_correction_bias`) are made fp32, as
+    `from_pretrained` does. A ConfigError names every buffer that has no value, all at once.
     """
     device = torch.device(target if target != "pinned" else "cpu")
     source = str(config) if isinstance(config, (str, os.PathLike)) else "<config>"
-    notes = _compute_buffers(model, _config_json(config), source, device, buffer_init)
+    kept_fp32 = _keep_fp32(model)
+    notes, missing = _compute_buffers(model, _config_json(config), source, device, buffer_init)
+    if missing:
+        raise _missing_buffers_error(missing)
     persistent = []
     for name, buf in list(model.named_buffers()):
         owner, leaf = _owner(model, name)
@@ -115,10 +156,12 @@ def prepare(model: torch.nn.Module, config=None, target: str = "cpu",
         if buf.device.type == "meta":
             owner._buffers[leaf] = torch.zeros(buf.shape, dtype=buf.dtype, device=device)
         persistent.append(name)
+    snapshot = {name: buf.detach().clone() for name, buf, _, _ in _non_persistent(model)}
+    object.__setattr__(model, _PREPARED, {"buffers": snapshot, "buffer_init": dict(buffer_init or {})})
     meta = sum(1 for _, p in model.named_parameters() if p.device.type == "meta")
     buffer_bytes = sum(b.numel() * b.element_size() for _, b in model.named_buffers())
     return {"computed_buffers": notes, "persistent_buffers": persistent, "meta_parameters": meta,
-            "buffer_bytes": buffer_bytes, "target": target}
+            "buffer_bytes": buffer_bytes, "kept_fp32": kept_fp32, "target": target}
 
 
 def _group(process_group):
@@ -160,29 +203,77 @@ def _tied(model) -> Dict[str, str]:
     return {}
 
 
+def _options(**given) -> Dict[str, str]:
+    """The keywords the caller gave, as text for the C++ options builder (which also reads SHARDCAST_*
+    variables; given keywords win). None means not given."""
+    out = {}
+    for name, value in given.items():
+        if value is None:
+            continue
+        out[name] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+    return out
+
+
+def _progress_printer():
+    """The CLI's progress line on stderr (or a tqdm bar where tqdm is installed), for rank 0."""
+    import sys
+    import time
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+    state = {"bar": None, "t0": None}
+
+    def show(done: int, total: int):
+        if tqdm is not None:
+            if state["bar"] is None:
+                state["bar"] = tqdm(total=total, unit="B", unit_scale=True, desc="shardcast load")
+            state["bar"].update(done - state["bar"].n)
+            if done >= total:
+                state["bar"].close()
+            return
+        now = time.monotonic()
+        state["t0"] = state["t0"] or now
+        secs = max(now - state["t0"], 1e-9)
+        gbs = done / secs / 1e9
+        eta = (total - done) / 1e9 / gbs if gbs > 0 else 0.0
+        sys.stderr.write(f"\rshardcast load: {done / 2**30:.2f} / {total / 2**30:.2f} GiB ({100 * done / max(total, 1):.0f}%) "
+                         f"{gbs:.2f} GB/s ETA {eta:.1f} s" + ("\n" if done >= total else ""))
+        sys.stderr.flush()
+    return show
+
+
 def load(model: Union[torch.nn.Module, Mapping[str, Tuple[torch.Tensor, int, int]]], path: Union[str, os.PathLike],
-         source: str = "rank0", target: Optional[str] = None, verify: bool = False, process_group=None, *,
-         config=None, buffer_init: Optional[Dict[str, BufferInit]] = None, chunk_bytes: Optional[int] = None,
-         staging_slots: Optional[int] = None, timeout: Optional[float] = None, strict_keys: bool = False) -> dict:
+         source: Optional[str] = None, target: Optional[str] = None, verify: Optional[bool] = None,
+         process_group=None, *, config=None, buffer_init: Optional[Dict[str, BufferInit]] = None,
+         chunk_bytes: Optional[Union[int, str]] = None, staging_slots: Optional[int] = None,
+         timeout: Optional[float] = None, strict_keys: Optional[bool] = None, progress=None) -> dict:
     """The call after `fully_shard`: every rank receives only its own rows of every parameter.
 
     `model` is an FSDP2-sharded module (DTensor parameters), or an explicit mapping
     {key: (local_tensor, row_begin, row_end)} for users who shard without DTensor; the rows must follow
     FSDP2's dim-0 rule. Parameters still on meta are allocated first (`to_empty`, on `target`), which
-    wipes buffers, so non-persistent buffers are then recomputed. Persistent buffers are filled from the
-    checkpoint by broadcast. Returns the per-rank report; raises a ShardcastError subclass, the same on
-    every rank, on any failure.
+    wipes buffers: non-persistent buffers then get back what `prepare` computed (or are computed here).
+    Persistent buffers are filled from the checkpoint by broadcast.
+
+    Options (None: SHARDCAST_* from the environment, else the default): source "rank0" (default) or
+    "each-rank"; chunk_bytes (64 MiB; an int or "64M"); staging_slots (4); timeout seconds (600);
+    verify (False); strict_keys (False). Rank 0's chunk_bytes, staging_slots and source are used by every
+    rank; verify and strict_keys must match on every rank. progress: True for a progress line on rank 0
+    (tqdm where installed), or a callable(done_bytes, total_bytes) called on this rank.
+
+    Returns the per-rank report; raises a ShardcastError subclass, the same on every rank, on any failure.
     """
     path = os.fspath(path)
     pg, rank, world, backend, store = _group(process_group)
     keys = checkpoint_keys(path)
-    options = {"source": source, "verify": verify, "strict_keys": strict_keys}
-    if chunk_bytes is not None:
-        options["chunk_bytes"] = int(chunk_bytes)
-    if staging_slots is not None:
-        options["staging_slots"] = int(staging_slots)
-    if timeout is not None:
-        options["timeout_ms"] = int(timeout * 1000)
+    options = _options(source=source, target=target if target not in (None, "pinned") else None, verify=verify,
+                       strict_keys=strict_keys, chunk_bytes=chunk_bytes, staging_slots=staging_slots,
+                       timeout_ms=None if timeout is None else max(1, int(timeout * 1000)))
+    if progress is True:
+        progress = _progress_printer() if rank == 0 else None
+    elif progress is False:
+        progress = None
     entries = []
     if isinstance(model, Mapping):
         for key, (tensor, begin, end) in model.items():
@@ -190,23 +281,50 @@ def load(model: Union[torch.nn.Module, Mapping[str, Tuple[torch.Tensor, int, int
             if shape is None:
                 shape = (end,) + tuple(tensor.shape[1:])  # absent: the manifest check names it
             entries.append((key, tensor, list(shape), "parameter", False, None))
-        return _shardcast.load_entries(entries, path, options, backend, store, rank, world)
+        return _shardcast.load_entries(entries, path, options, {}, backend, store, rank, world, progress)
 
+    # Anything that fails on this rank from here on is carried into the handshake, so every rank
+    # raises it instead of waiting for this one in a collective.
+    problem = None
+    try:
+        _materialize(model, target, config, buffer_init)
+        comp = compositions(model, keys)
+        for name, param in model.named_parameters():
+            local, shape, replicated = _local(param, rank, world)
+            entries.append((name, local, list(shape), "parameter", replicated, comp.get(name)))
+        non_persistent = {n for n, *_ in _non_persistent(model)}
+        for name, buf in model.named_buffers():
+            if name not in non_persistent:
+                entries.append((name, buf, list(buf.shape), "persistent_buffer", True, comp.get(name)))
+    except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
+        kind = type(e).__name__ if isinstance(e, ShardcastError) else "InternalError"
+        if isinstance(e, MemoryError) or "can't allocate memory" in str(e) or "out of memory" in str(e).lower():
+            kind = "IoError"
+        problem = (kind, f"rank {rank}: {type(e).__name__}: {e}")
+        entries = []
+    return _shardcast.load_entries(entries, path, options, _tied(model), backend, store, rank, world, progress,
+                                   problem)
+
+
+def _materialize(model: torch.nn.Module, target: Optional[str], config, buffer_init) -> None:
+    """Gives meta parameters their local storage (to_empty), then restores the non-persistent buffers
+    to_empty wiped: prepare's values, else buffer_init, else shardcast's rules. A buffer with none of
+    these is a ConfigError naming every such buffer."""
     device = torch.device(target) if target is not None and target != "pinned" else None
+    prepared = getattr(model, _PREPARED, None) or {}
+    keep = dict(prepared.get("buffers", {}))
+    for name, buf, _, _ in _non_persistent(model):  # values set since prepare (or without it) win
+        if buf.device.type != "meta":
+            keep[name] = buf.detach().clone()
+    inits = dict(prepared.get("buffer_init", {}))
+    inits.update(buffer_init or {})
+    for name in list(keep):  # a buffer_init given to load itself beats what was computed before
+        if any(_match(pat, name) for pat in (buffer_init or {})):
+            del keep[name]
     if any(p.device.type == "meta" for p in model.parameters()) or any(
             b.device.type == "meta" for b in model.buffers()):
         model.to_empty(device=device or torch.device("cpu"))
-    # to_empty leaves garbage in buffers: recompute the non-persistent ones, zero the persistent ones
-    # (the load fills those).
     cfg = config if config is not None else getattr(model, "config", None)
-    _compute_buffers(model, _config_json(cfg), "<config>", None, buffer_init)
-    comp = compositions(model, keys)
-    for name, param in model.named_parameters():
-        local, shape, replicated = _local(param, rank, world)
-        entries.append((name, local, list(shape), "parameter", replicated, comp.get(name)))
-    non_persistent = {n for n, *_ in _non_persistent(model)}
-    for name, buf in model.named_buffers():
-        if name not in non_persistent:
-            entries.append((name, buf, list(buf.shape), "persistent_buffer", True, comp.get(name)))
-    options["tied"] = _tied(model)
-    return _shardcast.load_entries(entries, path, options, backend, store, rank, world)
+    _, missing = _compute_buffers(model, _config_json(cfg), "<config>", None, inits, keep)
+    if missing:
+        raise _missing_buffers_error(missing)

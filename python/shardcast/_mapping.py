@@ -11,16 +11,26 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 from typing import Dict, List, Optional, Tuple
 
 
 def _header(path: str) -> dict:
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n > 100_000_000:
-            return {}  # let the C++ reader report it properly
-        return json.loads(f.read(n))
+    # Opened without blocking and checked through the descriptor: a FIFO or device named by a hostile
+    # index must not hang this rank (the C++ reader then reports it properly).
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return {}
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > 100_000_000:
+                return {}  # let the C++ reader report it properly
+            return json.loads(f.read(n))
+    finally:
+        os.close(fd)
 
 
 def checkpoint_keys(path: str) -> Dict[str, Tuple[int, ...]]:
@@ -28,8 +38,14 @@ def checkpoint_keys(path: str) -> Dict[str, Tuple[int, ...]]:
     if os.path.isfile(path):
         files = [path]
     elif os.path.exists(os.path.join(path, "model.safetensors.index.json")):
-        with open(os.path.join(path, "model.safetensors.index.json")) as f:
-            names = sorted(set(json.load(f).get("weight_map", {}).values()))
+        index = os.path.join(path, "model.safetensors.index.json")
+        if not stat.S_ISREG(os.stat(index).st_mode):
+            return {}  # the C++ reader rejects it by name
+        with open(index) as f:
+            try:
+                names = sorted({v for v in json.load(f).get("weight_map", {}).values() if isinstance(v, str)})
+            except (ValueError, AttributeError):
+                return {}
         files = [os.path.join(path, n) for n in names]
     else:
         files = [os.path.join(path, "model.safetensors")]

@@ -61,7 +61,7 @@ int LoadWorkerMain(int argc, char** argv) {
     rq.options.timeout = std::chrono::milliseconds(20000);
     rq.options.verify = true;
     rq.options.source = source == "each-rank" ? Source::kEachRank : Source::kRank0;
-    if (scenario == "strict_keys") rq.extra_keys = ExtraKeys::kError;
+    if (scenario == "strict_keys") rq.options.strict_keys = true;
     bool truncated = false, announced = false;
     if (scenario == "truncate" && rv.rank == 0) {
       rq.progress = [&](uint64_t, uint64_t) {  // after the handshake, mid-stream: cut the last file short

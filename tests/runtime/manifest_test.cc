@@ -8,6 +8,42 @@
 namespace shardcast {
 namespace {
 
+StreamParams Strict() {
+  StreamParams p;
+  p.strict_keys = true;
+  return p;
+}
+
+void ExpectSame(const Manifest& a, const Manifest& b) {
+  EXPECT_EQ(a.world_size, b.world_size);
+  ASSERT_EQ(a.files.size(), b.files.size());
+  for (size_t i = 0; i < a.files.size(); ++i) {
+    EXPECT_EQ(a.files[i].name, b.files[i].name);
+    EXPECT_EQ(a.files[i].size, b.files[i].size);
+    EXPECT_EQ(a.files[i].digest, b.files[i].digest);
+  }
+  ASSERT_EQ(a.entries.size(), b.entries.size());
+  for (size_t i = 0; i < a.entries.size(); ++i) {
+    const ManifestEntry &x = a.entries[i], &y = b.entries[i];
+    EXPECT_EQ(x.key, y.key);
+    EXPECT_EQ(x.target_dtype, y.target_dtype);
+    EXPECT_EQ(x.shape, y.shape);
+    EXPECT_EQ(x.role, y.role);
+    EXPECT_EQ(x.placement, y.placement);
+    ASSERT_EQ(x.parts.size(), y.parts.size());
+    for (size_t j = 0; j < x.parts.size(); ++j) {
+      EXPECT_EQ(x.parts[j].checkpoint_key, y.parts[j].checkpoint_key);
+      EXPECT_EQ(x.parts[j].source_dtype, y.parts[j].source_dtype);
+      EXPECT_EQ(x.parts[j].file, y.parts[j].file);
+      EXPECT_EQ(x.parts[j].offset, y.parts[j].offset);
+      EXPECT_EQ(x.parts[j].numel, y.parts[j].numel);
+      EXPECT_EQ(x.parts[j].shape, y.parts[j].shape);
+    }
+  }
+  EXPECT_EQ(a.skipped, b.skipped);
+  EXPECT_EQ(a.skipped_examples, b.skipped_examples);
+}
+
 // A checkpoint whose keys carry a prefix the model lacks, with lm_head tied to the embedding.
 class ManifestMapping : public ::testing::Test {
  protected:
@@ -31,23 +67,67 @@ TEST_F(ManifestMapping, AddPrefixAndTiedWeightsResolveByKey) {
   Plan plan = Plan::Build(spec_, 2);
   auto ckpt = Checkpoint::Open(dir_.path());
   KeyMapping none;
-  EXPECT_SC_ERROR(Resolve(plan, *ckpt, none, ExtraKeys::kSkip), ErrorKind::kManifestMismatch,
+  EXPECT_SC_ERROR(Resolve(plan, *ckpt, none, StreamParams{}), ErrorKind::kManifestMismatch,
                   "has no tensor 'model.embed_tokens.weight'");
   KeyMapping m;
   m.add_prefix = "language_model.";
-  EXPECT_SC_ERROR(Resolve(plan, *ckpt, m, ExtraKeys::kSkip), ErrorKind::kManifestMismatch, "key 'lm_head.weight'");
+  EXPECT_SC_ERROR(Resolve(plan, *ckpt, m, StreamParams{}), ErrorKind::kManifestMismatch, "key 'lm_head.weight'");
   m.tied["lm_head.weight"] = "model.embed_tokens.weight";
-  Manifest man = Resolve(plan, *ckpt, m, ExtraKeys::kError);
+  Manifest man = Resolve(plan, *ckpt, m, Strict());
   for (const auto& e : man.entries) {
     ASSERT_EQ(e.parts.size(), 1u);
     EXPECT_EQ(e.parts[0].checkpoint_key,
               "language_model." + (e.key == "lm_head.weight" ? std::string("model.embed_tokens.weight") : e.key));
   }
-  Manifest back = Manifest::Deserialize(man.Serialize());  // the wire format keeps every field
-  ASSERT_EQ(back.entries.size(), man.entries.size());
-  EXPECT_EQ(back.entries.back().parts[0].checkpoint_key, man.entries.back().parts[0].checkpoint_key);
-  EXPECT_EQ(back.entries.back().parts[0].offset, man.entries.back().parts[0].offset);
+  Manifest back = DecodeManifest(EncodeManifest(man));  // the wire format keeps every field
+  ExpectSame(back, man);
   EXPECT_EQ(CheckManifest(back, plan, 1, 2), "");
+}
+
+TEST_F(ManifestMapping, WireFormatKeepsEveryFieldAndRejectsOtherVersionsAndCutBlobs) {
+  Plan plan = Plan::Build(spec_, 3);
+  auto ckpt = Checkpoint::Open(dir_.path());
+  KeyMapping m;
+  m.add_prefix = "language_model.";
+  m.tied["lm_head.weight"] = "model.embed_tokens.weight";
+  StreamParams p;
+  p.source = Source::kEachRank;
+  p.chunk_bytes = 12345;
+  p.coalesce_bytes = 999;
+  p.staging_slots = 7;
+  p.verify = true;
+  Manifest man = Resolve(plan, *ckpt, m, p);
+  ASSERT_EQ(man.files.size(), 1u);
+  EXPECT_EQ(man.files[0].name, "model.safetensors");
+  EXPECT_EQ(man.files[0].digest, FileDigest(ckpt->file(0)));
+  const std::string blob = EncodeManifest(man);
+  Manifest back = DecodeManifest(blob);
+  ExpectSame(back, man);
+  EXPECT_EQ(back.params.source, Source::kEachRank);
+  EXPECT_EQ(back.params.chunk_bytes, 12345u);
+  EXPECT_EQ(back.params.coalesce_bytes, 999u);
+  EXPECT_EQ(back.params.staging_slots, 7u);
+  EXPECT_TRUE(back.params.verify);
+  EXPECT_FALSE(back.params.strict_keys);
+  for (size_t cut : {size_t{0}, size_t{5}, blob.size() / 2, blob.size() - 1}) {
+    EXPECT_SC_ERROR(DecodeManifest(blob.substr(0, cut)), ErrorKind::kComm, "malformed");
+  }
+  EXPECT_SC_ERROR(DecodeManifest(blob + "x"), ErrorKind::kComm, "trailing bytes");
+  std::string other = blob;
+  other[8 + std::string("shardcast-manifest-").size()] = '9';
+  EXPECT_SC_ERROR(DecodeManifest(other), ErrorKind::kComm, "shardcast-manifest-9", "same shardcast");
+}
+
+TEST(ManifestParams, VerifyAndStrictKeysMustMatchOtherOptionsAreAdopted) {
+  StreamParams reader;
+  LoadOptions mine;
+  mine.chunk_bytes = 1 << 20;  // differs, but only shapes messages: adopted
+  EXPECT_EQ(CheckParams(reader, mine, 2), "");
+  mine.verify = true;
+  EXPECT_NE(CheckParams(reader, mine, 2).find("verify is off on rank 0 but on on rank 2"), std::string::npos);
+  mine.verify = false;
+  reader.strict_keys = true;
+  EXPECT_NE(CheckParams(reader, mine, 1).find("strict_keys is on on rank 0 but off on rank 1"), std::string::npos);
 }
 
 TEST_F(ManifestMapping, StripPrefixAndComposedEntries) {
@@ -58,14 +138,14 @@ TEST_F(ManifestMapping, StripPrefixAndComposedEntries) {
   auto ckpt = Checkpoint::Open(dir_.path());
   KeyMapping m;
   m.compose["language_model.lm_head.weight"] = {"language_model.model.embed_tokens.weight"};
-  Manifest man = Resolve(plan, *ckpt, m, ExtraKeys::kSkip);
+  Manifest man = Resolve(plan, *ckpt, m, StreamParams{});
   EXPECT_EQ(man.entries.back().parts[0].checkpoint_key, "language_model.model.embed_tokens.weight");
   KeyMapping strip;
   strip.strip_prefix = "language_model.";
-  EXPECT_SC_ERROR(Resolve(plan, *ckpt, strip, ExtraKeys::kSkip), ErrorKind::kManifestMismatch,
+  EXPECT_SC_ERROR(Resolve(plan, *ckpt, strip, StreamParams{}), ErrorKind::kManifestMismatch,
                   "has no tensor 'model.embed_tokens.weight'");  // stripped: the checkpoint keeps the prefix
   m.compose["language_model.lm_head.weight"] = {"language_model.model.norm.weight"};
-  EXPECT_SC_ERROR(Resolve(plan, *ckpt, m, ExtraKeys::kSkip), ErrorKind::kManifestMismatch,
+  EXPECT_SC_ERROR(Resolve(plan, *ckpt, m, StreamParams{}), ErrorKind::kManifestMismatch,
                   "parts hold 8 elements", "[5, 8] = 40");
 }
 

@@ -1,0 +1,43 @@
+// runtime/handshake: agreement before any data moves.
+//
+//   1. rank 0 opens the checkpoint and resolves its plan by key into the manifest, with its own
+//      options as the stream's parameters (chunk, coalescing, staging, source, verify, strict keys)
+//   2. rank 0 broadcasts the manifest (as nothing, if it failed, so every rank runs the same steps)
+//   3. every rank checks it against its own plan and options; a rank the route has read opens the
+//      checkpoint itself and matches every file by name, size and header digest
+//   4. one verdict: every rank goes on, or every rank raises the same error naming key, file, rank
+//
+// Thread safety: one thread per rank. Failure: shardcast::Error from the verdict, the same on every
+// rank; kComm/kCommTimeout when a collective fails (the caller makes those agree too).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/communicator.h"
+#include "runtime/manifest.h"
+#include "runtime/staging_ring.h"
+
+namespace shardcast {
+
+struct HandshakeRequest {
+  std::string checkpoint;
+  LoadOptions options;  // this rank's; rank 0's become the stream's parameters
+  KeyMapping mapping;
+};
+
+struct Agreement {
+  Manifest manifest;
+  std::unique_ptr<Checkpoint> ckpt;  // this rank's view, when the route has it read
+  FileTable files;                   // by manifest file index, into ckpt
+  std::vector<std::string> adopted;  // the reader's values this rank took over its own
+};
+
+Agreement Handshake(Communicator& comm, const Plan& plan, const HandshakeRequest& request);
+
+// For a rank that could not even prepare (bad config, no memory): takes part in the handshake's
+// collectives with its problem, so every rank raises the same error instead of waiting. Always throws.
+[[noreturn]] void FailHandshake(Communicator& comm, ErrorKind kind, const std::string& problem);
+
+}  // namespace shardcast

@@ -1,0 +1,173 @@
+// The manifest on the wire: little-endian, length-prefixed, versioned. One encoder, one decoder; a
+// blob of another version or one cut short is a kComm error, never a misread.
+//
+//   "shardcast-manifest-2" | world | params | files[name, size, digest] | entries[...] | skipped
+//   entry: key | dtype | role | placement | shape | parts[key ("" = the entry's), dtype, file, offset,
+//          numel, shape]
+#include <cstring>
+
+#include "allocators/error.h"
+#include "runtime/manifest.h"
+
+namespace shardcast {
+namespace {
+
+constexpr const char* kVersion = "shardcast-manifest-2";
+
+class Writer {
+ public:
+  void U64(uint64_t v) { s_.append(reinterpret_cast<const char*>(&v), 8); }
+  void Str(const std::string& v) {
+    U64(v.size());
+    s_ += v;
+  }
+  void Dims(const std::vector<uint64_t>& d) {
+    U64(d.size());
+    for (uint64_t x : d) U64(x);
+  }
+  std::string Take() { return std::move(s_); }
+
+ private:
+  std::string s_;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::string& s) : s_(s) {}
+  uint64_t U64() {
+    Need(8);
+    uint64_t v;
+    std::memcpy(&v, s_.data() + p_, 8);
+    p_ += 8;
+    return v;
+  }
+  std::string Str() {
+    const uint64_t n = U64();
+    Need(n);
+    std::string v = s_.substr(p_, n);
+    p_ += n;
+    return v;
+  }
+  std::vector<uint64_t> Dims() {
+    const uint64_t n = U64();
+    Need(n, 8);
+    std::vector<uint64_t> d(n);
+    for (auto& x : d) x = U64();
+    return d;
+  }
+  // A count of items that each take at least `each` bytes: bounded by what is left before reserving.
+  uint64_t Count(uint64_t each) {
+    const uint64_t n = U64();
+    Need(n, each);
+    return n;
+  }
+  template <typename E>
+  E Enum(uint64_t limit) {
+    const uint64_t v = U64();
+    if (v >= limit) Fail("an out-of-range enum value " + std::to_string(v));
+    return static_cast<E>(v);
+  }
+  bool Done() const { return p_ == s_.size(); }
+
+ private:
+  void Need(uint64_t n, uint64_t each = 1) {
+    if (each != 0 && n > (s_.size() - p_) / each) Fail("a length past its end");
+  }
+  [[noreturn]] static void Fail(const std::string& what) {
+    throw Error(ErrorKind::kComm, "manifest", "the manifest received from rank 0 is malformed: " + what);
+  }
+  const std::string& s_;
+  size_t p_ = 0;
+};
+
+}  // namespace
+
+std::string EncodeManifest(const Manifest& m) {
+  Writer w;
+  w.Str(kVersion);
+  w.U64(static_cast<uint64_t>(m.world_size));
+  const StreamParams& p = m.params;
+  w.U64(static_cast<uint64_t>(p.source));
+  w.U64(p.chunk_bytes);
+  w.U64(p.coalesce_bytes);
+  w.U64(p.staging_slots);
+  w.U64(p.verify);
+  w.U64(p.strict_keys);
+  w.U64(m.files.size());
+  for (const ManifestFile& f : m.files) {
+    w.Str(f.name);
+    w.U64(f.size);
+    w.U64(f.digest);
+  }
+  w.U64(m.entries.size());
+  for (const ManifestEntry& e : m.entries) {
+    w.Str(e.key);
+    w.U64(static_cast<uint64_t>(e.target_dtype));
+    w.U64(static_cast<uint64_t>(e.role));
+    w.U64(static_cast<uint64_t>(e.placement));
+    w.Dims(e.shape);
+    w.U64(e.parts.size());
+    for (const ManifestPart& part : e.parts) {
+      w.Str(part.checkpoint_key == e.key ? std::string() : part.checkpoint_key);
+      w.U64(static_cast<uint64_t>(part.source_dtype));
+      w.U64(part.file);
+      w.U64(part.offset);
+      w.U64(part.numel);
+      w.Dims(part.shape);
+    }
+  }
+  w.U64(m.skipped);
+  w.U64(m.skipped_examples.size());
+  for (const auto& k : m.skipped_examples) w.Str(k);
+  return w.Take();
+}
+
+Manifest DecodeManifest(const std::string& bytes) {
+  Reader r(bytes);
+  if (const std::string v = r.Str(); v != kVersion) {
+    throw Error(ErrorKind::kComm, "manifest",
+                "rank 0 sent a manifest of version \"" + v.substr(0, 40) + "\", this rank reads \"" + kVersion +
+                    "\": every rank must run the same shardcast");
+  }
+  Manifest m;
+  m.world_size = static_cast<int>(r.U64());
+  StreamParams& p = m.params;
+  p.source = r.Enum<Source>(2);
+  p.chunk_bytes = r.U64();
+  p.coalesce_bytes = r.U64();
+  p.staging_slots = static_cast<uint32_t>(r.U64());
+  p.verify = r.U64() != 0;
+  p.strict_keys = r.U64() != 0;
+  m.files.resize(r.Count(24));
+  for (ManifestFile& f : m.files) {
+    f.name = r.Str();
+    f.size = r.U64();
+    f.digest = r.U64();
+  }
+  m.entries.resize(r.Count(48));
+  for (ManifestEntry& e : m.entries) {
+    e.key = r.Str();
+    e.target_dtype = r.Enum<DType>(kNumDTypes);
+    e.role = r.Enum<Role>(4);
+    e.placement = r.Enum<Placement::Kind>(2);
+    e.shape = r.Dims();
+    e.parts.resize(r.Count(48));
+    for (ManifestPart& part : e.parts) {
+      part.checkpoint_key = r.Str();
+      if (part.checkpoint_key.empty()) part.checkpoint_key = e.key;
+      part.source_dtype = r.Enum<DType>(kNumDTypes);
+      part.file = static_cast<uint32_t>(r.U64());
+      if (part.file >= m.files.size()) throw Error(ErrorKind::kComm, "manifest", "a part names a file past the list");
+      part.offset = r.U64();
+      part.numel = r.U64();
+      part.shape = r.Dims();
+    }
+  }
+  m.skipped = r.U64();
+  m.skipped_examples.resize(r.Count(8));
+  for (auto& k : m.skipped_examples) k = r.Str();
+  if (!r.Done()) throw Error(ErrorKind::kComm, "manifest", "the manifest received from rank 0 has trailing bytes");
+  return m;
+}
+
+}  // namespace shardcast

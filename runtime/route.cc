@@ -1,0 +1,65 @@
+#include "runtime/route.h"
+
+namespace shardcast {
+namespace {
+
+bool Holds(const Message& msg, int rank) { return msg.dest == rank || msg.dest == kBroadcast; }
+
+class Rank0Route : public Route {
+ public:
+  const char* name() const override { return "rank0"; }
+  bool Reads(int rank, bool) const override { return rank == 0; }
+  bool Communicates() const override { return true; }
+  std::vector<int> VerifiersOf(int) const override { return {0}; }
+  Task For(const Message& msg, int rank, bool verify) const override {
+    Task t;
+    t.peer = 0;
+    if (rank == 0) {
+      t.read = true;
+      t.keep = Holds(msg, 0);
+      t.broadcast = msg.dest == kBroadcast;
+      t.send = !t.broadcast && msg.dest != 0;
+      t.verify = verify;
+    } else if (Holds(msg, rank)) {
+      t.keep = true;
+      t.broadcast = msg.dest == kBroadcast;
+      t.receive = !t.broadcast;
+    }
+    return t;
+  }
+};
+
+class EachRankRoute : public Route {
+ public:
+  explicit EachRankRoute(int world) : world_(world) {}
+  const char* name() const override { return "each-rank"; }
+  bool Reads(int, bool) const override { return true; }
+  bool Communicates() const override { return false; }
+  std::vector<int> VerifiersOf(int dest) const override {
+    const int next = (dest + 1) % world_;
+    if (next == 0) return {0};
+    return {0, next};  // rank 0 verifies broadcast entries for everyone
+  }
+  Task For(const Message& msg, int rank, bool verify) const override {
+    Task t;
+    t.peer = rank;
+    t.keep = Holds(msg, rank);
+    // The verifier of a rank's rows is the next rank; of a broadcast entry's, rank 0 for every rank.
+    const bool verifier = verify && (msg.dest == kBroadcast ? rank == 0 : (msg.dest + 1) % world_ == rank);
+    t.verify = verifier;
+    t.read = t.keep || verifier;
+    return t;
+  }
+
+ private:
+  int world_;
+};
+
+}  // namespace
+
+std::unique_ptr<Route> Route::Make(Source source, int world_size) {
+  if (source == Source::kEachRank) return std::make_unique<EachRankRoute>(world_size);
+  return std::make_unique<Rank0Route>();
+}
+
+}  // namespace shardcast

@@ -1,0 +1,67 @@
+// runtime/sink: where the bytes of a stream land on a rank. The stream never branches on the target
+// or the mode: it asks its sink for a place to write in place, or hands it the bytes.
+//
+//   ShardSink      this rank's local shard tensors, one per manifest entry (CPU, pinned or CUDA)
+//   ChecksumSink   keeps nothing; hashes what arrives (benchmarks at full scale, dry runs)
+//   (save will add a file-writing sink)
+//
+// Thread safety: HostDirect may be called from the reader thread while the stream thread stores
+// other segments; the segments of distinct messages never overlap. Store is called by one thread.
+// Failure: Store throws shardcast::Error (kIo, kInternal).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "runtime/digest.h"
+#include "runtime/schedule.h"
+
+namespace shardcast {
+
+class Sink {
+ public:
+  virtual ~Sink() = default;
+  virtual const char* name() const = 0;
+  // Host memory where segment s's target bytes may be written in place, or nullptr.
+  virtual unsigned char* HostDirect(const Segment& s) = 0;
+  // Device memory where a device transport may receive segment s in place, or nullptr.
+  virtual unsigned char* DeviceDirect(const Segment& s) { return nullptr; }
+  // Segment s's target bytes, in host memory: store them. Not called for bytes written in place.
+  virtual void Store(const Segment& s, const unsigned char* data) = 0;
+  // Segment s, received in place on the device, as host bytes into `out` (for verify).
+  virtual void CopyDeviceToHost(const Segment& s, unsigned char* out) {}
+  // Whether anything is kept (false: the checksum sink).
+  virtual bool keeps() const { return true; }
+};
+
+class ShardSink : public Sink {
+ public:
+  explicit ShardSink(std::vector<at::Tensor> tensors) : tensors_(std::move(tensors)) {}
+  const char* name() const override { return "shard"; }
+  unsigned char* HostDirect(const Segment& s) override;
+  unsigned char* DeviceDirect(const Segment& s) override;
+  void Store(const Segment& s, const unsigned char* data) override;
+  void CopyDeviceToHost(const Segment& s, unsigned char* out) override;
+
+ private:
+  at::Tensor Bytes(const Segment& s);
+  std::vector<at::Tensor> tensors_;
+};
+
+class ChecksumSink : public Sink {
+ public:
+  explicit ChecksumSink(size_t entries) : column_(entries) {}
+  const char* name() const override { return "checksum-only"; }
+  unsigned char* HostDirect(const Segment&) override { return nullptr; }
+  void Store(const Segment& s, const unsigned char* data) override {
+    column_.Add(s.entry, SegmentDigest(data, s.target_bytes, s.local_offset));
+  }
+  bool keeps() const override { return false; }
+  const DigestColumn& digests() const { return column_; }
+
+ private:
+  DigestColumn column_;
+};
+
+}  // namespace shardcast

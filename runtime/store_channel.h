@@ -1,0 +1,56 @@
+// runtime/store_channel: the failure side channel over a c10d Store, where every operation has a
+// deadline, on the failure path too.
+//
+// c10d's TCPStore client can block forever when its server process is frozen (SIGSTOP, a hung node):
+// the connection stays open and nothing answers. So each store operation runs on a helper thread and
+// the caller waits at most `op_deadline`; a late thread is abandoned (it holds its own reference to
+// the store) and the store is marked unreachable, so later calls fail at once instead of queueing
+// behind it. A store that refuses or drops the connection is marked lost. Either way, every rank gets
+// the same note naming the store's host.
+//
+// Thread safety: one thread at a time. Failure: never throws; results are values.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "runtime/communicator.h"
+
+namespace shardcast {
+
+class StoreChannel {
+ public:
+  // host: who serves the store, for messages ("rank 0 (the store host at 10.0.0.1:29500)").
+  StoreChannel(c10::intrusive_ptr<c10d::Store> store, std::string host,
+               std::chrono::milliseconds op_deadline = std::chrono::milliseconds(3000));
+  bool usable() const { return static_cast<bool>(store_); }
+
+  // Publishes `mine` unless a failure is already published; returns the one that stands, or the
+  // store's loss.
+  std::optional<FailureNote> Publish(const FailureNote& mine);
+  // The published failure within `wait`, the store's loss, or nullopt when nothing came in time.
+  std::optional<FailureNote> Fetch(std::chrono::milliseconds wait);
+  // Waits until `n` ranks fetched, or `wait` passed, or the store is gone.
+  void AwaitAcks(int n, std::chrono::milliseconds wait);
+
+ private:
+  // Runs op on a helper thread; nullopt (and loss_ set) when it failed or missed the deadline. The
+  // result lives in the future's shared state, so an abandoned thread writes nothing of ours.
+  template <typename T>
+  std::optional<T> Call(std::function<T(c10d::Store&)> op);
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string host_;
+  std::chrono::milliseconds deadline_;
+  std::optional<FailureNote> loss_;
+};
+
+// "<kind>|<message>" and back; a malformed value becomes a kComm note quoting it.
+std::string EncodeFailure(const FailureNote& note);
+FailureNote DecodeFailure(const std::string& value);
+
+}  // namespace shardcast
