@@ -42,7 +42,7 @@ void Allocate(Communicator& comm, RankState* state, bool checksum_only) {
     if (!checksum_only) state->AllocateShards();
   } catch (const std::exception& e) {
     local = AsProblem(e);
-    local.message = "rank " + std::to_string(comm.rank()) + " cannot allocate its shards: " + local.message;
+    local.message = "cannot allocate this rank's shards: " + local.message;  // the verdict names the rank
   }
   Together(comm, [&] {
     Agree(comm, "allocate", local);

@@ -287,7 +287,12 @@ def load(model: Union[torch.nn.Module, Mapping[str, Tuple[torch.Tensor, int, int
     # raises it instead of waiting for this one in a collective.
     problem = None
     try:
-        _materialize(model, target, config, buffer_init)
+        try:
+            _materialize(model, target, config, buffer_init)
+        except ShardcastError:
+            raise
+        except Exception as e:  # noqa: BLE001 -- to_empty: the allocator, or a device this rank cannot use
+            raise IoError(f"cannot allocate this rank's shards on {target or 'cpu'}: {type(e).__name__}: {e}") from e
         comp = compositions(model, keys)
         for name, param in model.named_parameters():
             local, shape, replicated = _local(param, rank, world)
@@ -298,9 +303,7 @@ def load(model: Union[torch.nn.Module, Mapping[str, Tuple[torch.Tensor, int, int
                 entries.append((name, buf, list(buf.shape), "persistent_buffer", True, comp.get(name)))
     except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
         kind = type(e).__name__ if isinstance(e, ShardcastError) else "InternalError"
-        if isinstance(e, MemoryError) or "can't allocate memory" in str(e) or "out of memory" in str(e).lower():
-            kind = "IoError"
-        problem = (kind, f"rank {rank}: {type(e).__name__}: {e}")
+        problem = (kind, str(e) if isinstance(e, ShardcastError) else f"{type(e).__name__}: {e}")
         entries = []
     return _shardcast.load_entries(entries, path, options, _tied(model), backend, store, rank, world, progress,
                                    problem)

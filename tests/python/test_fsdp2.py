@@ -1,18 +1,13 @@
 """The real user flow, with real transformers model classes and checkpoints written by transformers'
 own save_pretrained (several files), at world sizes 1-4 over c10d Gloo on a CPU mesh."""
-import json
 import os
-import socket
-import subprocess
-import sys
 
 import pytest
 
+import ranks
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-
 
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory):
@@ -47,45 +42,8 @@ def checkpoints(tmp_path_factory):
     return root
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(mode, root, world, tmp_path):
-    # A free port can be taken by a concurrent test before rank 0 binds it: then start over on another.
-    for attempt in range(3):
-        try:
-            return run_once(mode, root, world, tmp_path)
-        except PortTaken:
-            if attempt == 2:
-                raise
-
-
-class PortTaken(Exception):
-    pass
-
-
-def run_once(mode, root, world, tmp_path):
-    port, out = free_port(), tmp_path / f"{mode}-{world}"
-    env_base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
-                    TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "fsdp2_worker.py"), mode, str(root), str(out)],
-                              env=dict(env_base, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=300)[0])
-    finally:
-        for p in procs:
-            p.kill()
-    if any("EADDRINUSE" in log for log in logs):
-        raise PortTaken()
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-3000:]}"
-    return [json.loads((tmp_path / f"{mode}-{world}.{r}").read_text()) for r in range(world)]
+    return ranks.run("fsdp2_worker.py", mode, root, world, tmp_path)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])

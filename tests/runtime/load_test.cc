@@ -5,163 +5,17 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
-#include <set>
 
-#include "loaders/synth.h"
-#include "runtime/subprocess.h"
-#include "tests/loaders/test_util.h"
+#include "loaders/writer.h"
+#include "tests/runtime/load_harness.h"
 #include "tests/runtime/load_worker.h"
 
 namespace shardcast {
 namespace {
 
-constexpr uint64_t kSeed = 7;
-
-const char* kQwen = R"({"model_type":"qwen3_moe","num_hidden_layers":2,"hidden_size":48,"num_attention_heads":4,
-  "num_key_value_heads":2,"head_dim":12,"intermediate_size":40,"moe_intermediate_size":20,"num_experts":5,
-  "vocab_size":13,"mlp_only_layers":[0],"torch_dtype":"bfloat16","rope_theta":10000})";
-const char* kDeepseekFp8 = R"({"model_type":"deepseek_v3","num_hidden_layers":2,"hidden_size":136,
-  "intermediate_size":72,"moe_intermediate_size":24,"num_attention_heads":2,"q_lora_rank":40,"kv_lora_rank":24,
-  "qk_nope_head_dim":8,"qk_rope_head_dim":8,"v_head_dim":8,"n_routed_experts":3,"n_shared_experts":1,
-  "first_k_dense_replace":1,"vocab_size":11,"max_position_embeddings":512,"torch_dtype":"bfloat16",
-  "rope_scaling":{"type":"yarn","factor":4,"original_max_position_embeddings":128},
-  "quantization_config":{"quant_method":"fp8","weight_block_size":[128,128]}})";
-const char* kLlamaF32 = R"({"model_type":"llama","num_hidden_layers":1,"hidden_size":32,"num_attention_heads":2,
-  "intermediate_size":24,"vocab_size":9,"torch_dtype":"float32"})";
-const char* kSlow = R"({"model_type":"qwen3_moe","num_hidden_layers":2,"hidden_size":256,"num_attention_heads":4,
-  "num_key_value_heads":2,"head_dim":64,"intermediate_size":512,"moe_intermediate_size":256,"num_experts":8,
-  "vocab_size":1001,"torch_dtype":"bfloat16"})";
-
-struct Result {
-  bool ok = false;
-  std::string kind, message;
-  int64_t checked = 0, mismatches = 0, skipped = 0, verified = 0;
-  bool reported = false;
-};
-
-class LoadTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    dir_ = new testing::TempDir();
-    Write("qwen", kQwen, {});
-    Write("deepseek", kDeepseekFp8, {});
-    Write("llama_f32", kLlamaF32, {});
-    Write("slow", kSlow, {});
-    Write("missing", kQwen, [](ModelSpec& s) {
-      for (size_t i = 0; i < s.entries.size(); ++i) {
-        if (s.entries[i].key == "model.layers.0.self_attn.o_proj.weight") s.entries.erase(s.entries.begin() + i);
-      }
-    });
-    Write("extra", kQwen, [](ModelSpec& s) {
-      for (const char* k : {"model.layers.0.mlp.down_proj.weight.absmax", "model.layers.0.mlp.down_proj.weight.quant_map",
-                            "model.layers.1.self_attn.q_proj.weight_scale_inv"}) {
-        SpecEntry e;
-        e.key = k;
-        e.shape = {3};
-        e.dtype = DType::kF32;
-        s.entries.insert(s.entries.begin() + 2, e);  // in the middle: would shift a positional loader
-      }
-    });
-    Write("shape", kQwen, [](ModelSpec& s) {
-      for (auto& e : s.entries) if (e.key == "model.layers.1.mlp.gate.weight") e.shape = {6, 48};
-    });
-    Write("bf16_config", nullptr, {}, R"({"model_type":"llama","num_hidden_layers":1,"hidden_size":32,
-      "num_attention_heads":2,"intermediate_size":24,"vocab_size":9,"torch_dtype":"bfloat16"})");
-    Write("f16_config", nullptr, {}, R"({"model_type":"llama","num_hidden_layers":1,"hidden_size":32,
-      "num_attention_heads":2,"intermediate_size":24,"vocab_size":9,"torch_dtype":"float16"})");
-  }
-  static void TearDownTestSuite() { delete dir_; }
-
-  // A synthetic checkpoint (spec from `config`, edited) and the config beside it.
-  static void Write(const std::string& name, const char* config, std::function<void(ModelSpec&)> edit,
-                    const char* config_only = nullptr) {
-    std::string d = *dir_ / name;
-    mkdir(d.c_str(), 0755);
-    if (config_only != nullptr) {
-      testing::WriteFile(d + "/config.json", config_only);
-      return;
-    }
-    testing::WriteFile(d + "/config.json", config);
-    ModelSpec spec = BuildModelSpecFromJson(d + "/config.json", config);
-    if (edit) edit(spec);
-    SynthOptions o;
-    o.seed = kSeed;
-    o.max_shard_bytes = 20000;  // several files
-    WriteSynthCheckpoint(spec, d, o);
-  }
-
-  static std::string Path(const std::string& name) { return *dir_ / name; }
-
-  // Runs `world` ranks of the worker; `during` may act on them while they run (e.g. kill one). A free
-  // port found by one test can be taken by a concurrent one (ctest -j) before rank 0 binds it; then
-  // the whole run starts again on another port.
-  std::vector<Result> Run(int world, const std::string& scenario, const std::string& ckpt, const std::string& config,
-                          const std::string& source = "rank0",
-                          const std::function<void(std::vector<Subprocess>&)>& during = nullptr) {
-    for (int attempt = 0;; ++attempt) {
-      std::vector<Result> out = RunOnce(world, scenario, ckpt, config, source, during);
-      bool port_taken = false;
-      for (const Result& r : out) port_taken |= r.message.find("EADDRINUSE") != std::string::npos;
-      if (!port_taken || attempt == 2) return out;
-    }
-  }
-
-  std::vector<Result> RunOnce(int world, const std::string& scenario, const std::string& ckpt, const std::string& config,
-                              const std::string& source, const std::function<void(std::vector<Subprocess>&)>& during) {
-    const int port = FreeLocalPort();
-    std::vector<Subprocess> ranks;
-    for (int r = 0; r < world; ++r) {
-      SpawnOptions so;
-      so.argv = {SelfExe(), "--rank-worker", scenario, Path(ckpt), Path(config) + "/config.json", source};
-      so.env = {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world), "LOCAL_RANK=" + std::to_string(r),
-                "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port), "TORCH_CPP_LOG_LEVEL=ERROR"};
-      so.pipe_stdout = true;
-      ranks.push_back(Subprocess::Spawn(so));
-    }
-    if (during) during(ranks);
-    std::vector<Result> out(world);
-    for (int r = 0; r < world; ++r) {
-      try {
-        while (auto line = ranks[r].ReadLine(std::chrono::seconds(90))) {
-          if (line->empty() || (*line)[0] != '{') continue;
-          auto j = nlohmann::json::parse(*line);
-          Result& x = out[r];
-          x.reported = true;
-          x.ok = j.value("ok", false);
-          x.kind = j.value("kind", "");
-          x.message = j.value("message", "");
-          x.checked = j.value("checked", 0);
-          x.mismatches = j.value("mismatches", 0);
-          x.skipped = j.value("skipped", 0);
-          x.verified = j.value("verified", 0);
-        }
-        ranks[r].Wait(std::chrono::seconds(30));
-      } catch (const Error& e) {
-        ADD_FAILURE() << "rank " << r << " did not finish: " << e.what();
-      }
-    }
-    return out;
-  }
-
-  // Every rank failed with the same kind and message, containing every listed substring.
-  void ExpectSameError(const std::vector<Result>& rs, const char* kind, std::initializer_list<const char*> parts,
-                       std::set<int> absent = {}) {
-    const Result* first = nullptr;
-    for (size_t r = 0; r < rs.size(); ++r) {
-      if (absent.count(static_cast<int>(r))) continue;
-      ASSERT_TRUE(rs[r].reported) << "rank " << r << " reported nothing";
-      EXPECT_FALSE(rs[r].ok) << "rank " << r << " succeeded";
-      EXPECT_EQ(rs[r].kind, kind) << "rank " << r << ": " << rs[r].message;
-      if (first == nullptr) first = &rs[r];
-      EXPECT_EQ(rs[r].message, first->message) << "rank " << r << " raised a different message";
-      for (const char* p : parts) EXPECT_NE(rs[r].message.find(p), std::string::npos) << "lacks \"" << p << "\": " << rs[r].message;
-    }
-  }
-
-  static testing::TempDir* dir_;
-};
-testing::TempDir* LoadTest::dir_ = nullptr;
 
 struct ExactCase {
   const char* ckpt;
@@ -230,6 +84,87 @@ TEST_F(LoadTest, WorldSizeMismatch) {
 TEST_F(LoadTest, CheckpointTruncatedAfterTheHandshake) {
   Write("trunc", kSlow, {});
   ExpectSameError(Run(3, "truncate", "trunc", "trunc"), "CheckpointError", {"rank 0", "truncated", ".safetensors"});
+}
+
+// Regression (issue 9): a rank with its own SHARDCAST_CHUNK_BYTES / SHARDCAST_STAGING_SLOTS built its
+// own schedule and sent or expected messages no other rank did. Rank 0's values now shape the stream.
+TEST_F(LoadTest, ARankWithItsOwnChunkAndStagingAdoptsRank0s) {
+  for (const char* source : {"rank0", "each-rank"}) {
+    auto rs = Run(3, "exact", "qwen", "qwen", source, nullptr, [](int r) -> std::vector<std::string> {
+      if (r == 1) return {"SHARDCAST_CHUNK_BYTES=4K", "SHARDCAST_STAGING_SLOTS=2"};
+      return {};
+    });
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_TRUE(rs[r].ok) << source << " rank " << r << ": " << rs[r].message;
+      EXPECT_EQ(rs[r].mismatches, 0);
+      EXPECT_EQ(rs[r].verified, 1);
+    }
+    ASSERT_EQ(rs[1].adopted.size(), 2u) << source;
+    EXPECT_EQ(rs[1].adopted[0], "chunk_bytes 65536 (rank 0's; this rank asked for 4096)");
+    EXPECT_TRUE(rs[0].adopted.empty());
+  }
+}
+
+TEST_F(LoadTest, OptionsThatChangeTheResultMustMatch) {
+  ExpectSameError(Run(3, "verify_divergence", "qwen", "qwen"), "ManifestMismatch",
+                  {"handshake", "[rank 2]", "verify is on on rank 0 but off on rank 2"});
+}
+
+// Regression (issue 9): a shard that could not be allocated threw on one rank after the handshake,
+// while the others entered the stream and waited out the timeout.
+TEST_F(LoadTest, AnAllocationRefusedOnOneRankIsTheSameErrorEverywhereAtOnce) {
+  for (const char* source : {"rank0", "each-rank"}) {
+    auto rs = Run(3, "exact", "qwen", "qwen", source, nullptr,
+                  [](int) -> std::vector<std::string> { return {"SHARDCAST_FAULT=1:allocate:enomem"}; });
+    ExpectSameError(rs, "IoError", {"allocate", "[rank 1] cannot allocate this rank's shards", "Cannot allocate memory"});
+    for (const Result& r : rs) EXPECT_LT(r.seconds, 15.0) << "waited for the timeout instead of agreeing";
+  }
+}
+
+// Regression (issue 10): in each-rank, a rank whose index listed one more file numbered the files
+// differently and read past a mapping (a segfault). Files are now matched by name, size and digest.
+TEST_F(LoadTest, EachRankMatchesFilesByNameNeverByNumber) {
+  namespace fs = std::filesystem;
+  const std::string copy = Path("qwen") + ".rank1";
+  fs::remove_all(copy);
+  fs::copy(Path("qwen"), copy);
+  testing::TempDir extra;
+  WriteCheckpoint(extra.path(), {{"extra.weight", DType::kF32, {3}}},
+                  [](const WriteEntry&, uint64_t, unsigned char* out, size_t n) { std::memset(out, 1, n); });
+  fs::copy_file(extra / "model.safetensors", copy + "/model-00000-extra.safetensors");  // sorts first
+  nlohmann::json index = nlohmann::json::parse(testing::ReadFile(copy + "/model.safetensors.index.json"));
+  index["weight_map"]["extra.weight"] = "model-00000-extra.safetensors";
+  testing::WriteFile(copy + "/model.safetensors.index.json", index.dump());
+  auto rs = Run(3, "own_view", "qwen", "qwen", "each-rank");
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(rs[r].ok) << "rank " << r << ": " << rs[r].message;
+    EXPECT_EQ(rs[r].mismatches, 0) << "rank " << r;
+  }
+  // The same file name with another header (a dtype changed, same size): a mismatch, before any read.
+  fs::remove_all(copy);
+  fs::copy(Path("qwen"), copy);
+  std::string victim;
+  for (const auto& f : fs::directory_iterator(copy)) {
+    std::string bytes = testing::ReadFile(f.path());
+    const std::string from = "\"dtype\":\"BF16\"", to = "\"dtype\": \"F16\"";  // same length
+    const size_t at = bytes.find(from);
+    if (f.path().extension() != ".safetensors" || at == std::string::npos) continue;
+    bytes.replace(at, from.size(), to);
+    testing::WriteFile(f.path(), bytes);
+    victim = f.path().filename();
+    break;
+  }
+  ASSERT_FALSE(victim.empty());
+  ExpectSameError(Run(3, "own_view", "qwen", "qwen", "each-rank"), "ManifestMismatch",
+                  {"[rank 1]", ("file '" + victim + "'").c_str(), "header differs between rank 0 and rank 1"});
+  fs::remove_all(copy);
+}
+
+// Regression (issue 10): a truncated file in each-rank mode printed a different message on each rank.
+TEST_F(LoadTest, CheckpointTruncatedAfterTheHandshakeEachRank) {
+  Write("trunc_each", kSlow, {});
+  ExpectSameError(Run(3, "truncate", "trunc_each", "trunc_each", "each-rank"), "CheckpointError",
+                  {"stream", "truncated", ".safetensors"});
 }
 
 TEST_F(LoadTest, RankKilledMidStreamEndsEveryRankWithinTheTimeout) {

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -50,18 +52,30 @@ void Check(const RankState& state, const Checkpoint& ckpt, int64_t* checked, int
 
 int LoadWorkerMain(int argc, char** argv) {
   using namespace shardcast;
-  const std::string scenario = argv[2], ckpt_dir = argv[3], config = argv[4], source = argv[5];
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string scenario = argv[2], config = argv[4], source = argv[5];
+  std::string ckpt_dir = argv[3];
   nlohmann::json out = {{"ok", false}};
   try {
     Rendezvous rv = RendezvousFromEnvironment();
+    if (scenario == "own_view" && rv.rank == 1) ckpt_dir += ".rank1";  // this rank sees another copy
     LoadRequest rq;
     rq.checkpoint = ckpt_dir;
-    rq.options.chunk_bytes = 64 << 10;  // small: exercise splitting and coalescing
-    rq.options.staging_slots = 3;
-    rq.options.timeout = std::chrono::milliseconds(20000);
-    rq.options.verify = true;
-    rq.options.source = source == "each-rank" ? Source::kEachRank : Source::kRank0;
-    if (scenario == "strict_keys") rq.options.strict_keys = true;
+    // The worker's defaults, unless the test set the variable for this rank (the environment is how a
+    // real node differs from the others).
+    LoadOptionsBuilder b;
+    auto def = [&b](Option o, const char* v) {
+      if (std::getenv(LoadOptionsBuilder::EnvironmentName(o)) == nullptr) b.Set(o, v, "worker default");
+    };
+    def(Option::kChunkBytes, "64K");  // small: exercise splitting and coalescing
+    def(Option::kStagingSlots, "3");
+    def(Option::kTimeoutMs, "20000");
+    def(Option::kVerify, "1");
+    b.Set(Option::kSource, source, "worker argv");
+    if (scenario == "strict_keys") b.Set(Option::kStrictKeys, "1", "worker");
+    if (scenario == "verify_divergence" && rv.rank == 2) b.Set(Option::kVerify, "0", "worker");
+    b.FromEnvironment();
+    rq.options = b.Build();
     bool truncated = false, announced = false;
     if (scenario == "truncate" && rv.rank == 0) {
       rq.progress = [&](uint64_t, uint64_t) {  // after the handshake, mid-stream: cut the last file short
@@ -95,12 +109,14 @@ int LoadWorkerMain(int argc, char** argv) {
     auto ckpt = Checkpoint::Open(ckpt_dir);
     Check(state, *ckpt, &checked, &mismatches);
     out = {{"ok", true}, {"checked", checked}, {"mismatches", mismatches}, {"skipped", report.skipped_keys},
-           {"verified", report.ranks[rv.rank].verified}, {"stored", report.ranks[rv.rank].bytes_stored}};
+           {"verified", report.ranks[rv.rank].verified}, {"stored", report.ranks[rv.rank].bytes_stored},
+           {"adopted", report.adopted}};
   } catch (const Error& e) {
     out = {{"ok", false}, {"kind", ErrorKindName(e.kind())}, {"message", e.what()}};
   } catch (const std::exception& e) {
     out = {{"ok", false}, {"kind", "std"}, {"message", e.what()}};
   }
+  out["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::cout << out.dump() << std::endl;
   return 0;
 }

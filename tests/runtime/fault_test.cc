@@ -1,0 +1,61 @@
+// Faults the way an operator's bad day goes, on real processes: a rank (rank 0, the store host,
+// included) killed (-9), frozen (SIGSTOP) or terminated (SIGTERM), during the handshake, mid-stream
+// and during verify, for both sources. Every surviving rank must end within the timeout plus a small
+// slack, with the same error kind and message; no process may be left running.
+#include <gtest/gtest.h>
+
+#include <tuple>
+
+#include "tests/runtime/load_harness.h"
+
+namespace shardcast {
+namespace {
+
+constexpr int kTimeoutMs = 3000;
+// After the collective timeout: up to 3 s waiting for a published failure, a 3 s deadline per store
+// operation, 3 s for acknowledgements, and process start-up on a loaded 2-core machine.
+constexpr double kSlackSeconds = 14;
+
+using FaultCase = std::tuple<const char* /*source*/, const char* /*point*/, const char* /*action*/, int /*rank*/>;
+
+class Faults : public LoadTest, public ::testing::WithParamInterface<FaultCase> {};
+
+TEST_P(Faults, EverySurvivorEndsWithTheSameErrorWithinTheTimeout) {
+  const auto [source, point, action, faulted] = GetParam();
+  const std::string fault = std::to_string(faulted) + ":" + point + ":" + action + (std::string(point) == "stream" ? ":2" : "");
+  auto rs = Run(3, "exact", "slow", "slow", source, nullptr,
+                [&](int) -> std::vector<std::string> {
+                  return {"SHARDCAST_FAULT=" + fault, "SHARDCAST_TIMEOUT_MS=" + std::to_string(kTimeoutMs)};
+                },
+                {faulted});
+  EXPECT_FALSE(rs[faulted].reported) << "the faulted rank finished: " << rs[faulted].message;
+  EXPECT_EQ(rs[faulted].frozen, std::string(action) == "stop");
+  const Result* first = nullptr;
+  for (int r = 0; r < 3; ++r) {
+    if (r == faulted) continue;
+    ASSERT_TRUE(rs[r].reported) << "rank " << r << " reported nothing";
+    EXPECT_FALSE(rs[r].ok) << "rank " << r << " succeeded";
+    EXPECT_LT(rs[r].seconds, kTimeoutMs / 1000.0 + kSlackSeconds) << "rank " << r << ": " << rs[r].message;
+    if (first == nullptr) first = &rs[r];
+    EXPECT_EQ(rs[r].kind, first->kind) << "rank " << r << ": " << rs[r].message;
+    EXPECT_EQ(rs[r].message, first->message) << "rank " << r << " raised a different message";
+  }
+  EXPECT_TRUE(first->kind == "CommError" || first->kind == "CommTimeout") << first->kind << ": " << first->message;
+  if (faulted == 0) {
+    // The store lives in rank 0: every survivor says that rank 0 is lost or does not answer.
+    EXPECT_NE(first->message.find("rank 0 (the store host"), std::string::npos) << first->message;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Matrix, Faults,
+    ::testing::Combine(::testing::Values("rank0", "each-rank"), ::testing::Values("handshake", "stream", "verify"),
+                       ::testing::Values("kill", "stop", "term"), ::testing::Values(0, 1)),
+    [](const auto& info) {
+      std::string source = std::get<0>(info.param);
+      return (source == "rank0" ? std::string("rank0") : std::string("each_rank")) + "_" + std::get<1>(info.param) +
+             "_" + std::get<2>(info.param) + "_rank" + std::to_string(std::get<3>(info.param));
+    });
+
+}  // namespace
+}  // namespace shardcast

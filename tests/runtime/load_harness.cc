@@ -1,0 +1,7 @@
+#include "tests/runtime/load_harness.h"
+
+namespace shardcast {
+
+testing::TempDir* LoadTest::dir_ = nullptr;
+
+}  // namespace shardcast

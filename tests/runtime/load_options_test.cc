@@ -1,0 +1,103 @@
+// One options builder for the CLI and the binding: precedence, one size parser, bounds, and errors
+// that name where a value came from.
+#include "runtime/load_options.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include "allocators/units.h"
+#include "tests/loaders/test_util.h"
+
+namespace shardcast {
+namespace {
+
+// Sets environment variables for one test and restores them after.
+class Env {
+ public:
+  ~Env() {
+    for (const auto& [name, old] : saved_) old.empty() ? unsetenv(name.c_str()) : setenv(name.c_str(), old.c_str(), 1);
+  }
+  void Set(const std::string& name, const std::string& value) {
+    const char* old = getenv(name.c_str());
+    saved_.emplace_back(name, old ? old : "");
+    setenv(name.c_str(), value.c_str(), 1);
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> saved_;
+};
+
+TEST(LoadOptionsBuilder, DefaultsWithNothingSet) {
+  LoadOptions o = LoadOptionsBuilder().Build();
+  EXPECT_EQ(o.chunk_bytes, 64ull << 20);
+  EXPECT_EQ(o.staging_slots, 4);
+  EXPECT_EQ(o.timeout.count(), 600000);
+  EXPECT_EQ(o.source, Source::kRank0);
+  EXPECT_FALSE(o.verify);
+}
+
+// Regression: SHARDCAST_CHUNK_BYTES=64MiB failed while --chunk-bytes 64MiB worked (two parsers).
+TEST(LoadOptionsBuilder, TheEnvironmentTakesTheSameSizesAsFlags) {
+  Env env;
+  env.Set("SHARDCAST_CHUNK_BYTES", "64MiB");
+  env.Set("SHARDCAST_STAGING_SLOTS", "6");
+  env.Set("SHARDCAST_SOURCE", "each-rank");
+  env.Set("SHARDCAST_VERIFY", "true");
+  LoadOptions o = LoadOptionsBuilder().FromEnvironment().Build();
+  EXPECT_EQ(o.chunk_bytes, 64ull << 20);
+  EXPECT_EQ(o.staging_slots, 6);
+  EXPECT_EQ(o.source, Source::kEachRank);
+  EXPECT_TRUE(o.verify);
+}
+
+// Regression: a bad environment value could not be overridden by a flag.
+TEST(LoadOptionsBuilder, AnExplicitValueBeatsTheEnvironmentAndRepairsABadOne) {
+  Env env;
+  env.Set("SHARDCAST_CHUNK_BYTES", "lots");
+  env.Set("SHARDCAST_STAGING_SLOTS", "8");
+  LoadOptionsBuilder b;
+  b.Set(Option::kChunkBytes, "1M", "--chunk-bytes");  // before FromEnvironment: still wins
+  b.FromEnvironment();
+  LoadOptions o = b.Build();
+  EXPECT_EQ(o.chunk_bytes, 1ull << 20);
+  EXPECT_EQ(o.staging_slots, 8);
+  EXPECT_SC_ERROR(LoadOptionsBuilder().FromEnvironment().Build(), ErrorKind::kInvalidArgument,
+                  "SHARDCAST_CHUNK_BYTES", "\"lots\" is not a size");
+}
+
+TEST(LoadOptionsBuilder, BoundsAreErrorsNamingTheOriginNeverSilentlyIgnored) {
+  auto fails = [](Option opt, const char* value, const char* origin, const char* why) {
+    EXPECT_SC_ERROR(LoadOptionsBuilder().Set(opt, value, origin).Build(), ErrorKind::kInvalidArgument, origin, why);
+  };
+  fails(Option::kStagingSlots, "1000000000", "--staging-slots", "exceeds the limit of 64");
+  fails(Option::kStagingSlots, "-3", "--staging-slots", "not a non-negative integer");
+  fails(Option::kStagingSlots, "1", "--staging-slots", "below 2");
+  fails(Option::kTimeoutMs, "-5", "--timeout-ms", "not a non-negative integer");
+  fails(Option::kTimeoutMs, "0", "timeout_ms=", "at least 1 ms");
+  fails(Option::kChunkBytes, "1e30", "--chunk-bytes", "unknown unit \"e30\"");
+  fails(Option::kChunkBytes, "nan", "--chunk-bytes", "is not a size");
+  fails(Option::kChunkBytes, "100", "--chunk-bytes", "below the minimum");
+  fails(Option::kChunkBytes, "5G", "--chunk-bytes", "exceeds the limit");
+  fails(Option::kSource, "rank1", "--source", "rank0 or each-rank");
+  fails(Option::kVerify, "maybe", "verify=", "not a boolean");
+}
+
+TEST(ParseBytes, OneGrammarForEveryOrigin) {
+  EXPECT_EQ(ParseBytes("4096"), 4096u);
+  EXPECT_EQ(ParseBytes("64M"), 64ull << 20);
+  EXPECT_EQ(ParseBytes("64MiB"), 64ull << 20);
+  EXPECT_EQ(ParseBytes("1.5G"), 3ull << 29);
+  EXPECT_EQ(ParseBytes("2GB"), 2000000000u);
+  EXPECT_EQ(ParseBytes("0.5K"), 512u);
+  EXPECT_EQ(ParseBytes("7B"), 7u);
+  for (const char* bad : {"", "M", "-1", "+1", "1e3", "nan", "inf", " 1", "1 M", "1.2.3", "0x10", "1MiBs"}) {
+    EXPECT_SC_ERROR(ParseBytes(bad, "X"), ErrorKind::kInvalidArgument, "X");
+  }
+  EXPECT_SC_ERROR(ParseBytes("99999999999999999999"), ErrorKind::kInvalidArgument, "exceeds the limit");
+  EXPECT_SC_ERROR(ParseBytes("20000000T"), ErrorKind::kInvalidArgument, "exceeds the limit");
+  EXPECT_EQ(ParseCount("42", "n", 42), 42u);
+  EXPECT_SC_ERROR(ParseCount("43", "n", 42), ErrorKind::kInvalidArgument, "exceeds the limit of 42");
+}
+
+}  // namespace
+}  // namespace shardcast
