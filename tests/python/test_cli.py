@@ -107,3 +107,45 @@ def test_flags_win_over_the_environment(shardcast_bin, tmp_path):
     assert j["chunk_bytes"] == 64 << 10, j  # the flag
     assert j["staging_slots"] == 5, j       # no flag: the environment
     assert sum(x["bytes_stored"] for x in j["ranks"]) >= j["total_bytes"]
+
+
+# Regression (issue 9): one builder and one size parser. SHARDCAST_CHUNK_BYTES=64MiB used to fail while
+# --chunk-bytes 64MiB worked, and a bad variable could not be repaired by a flag.
+def test_the_environment_takes_the_flags_sizes_and_a_flag_repairs_a_bad_variable(shardcast_bin, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    assert sc(shardcast_bin, "synth", "--config", ROOT / "configs" / "tiny-moe.json", "--out", ckpt, "--layers", "1",
+              "--max-shard-size", "16M").returncode == 0
+    report = tmp_path / "report.json"
+    r = sc(shardcast_bin, "load", "--checkpoint", ckpt, "--nproc", "2", "--quiet", "--json", report,
+           env={"SHARDCAST_CHUNK_BYTES": "1MiB"})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(report.read_text())["chunk_bytes"] == 1 << 20
+    bad = {"SHARDCAST_CHUNK_BYTES": "lots"}
+    r = sc(shardcast_bin, "load", "--checkpoint", ckpt, "--nproc", "2", "--quiet", "--chunk-bytes", "2M", env=bad)
+    assert r.returncode == 0, r.stderr
+    r = sc(shardcast_bin, "load", "--checkpoint", ckpt, "--nproc", "2", "--quiet", env=bad)
+    assert r.returncode == 2 and 'SHARDCAST_CHUNK_BYTES: "lots" is not a size' in r.stderr, r.stderr
+    for flag, value, needle in (("--staging-slots", "1000000000", "exceeds the limit of 64"),
+                                ("--staging-slots", "-1", "not a non-negative integer"),
+                                ("--timeout-ms", "-5", "not a non-negative integer"),
+                                ("--chunk-bytes", "1e30", "unknown unit")):
+        r = sc(shardcast_bin, "load", "--checkpoint", ckpt, "--nproc", "2", "--quiet", flag, value)
+        assert r.returncode == 2 and flag in r.stderr and needle in r.stderr, (flag, r.stderr)
+
+
+# Regression (issue 9): with each-rank --verify, rank 0 kept every file page it hashed mapped (1.65 GiB
+# of RssFile on a 2.3 GiB checkpoint). Every read now releases its pages, in every mode.
+@pytest.mark.parametrize("source", ["rank0", "each-rank"])
+def test_verify_keeps_file_pages_flat_on_every_rank(shardcast_bin, tmp_path, source):
+    ckpt = tmp_path / "ckpt"
+    assert sc(shardcast_bin, "synth", "--config", ROOT / "configs" / "tiny-moe.json", "--out", ckpt,
+              "--max-shard-size", "64M").returncode == 0
+    size = sum(f.stat().st_size for f in ckpt.glob("*.safetensors"))
+    assert size > 200 << 20
+    report = tmp_path / "report.json"
+    r = sc(shardcast_bin, "load", "--checkpoint", ckpt, "--nproc", "3", "--verify", "--quiet", "--json", report,
+           "--source", source)
+    assert r.returncode == 0, r.stderr
+    for rank in json.loads(report.read_text())["ranks"]:
+        assert rank["verify"] == "ok"
+        assert rank["peak_rss_file_above_baseline"] < 32 << 20, rank  # of a 235 MB checkpoint
