@@ -17,7 +17,7 @@
 
 #include "runtime/communicator.h"
 #include "runtime/manifest.h"
-#include "runtime/staging_ring.h"
+#include "runtime/source.h"
 
 namespace shardcast {
 

@@ -115,9 +115,9 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   ctx.comm = &comm;
   ctx.manifest = &m;
   ctx.route = route.get();
-  ctx.files = &a.files;
+  FileSource files(m, a.files, rq.options.release_pages);
+  ctx.source = &files;
   ctx.sink = sink.get();
-  ctx.release_pages = rq.options.release_pages;
   ctx.readahead_bytes = rq.options.readahead_bytes;
   ctx.progress = rq.progress;
 

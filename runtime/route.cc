@@ -18,7 +18,7 @@ class Rank0Route : public Route {
       t.read = true;
       t.keep = Holds(msg, 0);
       t.broadcast = msg.dest == kBroadcast;
-      t.send = !t.broadcast && msg.dest != 0;
+      if (!t.broadcast && msg.dest != 0) t.send_to = msg.dest;
       t.verify = verify;
     } else if (Holds(msg, rank)) {
       t.keep = true;

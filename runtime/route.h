@@ -24,11 +24,11 @@ namespace shardcast {
 struct Task {
   bool read = false;       // read it from storage (into a staging slot, or in place)
   bool keep = false;       // store its bytes in this rank's sink
-  bool send = false;       // send it point to point to msg.dest
+  int send_to = -1;        // send it point to point to this rank (-1: no)
   bool broadcast = false;  // broadcast it (as root if read, else as a receiver)
   bool receive = false;    // receive it from `peer`
   bool verify = false;     // hash it as the expected digest of msg.dest (or of every rank, if broadcast)
-  int peer = -1;           // the reader, for receive and broadcast
+  int peer = -1;           // the reader, for receive and broadcast (the root)
   bool any() const { return read || receive || broadcast; }
 };
 

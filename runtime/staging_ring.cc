@@ -3,53 +3,10 @@
 #include <algorithm>
 
 #include "allocators/error.h"
-#include "allocators/lazy_zero.h"
 
 namespace shardcast {
-namespace {
-
-constexpr uint64_t kReleaseStep = 8ull << 20;
-
-}  // namespace
-
-Buffer::~Buffer() { LazyZeroFree(data_, size_); }
-
-unsigned char* Buffer::Get(uint64_t bytes) {
-  if (bytes > size_) {
-    LazyZeroFree(data_, size_);
-    data_ = nullptr;
-    size_ = 0;
-    data_ = static_cast<unsigned char*>(LazyZeroAllocate(bytes));
-    size_ = bytes;
-  }
-  return data_;
-}
-
-void PartReader::Read(const Segment& s, unsigned char* out) {
-  const ManifestEntry& e = m_.entries[s.entry];
-  const ManifestPart& p = e.parts[s.part];
-  const SafetensorsFile& f = *files_[p.file];
-  const std::string what = "tensor '" + p.checkpoint_key + "'";
-  // In steps of kReleaseStep, each released as soon as it is copied: the file pages mapped at once
-  // stay a few MiB, not a whole chunk.
-  const uint64_t ss = DTypeSize(p.source_dtype), ts = DTypeSize(e.target_dtype);
-  const uint64_t step = std::max<uint64_t>(ss, kReleaseStep / ss * ss);
-  for (uint64_t done = 0; done < s.source_bytes; done += step) {
-    const uint64_t n = std::min(step, s.source_bytes - done);
-    unsigned char* dst = out + done / ss * ts;
-    if (p.source_dtype == e.target_dtype) {
-      f.ReadBytes(s.source_offset + done, n, dst, what);
-    } else {
-      unsigned char* raw = scratch_.Get(n);
-      f.ReadBytes(s.source_offset + done, n, raw, what);
-      ConvertElements(p.source_dtype, e.target_dtype, raw, dst, n / ss);
-    }
-    if (release_) f.ReleasePages(s.source_offset + done, n);
-  }
-}
-
-StagingRing::StagingRing(const Manifest& m, const FileTable& files, RingOptions options)
-    : m_(m), files_(files), o_(std::move(options)), slots_(o_.slots), buffers_(o_.slots) {
+StagingRing::StagingRing(const Manifest& m, SegmentSource& source, RingOptions options)
+    : m_(m), source_(source), o_(std::move(options)), slots_(o_.slots), buffers_(o_.slots) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -86,20 +43,10 @@ void StagingRing::Prefetch(Schedule* ahead, Message* pending, uint64_t horizon) 
   while (prefetched_ < horizon) {
     if (pending->segments.empty() && !ahead->Next(pending)) return;
     if (o_.select(*pending)) {
-      // Contiguous segments of one file become one request.
-      uint32_t file = UINT32_MAX;
-      uint64_t begin = 0, end = 0;
       for (const Segment& s : pending->segments) {
-        const uint32_t f = m_.entries[s.entry].parts[s.part].file;
-        if (f == file && s.source_offset == end) {
-          end += s.source_bytes;
-        } else {
-          if (file != UINT32_MAX) files_[file]->Prefetch(begin, end - begin);
-          file = f, begin = s.source_offset, end = s.source_offset + s.source_bytes;
-        }
+        source_.Prefetch(s);
         prefetched_ += s.source_bytes;
       }
-      if (file != UINT32_MAX) files_[file]->Prefetch(begin, end - begin);
     }
     pending->segments.clear();
   }
@@ -107,7 +54,6 @@ void StagingRing::Prefetch(Schedule* ahead, Message* pending, uint64_t horizon) 
 
 void StagingRing::Run() {
   try {
-    PartReader reader(m_, files_, o_.release_pages);
     Schedule schedule(m_), ahead(m_);
     Message msg, pending;
     uint64_t read = 0;
@@ -125,7 +71,7 @@ void StagingRing::Run() {
       if (!in_place) data = buffers_[index % slots_.size()].Get(std::max<uint64_t>(msg.target_bytes, 1));
       uint64_t off = 0;
       for (const Segment& seg : msg.segments) {
-        reader.Read(seg, data + off);
+        source_.Read(seg, data + off);
         off += seg.target_bytes;
         read += seg.source_bytes;
       }

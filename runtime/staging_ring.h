@@ -7,9 +7,8 @@
 //                                               slot its consumer has freed, so memory is K x chunk
 //   read-ahead:          |<-- readahead_bytes -->|   the kernel is asked to fetch these file ranges now
 //
-// PartReader is the one conversion hook: it sees the part, the element (row) range and writes the
-// target bytes; dtype conversion happens there (and fp8 dequantization will). Consumed file pages
-// are released in 8 MiB steps, so RssFile stays flat.
+// The ring reads through a Source (source.h): checkpoint files for a load, with the one conversion
+// hook and consumed pages released; this rank's shards for a save.
 //
 // Thread safety: Next and Free are called by one consumer thread. Failure: the reader's exception
 // is rethrown by Next.
@@ -23,46 +22,12 @@
 #include <thread>
 #include <vector>
 
-#include "loaders/safetensors_file.h"
-#include "runtime/schedule.h"
+#include "runtime/source.h"
 
 namespace shardcast {
 
-// The manifest's files as this rank opened them, by manifest file index (agreed by name, size and
-// header digest in the handshake).
-using FileTable = std::vector<const SafetensorsFile*>;
-
-// A lazily grown lazy-zero buffer: commits only what is written.
-class Buffer {
- public:
-  Buffer() = default;
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  ~Buffer();
-  unsigned char* Get(uint64_t bytes);
-
- private:
-  unsigned char* data_ = nullptr;
-  uint64_t size_ = 0;
-};
-
-class PartReader {
- public:
-  PartReader(const Manifest& m, const FileTable& files, bool release_pages)
-      : m_(m), files_(files), release_(release_pages) {}
-  // Writes segment s's target bytes at `out`. Throws kCheckpoint for a truncated or changed file.
-  void Read(const Segment& s, unsigned char* out);
-
- private:
-  const Manifest& m_;
-  const FileTable& files_;
-  bool release_;
-  Buffer scratch_;
-};
-
 struct RingOptions {
   uint32_t slots = 4;
-  bool release_pages = true;
   uint64_t readahead_bytes = 256ull << 20;
   std::function<bool(const Message&)> select;              // the messages this rank reads
   std::function<unsigned char*(const Message&)> in_place;  // where to read one in place, or nullptr
@@ -78,7 +43,7 @@ class StagingRing {
     uint64_t index = 0;             // among the messages this ring reads
   };
 
-  StagingRing(const Manifest& m, const FileTable& files, RingOptions options);
+  StagingRing(const Manifest& m, SegmentSource& source, RingOptions options);
   ~StagingRing();
   StagingRing(const StagingRing&) = delete;
   StagingRing& operator=(const StagingRing&) = delete;
@@ -93,7 +58,7 @@ class StagingRing {
   void Prefetch(Schedule* ahead, Message* pending, uint64_t horizon);
 
   const Manifest& m_;
-  const FileTable& files_;
+  SegmentSource& source_;
   RingOptions o_;
   std::vector<Slot> slots_;
   std::vector<Buffer> buffers_;  // owned here: sends read them after the reader is done

@@ -53,7 +53,7 @@ class Engine {
     const StreamStats plan = PlanStream(c_);
     const uint64_t total = plan.bytes_read + plan.bytes_received;
     std::optional<StagingRing> ring;
-    if (route_.Reads(me_, verify_)) ring.emplace(m_, *c_.files, RingFor());
+    if (route_.Reads(me_, verify_)) ring.emplace(m_, *c_.source, RingFor());
     Schedule schedule(m_);
     Message msg;
     uint64_t done = 0;
@@ -84,12 +84,11 @@ class Engine {
   RingOptions RingFor() {
     RingOptions o;
     o.slots = slots_;
-    o.release_pages = c_.release_pages;
     o.readahead_bytes = c_.readahead_bytes;
     o.select = [this](const Message& msg) { return route_.For(msg, me_, verify_).read; };
     o.in_place = [this](const Message& msg) -> unsigned char* {
       const Task t = route_.For(msg, me_, verify_);
-      if (!t.keep || t.send || !msg.direct() || (t.broadcast && on_device_)) return nullptr;
+      if (!t.keep || t.send_to >= 0 || !msg.direct() || (t.broadcast && on_device_)) return nullptr;
       return c_.sink->HostDirect(msg.segments[0]);
     };
     return o;
@@ -120,9 +119,9 @@ class Engine {
       r_.stats.bytes_sent += n * static_cast<uint64_t>(comm_.world_size() - 1);
     }
     if (t.keep) Keep(msg, data, slot->in_place);
-    if (t.send) {
+    if (t.send_to >= 0) {
       const unsigned char* wire = on_device_ ? device_slots_[slot->index % slots_].FromHost(data, n) : data;
-      inflight_.push_back({slot, comm_.SendAsync(wire, n, msg.dest)});
+      inflight_.push_back({slot, comm_.SendAsync(wire, n, t.send_to)});
       r_.stats.bytes_sent += n;
       if (inflight_.size() >= std::max<size_t>(1, slots_ - 1)) Retire(ring);
     } else {

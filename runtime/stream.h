@@ -35,9 +35,8 @@ struct StreamContext {
   Communicator* comm = nullptr;
   const Manifest* manifest = nullptr;
   const Route* route = nullptr;
-  const FileTable* files = nullptr;  // REQUIRES: set when the route has this rank read
+  SegmentSource* source = nullptr;  // REQUIRES: set when the route has this rank read
   Sink* sink = nullptr;
-  bool release_pages = true;
   uint64_t readahead_bytes = 256ull << 20;
   Progress progress;
 };

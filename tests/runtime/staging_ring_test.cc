@@ -71,7 +71,8 @@ TEST_F(StagingRingTest, EverySelectedMessageInScheduleOrderBitExact) {
       o.slots = 2;
       o.readahead_bytes = 1024;
       o.select = [](const Message& msg) { return msg.dest != 1; };  // not rank 1's rows
-      StagingRing ring(m, files_, o);
+      FileSource source(m, files_, true);
+      StagingRing ring(m, source, o);
       Schedule schedule(m);
       Message msg;
       uint64_t count = 0;
@@ -110,7 +111,8 @@ TEST_F(StagingRingTest, ReadsInPlaceWhereTheConsumerGivesAPlace) {
     s.assign(msg.target_bytes, '\0');
     return reinterpret_cast<unsigned char*>(s.data());
   };
-  StagingRing ring(m, files_, o);
+  FileSource source(m, files_, true);
+      StagingRing ring(m, source, o);
   int in_place = 0;
   while (StagingRing::Slot* slot = ring.Next()) {
     if (slot->in_place) {
@@ -131,7 +133,8 @@ TEST_F(StagingRingTest, AFileTruncatedWhileOpenIsACheckpointErrorFromNext) {
   RingOptions o;
   o.slots = 2;
   o.select = [](const Message&) { return true; };
-  StagingRing ring(m, files_, o);
+  FileSource source(m, files_, true);
+      StagingRing ring(m, source, o);
   EXPECT_SC_ERROR(
       {
         while (StagingRing::Slot* slot = ring.Next()) ring.Free(slot);

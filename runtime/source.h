@@ -1,0 +1,71 @@
+// runtime/source: where a reader's bytes come from (SegmentSource). The staging ring asks its source for each
+// segment's target bytes; a load reads checkpoint files, a save reads this rank's own shards.
+//
+//   FileSource    the manifest's files as this rank opened them: copies (or converts, the one
+//                 conversion hook) a part's elements out of the mapping, releasing consumed pages
+//   ShardSource   this rank's local tensors: the segment's bytes at its local offset (save)
+//
+// Thread safety: Read and Prefetch are called by the ring's reader thread only.
+// Failure: Read throws shardcast::Error (kCheckpoint for a truncated or changed file).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "loaders/safetensors_file.h"
+#include "runtime/schedule.h"
+
+namespace shardcast {
+
+// The manifest's files as this rank opened them, by manifest file index (agreed by name, size and
+// header digest in the handshake).
+using FileTable = std::vector<const SafetensorsFile*>;
+
+// A lazily grown lazy-zero buffer: commits only what is written.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();
+  unsigned char* Get(uint64_t bytes);
+
+ private:
+  unsigned char* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+class SegmentSource {
+ public:
+  virtual ~SegmentSource() = default;
+  // Writes segment s's target bytes at `out`.
+  virtual void Read(const Segment& s, unsigned char* out) = 0;
+  // Asks for segments that will be read soon (read-ahead); best effort.
+  virtual void Prefetch(const Segment& s) {}
+};
+
+class FileSource : public SegmentSource {
+ public:
+  FileSource(const Manifest& m, const FileTable& files, bool release_pages)
+      : m_(m), files_(files), release_(release_pages) {}
+  void Read(const Segment& s, unsigned char* out) override;
+  void Prefetch(const Segment& s) override;
+
+ private:
+  const Manifest& m_;
+  const FileTable& files_;
+  bool release_;
+  Buffer scratch_;
+};
+
+class ShardSource : public SegmentSource {
+ public:
+  explicit ShardSource(std::vector<at::Tensor> tensors) : tensors_(std::move(tensors)) {}
+  void Read(const Segment& s, unsigned char* out) override;
+
+ private:
+  std::vector<at::Tensor> tensors_;  // one per manifest entry, CPU (a device shard is copied)
+};
+
+}  // namespace shardcast
