@@ -64,12 +64,15 @@ Agreement Handshake(Communicator& comm, const Plan& plan, const HandshakeRequest
   FaultPoint("handshake", comm.rank());
   Agreement a;
   Problem local;
+  std::vector<long long> keys;
+  for (const auto& row : AllGather(comm, {LocalNodeKey()})) keys.push_back(row[0]);
+  a.nodes = NodeMapFromKeys(keys);
   const bool coordinator = comm.rank() == 0;
   std::string blob;
   if (coordinator) {
     try {
       a.ckpt = OpenCheckpoint(rq);
-      a.manifest = Resolve(plan, *a.ckpt, rq.mapping, StreamParamsFrom(rq.options));
+      a.manifest = Resolve(plan, *a.ckpt, rq.mapping, StreamParamsFrom(rq.options), rq.replicas);
       blob = EncodeManifest(a.manifest);
     } catch (const std::exception& e) {
       local = AsProblem(e);
@@ -83,10 +86,11 @@ Agreement Handshake(Communicator& comm, const Plan& plan, const HandshakeRequest
   if (local.message.empty() && size > 0) {
     try {
       if (!coordinator) a.manifest = DecodeManifest(blob);
-      std::string diff = CheckManifest(a.manifest, plan, comm.rank(), comm.world_size());
+      std::string diff = CheckManifest(a.manifest, plan, comm.rank(), comm.world_size(), rq.replicas);
       if (diff.empty()) diff = CheckParams(a.manifest.params, rq.options, comm.rank());
       if (!diff.empty()) local = Problem{ErrorKind::kManifestMismatch, diff};
-      const auto route = Route::Make(a.manifest.params.source, comm.world_size());
+      a.mesh = Mesh{a.manifest.replicas, a.manifest.world_size};
+      const auto route = Route::Make(a.manifest.params.source, a.mesh, a.nodes);
       if (local.message.empty() && route->Reads(comm.rank(), a.manifest.params.verify)) {
         if (!a.ckpt) a.ckpt = OpenCheckpoint(rq);
         diff = MatchFiles(a.manifest, *a.ckpt, rq.checkpoint, comm.rank(), &a.files);
@@ -102,6 +106,7 @@ Agreement Handshake(Communicator& comm, const Plan& plan, const HandshakeRequest
 }
 
 void FailHandshake(Communicator& comm, ErrorKind kind, const std::string& problem) {
+  AllGather(comm, {LocalNodeKey()});  // the handshake's collectives, in its order
   int64_t size = 0;
   comm.Broadcast(&size, sizeof(size), 0);  // rank 0's manifest size; ours carries nothing if we are rank 0
   std::string blob(static_cast<size_t>(comm.rank() == 0 ? 0 : size), '\0');

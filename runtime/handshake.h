@@ -1,5 +1,6 @@
 // runtime/handshake: agreement before any data moves.
 //
+//   0. every rank says which node it is on (one small all-gather): read-once sources need it
 //   1. rank 0 opens the checkpoint and resolves its plan by key into the manifest, with its own
 //      options as the stream's parameters (chunk, coalescing, staging, source, verify, strict keys)
 //   2. rank 0 broadcasts the manifest (as nothing, if it failed, so every rank runs the same steps)
@@ -17,6 +18,7 @@
 
 #include "runtime/communicator.h"
 #include "runtime/manifest.h"
+#include "runtime/mesh.h"
 #include "runtime/source.h"
 
 namespace shardcast {
@@ -25,10 +27,13 @@ struct HandshakeRequest {
   std::string checkpoint;
   LoadOptions options;  // this rank's; rank 0's become the stream's parameters
   KeyMapping mapping;
+  int replicas = 1;     // this rank's mesh: R x (world / R)
 };
 
 struct Agreement {
   Manifest manifest;
+  Mesh mesh;
+  NodeMap nodes;                     // every rank's node, gathered
   std::unique_ptr<Checkpoint> ckpt;  // this rank's view, when the route has it read
   FileTable files;                   // by manifest file index, into ckpt
   std::vector<std::string> adopted;  // the reader's values this rank took over its own

@@ -85,10 +85,19 @@ StreamResult Stream(Communicator& comm, const Route& route, const StreamContext&
 }  // namespace
 
 LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
-  if (state->rank() != comm.rank()) {
-    FailHandshake(comm, ErrorKind::kInvalidArgument,
-                  "state prepared for rank " + std::to_string(state->rank()) + " but this is rank " +
-                      std::to_string(comm.rank()));
+  {
+    std::string bad;
+    try {
+      const Mesh mine = MakeMesh(comm.world_size(), rq.replicas);
+      if (state->rank() != mine.ShardOf(comm.rank())) {
+        bad = "state prepared for shard index " + std::to_string(state->rank()) + " but rank " +
+              std::to_string(comm.rank()) + " of a " + mine.Text() + " mesh holds shard index " +
+              std::to_string(mine.ShardOf(comm.rank()));
+      }
+    } catch (const Error& e) {
+      bad = e.what();
+    }
+    if (!bad.empty()) FailHandshake(comm, ErrorKind::kInvalidArgument, bad);
   }
   const auto t0 = Clock::now();
   const MemorySnapshot base = ReadMemory();
@@ -96,7 +105,8 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   RankReport mine;
 
   auto t = Clock::now();
-  Agreement a = Together(comm, [&] { return Handshake(comm, state->plan(), {rq.checkpoint, rq.options, rq.mapping}); });
+  Agreement a = Together(
+      comm, [&] { return Handshake(comm, state->plan(), {rq.checkpoint, rq.options, rq.mapping, rq.replicas}); });
   const Manifest& m = a.manifest;
   mine.handshake_seconds = Since(t);
 
@@ -104,7 +114,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   Allocate(comm, state, rq.checksum_only || rq.setup_only);
   mine.allocate_seconds = Since(t);
 
-  const auto route = Route::Make(m.params.source, comm.world_size());
+  const auto route = Route::Make(m.params.source, a.mesh, a.nodes);
   std::unique_ptr<Sink> sink;
   if (rq.checksum_only || rq.setup_only) {
     sink = std::make_unique<ChecksumSink>(m.entries.size());
@@ -152,6 +162,9 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   report.target = rq.checksum_only ? "checksum-only" : TargetName(rq.options.target);
   report.backend = comm.backend();
   report.world_size = comm.world_size();
+  report.mesh = a.mesh.Text();
+  report.nodes = a.nodes.nodes();
+  report.checkpoint_bytes = SourceBytes(m);
   report.entries = m.entries.size();
   report.total_bytes = TotalTargetBytes(m);
   report.skipped_keys = m.skipped;
@@ -195,6 +208,9 @@ std::string LoadReport::ToJson() const {
   j["target"] = target;
   j["backend"] = backend;
   j["world_size"] = world_size;
+  j["mesh"] = mesh;
+  j["nodes"] = nodes;
+  j["checkpoint_bytes"] = checkpoint_bytes;
   j["entries"] = entries;
   j["total_bytes"] = total_bytes;
   j["skipped_keys"] = skipped_keys;

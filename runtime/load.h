@@ -35,8 +35,9 @@ struct RankReport {
 };
 
 struct LoadReport {
-  std::string source, target, backend;
-  int world_size = 1;
+  std::string source, target, backend, mesh;
+  int world_size = 1, nodes = 1;
+  uint64_t checkpoint_bytes = 0;  // what the entries read once from storage (sum of their parts)
   uint64_t entries = 0, total_bytes = 0, skipped_keys = 0;
   uint64_t chunk_bytes = 0;  // the agreed parameters the stream ran with
   int staging_slots = 0;
@@ -52,6 +53,7 @@ struct LoadRequest {
   std::string checkpoint;
   LoadOptions options;         // from LoadOptionsBuilder
   KeyMapping mapping;
+  int replicas = 1;            // default 1 (FSDP). R > 1: an HSDP mesh of R x (world / R), rank g = (g / S, g % S)
   bool checksum_only = false;  // default false. true: receive and hash, keep nothing (benchmarks)
   bool setup_only = false;     // default false. true: handshake, allocation and schedule; move no bytes
   Progress progress;           // default none: called on every rank as its messages complete
@@ -60,8 +62,8 @@ struct LoadRequest {
 // Every rank's report on every rank (one small all-reduce). `mine` is this rank's; rank ignored.
 std::vector<RankReport> GatherReports(Communicator& comm, const RankReport& mine);
 
-// REQUIRES: state prepared from a plan of comm.world_size() ranks, for comm.rank() (checked in the
-// handshake). Allocates the state's shards unless checksum_only.
+// REQUIRES: state prepared from a plan of S = comm.world_size() / replicas ranks, for this rank's shard
+// index comm.rank() % S (checked). Allocates the state's shards unless checksum_only.
 LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& request);
 
 }  // namespace shardcast

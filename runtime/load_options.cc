@@ -18,7 +18,15 @@ constexpr Option kAll[] = {Option::kSource,    Option::kTarget,  Option::kChunkB
 
 }  // namespace
 
-const char* SourceName(Source source) { return source == Source::kRank0 ? "rank0" : "each-rank"; }
+const char* SourceName(Source source) {
+  switch (source) {
+    case Source::kRank0: return "rank0";
+    case Source::kEachRank: return "each-rank";
+    case Source::kNodeLeader: return "node-leader";
+    case Source::kStriped: return "striped";
+  }
+  return "?";
+}
 
 const char* LoadOptionsBuilder::EnvironmentName(Option option) {
   switch (option) {
@@ -60,7 +68,9 @@ LoadOptions LoadOptionsBuilder::Build() const {
       case Option::kSource:
         if (t == "rank0") o.source = Source::kRank0;
         else if (t == "each-rank") o.source = Source::kEachRank;
-        else Bad(v.origin, t, "is not a source (rank0 or each-rank)");
+        else if (t == "node-leader") o.source = Source::kNodeLeader;
+        else if (t == "striped") o.source = Source::kStriped;
+        else Bad(v.origin, t, "is not a source (rank0, each-rank, node-leader or striped)");
         break;
       case Option::kTarget: {
         auto target = ParseTarget(t);

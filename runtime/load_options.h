@@ -27,9 +27,12 @@
 namespace shardcast {
 
 enum class Source : uint8_t {
-  kRank0,     // rank 0 reads and sends each rank only its rows (scatter); needs storage on rank 0 only
-  kEachRank,  // every rank reads its own rows; for storage every rank can see; no data communication
+  kRank0,       // rank 0 reads and sends each rank only its rows (scatter); storage on rank 0 only
+  kEachRank,    // every rank reads its own rows; storage every rank sees; no data communication
+  kNodeLeader,  // the first rank of each node reads its node's rows and sends them within the node
+  kStriped,     // each shard's rows are read by one of its holders, which sends the other replicas theirs
 };
+inline constexpr int kNumSources = 4;
 const char* SourceName(Source source);
 
 struct LoadOptions {

@@ -155,9 +155,11 @@ std::string RelativeName(const Checkpoint& ckpt, size_t i) {
   return path;
 }
 
-Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& mapping, const StreamParams& params) {
+Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& mapping, const StreamParams& params,
+                 int replicas) {
   Manifest m;
   m.world_size = plan.world_size();
+  m.replicas = replicas;
   m.params = params;
   for (size_t i = 0; i < ckpt.num_files(); ++i) {
     const SafetensorsFile& f = ckpt.file(i);
@@ -180,11 +182,15 @@ Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& map
   return m;
 }
 
-std::string CheckManifest(const Manifest& m, const Plan& plan, int rank, int world_size) {
+std::string CheckManifest(const Manifest& m, const Plan& plan, int rank, int world_size, int replicas) {
   const std::string me = "rank " + std::to_string(rank);
-  if (m.world_size != world_size || plan.world_size() != world_size) {
-    return "world size: rank 0 planned for " + std::to_string(m.world_size) + ", " + me + " for " +
-           std::to_string(plan.world_size()) + ", and the communicator has " + std::to_string(world_size);
+  auto layout = [](int r, int s) {
+    return r == 1 ? std::to_string(s) : std::to_string(r) + " x " + std::to_string(s) + " (replicate x shard)";
+  };
+  if (m.world_size != plan.world_size() || m.replicas != replicas ||
+      static_cast<int64_t>(m.world_size) * m.replicas != world_size) {
+    return "world size: rank 0 planned for " + layout(m.replicas, m.world_size) + ", " + me + " for " +
+           layout(replicas, plan.world_size()) + ", and the communicator has " + std::to_string(world_size);
   }
   size_t from_ckpt = 0;
   for (const PlanEntry& e : plan.entries()) from_ckpt += FromCheckpoint(e.role);
@@ -213,6 +219,14 @@ std::string CheckManifest(const Manifest& m, const Plan& plan, int rank, int wor
     }
   }
   return {};
+}
+
+uint64_t SourceBytes(const Manifest& m) {
+  uint64_t total = 0;
+  for (const ManifestEntry& e : m.entries) {
+    for (const ManifestPart& p : e.parts) total += p.numel * DTypeSize(p.source_dtype);
+  }
+  return total;
 }
 
 std::string CheckParams(const StreamParams& reader, const LoadOptions& mine, int rank) {

@@ -76,7 +76,8 @@ struct ManifestEntry {
 };
 
 struct Manifest {
-  int world_size = 1;
+  int world_size = 1;  // S: the ranks each entry's rows are split over (the shard dimension of the mesh)
+  int replicas = 1;    // R: copies of every shard (HSDP); the communicator has R x S ranks
   StreamParams params;
   std::vector<ManifestFile> files;
   std::vector<ManifestEntry> entries;
@@ -93,10 +94,14 @@ uint64_t FileDigest(const SafetensorsFile& file);
 std::string RelativeName(const Checkpoint& ckpt, size_t file);
 
 // Throws kManifestMismatch / kCheckpoint naming the key, file and both values.
-Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& mapping, const StreamParams& params);
+Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& mapping, const StreamParams& params,
+                 int replicas = 1);
 
-// Returns this rank's first difference from rank 0's manifest, or "" when it agrees.
-std::string CheckManifest(const Manifest& m, const Plan& plan, int rank, int world_size);
+// Returns this rank's first difference from rank 0's manifest, or "" when it agrees. world_size: the
+// communicator's (R x S).
+std::string CheckManifest(const Manifest& m, const Plan& plan, int rank, int world_size, int replicas = 1);
+// The checkpoint bytes the manifest's entries read once (their parts' source bytes).
+uint64_t SourceBytes(const Manifest& m);
 // Returns the options this rank asked for that change results and differ from the reader's, or "".
 std::string CheckParams(const StreamParams& reader, const LoadOptions& mine, int rank);
 

@@ -1,7 +1,7 @@
 // The manifest on the wire: little-endian, length-prefixed, versioned. One encoder, one decoder; a
 // blob of another version or one cut short is a kComm error, never a misread.
 //
-//   "shardcast-manifest-2" | world | params | files[name, size, digest] | entries[...] | skipped
+//   "shardcast-manifest-2" | shards | replicas | params | files[name, size, digest] | entries[...] | skipped
 //   entry: key | dtype | role | placement | shape | parts[key ("" = the entry's), dtype, file, offset,
 //          numel, shape]
 #include <cstring>
@@ -86,6 +86,7 @@ std::string EncodeManifest(const Manifest& m) {
   Writer w;
   w.Str(kVersion);
   w.U64(static_cast<uint64_t>(m.world_size));
+  w.U64(static_cast<uint64_t>(m.replicas));
   const StreamParams& p = m.params;
   w.U64(static_cast<uint64_t>(p.source));
   w.U64(p.chunk_bytes);
@@ -131,8 +132,9 @@ Manifest DecodeManifest(const std::string& bytes) {
   }
   Manifest m;
   m.world_size = static_cast<int>(r.U64());
+  m.replicas = static_cast<int>(r.U64());
   StreamParams& p = m.params;
-  p.source = r.Enum<Source>(2);
+  p.source = r.Enum<Source>(kNumSources);
   p.chunk_bytes = r.U64();
   p.coalesce_bytes = r.U64();
   p.staging_slots = static_cast<uint32_t>(r.U64());

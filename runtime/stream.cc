@@ -12,8 +12,7 @@
 namespace shardcast {
 namespace {
 
-// The transport's memory: host for Gloo; for a device transport (NCCL), device buffers that host
-// bytes are copied through. One reusable byte tensor per use, grown as needed.
+// Memory a device transport (NCCL) moves bytes through: one reusable byte tensor per use, grown as needed.
 class DeviceBuffer {
  public:
   unsigned char* Get(uint64_t bytes) {
@@ -39,12 +38,24 @@ class DeviceBuffer {
   at::Tensor t_;
 };
 
+// K buffers used round-robin, each busy until the sends from it complete: message i uses buffer i % K,
+// so the sends from message i - K must be done first. Retiring oldest-first keeps memory at K buffers.
+struct SendSlots {
+  struct InFlight {
+    uint64_t index;
+    StagingRing::Slot* ring_slot;  // the reader's staging slot to free, or nullptr
+    std::vector<std::unique_ptr<PendingSend>> sends;
+  };
+  std::deque<InFlight> inflight;
+  uint64_t next = 0;
+};
+
 class Engine {
  public:
   explicit Engine(const StreamContext& c)
-      : c_(c), comm_(*c.comm), m_(*c.manifest), route_(*c.route), me_(comm_.rank()),
+      : c_(c), comm_(*c.comm), m_(*c.manifest), route_(*c.route), me_(comm_.rank()), world_(comm_.world_size()),
         verify_(m_.params.verify), on_device_(comm_.device_buffers()), slots_(m_.params.staging_slots),
-        device_slots_(on_device_ ? slots_ : 0) {
+        device_slots_(on_device_ ? slots_ : 0), forward_host_(slots_), forward_device_(on_device_ ? slots_ : 0) {
     r_.held = DigestColumn(verify_ ? m_.entries.size() : 0);
     r_.expected = ExpectedDigests(m_.entries.size());
   }
@@ -52,8 +63,7 @@ class Engine {
   StreamResult Run() {
     const StreamStats plan = PlanStream(c_);
     const uint64_t total = plan.bytes_read + plan.bytes_received;
-    std::optional<StagingRing> ring;
-    if (route_.Reads(me_, verify_)) ring.emplace(m_, *c_.source, RingFor());
+    if (route_.Reads(me_, verify_)) ring_.emplace(m_, *c_.source, RingFor());
     Schedule schedule(m_);
     Message msg;
     uint64_t done = 0;
@@ -62,25 +72,21 @@ class Engine {
       if (!t.any()) continue;
       FaultPoint("stream", me_);
       if (t.read) {
-        Deliver(*ring, msg, t);
+        FromRing(msg, t);
       } else {
-        Receive(msg, t);
+        FromWire(msg, t);
       }
       ++r_.stats.messages;
       done += msg.target_bytes;
       if (c_.progress) c_.progress(done, total);
     }
-    while (!inflight_.empty()) Retire(*ring);
-    if (ring) r_.stats.bytes_read = ring->bytes_read();
+    while (!reading_.inflight.empty()) Retire(&reading_);
+    while (!forwarding_.inflight.empty()) Retire(&forwarding_);
+    if (ring_) r_.stats.bytes_read = ring_->bytes_read();
     return std::move(r_);
   }
 
  private:
-  struct InFlight {
-    StagingRing::Slot* slot;
-    std::unique_ptr<PendingSend> send;
-  };
-
   RingOptions RingFor() {
     RingOptions o;
     o.slots = slots_;
@@ -88,54 +94,70 @@ class Engine {
     o.select = [this](const Message& msg) { return route_.For(msg, me_, verify_).read; };
     o.in_place = [this](const Message& msg) -> unsigned char* {
       const Task t = route_.For(msg, me_, verify_);
-      if (!t.keep || t.send_to >= 0 || !msg.direct() || (t.broadcast && on_device_)) return nullptr;
+      if (!t.keep || !t.send_to.empty() || !msg.direct() || (t.broadcast && on_device_)) return nullptr;
       return c_.sink->HostDirect(msg.segments[0]);
     };
     return o;
   }
 
-  void Retire(StagingRing& ring) {
-    inflight_.front().send->Wait();
-    ring.Free(inflight_.front().slot);
-    inflight_.pop_front();
+  void Retire(SendSlots* s) {
+    for (auto& send : s->inflight.front().sends) send->Wait();
+    if (s->inflight.front().ring_slot != nullptr) ring_->Free(s->inflight.front().ring_slot);
+    s->inflight.pop_front();
+  }
+  // Before message `index` takes buffer index % K: the sends still using it must finish.
+  void MakeRoom(SendSlots* s) {
+    while (!s->inflight.empty() && s->inflight.front().index + slots_ <= s->next) Retire(s);
+  }
+  void Send(SendSlots* s, uint64_t index, StagingRing::Slot* ring_slot, const unsigned char* wire, uint64_t n,
+            const std::vector<int>& to) {
+    SendSlots::InFlight f{index, ring_slot, {}};
+    for (int peer : to) f.sends.push_back(comm_.SendAsync(wire, n, peer));
+    r_.stats.bytes_sent += n * to.size();
+    s->inflight.push_back(std::move(f));
+    if (s->inflight.size() >= std::max<size_t>(1, slots_ - 1)) Retire(s);
   }
 
-  // This rank read `msg`: hash it, keep it, send or broadcast it.
-  void Deliver(StagingRing& ring, const Message& msg, const Task& t) {
-    // The slot the next message lands in may still be held by a send: finish that send first, or the
-    // reader waits for the slot while we wait for the reader.
-    while (!inflight_.empty() && inflight_.front().slot->index + slots_ <= next_slot_) Retire(ring);
-    StagingRing::Slot* slot = ring.Next();
+  // This rank read `msg`: hash it, broadcast it, keep it, send it.
+  void FromRing(const Message& msg, const Task& t) {
+    MakeRoom(&reading_);  // or the reader waits for a slot while we wait for the reader
+    StagingRing::Slot* slot = ring_->Next();
     if (slot == nullptr || slot->msg.seq != msg.seq) {
       throw Error(ErrorKind::kInternal, "stream", "the staging ring fell out of step with the schedule");
     }
-    ++next_slot_;
+    const uint64_t index = reading_.next++, n = msg.target_bytes;
     const unsigned char* data = slot->data;
-    const uint64_t n = msg.target_bytes;
-    if (t.verify) Expect(msg, data);
+    Expect(msg, data, t.verify_for);
+    const bool device_copy = on_device_ && (t.broadcast || !t.send_to.empty());
+    unsigned char* wire = device_copy ? device_slots_[index % slots_].FromHost(data, n) : slot->data;
     if (t.broadcast) {
-      unsigned char* wire = on_device_ ? device_slots_[slot->index % slots_].FromHost(data, n) : slot->data;
       comm_.Broadcast(wire, n, me_);
-      r_.stats.bytes_sent += n * static_cast<uint64_t>(comm_.world_size() - 1);
+      r_.stats.bytes_sent += n * static_cast<uint64_t>(world_ - 1);
     }
     if (t.keep) Keep(msg, data, slot->in_place);
-    if (t.send_to >= 0) {
-      const unsigned char* wire = on_device_ ? device_slots_[slot->index % slots_].FromHost(data, n) : data;
-      inflight_.push_back({slot, comm_.SendAsync(wire, n, t.send_to)});
-      r_.stats.bytes_sent += n;
-      if (inflight_.size() >= std::max<size_t>(1, slots_ - 1)) Retire(ring);
+    if (t.send_to.empty()) {
+      ring_->Free(slot);
     } else {
-      ring.Free(slot);
+      Send(&reading_, index, slot, wire, n, t.send_to);
     }
   }
 
-  // This rank receives `msg` from the reader.
-  void Receive(const Message& msg, const Task& t) {
+  // This rank receives `msg` (and forwards it to `send_to`, the next replicas of a chain).
+  void FromWire(const Message& msg, const Task& t) {
     const uint64_t n = msg.target_bytes;
     const Segment& first = msg.segments[0];
+    const bool forward = !t.send_to.empty();
     unsigned char* direct = nullptr;
-    if (msg.direct()) direct = on_device_ ? c_.sink->DeviceDirect(first) : c_.sink->HostDirect(first);
-    unsigned char* buf = direct ? direct : on_device_ ? device_bounce_.Get(n) : bounce_.Get(n);
+    if (msg.direct() && !forward) direct = on_device_ ? c_.sink->DeviceDirect(first) : c_.sink->HostDirect(first);
+    uint64_t index = 0;
+    unsigned char* buf = direct;
+    if (forward) {
+      MakeRoom(&forwarding_);
+      index = forwarding_.next++;
+      buf = on_device_ ? forward_device_[index % slots_].Get(n) : forward_host_[index % slots_].Get(n);
+    } else if (buf == nullptr) {
+      buf = on_device_ ? device_bounce_.Get(n) : bounce_.Get(n);
+    }
     if (t.broadcast) {
       comm_.Broadcast(buf, n, t.peer);
     } else {
@@ -143,14 +165,24 @@ class Engine {
     }
     r_.stats.bytes_received += n;
     const unsigned char* host = buf;
-    if (on_device_ && !direct) {
-      device_bounce_.ToHost(bounce_.Get(n), n);
+    if (on_device_ && !direct) {  // device bytes to the host, for the sink and the digests
+      if (forward) {
+        HostBytes(bounce_.Get(n), n).copy_(HostBytes(buf, n, at::kCUDA));
+      } else {
+        device_bounce_.ToHost(bounce_.Get(n), n);
+      }
       host = bounce_.Get(n);
     } else if (on_device_ && verify_) {
       c_.sink->CopyDeviceToHost(first, bounce_.Get(n));
       host = bounce_.Get(n);
     }
-    Keep(msg, host, direct != nullptr);
+    if (t.keep) Keep(msg, host, direct != nullptr);
+    if (forward) Send(&forwarding_, index, nullptr, buf, n, t.send_to);
+  }
+
+  static at::Tensor HostBytes(const unsigned char* p, uint64_t n, at::DeviceType device = at::kCPU) {
+    return at::from_blob(const_cast<unsigned char*>(p), {static_cast<int64_t>(n)},
+                         at::TensorOptions().dtype(at::kByte).device(device));
   }
 
   void Keep(const Message& msg, const unsigned char* data, bool in_place) {
@@ -163,15 +195,12 @@ class Engine {
     }
   }
 
-  void Expect(const Message& msg, const unsigned char* data) {
+  void Expect(const Message& msg, const unsigned char* data, const std::vector<int>& ranks) {
+    if (ranks.empty()) return;
     uint64_t off = 0;
     for (const Segment& s : msg.segments) {
       const uint64_t d = SegmentDigest(data + off, s.target_bytes, s.local_offset);
-      if (msg.dest == kBroadcast) {
-        for (int r = 0; r < comm_.world_size(); ++r) r_.expected.Add(r, s.entry, d);
-      } else {
-        r_.expected.Add(msg.dest, s.entry, d);
-      }
+      for (int r : ranks) r_.expected.Add(r, s.entry, d);
       off += s.target_bytes;
     }
   }
@@ -180,14 +209,16 @@ class Engine {
   Communicator& comm_;
   const Manifest& m_;
   const Route& route_;
-  const int me_;
+  const int me_, world_;
   const bool verify_, on_device_;
   const uint32_t slots_;
-  std::vector<DeviceBuffer> device_slots_;
+  std::optional<StagingRing> ring_;
+  std::vector<DeviceBuffer> device_slots_;   // device copies of staging slots (device transports)
+  std::vector<Buffer> forward_host_;         // received messages this rank forwards
+  std::vector<DeviceBuffer> forward_device_;
   DeviceBuffer device_bounce_;
   Buffer bounce_;
-  std::deque<InFlight> inflight_;
-  uint64_t next_slot_ = 0;
+  SendSlots reading_, forwarding_;
   StreamResult r_;
 };
 

@@ -23,7 +23,7 @@ struct LoadArgs {
   std::string checkpoint, config, json, backend = "gloo";
   // Load options as given (empty: not given), parsed by LoadOptionsBuilder with the environment.
   std::string source, target, chunk, staging_slots, readahead, timeout_ms;
-  int nproc = 0, layers = -1;
+  int nproc = 0, layers = -1, nodes = 1, replicas = 1;
   bool verify = false, checksum_only = false, strict_keys = false, quiet = false, setup_only = false;
   std::vector<std::string> argv;  // as given, for the launcher
 };
@@ -91,13 +91,21 @@ void PrintReport(const LoadReport& r) {
                 static_cast<unsigned long long>(r.skipped_keys), r.skipped_examples.front().c_str());
   }
   double slowest = 0;
-  for (const auto& rr : r.ranks) slowest = std::max(slowest, rr.seconds);
-  std::printf("\nload: %.3f s, %.2f GB/s\n", slowest, slowest > 0 ? r.total_bytes / slowest / 1e9 : 0.0);
-  std::printf("%5s %12s %12s %12s %9s %16s %16s %8s\n", "rank", "received", "stored", "sent", "seconds",
+  uint64_t read = 0, sent = 0;
+  for (const auto& rr : r.ranks) {
+    slowest = std::max(slowest, rr.seconds);
+    read += rr.bytes_read, sent += rr.bytes_sent;
+  }
+  std::printf("\nload: %.3f s, %.2f GB/s; mesh %s on %d node(s); storage reads %s = %.2fx the checkpoint, %s sent\n",
+              slowest, slowest > 0 ? r.total_bytes / slowest / 1e9 : 0.0, r.mesh.c_str(), r.nodes,
+              HumanBytes(read).c_str(), r.checkpoint_bytes ? static_cast<double>(read) / r.checkpoint_bytes : 0.0,
+              HumanBytes(sent).c_str());
+  std::printf("%5s %12s %12s %12s %12s %9s %16s %16s %8s\n", "rank", "read", "received", "stored", "sent", "seconds",
               "peak RssAnon", "peak RssFile", "verify");
   for (const auto& rr : r.ranks) {
-    std::printf("%5d %12s %12s %12s %9.3f %16s %16s %8s\n", rr.rank, HumanBytes(rr.bytes_received).c_str(),
-                HumanBytes(rr.bytes_stored).c_str(), HumanBytes(rr.bytes_sent).c_str(), rr.seconds,
+    std::printf("%5d %12s %12s %12s %12s %9.3f %16s %16s %8s\n", rr.rank, HumanBytes(rr.bytes_read).c_str(),
+                HumanBytes(rr.bytes_received).c_str(), HumanBytes(rr.bytes_stored).c_str(),
+                HumanBytes(rr.bytes_sent).c_str(), rr.seconds,
                 HumanBytes(rr.peak_rss_anon).c_str(), HumanBytes(rr.peak_rss_file).c_str(),
                 rr.verified == 1 ? "ok" : "off");
   }
@@ -127,6 +135,7 @@ int RunRank(const LoadArgs& a) {
   }
   rq.checksum_only = a.checksum_only;
   rq.setup_only = a.setup_only;
+  rq.replicas = a.replicas;
   const Target target = rq.options.target;
   ProgressPrinter printer;
   if (rv.rank == 0 && !a.quiet) rq.progress = [&printer](uint64_t d, uint64_t t) { printer(d, t); };
@@ -145,11 +154,12 @@ int RunRank(const LoadArgs& a) {
   std::unique_ptr<RankState> state;
   try {
     if (bad_options) throw *bad_options;
-    plan = std::make_unique<Plan>(Plan::Build(BuildModelSpec(ConfigFor(a), SpecOptions{a.layers}), rv.world_size));
+    const Mesh mesh = MakeMesh(rv.world_size, a.replicas);
+    plan = std::make_unique<Plan>(Plan::Build(BuildModelSpec(ConfigFor(a), SpecOptions{a.layers}), mesh.shards));
     PrepareOptions po;
     po.target = target;
     po.device_index = rv.local_rank;
-    state = std::make_unique<RankState>(RankState::Prepare(*plan, rv.rank, po));
+    state = std::make_unique<RankState>(RankState::Prepare(*plan, mesh.ShardOf(rv.rank), po));
   } catch (const Error& e) {
     FailHandshake(*comm, e.kind(), e.what());
   }
@@ -166,17 +176,17 @@ int RunLoad(const LoadArgs& a) {
     // Re-run ourselves as each rank: the same arguments without --nproc.
     std::vector<std::string> argv = {SelfExe()};
     for (size_t i = 1; i < a.argv.size(); ++i) {
-      if (a.argv[i] == "--nproc") {
+      if (a.argv[i] == "--nproc" || a.argv[i] == "--nodes") {
         ++i;
         continue;
       }
-      if (a.argv[i].rfind("--nproc=", 0) == 0) continue;
+      if (a.argv[i].rfind("--nproc=", 0) == 0 || a.argv[i].rfind("--nodes=", 0) == 0) continue;
       argv.push_back(a.argv[i]);
     }
     LoadArgs parsed = a;
     if (parsed.source == "baseline") parsed.source.clear();
     const LoadOptions o = BuildOptions(parsed);  // a bad option fails here once, not in every rank
-    return LaunchLocalRanks(a.nproc, argv, o.timeout + std::chrono::seconds(10));
+    return LaunchLocalRanks(a.nproc, argv, o.timeout + std::chrono::seconds(10), a.nodes);
   }
   return RunRank(a);
 }
@@ -190,7 +200,11 @@ void AddLoad(CLI::App& app, Runner* run, const std::vector<std::string>& argv) {
   cmd->add_option("--checkpoint", args->checkpoint, "checkpoint directory or .safetensors file")->required();
   cmd->add_option("--config", args->config, "HF config.json (default: DIR/config.json)");
   cmd->add_option("--nproc", args->nproc, "launch N local ranks (like torchrun --standalone)");
-  cmd->add_option("--source", args->source, "rank0 (default) or each-rank (baseline: the full-broadcast algorithm, for benchmarks)");
+  cmd->add_option("--source", args->source,
+                  "rank0 (default), each-rank, node-leader or striped (baseline: the full-broadcast algorithm, for "
+                  "benchmarks)");
+  cmd->add_option("--replicas", args->replicas, "HSDP: R replicas x (world / R) shards (default 1: FSDP)");
+  cmd->add_option("--nodes", args->nodes, "with --nproc: split the ranks into N nodes (LOCAL_RANK, GROUP_RANK)");
   cmd->add_option("--target", args->target, "cpu (default), pinned or cuda");
   cmd->add_option("--backend", args->backend, "gloo (default) or nccl (with --target cuda; CUDA builds)");
   cmd->add_option("--chunk-bytes", args->chunk, "staging slot size, e.g. 64M (default 64M, 4K-4G)");

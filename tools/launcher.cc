@@ -12,8 +12,13 @@
 
 namespace shardcast::tools {
 
-int LaunchLocalRanks(int nproc, const std::vector<std::string>& argv, std::chrono::milliseconds grace) {
+int LaunchLocalRanks(int nproc, const std::vector<std::string>& argv, std::chrono::milliseconds grace, int nodes) {
   if (nproc < 1) throw Error(ErrorKind::kInvalidArgument, "--nproc", "must be at least 1");
+  if (nodes < 1 || nproc % nodes != 0) {
+    throw Error(ErrorKind::kInvalidArgument, "--nodes",
+                std::to_string(nodes) + " node(s) do not divide " + std::to_string(nproc) + " ranks");
+  }
+  const int per_node = nproc / nodes;
   // Bound here and handed to rank 0, which hosts the store on it: no other process can take the port
   // between choosing it and binding it.
   LocalListener listener = LocalListener::Open();
@@ -21,8 +26,9 @@ int LaunchLocalRanks(int nproc, const std::vector<std::string>& argv, std::chron
   for (int r = 0; r < nproc; ++r) {
     SpawnOptions so;
     so.argv = argv;
-    so.env = {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(nproc), "LOCAL_RANK=" + std::to_string(r),
-              "LOCAL_WORLD_SIZE=" + std::to_string(nproc), "MASTER_ADDR=127.0.0.1",
+    so.env = {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(nproc),
+              "LOCAL_RANK=" + std::to_string(r % per_node), "LOCAL_WORLD_SIZE=" + std::to_string(per_node),
+              "GROUP_RANK=" + std::to_string(r / per_node), "MASTER_ADDR=127.0.0.1",
               "MASTER_PORT=" + std::to_string(listener.port())};
     if (r == 0) {
       so.env.push_back("SHARDCAST_LISTEN_FD=" + std::to_string(listener.fd()));

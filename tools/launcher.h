@@ -13,6 +13,9 @@
 
 namespace shardcast::tools {
 
-int LaunchLocalRanks(int nproc, const std::vector<std::string>& argv, std::chrono::milliseconds grace);
+// nodes: split the ranks into this many groups of nproc / nodes consecutive ranks, each with its own
+// LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK (the node index), as torchrun --nnodes gives them on
+// separate machines: several "nodes" on one machine, for read-once sources and tests.
+int LaunchLocalRanks(int nproc, const std::vector<std::string>& argv, std::chrono::milliseconds grace, int nodes = 1);
 
 }  // namespace shardcast::tools

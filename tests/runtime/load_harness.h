@@ -43,6 +43,9 @@ struct Result {
   int64_t checked = 0, mismatches = 0, skipped = 0, verified = 0;
   std::vector<std::string> adopted;
   double seconds = 0;  // from the worker's start to its report
+  uint64_t read_total = 0, checkpoint_bytes = 0;  // storage reads of every rank; the checkpoint's bytes
+  int nodes = 0;
+  std::string mesh;
   bool reported = false;
   bool frozen = false;  // a faulted rank still running after the others ended (then killed)
 };
@@ -154,6 +157,10 @@ class LoadTest : public ::testing::Test {
           x.verified = j.value("verified", 0);
           x.adopted = j.value("adopted", std::vector<std::string>{});
           x.seconds = j.value("seconds", 0.0);
+          x.read_total = j.value("read_total", uint64_t{0});
+          x.checkpoint_bytes = j.value("checkpoint_bytes", uint64_t{0});
+          x.nodes = j.value("nodes", 0);
+          x.mesh = j.value("mesh", "");
         }
         ranks[r].Wait(std::chrono::seconds(30));
       } catch (const Error& e) {

@@ -78,7 +78,7 @@ TEST(LoadOptionsBuilder, BoundsAreErrorsNamingTheOriginNeverSilentlyIgnored) {
   fails(Option::kChunkBytes, "nan", "--chunk-bytes", "is not a size");
   fails(Option::kChunkBytes, "100", "--chunk-bytes", "below the minimum");
   fails(Option::kChunkBytes, "5G", "--chunk-bytes", "exceeds the limit");
-  fails(Option::kSource, "rank1", "--source", "rank0 or each-rank");
+  fails(Option::kSource, "rank1", "--source", "rank0, each-rank, node-leader or striped");
   fails(Option::kVerify, "maybe", "verify=", "not a boolean");
 }
 

@@ -97,20 +97,35 @@ int LoadWorkerMain(int argc, char** argv) {
     std::unique_ptr<Communicator> comm =
         rv.world_size == 1 ? CreateLocalCommunicator() : CreateGlooCommunicator(rv, rq.options.timeout);
     ModelSpec spec = BuildModelSpec(config);
-    int plan_world = rv.world_size;
+    // The mesh: R x (W / R), R from the test (HSDP); this rank's plan is over S, for its shard index.
+    const char* replicas = std::getenv("TEST_REPLICAS");
+    rq.replicas = replicas ? std::atoi(replicas) : 1;
+    const Mesh mesh = MakeMesh(rv.world_size, rq.replicas);
+    int plan_world = mesh.shards;
+    if (scenario == "shape_divergence" && rv.rank == rv.world_size - 1) {
+      for (auto& e : spec.entries) {
+        if (e.key == "model.layers.1.mlp.gate.weight") e.shape[0] += 1;  // one replica disagrees
+      }
+    }
     if (scenario == "dtype_divergence" && rv.rank == 1) {
       for (auto& e : spec.entries) e.dtype = e.key == "model.norm.weight" ? DType::kF32 : e.dtype;
     }
     if (scenario == "world_size_mismatch" && rv.rank == 1) plan_world = rv.world_size + 1;
     Plan plan = Plan::Build(std::move(spec), plan_world);
-    RankState state = RankState::Prepare(plan, rv.rank);
+    RankState state = RankState::Prepare(plan, mesh.ShardOf(rv.rank));
     LoadReport report = Load(*comm, &state, rq);
     int64_t checked = 0, mismatches = 0;
     auto ckpt = Checkpoint::Open(ckpt_dir);
     Check(state, *ckpt, &checked, &mismatches);
     out = {{"ok", true}, {"checked", checked}, {"mismatches", mismatches}, {"skipped", report.skipped_keys},
            {"verified", report.ranks[rv.rank].verified}, {"stored", report.ranks[rv.rank].bytes_stored},
-           {"adopted", report.adopted}};
+           {"adopted", report.adopted}, {"read", report.ranks[rv.rank].bytes_read},
+           {"read_total", [&] {
+              uint64_t t = 0;
+              for (const auto& r : report.ranks) t += r.bytes_read;
+              return t;
+            }()},
+           {"checkpoint_bytes", report.checkpoint_bytes}, {"nodes", report.nodes}, {"mesh", report.mesh}};
   } catch (const Error& e) {
     out = {{"ok", false}, {"kind", ErrorKindName(e.kind())}, {"message", e.what()}};
   } catch (const std::exception& e) {
