@@ -1,0 +1,367 @@
+#include "loaders/dequant.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <vector>
+
+#include "allocators/error.h"
+
+// How the kernel is fast without a per-element switch:
+//   - one row kernel per (weight dtype, target, NaN scales or not), picked once per call;
+//   - the scales of a block row are decoded once into one float per column, so a row is a single
+//     loop `out[c] = round(decode(w[c]) * s[c])` whatever the block width;
+//   - decode and rounding are branch-free integer and float code the compiler vectorizes; on x86-64
+//     each row kernel is compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2) and the baseline, and the
+//     loader picks one when the library loads. The file is compiled with -ffp-contract=off, so every
+//     clone does the same IEEE operations in the same order: the same bits on every CPU.
+//
+//   weight rows [r0, r1), bh = 4, cols = 10, bw = 4        expanded scale row for grid row g
+//   r0 = 6 -> +----+----+--+  grid row 1                  s[g][0] x4 | s[g][1] x4 | s[g][2] x2
+//        7    |    |    |  |
+//        8 -> +----+----+--+  grid row 2 (decode again)
+//        9    |    |    |  |
+
+namespace shardcast {
+namespace {
+
+#define SHARDCAST_INLINE inline __attribute__((always_inline))
+
+SHARDCAST_INLINE uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+SHARDCAST_INLINE float Float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+SHARDCAST_INLINE bool IsNanBits(uint32_t u) { return static_cast<int32_t>(u & 0x7FFFFFFFu) > 0x7F800000; }
+
+// e4m3fn: normals move exponent and mantissa into place and rebias by 127 - 7; subnormals are
+// m * 2^-9 (exact as float(m) * 2^-9, no denormal float involved); 0x7F is NaN. = Fp8E4M3BitsToFloat.
+SHARDCAST_INLINE float DecodeE4M3(uint8_t b) {
+  const uint32_t x = b, sign = (x & 0x80u) << 24, em = x & 0x7Fu;
+  const uint32_t normal = (em << 20) + (120u << 23);
+  const uint32_t sub = Bits(static_cast<float>(static_cast<int32_t>(em)) * 0x1p-9f);
+  uint32_t mag = em < 8 ? sub : normal;
+  mag = em == 0x7F ? 0x7FF00000u : mag;
+  return Float(sign | mag);
+}
+
+// e5m2, the top byte of a half: rebias by 127 - 15; subnormals m * 2^-16; exponent 31 is inf (m = 0)
+// or NaN, quieted with its payload. = Fp8E5M2BitsToFloat.
+SHARDCAST_INLINE float DecodeE5M2(uint8_t b) {
+  const uint32_t x = b, sign = (x & 0x80u) << 24, em = x & 0x7Fu;
+  const uint32_t normal = (em << 21) + (112u << 23);
+  const uint32_t sub = Bits(static_cast<float>(static_cast<int32_t>(em)) * 0x1p-16f);
+  const uint32_t quiet = ((em + 3u) & 0x80u) << 15;  // 0x400000 for em > 0x7C, the NaNs
+  const uint32_t special = 0x7F800000u | ((em & 3u) << 21) | quiet;
+  uint32_t mag = em < 4 ? sub : normal;
+  mag = em >= 0x7C ? special : mag;
+  return Float(sign | mag);
+}
+
+// torch's CPU float -> bf16: round to nearest even on the bits (denormals too); every NaN is 0xFFFF.
+SHARDCAST_INLINE uint16_t ToBF16(float p) {
+  const uint32_t u = Bits(p);
+  const uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>(IsNanBits(u) ? 0xFFFFu : r);
+}
+
+// float -> IEEE half, round to nearest even, by c10's method (FloatToHalfBits in dtype.cc); a NaN
+// keeps its sign and the top 10 bits of its payload and is quieted, as vcvtps2ph (torch) does.
+SHARDCAST_INLINE uint16_t ToF16(float f) {
+  const uint32_t w = Bits(f);
+  const float base0 = (Float(w & 0x7FFFFFFFu) * 0x1p112f) * 0x1p-110f;
+  const uint32_t shl1_w = w + w;
+  const uint32_t sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xFF000000u;
+  bias = bias < 0x71000000u ? 0x71000000u : bias;
+  const uint32_t bits = Bits(Float((bias >> 1) + 0x07800000u) + base0);
+  const uint32_t nonsign = ((bits >> 13) & 0x7C00u) + (bits & 0x0FFFu);
+  const uint32_t nan = 0x7E00u | ((w >> 13) & 0x3FFu);
+  return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? nan : nonsign));
+}
+
+template <DType kWeight>
+SHARDCAST_INLINE float Decode(uint8_t b) {
+  if constexpr (kWeight == DType::kF8_E4M3) return DecodeE4M3(b);
+  else return DecodeE5M2(b);
+}
+
+template <DType kTarget>
+SHARDCAST_INLINE void Store(unsigned char* out, uint64_t i, float p) {
+  if constexpr (kTarget == DType::kF32) {
+    std::memcpy(out + 4 * i, &p, 4);
+  } else {
+    const uint16_t h = kTarget == DType::kBF16 ? ToBF16(p) : ToF16(p);
+    std::memcpy(out + 2 * i, &h, 2);
+  }
+}
+
+// One weight row: round(decode(w[i]) * s[i]), s being the row's scales, one per column.
+// kNanScales: some s[i] is NaN. Such a column gives quiet(s[i]) even where w[i] is NaN too (torch's
+// product keeps its second operand's payload); the plain product would leave that to the compiler's
+// choice of operand order.
+template <DType kWeight, DType kTarget, bool kNanScales>
+SHARDCAST_INLINE void RowBody(const uint8_t* __restrict__ w, const float* __restrict__ s, uint64_t n,
+                              unsigned char* __restrict__ out) {
+  for (uint64_t i = 0; i < n; ++i) {
+    float p = Decode<kWeight>(w[i]) * s[i];
+    if constexpr (kNanScales) {
+      const uint32_t sb = Bits(s[i]);
+      p = IsNanBits(sb) ? Float(sb | 0x400000u) : p;
+    }
+    Store<kTarget>(out, i, p);
+  }
+}
+
+using RowFn = void (*)(const uint8_t*, const float*, uint64_t, unsigned char*);
+
+// The same row kernels compiled for each ISA level. The baseline is plain x86-64 (SSE2) or whatever
+// the build targets; the others exist on x86-64 with GCC or clang and are used where the CPU has them.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SHARDCAST_DEQUANT_X86 1
+#define SHARDCAST_TARGET_AVX2 __attribute__((target("avx2,bmi,bmi2")))
+#define SHARDCAST_TARGET_AVX512 __attribute__((target("avx2,bmi,bmi2,avx512f,avx512bw,avx512vl,avx512dq")))
+#else
+#define SHARDCAST_DEQUANT_X86 0
+#define SHARDCAST_TARGET_AVX2
+#define SHARDCAST_TARGET_AVX512
+#endif
+
+struct BaselineIsa {
+  template <DType kWeight, DType kTarget, bool kNanScales>
+  static void Row(const uint8_t* __restrict__ w, const float* __restrict__ s, uint64_t n,
+                  unsigned char* __restrict__ out) {
+    RowBody<kWeight, kTarget, kNanScales>(w, s, n, out);
+  }
+};
+struct Avx2Isa {
+  template <DType kWeight, DType kTarget, bool kNanScales>
+  SHARDCAST_TARGET_AVX2 static void Row(const uint8_t* __restrict__ w, const float* __restrict__ s, uint64_t n,
+                                        unsigned char* __restrict__ out) {
+    RowBody<kWeight, kTarget, kNanScales>(w, s, n, out);
+  }
+};
+struct Avx512Isa {
+  template <DType kWeight, DType kTarget, bool kNanScales>
+  SHARDCAST_TARGET_AVX512 static void Row(const uint8_t* __restrict__ w, const float* __restrict__ s, uint64_t n,
+                                          unsigned char* __restrict__ out) {
+    RowBody<kWeight, kTarget, kNanScales>(w, s, n, out);
+  }
+};
+
+// kernels[weight is E5M2][NaN scales][target: BF16, F16, F32]
+using RowKernels = std::array<std::array<std::array<RowFn, 3>, 2>, 2>;
+
+template <class Isa, DType kWeight, bool kNanScales>
+constexpr std::array<RowFn, 3> TargetRow() {
+  return {&Isa::template Row<kWeight, DType::kBF16, kNanScales>, &Isa::template Row<kWeight, DType::kF16, kNanScales>,
+          &Isa::template Row<kWeight, DType::kF32, kNanScales>};
+}
+
+template <class Isa>
+constexpr RowKernels KernelsFor() {
+  return {{{TargetRow<Isa, DType::kF8_E4M3, false>(), TargetRow<Isa, DType::kF8_E4M3, true>()},
+           {TargetRow<Isa, DType::kF8_E5M2, false>(), TargetRow<Isa, DType::kF8_E5M2, true>()}}};
+}
+
+const RowKernels& KernelsOf(dequant_internal::Isa isa) {
+  static constexpr RowKernels kBaseline = KernelsFor<BaselineIsa>();
+#if SHARDCAST_DEQUANT_X86
+  static constexpr RowKernels kAvx2 = KernelsFor<Avx2Isa>();
+  static constexpr RowKernels kAvx512 = KernelsFor<Avx512Isa>();
+  if (isa == dequant_internal::Isa::kAvx2) return kAvx2;
+  if (isa == dequant_internal::Isa::kAvx512) return kAvx512;
+#endif
+  return kBaseline;
+}
+
+// REQUIRES: CanDequantize(weight, *, target).
+RowFn PickRowKernel(const RowKernels& k, DType weight, DType target, bool nan_scales) {
+  const int t = target == DType::kBF16 ? 0 : target == DType::kF16 ? 1 : 2;
+  return k[weight == DType::kF8_E5M2][nan_scales][t];
+}
+
+dequant_internal::Isa DetectIsa() {
+#if SHARDCAST_DEQUANT_X86
+  __builtin_cpu_init();  // the checks include the OS's support for the AVX and AVX-512 register state
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  if (avx512) return dequant_internal::Isa::kAvx512;
+  if (avx2) return dequant_internal::Isa::kAvx2;
+#endif
+  return dequant_internal::Isa::kBaseline;
+}
+
+bool IsWeightDType(DType d) { return d == DType::kF8_E4M3 || d == DType::kF8_E5M2; }
+bool IsScaleDType(DType d) {
+  return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16 || d == DType::kF8_E8M0;
+}
+bool IsTargetDType(DType d) { return d == DType::kBF16 || d == DType::kF16 || d == DType::kF32; }
+
+uint64_t CeilDiv(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
+
+float DecodeScale(DType dtype, const unsigned char* p) {
+  switch (dtype) {
+    case DType::kF32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case DType::kBF16:
+    case DType::kF16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return dtype == DType::kBF16 ? BFloat16BitsToFloat(h) : HalfBitsToFloat(h);
+    }
+    default:
+      return Fp8E8M0BitsToFloat(*p);
+  }
+}
+
+// Decodes one scale row (grid_used scales) into one float per weight column. Returns whether any
+// scale is NaN.
+bool ExpandScaleRow(const DequantScale& scale, uint64_t row, uint64_t grid_used, uint64_t cols,
+                    uint64_t bw, float* out) {
+  const size_t ss = DTypeSize(scale.dtype);
+  const auto* p = static_cast<const unsigned char*>(scale.data) + row * scale.grid_cols * ss;
+  bool nan = false;
+  for (uint64_t j = 0, c0 = 0; j < grid_used; ++j, c0 += bw) {
+    const float s = DecodeScale(scale.dtype, p + j * ss);
+    nan |= IsNanBits(Bits(s));
+    const uint64_t c1 = cols - c0 <= bw ? cols : c0 + bw;
+    std::fill(out + c0, out + c1, s);
+  }
+  return nan;
+}
+
+std::string ShapeText(const std::vector<uint64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string BlockText(BlockSize b) { return std::to_string(b.rows) + " x " + std::to_string(b.cols); }
+
+std::string UnsupportedText(DType weight, DType scale, DType target) {
+  return "cannot dequantize " + std::string(DTypeName(weight)) + " weights with " +
+         std::string(DTypeName(scale)) + " scales to " + std::string(DTypeName(target)) +
+         " (weights: F8_E4M3 or F8_E5M2; scales: F32, BF16, F16 or F8_E8M0; targets: BF16, F16 or F32)";
+}
+
+}  // namespace
+
+ScaleGrid ScaleGridFor(uint64_t rows, uint64_t cols, BlockSize block) {
+  return {CeilDiv(rows, block.rows), CeilDiv(cols, block.cols)};
+}
+
+RowSpan ScaleRowsFor(RowSpan rows, BlockSize block) {
+  if (rows.end <= rows.begin) return {};
+  return {rows.begin / block.rows, CeilDiv(rows.end, block.rows)};
+}
+
+bool CanDequantize(DType weight, DType scale, DType target) {
+  return IsWeightDType(weight) && IsScaleDType(scale) && IsTargetDType(target);
+}
+
+namespace dequant_internal {
+
+std::string_view IsaName(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+    default: return "baseline";
+  }
+}
+
+std::vector<Isa> SupportedIsas() {
+  static const Isa best = DetectIsa();
+  std::vector<Isa> out = {Isa::kBaseline};
+  if (best == Isa::kAvx2 || best == Isa::kAvx512) out.push_back(Isa::kAvx2);
+  if (best == Isa::kAvx512) out.push_back(Isa::kAvx512);
+  return out;
+}
+
+void DequantizeWithIsa(Isa isa, const DequantSource& weight, const DequantScale& scale, RowSpan rows,
+                       uint64_t cols, BlockSize block, DType target, void* out) {
+  if (!CanDequantize(weight.dtype, scale.dtype, target)) {
+    throw Error(ErrorKind::kUnsupported, "dequantize", UnsupportedText(weight.dtype, scale.dtype, target));
+  }
+  if (block.rows == 0 || block.cols == 0) {
+    throw Error(ErrorKind::kInvalidArgument, "dequantize", "block size " + BlockText(block) + " has a zero side");
+  }
+  if (rows.end < rows.begin) {
+    throw Error(ErrorKind::kInvalidArgument, "dequantize",
+                "row range [" + std::to_string(rows.begin) + ", " + std::to_string(rows.end) + ") ends before it begins");
+  }
+  const uint64_t grid_used = CeilDiv(cols, block.cols);
+  if (scale.grid_cols < grid_used) {
+    throw Error(ErrorKind::kInvalidArgument, "dequantize",
+                "scale rows of " + std::to_string(scale.grid_cols) + " do not cover " + std::to_string(cols) +
+                    " columns in blocks of " + BlockText(block) + " (need " + std::to_string(grid_used) + ")");
+  }
+  if (rows.size() == 0 || cols == 0) return;
+
+  const RowKernels& kernels = KernelsOf(isa);
+  const RowFn fast = PickRowKernel(kernels, weight.dtype, target, false);
+  const RowFn nan_scales = PickRowKernel(kernels, weight.dtype, target, true);
+  const auto* w = static_cast<const uint8_t*>(weight.data);
+  auto* o = static_cast<unsigned char*>(out);
+  const size_t ts = DTypeSize(target);
+  const uint64_t first_grid_row = rows.begin / block.rows;
+  std::vector<float> expanded(cols);
+  // One block row at a time: expand its scales, then run each of its weight rows in the range.
+  for (uint64_t r = rows.begin; r < rows.end;) {
+    const uint64_t g = r / block.rows;
+    const uint64_t left_in_block = block.rows - r % block.rows;
+    const uint64_t r_end = rows.end - r <= left_in_block ? rows.end : r + left_in_block;
+    const bool nan = ExpandScaleRow(scale, g - first_grid_row, grid_used, cols, block.cols, expanded.data());
+    const RowFn row_fn = nan ? nan_scales : fast;
+    for (; r < r_end; ++r) {
+      const uint64_t i = r - rows.begin;
+      row_fn(w + i * cols, expanded.data(), cols, o + i * cols * ts);
+    }
+  }
+}
+
+}  // namespace dequant_internal
+
+void Dequantize(const DequantSource& weight, const DequantScale& scale, RowSpan rows, uint64_t cols,
+                BlockSize block, DType target, void* out) {
+  static const dequant_internal::Isa best = DetectIsa();
+  dequant_internal::DequantizeWithIsa(best, weight, scale, rows, cols, block, target, out);
+}
+
+std::string ScaleKeyFor(std::string_view weight_key) { return std::string(weight_key) + "_scale_inv"; }
+
+void CheckDequantizable(std::string_view key, DType weight, DType scale, DType target) {
+  if (!CanDequantize(weight, scale, target)) {
+    throw Error(ErrorKind::kUnsupported, std::string(key), UnsupportedText(weight, scale, target));
+  }
+}
+
+void CheckScaleShape(std::string_view key, const std::vector<uint64_t>& weight_shape,
+                     const std::vector<uint64_t>& scale_shape, BlockSize block) {
+  const std::string context(key);
+  if (block.rows == 0 || block.cols == 0) {
+    throw Error(ErrorKind::kInvalidArgument, context, "block size " + BlockText(block) + " has a zero side");
+  }
+  if (weight_shape.size() != 2) {
+    throw Error(ErrorKind::kCheckpoint, context,
+                "a block-quantized weight must be 2-D, got shape " + ShapeText(weight_shape));
+  }
+  const ScaleGrid g = ScaleGridFor(weight_shape[0], weight_shape[1], block);
+  if (scale_shape.size() != 2 || scale_shape[0] != g.rows || scale_shape[1] != g.cols) {
+    throw Error(ErrorKind::kCheckpoint, context,
+                "scale " + ScaleKeyFor(key) + " has shape " + ShapeText(scale_shape) + ", but weight shape " +
+                    ShapeText(weight_shape) + " in blocks of " + BlockText(block) + " needs " +
+                    ShapeText({g.rows, g.cols}));
+  }
+}
+
+}  // namespace shardcast
