@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/loaders/dequant_cases.h"
 #include "tests/loaders/test_util.h"
 
 namespace shardcast {
@@ -16,178 +17,14 @@ namespace {
 
 using dequant_internal::Isa;
 
-constexpr DType kWeights[] = {DType::kF8_E4M3, DType::kF8_E5M2};
-constexpr DType kScales[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kF8_E8M0};
-constexpr DType kTargets[] = {DType::kBF16, DType::kF16, DType::kF32};
+using testing::DequantCase;
+using testing::FloatBits;
+using testing::MakeDequantCase;
+constexpr auto& kWeights = testing::kDequantWeights;
+constexpr auto& kScales = testing::kDequantScales;
+constexpr auto& kTargets = testing::kDequantTargets;
 
-uint32_t Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float Float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-// ---- the rule, one element at a time, from dtype.h's scalar conversions ----------------------
-
-float RefWeight(DType d, uint8_t b) { return d == DType::kF8_E4M3 ? Fp8E4M3BitsToFloat(b) : Fp8E5M2BitsToFloat(b); }
-
-float RefScale(DType d, const unsigned char* p) {
-  uint16_t h;
-  switch (d) {
-    case DType::kF32: {
-      float f;
-      std::memcpy(&f, p, 4);
-      return f;
-    }
-    case DType::kBF16: std::memcpy(&h, p, 2); return BFloat16BitsToFloat(h);
-    case DType::kF16: std::memcpy(&h, p, 2); return HalfBitsToFloat(h);
-    default: return Fp8E8M0BitsToFloat(*p);
-  }
-}
-
-// A NaN scale gives quiet(scale) whatever the weight; otherwise the one fp32 product.
-float RefProduct(float w, float s) { return std::isnan(s) ? Float(Bits(s) | 0x400000u) : w * s; }
-
-void RefStore(DType target, float p, unsigned char* out) {
-  if (target == DType::kF32) {
-    std::memcpy(out, &p, 4);
-    return;
-  }
-  uint16_t h;
-  const uint32_t u = Bits(p);
-  if (target == DType::kBF16) {
-    h = std::isnan(p) ? 0xFFFF : FloatToBFloat16Bits(p);
-  } else {
-    h = std::isnan(p) ? static_cast<uint16_t>(((u >> 16) & 0x8000u) | 0x7E00u | ((u >> 13) & 0x3FFu))
-                      : FloatToHalfBits(p);
-  }
-  std::memcpy(out, &h, 2);
-}
-
-// A whole [rows, cols] weight and its full scale grid.
-struct Case {
-  DType weight, scale;
-  uint64_t rows, cols;
-  BlockSize block;
-  std::vector<unsigned char> w, s;  // w: rows * cols bytes; s: the whole grid
-  ScaleGrid grid() const { return ScaleGridFor(rows, cols, block); }
-
-  std::string Name(DType target) const {
-    return std::string(DTypeName(weight)) + " x " + std::string(DTypeName(scale)) + " -> " +
-           std::string(DTypeName(target)) + " [" + std::to_string(rows) + ", " + std::to_string(cols) + "] in " +
-           std::to_string(block.rows) + " x " + std::to_string(block.cols);
-  }
-
-  std::vector<unsigned char> Reference(DType target) const {
-    const size_t ts = DTypeSize(target), ss = DTypeSize(scale);
-    const uint64_t gc = grid().cols;
-    std::vector<unsigned char> out(rows * cols * ts);
-    for (uint64_t r = 0; r < rows; ++r) {
-      for (uint64_t c = 0; c < cols; ++c) {
-        const float s_rc = RefScale(scale, s.data() + ((r / block.rows) * gc + c / block.cols) * ss);
-        RefStore(target, RefProduct(RefWeight(weight, w[r * cols + c]), s_rc), out.data() + (r * cols + c) * ts);
-      }
-    }
-    return out;
-  }
-
-  // Rows [r0, r1) as the stream would call it: only those rows' bytes and their scale rows.
-  std::vector<unsigned char> Run(DType target, uint64_t r0, uint64_t r1, Isa isa) const {
-    const RowSpan g = ScaleRowsFor({r0, r1}, block);
-    std::vector<unsigned char> out((r1 - r0) * cols * DTypeSize(target));
-    // Copies, so that ASan sees any read outside exactly what the contract hands over.
-    std::vector<unsigned char> wpart(w.begin() + r0 * cols, w.begin() + r1 * cols);
-    const size_t row_bytes = grid().cols * DTypeSize(scale);
-    std::vector<unsigned char> spart(s.begin() + g.begin * row_bytes, s.begin() + g.end * row_bytes);
-    dequant_internal::DequantizeWithIsa(isa, {weight, wpart.data()}, {scale, spart.data(), grid().cols}, {r0, r1},
-                                        cols, block, target, out.data());
-    return out;
-  }
-  std::vector<unsigned char> Run(DType target) const { return Run(target, 0, rows, dequant_internal::SupportedIsas().back()); }
-};
-
-// Scales that vary per block over many binades, with the awkward values at fixed places:
-// NaN (quiet and signaling), +-inf, +-0, float denormals, values whose products overflow or underflow.
-std::vector<unsigned char> MakeScales(DType d, uint64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<unsigned char> out(n * DTypeSize(d));
-  for (uint64_t i = 0; i < n; ++i) {
-    unsigned char* p = out.data() + i * DTypeSize(d);
-    const uint32_t r = rng();
-    if (d == DType::kF8_E8M0) {
-      static const uint8_t kSpecial[] = {0xFF, 0, 1, 2, 254, 127, 100, 150};
-      *p = i < 8 ? kSpecial[i] : static_cast<uint8_t>(r);
-      continue;
-    }
-    // An F32 value: sign, exponent in [-140, 40], mantissa random; some special.
-    static const uint32_t kSpecial[] = {0x7FC00000u, 0x7F800001u, 0xFFA00123u, 0x7F800000u, 0xFF800000u,
-                                        0x00000000u, 0x80000000u, 0x00012345u, 0x7F000000u, 0x00800000u};
-    uint32_t f = (r & 0x80000000u) | ((static_cast<uint32_t>(127 - 140 + (r >> 8) % 181) & 0xFFu) << 23) |
-                 (r & 0x7FFFFFu);
-    if (i < 10) f = kSpecial[i];
-    if (d == DType::kF32) {
-      std::memcpy(p, &f, 4);
-    } else {
-      // BF16: the top half. F16: the same draw, re-biased into the half's range with its own specials.
-      uint16_t h = static_cast<uint16_t>(f >> 16);
-      if (d == DType::kF16) {
-        static const uint16_t kHalf[] = {0x7E00, 0x7C01, 0xFE05, 0x7C00, 0xFC00, 0x0000, 0x8000, 0x0001, 0x7BFF, 0x0400};
-        h = i < 10 ? kHalf[i] : static_cast<uint16_t>(r >> 16);
-        if (i >= 10 && (h & 0x7C00) == 0x7C00) h &= 0xBFFF;  // keep random draws finite
-      }
-      std::memcpy(p, &h, 2);
-    }
-  }
-  // Shuffle the specials into place, keeping it a pure function of the seed.
-  if (n > 1) {
-    const size_t es = DTypeSize(d);
-    for (uint64_t i = n - 1; i > 0; --i) {
-      const uint64_t j = rng() % (i + 1);
-      for (size_t b = 0; b < es; ++b) std::swap(out[i * es + b], out[j * es + b]);
-    }
-  }
-  return out;
-}
-
-Case MakeCase(DType weight, DType scale, uint64_t rows, uint64_t cols, BlockSize block, uint32_t seed = 1) {
-  Case c{weight, scale, rows, cols, block, {}, {}};
-  std::mt19937 rng(seed);
-  c.w.resize(rows * cols);
-  for (uint64_t i = 0; i < c.w.size(); ++i) c.w[i] = i < 256 ? static_cast<uint8_t>(i) : static_cast<uint8_t>(rng());
-  std::shuffle(c.w.begin(), c.w.end(), rng);  // every byte pattern, NaN included, somewhere
-  const ScaleGrid g = c.grid();
-  c.s = MakeScales(scale, g.rows * g.cols, seed + 7);
-  return c;
-}
-
-// Index of the first differing element, or -1.
-int64_t FirstDiff(const std::vector<unsigned char>& a, const std::vector<unsigned char>& b, size_t es) {
-  if (a.size() != b.size()) return -2;
-  for (size_t i = 0; i < a.size(); i += es) {
-    if (std::memcmp(a.data() + i, b.data() + i, es) != 0) return static_cast<int64_t>(i / es);
-  }
-  return -1;
-}
-
-std::string Hex(const std::vector<unsigned char>& v, int64_t i, size_t es) {
-  uint32_t u = 0;
-  std::memcpy(&u, v.data() + i * es, es);
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "0x%0*x", static_cast<int>(2 * es), u);
-  return buf;
-}
-
-#define EXPECT_SAME_BITS(got, want, target, what)                                                        \
-  do {                                                                                                   \
-    const size_t es_ = DTypeSize(target);                                                                \
-    const int64_t at_ = FirstDiff(got, want, es_);                                                       \
-    EXPECT_EQ(at_, -1) << (what) << ": element " << at_ << " is " << (at_ >= 0 ? Hex(got, at_, es_) : "") \
-                       << ", want " << (at_ >= 0 ? Hex(want, at_, es_) : "");                             \
-  } while (0)
+uint32_t Bits(float f) { return FloatBits(f); }
 
 template <typename T>
 std::vector<unsigned char> Raw(std::initializer_list<T> v) {
@@ -213,7 +50,7 @@ TEST(Dequant, HandComputedValues) {
   // [2, 4] E4M3 in 1 x 2 blocks, F32 scales [[0.5, 2], [-1, 0.25]]:
   //   row 0: 1.0 * 0.5, 2.0 * 0.5, -3.0 * 2, 448 * 2  = 0.5, 1, -6, 896
   //   row 1: 2^-9 * -1, 2^-6 * -1, 0 * 0.25, -0 * 0.25 = -2^-9, -2^-6, 0, -0
-  Case c{DType::kF8_E4M3, DType::kF32, 2, 4, {1, 2}, {0x38, 0x40, 0xC4, 0x7E, 0x01, 0x08, 0x00, 0x80},
+  DequantCase c{DType::kF8_E4M3, DType::kF32, 2, 4, {1, 2}, {0x38, 0x40, 0xC4, 0x7E, 0x01, 0x08, 0x00, 0x80},
          Raw<float>({0.5f, 2.0f, -1.0f, 0.25f})};
   EXPECT_EQ(U16(c.Run(DType::kBF16)),
             (std::vector<uint16_t>{0x3F00, 0x3F80, 0xC0C0, 0x4460, 0xBB00, 0xBC80, 0x0000, 0x8000}));
@@ -222,23 +59,23 @@ TEST(Dequant, HandComputedValues) {
   EXPECT_EQ(U32(c.Run(DType::kF32)), (std::vector<uint32_t>{Bits(0.5f), Bits(1.0f), Bits(-6.0f), Bits(896.0f),
                                                            Bits(-0x1p-9f), Bits(-0x1p-6f), 0u, 0x80000000u}));
   // E5M2: 1.0 (0x3C), -1.5 (0xBE), 57344 (0x7B, the largest), 2^-16 (0x01, the smallest subnormal).
-  Case e{DType::kF8_E5M2, DType::kF32, 1, 4, {128, 128}, {0x3C, 0xBE, 0x7B, 0x01}, Raw<float>({4.0f})};
+  DequantCase e{DType::kF8_E5M2, DType::kF32, 1, 4, {128, 128}, {0x3C, 0xBE, 0x7B, 0x01}, Raw<float>({4.0f})};
   EXPECT_EQ(U32(e.Run(DType::kF32)),
             (std::vector<uint32_t>{Bits(4.0f), Bits(-6.0f), Bits(229376.0f), Bits(0x1p-14f)}));
 }
 
 TEST(Dequant, RoundsToNearestEvenOnce) {
   // 1.0 * (1 + 2^-8) lies halfway between two bf16 values: ties to even (down); 1 + 3 * 2^-8 rounds up.
-  Case c{DType::kF8_E4M3, DType::kF32, 1, 2, {1, 1}, {0x38, 0x38}, Raw<uint32_t>({0x3F808000u, 0x3F818000u})};
+  DequantCase c{DType::kF8_E4M3, DType::kF32, 1, 2, {1, 1}, {0x38, 0x38}, Raw<uint32_t>({0x3F808000u, 0x3F818000u})};
   EXPECT_EQ(U16(c.Run(DType::kBF16)), (std::vector<uint16_t>{0x3F80, 0x3F82}));
-  Case h{DType::kF8_E4M3, DType::kF32, 1, 2, {1, 1}, {0x38, 0x38}, Raw<float>({1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f})};
+  DequantCase h{DType::kF8_E4M3, DType::kF32, 1, 2, {1, 1}, {0x38, 0x38}, Raw<float>({1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f})};
   EXPECT_EQ(U16(h.Run(DType::kF16)), (std::vector<uint16_t>{0x3C00, 0x3C02}));
   // The product is rounded to fp32 first, then to the target: 1.75 * (1 + 2^-23) = 1.75 + 1.75 * 2^-23
   // rounds in fp32 to 1.75 + 2^-22, not an exact product held wider.
-  Case p{DType::kF8_E4M3, DType::kF32, 1, 1, {1, 1}, {0x3E}, Raw<float>({1.0f + 0x1p-23f})};
+  DequantCase p{DType::kF8_E4M3, DType::kF32, 1, 1, {1, 1}, {0x3E}, Raw<float>({1.0f + 0x1p-23f})};
   EXPECT_EQ(U32(p.Run(DType::kF32)), (std::vector<uint32_t>{Bits(1.75f + 0x1p-22f)}));
   // Overflow: 448 * 2^120 is inf in fp32; 448 * 2^8 = 114688 overflows f16 but not bf16.
-  Case o{DType::kF8_E4M3, DType::kF32, 1, 2, {1, 1}, {0x7E, 0x7E}, Raw<float>({0x1p120f, 0x1p8f})};
+  DequantCase o{DType::kF8_E4M3, DType::kF32, 1, 2, {1, 1}, {0x7E, 0x7E}, Raw<float>({0x1p120f, 0x1p8f})};
   EXPECT_EQ(U32(o.Run(DType::kF32))[0], 0x7F800000u);
   EXPECT_EQ(U16(o.Run(DType::kF16)), (std::vector<uint16_t>{0x7C00, 0x7C00}));
   EXPECT_EQ(U16(o.Run(DType::kBF16)), (std::vector<uint16_t>{0x7F80, 0x47E0}));
@@ -246,34 +83,34 @@ TEST(Dequant, RoundsToNearestEvenOnce) {
 
 TEST(Dequant, NanBitsAreTorchs) {
   // E4M3 NaN (0x7F, 0xFF) times 1: f32 keeps the decoded NaN; bf16 is 0xFFFF; f16 keeps the payload's top.
-  Case n{DType::kF8_E4M3, DType::kF32, 1, 2, {1, 2}, {0x7F, 0xFF}, Raw<float>({1.0f})};
+  DequantCase n{DType::kF8_E4M3, DType::kF32, 1, 2, {1, 2}, {0x7F, 0xFF}, Raw<float>({1.0f})};
   EXPECT_EQ(U32(n.Run(DType::kF32)), (std::vector<uint32_t>{0x7FF00000u, 0xFFF00000u}));
   EXPECT_EQ(U16(n.Run(DType::kBF16)), (std::vector<uint16_t>{0xFFFF, 0xFFFF}));
   EXPECT_EQ(U16(n.Run(DType::kF16)), (std::vector<uint16_t>{0x7F80, 0xFF80}));
   // A signaling NaN scale wins over a NaN weight, quieted: 0x7F800001 -> 0x7FC00001.
-  Case s{DType::kF8_E4M3, DType::kF32, 1, 2, {1, 2}, {0x7F, 0x38}, Raw<uint32_t>({0x7F800001u})};
+  DequantCase s{DType::kF8_E4M3, DType::kF32, 1, 2, {1, 2}, {0x7F, 0x38}, Raw<uint32_t>({0x7F800001u})};
   EXPECT_EQ(U32(s.Run(DType::kF32)), (std::vector<uint32_t>{0x7FC00001u, 0x7FC00001u}));
   EXPECT_EQ(U16(s.Run(DType::kF16)), (std::vector<uint16_t>{0x7E00, 0x7E00}));
   // E8M0 0xFF decodes to 0x7F800001 too. E5M2 inf * 0 is the x86 default NaN, 0xFFC00000.
-  Case e{DType::kF8_E4M3, DType::kF8_E8M0, 1, 1, {1, 1}, {0x38}, {0xFF}};
+  DequantCase e{DType::kF8_E4M3, DType::kF8_E8M0, 1, 1, {1, 1}, {0x38}, {0xFF}};
   EXPECT_EQ(U32(e.Run(DType::kF32)), (std::vector<uint32_t>{0x7FC00001u}));
-  Case z{DType::kF8_E5M2, DType::kF32, 1, 2, {1, 1}, {0x7C, 0xFC}, Raw<float>({0.0f, 2.0f})};
+  DequantCase z{DType::kF8_E5M2, DType::kF32, 1, 2, {1, 1}, {0x7C, 0xFC}, Raw<float>({0.0f, 2.0f})};
   EXPECT_EQ(U32(z.Run(DType::kF32)), (std::vector<uint32_t>{0xFFC00000u, 0xFF800000u}));
   EXPECT_EQ(U16(z.Run(DType::kF16)), (std::vector<uint16_t>{0xFE00, 0xFC00}));
 }
 
 TEST(Dequant, DenormalsAreKept) {
   // 2^-9 * 2^-120 = 2^-129, an fp32 denormal, and a bf16 denormal (0x0010); f16 underflows to 0.
-  Case d{DType::kF8_E4M3, DType::kF32, 1, 1, {1, 1}, {0x01}, Raw<float>({0x1p-120f})};
+  DequantCase d{DType::kF8_E4M3, DType::kF32, 1, 1, {1, 1}, {0x01}, Raw<float>({0x1p-120f})};
   EXPECT_EQ(U32(d.Run(DType::kF32)), (std::vector<uint32_t>{0x00100000u}));
   EXPECT_EQ(U16(d.Run(DType::kBF16)), (std::vector<uint16_t>{0x0010}));
   EXPECT_EQ(U16(d.Run(DType::kF16)), (std::vector<uint16_t>{0x0000}));
   // An E8M0 scale of e = 0 is 2^-127, itself a denormal: 1.0 * 2^-127 = 0x00400000.
-  Case e{DType::kF8_E4M3, DType::kF8_E8M0, 1, 1, {1, 1}, {0x38}, {0x00}};
+  DequantCase e{DType::kF8_E4M3, DType::kF8_E8M0, 1, 1, {1, 1}, {0x38}, {0x00}};
   EXPECT_EQ(U32(e.Run(DType::kF32)), (std::vector<uint32_t>{0x00400000u}));
   EXPECT_EQ(U16(e.Run(DType::kBF16)), (std::vector<uint16_t>{0x0040}));
   // A subnormal f16 result: 2^-9 * 2^-10 = 2^-19 = 32 * 2^-24.
-  Case h{DType::kF8_E4M3, DType::kF32, 1, 1, {1, 1}, {0x01}, Raw<float>({0x1p-10f})};
+  DequantCase h{DType::kF8_E4M3, DType::kF32, 1, 1, {1, 1}, {0x01}, Raw<float>({0x1p-10f})};
   EXPECT_EQ(U16(h.Run(DType::kF16)), (std::vector<uint16_t>{0x0020}));
 }
 
@@ -289,7 +126,7 @@ TEST(Dequant, MatchesTheScalarRuleForEveryDTypeCombination) {
   for (const Shape& sh : shapes) {
     for (DType w : kWeights) {
       for (DType s : kScales) {
-        const Case c = MakeCase(w, s, sh.rows, sh.cols, sh.block);
+        const DequantCase c = MakeDequantCase(w, s, sh.rows, sh.cols, sh.block);
         for (DType t : kTargets) EXPECT_SAME_BITS(c.Run(t), c.Reference(t), t, c.Name(t));
       }
     }
@@ -300,11 +137,11 @@ TEST(Dequant, MatchesTheScalarRuleForEveryDTypeCombination) {
 TEST(Dequant, PublishedShapesInBlocksOf128) {
   for (uint64_t rows : {576, 200}) {
     for (uint64_t cols : {7168, 96}) {
-      const Case c = MakeCase(DType::kF8_E4M3, DType::kF32, rows, cols, {128, 128}, static_cast<uint32_t>(rows + cols));
+      const DequantCase c = MakeDequantCase(DType::kF8_E4M3, DType::kF32, rows, cols, {128, 128}, static_cast<uint32_t>(rows + cols));
       EXPECT_SAME_BITS(c.Run(DType::kBF16), c.Reference(DType::kBF16), DType::kBF16, c.Name(DType::kBF16));
     }
   }
-  const Case e = MakeCase(DType::kF8_E4M3, DType::kF8_E8M0, 576, 7168, {128, 128});
+  const DequantCase e = MakeDequantCase(DType::kF8_E4M3, DType::kF8_E8M0, 576, 7168, {128, 128});
   EXPECT_SAME_BITS(e.Run(DType::kF32), e.Reference(DType::kF32), DType::kF32, e.Name(DType::kF32));
 }
 
@@ -313,7 +150,7 @@ TEST(Dequant, AnyRowSplitEqualsTheWhole) {
   std::mt19937 rng(5);
   for (BlockSize b : {BlockSize{128, 128}, BlockSize{64, 32}, BlockSize{7, 5}}) {
     for (DType s : kScales) {
-      const Case c = MakeCase(DType::kF8_E4M3, s, 200, 96, b, 11);
+      const DequantCase c = MakeDequantCase(DType::kF8_E4M3, s, 200, 96, b, 11);
       for (DType t : kTargets) {
         const std::vector<unsigned char> whole = c.Run(t);
         const size_t row_bytes = c.cols * DTypeSize(t);
@@ -361,7 +198,7 @@ TEST(Dequant, EveryIsaGivesTheSameBits) {
   for (uint64_t cols : {1, 3, 8, 15, 16, 17, 31, 33, 63, 64, 65, 100, 129, 300}) {
     for (DType w : kWeights) {
       for (DType s : kScales) {
-        const Case c = MakeCase(w, s, 9, cols, {4, 8}, static_cast<uint32_t>(cols));
+        const DequantCase c = MakeDequantCase(w, s, 9, cols, {4, 8}, static_cast<uint32_t>(cols));
         for (DType t : kTargets) {
           const auto base = c.Run(t, 0, c.rows, Isa::kBaseline);
           for (Isa isa : isas) {
@@ -375,7 +212,7 @@ TEST(Dequant, EveryIsaGivesTheSameBits) {
 }
 
 TEST(Dequant, EmptyRangeWritesNothing) {
-  const Case c = MakeCase(DType::kF8_E4M3, DType::kF32, 200, 96, {128, 128});
+  const DequantCase c = MakeDequantCase(DType::kF8_E4M3, DType::kF32, 200, 96, {128, 128});
   std::vector<unsigned char> canary(64, 0xAB);
   for (uint64_t r : {0, 100, 128, 200}) {
     Dequantize({DType::kF8_E4M3, c.w.data()}, {DType::kF32, c.s.data(), 1}, {r, r}, 96, {128, 128}, DType::kBF16,
@@ -388,7 +225,7 @@ TEST(Dequant, EmptyRangeWritesNothing) {
 }
 
 TEST(Dequant, UnalignedBuffers) {
-  const Case c = MakeCase(DType::kF8_E4M3, DType::kF32, 40, 37, {16, 16});
+  const DequantCase c = MakeDequantCase(DType::kF8_E4M3, DType::kF32, 40, 37, {16, 16});
   const auto want = c.Reference(DType::kF32);
   std::vector<unsigned char> w(c.w.size() + 1), s(c.s.size() + 3), out(want.size() + 1);
   std::memcpy(w.data() + 1, c.w.data(), c.w.size());
