@@ -2,19 +2,21 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "allocators/error.h"
 
 // How the kernel is fast without a per-element switch:
-//   - one row kernel per (weight dtype, target, NaN scales or not), picked once per call;
 //   - the scales of a block row are decoded once into one float per column, so a row is a single
 //     loop `out[c] = round(decode(w[c]) * s[c])` whatever the block width;
-//   - decode and rounding are branch-free integer and float code the compiler vectorizes; on x86-64
-//     each row kernel is compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2) and the baseline, and the
-//     loader picks one when the library loads. The file is compiled with -ffp-contract=off, so every
-//     clone does the same IEEE operations in the same order: the same bits on every CPU.
+//   - one row kernel per (weight dtype, target, RowMode), picked per block row from what its scales
+//     allow (RowMode below); real checkpoints take kScaledBits, one multiply and no decode;
+//   - decode and rounding are branch-free integer and float code the compiler vectorizes. Each row
+//     kernel is compiled for the baseline, AVX2 and AVX-512, and Dequantize runs the best the CPU has.
+//     The file is compiled with -ffp-contract=off, so every build does the same IEEE operations in the
+//     same order: the same bits on every CPU (tests/loaders/dequant_test.cc checks each ISA).
 //
 //   weight rows [r0, r1), bh = 4, cols = 10, bw = 4        expanded scale row for grid row g
 //   r0 = 6 -> +----+----+--+  grid row 1                  s[g][0] x4 | s[g][1] x4 | s[g][2] x2
@@ -101,20 +103,59 @@ SHARDCAST_INLINE void Store(unsigned char* out, uint64_t i, float p) {
   }
 }
 
-// One weight row: round(decode(w[i]) * s[i]), s being the row's scales, one per column.
-// kNanScales: some s[i] is NaN. Such a column gives quiet(s[i]) even where w[i] is NaN too (torch's
-// product keeps its second operand's payload); the plain product would leave that to the compiler's
-// choice of operand order.
-template <DType kWeight, DType kTarget, bool kNanScales>
+// How a block row's scales let a row be computed (ExpandScaleRow decides):
+//   kPlain       round(decode(w) * s), the rule as written.
+//   kNanScales   some s is NaN: such a column gives quiet(s) even where w is NaN too (torch's product
+//                keeps its second operand's payload); a plain product would leave that to the compiler's
+//                choice of operand order.
+//   kScaledBits  E4M3 only, every |s| < 2^8, no DAZ: the weight's bits shifted into a float are
+//                w * 2^-120 exactly (subnormals land on float denormals), and the expanded scales hold
+//                s * 2^120 exactly, so one multiply rounds the same real product w * s. No lane can be
+//                NaN but the NaN weights (0x7F, 0xFF), which get their bits from a byte test.
+enum class RowMode { kPlain, kNanScales, kScaledBits };
+constexpr float kScaledBitsFactor = 0x1p120f;
+constexpr float kScaledBitsLimit = 0x1p8f;  // |s| < 2^8 keeps s * 2^120 finite
+
+// float -> bf16 for a value known not to be NaN.
+SHARDCAST_INLINE uint16_t ToBF16NotNan(float p) {
+  const uint32_t u = Bits(p);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+template <DType kTarget>
+SHARDCAST_INLINE void StoreScaledBits(unsigned char* out, uint64_t i, float p, uint32_t x) {
+  const bool nan = (x & 0x7Fu) == 0x7Fu;
+  const uint32_t sign = (x & 0x80u) << 24;
+  if constexpr (kTarget == DType::kF32) {
+    const uint32_t v = nan ? sign | 0x7FF00000u : Bits(p);
+    std::memcpy(out + 4 * i, &v, 4);
+  } else if constexpr (kTarget == DType::kBF16) {
+    const uint16_t h = nan ? 0xFFFF : ToBF16NotNan(p);
+    std::memcpy(out + 2 * i, &h, 2);
+  } else {
+    const uint16_t h = nan ? static_cast<uint16_t>((sign >> 16) | 0x7F80u) : ToF16(p);
+    std::memcpy(out + 2 * i, &h, 2);
+  }
+}
+
+// One weight row: out[i] for i < n from w[i] and s[i], the row's scales expanded to one per column.
+template <DType kWeight, DType kTarget, RowMode kMode>
 SHARDCAST_INLINE void RowBody(const uint8_t* __restrict__ w, const float* __restrict__ s, uint64_t n,
                               unsigned char* __restrict__ out) {
   for (uint64_t i = 0; i < n; ++i) {
-    float p = Decode<kWeight>(w[i]) * s[i];
-    if constexpr (kNanScales) {
-      const uint32_t sb = Bits(s[i]);
-      p = IsNanBits(sb) ? Float(sb | 0x400000u) : p;
+    if constexpr (kMode == RowMode::kScaledBits) {
+      static_assert(kWeight == DType::kF8_E4M3, "the scaled-bits path is E4M3's");
+      const uint32_t x = w[i];
+      const float p = Float(((x << 24) & 0x80000000u) | ((x & 0x7Fu) << 20)) * s[i];
+      StoreScaledBits<kTarget>(out, i, p, x);
+    } else {
+      float p = Decode<kWeight>(w[i]) * s[i];
+      if constexpr (kMode == RowMode::kNanScales) {
+        const uint32_t sb = Bits(s[i]);
+        p = IsNanBits(sb) ? Float(sb | 0x400000u) : p;
+      }
+      Store<kTarget>(out, i, p);
     }
-    Store<kTarget>(out, i, p);
   }
 }
 
@@ -133,40 +174,49 @@ using RowFn = void (*)(const uint8_t*, const float*, uint64_t, unsigned char*);
 #endif
 
 struct BaselineIsa {
-  template <DType kWeight, DType kTarget, bool kNanScales>
+  template <DType kWeight, DType kTarget, RowMode kMode>
   static void Row(const uint8_t* __restrict__ w, const float* __restrict__ s, uint64_t n,
                   unsigned char* __restrict__ out) {
-    RowBody<kWeight, kTarget, kNanScales>(w, s, n, out);
+    RowBody<kWeight, kTarget, kMode>(w, s, n, out);
   }
 };
 struct Avx2Isa {
-  template <DType kWeight, DType kTarget, bool kNanScales>
+  template <DType kWeight, DType kTarget, RowMode kMode>
   SHARDCAST_TARGET_AVX2 static void Row(const uint8_t* __restrict__ w, const float* __restrict__ s, uint64_t n,
                                         unsigned char* __restrict__ out) {
-    RowBody<kWeight, kTarget, kNanScales>(w, s, n, out);
+    RowBody<kWeight, kTarget, kMode>(w, s, n, out);
   }
 };
 struct Avx512Isa {
-  template <DType kWeight, DType kTarget, bool kNanScales>
+  template <DType kWeight, DType kTarget, RowMode kMode>
   SHARDCAST_TARGET_AVX512 static void Row(const uint8_t* __restrict__ w, const float* __restrict__ s, uint64_t n,
                                           unsigned char* __restrict__ out) {
-    RowBody<kWeight, kTarget, kNanScales>(w, s, n, out);
+    RowBody<kWeight, kTarget, kMode>(w, s, n, out);
   }
 };
 
-// kernels[weight is E5M2][NaN scales][target: BF16, F16, F32]
-using RowKernels = std::array<std::array<std::array<RowFn, 3>, 2>, 2>;
+// kernels[weight is E5M2][mode][target: BF16, F16, F32]; E5M2 has no kScaledBits (nullptr).
+using RowKernels = std::array<std::array<std::array<RowFn, 3>, 3>, 2>;
 
-template <class Isa, DType kWeight, bool kNanScales>
+template <class Isa, DType kWeight, RowMode kMode>
 constexpr std::array<RowFn, 3> TargetRow() {
-  return {&Isa::template Row<kWeight, DType::kBF16, kNanScales>, &Isa::template Row<kWeight, DType::kF16, kNanScales>,
-          &Isa::template Row<kWeight, DType::kF32, kNanScales>};
+  if constexpr (kWeight == DType::kF8_E5M2 && kMode == RowMode::kScaledBits) {
+    return {nullptr, nullptr, nullptr};
+  } else {
+    return {&Isa::template Row<kWeight, DType::kBF16, kMode>, &Isa::template Row<kWeight, DType::kF16, kMode>,
+            &Isa::template Row<kWeight, DType::kF32, kMode>};
+  }
+}
+
+template <class Isa, DType kWeight>
+constexpr std::array<std::array<RowFn, 3>, 3> ModeRow() {
+  return {TargetRow<Isa, kWeight, RowMode::kPlain>(), TargetRow<Isa, kWeight, RowMode::kNanScales>(),
+          TargetRow<Isa, kWeight, RowMode::kScaledBits>()};
 }
 
 template <class Isa>
 constexpr RowKernels KernelsFor() {
-  return {{{TargetRow<Isa, DType::kF8_E4M3, false>(), TargetRow<Isa, DType::kF8_E4M3, true>()},
-           {TargetRow<Isa, DType::kF8_E5M2, false>(), TargetRow<Isa, DType::kF8_E5M2, true>()}}};
+  return {ModeRow<Isa, DType::kF8_E4M3>(), ModeRow<Isa, DType::kF8_E5M2>()};
 }
 
 const RowKernels& KernelsOf(dequant_internal::Isa isa) {
@@ -180,10 +230,13 @@ const RowKernels& KernelsOf(dequant_internal::Isa isa) {
   return kBaseline;
 }
 
-// REQUIRES: CanDequantize(weight, *, target).
-RowFn PickRowKernel(const RowKernels& k, DType weight, DType target, bool nan_scales) {
-  const int t = target == DType::kBF16 ? 0 : target == DType::kF16 ? 1 : 2;
-  return k[weight == DType::kF8_E5M2][nan_scales][t];
+// Whether denormal inputs are read as zero (MXCSR.DAZ): the scaled-bits path needs them read as they are.
+bool DenormalsAreZero() {
+#if SHARDCAST_DEQUANT_X86
+  return (__builtin_ia32_stmxcsr() & 0x40u) != 0;
+#else
+  return true;  // unknown: take the paths that hold either way
+#endif
 }
 
 dequant_internal::Isa DetectIsa() {
@@ -224,20 +277,23 @@ float DecodeScale(DType dtype, const unsigned char* p) {
   }
 }
 
-// Decodes one scale row (grid_used scales) into one float per weight column. Returns whether any
-// scale is NaN.
-bool ExpandScaleRow(const DequantScale& scale, uint64_t row, uint64_t grid_used, uint64_t cols,
-                    uint64_t bw, float* out) {
+// Decodes one scale row (grid_used scales) into one float per weight column and picks the row mode.
+RowMode ExpandScaleRow(const DequantScale& scale, uint64_t row, uint64_t grid_used, uint64_t cols, uint64_t bw,
+                       bool scaled_bits_allowed, float* out) {
   const size_t ss = DTypeSize(scale.dtype);
   const auto* p = static_cast<const unsigned char*>(scale.data) + row * scale.grid_cols * ss;
-  bool nan = false;
+  bool nan = false, in_range = true;
   for (uint64_t j = 0, c0 = 0; j < grid_used; ++j, c0 += bw) {
     const float s = DecodeScale(scale.dtype, p + j * ss);
     nan |= IsNanBits(Bits(s));
+    in_range &= std::fabs(s) < kScaledBitsLimit;  // false for NaN
     const uint64_t c1 = cols - c0 <= bw ? cols : c0 + bw;
     std::fill(out + c0, out + c1, s);
   }
-  return nan;
+  if (nan) return RowMode::kNanScales;
+  if (!scaled_bits_allowed || !in_range) return RowMode::kPlain;
+  for (uint64_t c = 0; c < cols; ++c) out[c] *= kScaledBitsFactor;  // exact: a power of two, no overflow
+  return RowMode::kScaledBits;
 }
 
 std::string ShapeText(const std::vector<uint64_t>& shape) {
@@ -307,9 +363,9 @@ void DequantizeWithIsa(Isa isa, const DequantSource& weight, const DequantScale&
   }
   if (rows.size() == 0 || cols == 0) return;
 
-  const RowKernels& kernels = KernelsOf(isa);
-  const RowFn fast = PickRowKernel(kernels, weight.dtype, target, false);
-  const RowFn nan_scales = PickRowKernel(kernels, weight.dtype, target, true);
+  const auto& kernels = KernelsOf(isa)[weight.dtype == DType::kF8_E5M2];
+  const int t = target == DType::kBF16 ? 0 : target == DType::kF16 ? 1 : 2;
+  const bool scaled_bits_allowed = weight.dtype == DType::kF8_E4M3 && !DenormalsAreZero();
   const auto* w = static_cast<const uint8_t*>(weight.data);
   auto* o = static_cast<unsigned char*>(out);
   const size_t ts = DTypeSize(target);
@@ -320,8 +376,9 @@ void DequantizeWithIsa(Isa isa, const DequantSource& weight, const DequantScale&
     const uint64_t g = r / block.rows;
     const uint64_t left_in_block = block.rows - r % block.rows;
     const uint64_t r_end = rows.end - r <= left_in_block ? rows.end : r + left_in_block;
-    const bool nan = ExpandScaleRow(scale, g - first_grid_row, grid_used, cols, block.cols, expanded.data());
-    const RowFn row_fn = nan ? nan_scales : fast;
+    const RowMode mode = ExpandScaleRow(scale, g - first_grid_row, grid_used, cols, block.cols, scaled_bits_allowed,
+                                        expanded.data());
+    const RowFn row_fn = kernels[static_cast<int>(mode)][t];
     for (; r < r_end; ++r) {
       const uint64_t i = r - rows.begin;
       row_fn(w + i * cols, expanded.data(), cols, o + i * cols * ts);

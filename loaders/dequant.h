@@ -31,7 +31,9 @@
 // last numel % 8 elements of the scale tensor on x86) gives 0x7FFFFFFF. So for an F16 *NaN scale*
 // and an F16 or F32 target, torch's bits depend on where the scale sits in its grid; this kernel
 // always gives the vector body's. Real checkpoints carry no NaN scales.
-// The floating-point environment must be the default one (no FTZ/DAZ), as it is for torch's result.
+// Bit-identity holds in the default floating-point environment, the one torch runs in. Under DAZ
+// (torch.set_flush_denormal(True)) fp8 subnormal weights are still decoded exactly; denormal scales
+// and products are then flushed by the same hardware multiply torch uses.
 //
 // Loading rule for callers (the stream): an fp8 weight is dequantized only with its scale. An fp8
 // tensor without a scale sidecar is never raw-cast to a wider type (ConvertElements refuses it too):

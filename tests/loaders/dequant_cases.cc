@@ -93,32 +93,38 @@ std::vector<unsigned char> DequantCase::Run(DType target) const {
   return Run(target, 0, rows, dequant_internal::SupportedIsas().back());
 }
 
-std::vector<unsigned char> MakeScales(DType d, uint64_t n, uint32_t seed) {
+std::vector<unsigned char> MakeScales(DType d, uint64_t n, uint32_t seed, ScaleRange range) {
+  const bool wide = range == ScaleRange::kWide;
   std::mt19937 rng(seed);
   const size_t es = DTypeSize(d);
   std::vector<unsigned char> out(n * es);
   for (uint64_t i = 0; i < n; ++i) {
     unsigned char* p = out.data() + i * es;
     const uint32_t r = rng();
-    if (d == DType::kF8_E8M0) {
-      static const uint8_t kSpecial[] = {0xFF, 0, 1, 2, 254, 127, 100, 150};
-      *p = i < 8 ? kSpecial[i] : static_cast<uint8_t>(r);
+    if (d == DType::kF8_E8M0) {  // 2^(e - 127): e < 135 is below 2^8
+      static const uint8_t kWide[] = {0xFF, 0, 1, 2, 254, 127, 100, 150};
+      static const uint8_t kBelow[] = {0, 1, 2, 134, 127, 100, 120, 113};
+      *p = i < 8 ? (wide ? kWide : kBelow)[i] : static_cast<uint8_t>(wide ? r : r % 135);
       continue;
     }
-    if (d == DType::kF16) {
-      static const uint16_t kSpecial[] = {0x7E00, 0x7C01, 0xFE05, 0x7C00, 0xFC00, 0x0000, 0x8000, 0x0001, 0x7BFF, 0x0400};
+    if (d == DType::kF16) {  // exponent field < 23 is below 2^8
+      static const uint16_t kWide[] = {0x7E00, 0x7C01, 0xFE05, 0x7C00, 0xFC00, 0x0000, 0x8000, 0x0001, 0x7BFF, 0x0400};
+      static const uint16_t kBelow[] = {0x0000, 0x8000, 0x0001, 0x83FF, 0x5BFF, 0xDBFF, 0x0400, 0x3C00, 0x1000, 0x2000};
       uint16_t h = static_cast<uint16_t>(r >> 16);
-      if ((h & 0x7C00) == 0x7C00) h &= 0xBFFF;  // random draws stay finite
-      if (i < 10) h = kSpecial[i];
+      if (wide && (h & 0x7C00) == 0x7C00) h &= 0xBFFF;  // random draws stay finite
+      if (!wide) h = static_cast<uint16_t>((h & 0x83FF) | (((r >> 3) % 23) << 10));
+      if (i < 10) h = (wide ? kWide : kBelow)[i];
       std::memcpy(p, &h, 2);
       continue;
     }
-    // F32 (BF16 takes its top half): sign, exponent in [-140, 40], mantissa random.
-    static const uint32_t kSpecial[] = {0x7FC00000u, 0x7F800001u, 0xFFA00123u, 0x7F800000u, 0xFF800000u,
-                                        0x00000000u, 0x80000000u, 0x00012345u, 0x7F000000u, 0x00800000u};
-    uint32_t f = (r & 0x80000000u) | ((static_cast<uint32_t>(127 - 140 + (r >> 8) % 181) & 0xFFu) << 23) |
-                 (r & 0x7FFFFFu);
-    if (i < 10) f = kSpecial[i];
+    // F32 (BF16 takes its top half). Wide: exponents 2^-140 .. 2^40. Below 2^8: fields 0 .. 134.
+    static const uint32_t kWide[] = {0x7FC00000u, 0x7F800001u, 0xFFA00123u, 0x7F800000u, 0xFF800000u,
+                                     0x00000000u, 0x80000000u, 0x00012345u, 0x7F000000u, 0x00800000u};
+    static const uint32_t kBelow[] = {0x00000000u, 0x80000000u, 0x00012345u, 0x80400000u, 0x437FFFFFu,
+                                      0xC37F0000u, 0x00800000u, 0x38800000u, 0x3C000000u, 0x00000001u};
+    const uint32_t exp = wide ? static_cast<uint32_t>(127 - 140 + (r >> 8) % 181) & 0xFFu : (r >> 8) % 135;
+    uint32_t f = (r & 0x80000000u) | (exp << 23) | (r & 0x7FFFFFu);
+    if (i < 10) f = (wide ? kWide : kBelow)[i];
     if (d == DType::kF32) {
       std::memcpy(p, &f, 4);
     } else {
@@ -133,14 +139,15 @@ std::vector<unsigned char> MakeScales(DType d, uint64_t n, uint32_t seed) {
   return out;
 }
 
-DequantCase MakeDequantCase(DType weight, DType scale, uint64_t rows, uint64_t cols, BlockSize block, uint32_t seed) {
+DequantCase MakeDequantCase(DType weight, DType scale, uint64_t rows, uint64_t cols, BlockSize block, uint32_t seed,
+                            ScaleRange range) {
   DequantCase c{weight, scale, rows, cols, block, {}, {}};
   std::mt19937 rng(seed);
   c.w.resize(rows * cols);
   for (uint64_t i = 0; i < c.w.size(); ++i) c.w[i] = i < 256 ? static_cast<uint8_t>(i) : static_cast<uint8_t>(rng());
   std::shuffle(c.w.begin(), c.w.end(), rng);
   const ScaleGrid g = c.grid();
-  c.s = MakeScales(scale, g.rows * g.cols, seed + 7);
+  c.s = MakeScales(scale, g.rows * g.cols, seed + 7, range);
   return c;
 }
 

@@ -34,13 +34,19 @@ struct DequantCase {
   std::vector<unsigned char> Run(DType target) const;  // every row, the best ISA
 };
 
+enum class ScaleRange {
+  kWide,        // F32: 2^-140 .. 2^40 with quiet and signaling NaNs, +-inf, +-0, denormals, huge normals
+  kBelow2To8,   // every |s| < 2^8 (denormals, +-0 and the largest float below 2^8 included): the range
+                // of real checkpoints, where the kernel takes its scaled-bits path for E4M3
+};
+
 // Every byte pattern appears among the weights where rows * cols >= 256; scales from MakeScales.
 DequantCase MakeDequantCase(DType weight, DType scale, uint64_t rows, uint64_t cols, BlockSize block,
-                            uint32_t seed = 1);
+                            uint32_t seed = 1, ScaleRange range = ScaleRange::kWide);
 
-// n scales of dtype d spread over many binades (F32: 2^-140 .. 2^40, sign random), with the awkward
-// values shuffled in: quiet and signaling NaNs, +-inf, +-0, denormals, the largest and smallest normals.
-std::vector<unsigned char> MakeScales(DType d, uint64_t n, uint32_t seed);
+// n scales of dtype d, random sign, spread over many binades, with the range's awkward values
+// shuffled in among them.
+std::vector<unsigned char> MakeScales(DType d, uint64_t n, uint32_t seed, ScaleRange range = ScaleRange::kWide);
 
 // Index of the first element of size es that differs, -1 when equal, -2 when the sizes differ.
 int64_t FirstDiff(const std::vector<unsigned char>& a, const std::vector<unsigned char>& b, size_t es);

@@ -20,6 +20,8 @@ using dequant_internal::Isa;
 using testing::DequantCase;
 using testing::FloatBits;
 using testing::MakeDequantCase;
+using testing::ScaleRange;
+constexpr ScaleRange kRanges[] = {ScaleRange::kWide, ScaleRange::kBelow2To8};
 constexpr auto& kWeights = testing::kDequantWeights;
 constexpr auto& kScales = testing::kDequantScales;
 constexpr auto& kTargets = testing::kDequantTargets;
@@ -126,8 +128,10 @@ TEST(Dequant, MatchesTheScalarRuleForEveryDTypeCombination) {
   for (const Shape& sh : shapes) {
     for (DType w : kWeights) {
       for (DType s : kScales) {
-        const DequantCase c = MakeDequantCase(w, s, sh.rows, sh.cols, sh.block);
-        for (DType t : kTargets) EXPECT_SAME_BITS(c.Run(t), c.Reference(t), t, c.Name(t));
+        for (ScaleRange range : kRanges) {
+          const DequantCase c = MakeDequantCase(w, s, sh.rows, sh.cols, sh.block, 1, range);
+          for (DType t : kTargets) EXPECT_SAME_BITS(c.Run(t), c.Reference(t), t, c.Name(t));
+        }
       }
     }
   }
@@ -137,8 +141,11 @@ TEST(Dequant, MatchesTheScalarRuleForEveryDTypeCombination) {
 TEST(Dequant, PublishedShapesInBlocksOf128) {
   for (uint64_t rows : {576, 200}) {
     for (uint64_t cols : {7168, 96}) {
-      const DequantCase c = MakeDequantCase(DType::kF8_E4M3, DType::kF32, rows, cols, {128, 128}, static_cast<uint32_t>(rows + cols));
-      EXPECT_SAME_BITS(c.Run(DType::kBF16), c.Reference(DType::kBF16), DType::kBF16, c.Name(DType::kBF16));
+      for (ScaleRange range : kRanges) {
+        const DequantCase c = MakeDequantCase(DType::kF8_E4M3, DType::kF32, rows, cols, {128, 128},
+                                              static_cast<uint32_t>(rows + cols), range);
+        EXPECT_SAME_BITS(c.Run(DType::kBF16), c.Reference(DType::kBF16), DType::kBF16, c.Name(DType::kBF16));
+      }
     }
   }
   const DequantCase e = MakeDequantCase(DType::kF8_E4M3, DType::kF8_E8M0, 576, 7168, {128, 128});
@@ -150,7 +157,8 @@ TEST(Dequant, AnyRowSplitEqualsTheWhole) {
   std::mt19937 rng(5);
   for (BlockSize b : {BlockSize{128, 128}, BlockSize{64, 32}, BlockSize{7, 5}}) {
     for (DType s : kScales) {
-      const DequantCase c = MakeDequantCase(DType::kF8_E4M3, s, 200, 96, b, 11);
+      const DequantCase c = MakeDequantCase(DType::kF8_E4M3, s, 200, 96, b, 11,
+                                            s == DType::kF32 ? ScaleRange::kWide : ScaleRange::kBelow2To8);
       for (DType t : kTargets) {
         const std::vector<unsigned char> whole = c.Run(t);
         const size_t row_bytes = c.cols * DTypeSize(t);
@@ -198,17 +206,46 @@ TEST(Dequant, EveryIsaGivesTheSameBits) {
   for (uint64_t cols : {1, 3, 8, 15, 16, 17, 31, 33, 63, 64, 65, 100, 129, 300}) {
     for (DType w : kWeights) {
       for (DType s : kScales) {
-        const DequantCase c = MakeDequantCase(w, s, 9, cols, {4, 8}, static_cast<uint32_t>(cols));
-        for (DType t : kTargets) {
-          const auto base = c.Run(t, 0, c.rows, Isa::kBaseline);
-          for (Isa isa : isas) {
-            EXPECT_SAME_BITS(c.Run(t, 0, c.rows, isa), base, t,
-                             c.Name(t) + " with " + std::string(dequant_internal::IsaName(isa)));
+        for (ScaleRange range : kRanges) {
+          const DequantCase c = MakeDequantCase(w, s, 9, cols, {4, 8}, static_cast<uint32_t>(cols), range);
+          for (DType t : kTargets) {
+            const auto base = c.Run(t, 0, c.rows, Isa::kBaseline);
+            for (Isa isa : isas) {
+              EXPECT_SAME_BITS(c.Run(t, 0, c.rows, isa), base, t,
+                               c.Name(t) + " with " + std::string(dequant_internal::IsaName(isa)));
+            }
           }
         }
       }
     }
   }
+}
+
+// With denormals read as zero (MXCSR.DAZ, e.g. after torch.set_flush_denormal(True)) the kernel leaves
+// its scaled-bits path, which shifts E4M3 subnormals into float denormals: they must still count.
+TEST(Dequant, SubnormalWeightsSurviveDenormalsAreZero) {
+#if defined(__x86_64__)
+  const DequantCase c = MakeDequantCase(DType::kF8_E4M3, DType::kF32, 64, 64, {16, 16}, 3, ScaleRange::kBelow2To8);
+  const std::vector<unsigned char> plain = c.Run(DType::kF32);
+  const unsigned int csr = __builtin_ia32_stmxcsr();
+  __builtin_ia32_ldmxcsr(csr | 0x40u);  // DAZ
+  const std::vector<unsigned char> daz = c.Run(DType::kF32);
+  __builtin_ia32_ldmxcsr(csr);
+  // Elements whose scale and product are normal floats are the same either way, subnormal weights included.
+  const uint64_t gc = c.grid().cols;
+  int subnormal_weights = 0;
+  for (uint64_t i = 0; i < c.rows * c.cols; ++i) {
+    float s, p;
+    std::memcpy(&s, c.s.data() + 4 * ((i / c.cols / 16) * gc + (i % c.cols) / 16), 4);
+    std::memcpy(&p, plain.data() + 4 * i, 4);
+    if (!std::isnormal(s) || !std::isnormal(p)) continue;
+    subnormal_weights += (c.w[i] & 0x78) == 0;
+    ASSERT_EQ(std::memcmp(plain.data() + 4 * i, daz.data() + 4 * i, 4), 0) << "element " << i;
+  }
+  EXPECT_GT(subnormal_weights, 0);
+#else
+  GTEST_SKIP() << "x86 only";
+#endif
 }
 
 TEST(Dequant, EmptyRangeWritesNothing) {

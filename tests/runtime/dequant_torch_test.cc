@@ -1,7 +1,8 @@
 // Dequantize against libtorch's own computation, bit for bit:
 //   (w.float() * scale.float().repeat_interleave(bh, 0)[:rows].repeat_interleave(bw, 1)[:, :cols]).to(target)
 // with every fp8 byte among the weights and scales that vary per block (NaN, inf, zero, denormal,
-// overflowing ones included), over every weight, scale and target dtype.
+// overflowing ones included; and all below 2^8, the range of real checkpoints, where the kernel takes
+// another path), over every weight, scale and target dtype.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/version.h>
@@ -181,8 +182,10 @@ TEST(DequantTorch, BitIdenticalToTorchForEveryDTypeCombination) {
   for (const Shape& sh : shapes) {
     for (DType w : testing::kDequantWeights) {
       for (DType s : ScaleDTypes()) {
-        ExpectMatchesTorch(testing::MakeDequantCase(w, s, sh.rows, sh.cols, sh.block,
-                                                    static_cast<uint32_t>(sh.rows * 31 + sh.cols)));
+        for (auto range : {testing::ScaleRange::kWide, testing::ScaleRange::kBelow2To8}) {
+          ExpectMatchesTorch(testing::MakeDequantCase(w, s, sh.rows, sh.cols, sh.block,
+                                                      static_cast<uint32_t>(sh.rows * 31 + sh.cols), range));
+        }
       }
     }
   }
