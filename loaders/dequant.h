@@ -23,7 +23,7 @@
 //     BFloat16BitsToFloat; an F32 scale as stored;
 //   - a NaN scale makes its whole block quiet(scale) even where the weight is NaN too (torch's
 //     product keeps the second operand's payload); a NaN weight times a number is quiet(weight);
-//     inf * 0 is the x86 default NaN 0xFFC00000;
+//     inf * 0 is the hardware's default NaN (0xFFC00000 on x86), as in torch;
 //   - to BF16 every NaN becomes 0xFFFF; to F16 sign | 0x7E00 | the payload's top 10 bits (what
 //     F16C's vcvtps2ph gives); to F32 the product's bits.
 // One known difference: torch's own F16 -> F32 conversion is not consistent for NaN. Its vector
@@ -98,6 +98,7 @@ bool CanDequantize(DType weight, DType scale, DType target);
 // Dequantizes weight rows [rows.begin, rows.end) of a block-quantized [*, cols] weight into `out`
 // ((rows.end - rows.begin) * cols elements of `target`, row-major, no alignment needed). rows.begin
 // need not be on a block boundary. An empty span or cols == 0 writes nothing.
+// Allocates cols floats of scratch (one block row's scales, expanded) per call, nothing else.
 // REQUIRES: the source and scale buffers hold what their structs say; out does not overlap them.
 // Throws: kUnsupported (naming the three dtypes) unless CanDequantize; kInvalidArgument for a zero
 // block size, rows.end < rows.begin, or grid_cols < ceil(cols / block.cols).
@@ -112,9 +113,10 @@ std::string ScaleKeyFor(std::string_view weight_key);
 // Throws kUnsupported naming `key` and the three dtypes unless CanDequantize(weight, scale, target).
 void CheckDequantizable(std::string_view key, DType weight, DType scale, DType target);
 
-// Throws kCheckpoint naming `key`, both shapes and the block size unless the weight is 2-D and the
-// scale is exactly ScaleGridFor(weight, block). A smaller grid leaves blocks without a scale; a larger
-// one means the checkpoint was quantized with another block size than the config declares.
+// `key` is the weight's. Throws kCheckpoint naming it, its scale key, both shapes and the block size
+// unless the weight is 2-D and the scale is exactly ScaleGridFor(weight, block): a smaller grid leaves
+// blocks without a scale, a larger one means the checkpoint was quantized with another block size
+// than the config declares. kInvalidArgument for a block size with a zero side.
 void CheckScaleShape(std::string_view key, const std::vector<uint64_t>& weight_shape,
                      const std::vector<uint64_t>& scale_shape, BlockSize block);
 
