@@ -251,6 +251,11 @@ dequant_internal::Isa DetectIsa() {
   return dequant_internal::Isa::kBaseline;
 }
 
+dequant_internal::Isa BestIsa() {
+  static const dequant_internal::Isa best = DetectIsa();
+  return best;
+}
+
 bool IsWeightDType(DType d) { return d == DType::kF8_E4M3 || d == DType::kF8_E5M2; }
 bool IsScaleDType(DType d) {
   return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16 || d == DType::kF8_E8M0;
@@ -336,7 +341,7 @@ std::string_view IsaName(Isa isa) {
 }
 
 std::vector<Isa> SupportedIsas() {
-  static const Isa best = DetectIsa();
+  const Isa best = BestIsa();
   std::vector<Isa> out = {Isa::kBaseline};
   if (best == Isa::kAvx2 || best == Isa::kAvx512) out.push_back(Isa::kAvx2);
   if (best == Isa::kAvx512) out.push_back(Isa::kAvx512);
@@ -347,6 +352,10 @@ void DequantizeWithIsa(Isa isa, const DequantSource& weight, const DequantScale&
                        uint64_t cols, BlockSize block, DType target, void* out) {
   if (!CanDequantize(weight.dtype, scale.dtype, target)) {
     throw Error(ErrorKind::kUnsupported, "dequantize", UnsupportedText(weight.dtype, scale.dtype, target));
+  }
+  if (isa > BestIsa()) {
+    throw Error(ErrorKind::kInvalidArgument, "dequantize",
+                "this CPU cannot run the " + std::string(IsaName(isa)) + " kernels");
   }
   if (block.rows == 0 || block.cols == 0) {
     throw Error(ErrorKind::kInvalidArgument, "dequantize", "block size " + BlockText(block) + " has a zero side");
@@ -390,8 +399,7 @@ void DequantizeWithIsa(Isa isa, const DequantSource& weight, const DequantScale&
 
 void Dequantize(const DequantSource& weight, const DequantScale& scale, RowSpan rows, uint64_t cols,
                 BlockSize block, DType target, void* out) {
-  static const dequant_internal::Isa best = DetectIsa();
-  dequant_internal::DequantizeWithIsa(best, weight, scale, rows, cols, block, target, out);
+  dequant_internal::DequantizeWithIsa(BestIsa(), weight, scale, rows, cols, block, target, out);
 }
 
 std::string ScaleKeyFor(std::string_view weight_key) { return std::string(weight_key) + "_scale_inv"; }
