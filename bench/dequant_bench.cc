@@ -72,7 +72,8 @@ struct Input {
 
 Input MakeInput(DType weight, DType scale) {
   const ScaleGrid g = ScaleGridFor(kRows, kCols, kBlock);
-  Input in{weight, scale, std::vector<unsigned char>(kRows * kCols), std::vector<unsigned char>(g.rows * g.cols * DTypeSize(scale))};
+  Input in{weight, scale, std::vector<unsigned char>(kRows * kCols),
+           std::vector<unsigned char>(g.rows * g.cols * DTypeSize(scale))};
   SynthElements(0, kKey, weight, 0, kRows * kCols, in.w.data());
   SynthElements(0, ScaleKeyFor(kKey), scale, 0, g.rows * g.cols, in.s.data());
   return in;

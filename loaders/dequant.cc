@@ -8,13 +8,19 @@
 
 #include "allocators/error.h"
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
 // How the kernel is fast without a per-element switch:
 //   - the scales of a block row are decoded once into one float per column, so a row is a single
 //     loop `out[c] = round(decode(w[c]) * s[c])` whatever the block width;
 //   - one row kernel per (weight dtype, target, RowMode), picked per block row from what its scales
 //     allow (RowMode below); real checkpoints take kScaledBits, one multiply and no decode;
 //   - decode and rounding are branch-free integer and float code the compiler vectorizes. Each row
-//     kernel is compiled for the baseline, AVX2 and AVX-512, and Dequantize runs the best the CPU has.
+//     kernel is compiled for the baseline, AVX2 and AVX-512, and Dequantize runs the best the CPU has;
+//     only F16 targets use an intrinsic there (F16C's vcvtps2ph, which rounds exactly like ToF16).
 //     The file is compiled with -ffp-contract=off, so every build does the same IEEE operations in the
 //     same order: the same bits on every CPU (tests/loaders/dequant_test.cc checks each ISA).
 //
@@ -165,8 +171,8 @@ using RowFn = void (*)(const uint8_t*, const float*, uint64_t, unsigned char*);
 // the build targets; the others exist on x86-64 with GCC or clang and are used where the CPU has them.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define SHARDCAST_DEQUANT_X86 1
-#define SHARDCAST_TARGET_AVX2 __attribute__((target("avx2,bmi,bmi2")))
-#define SHARDCAST_TARGET_AVX512 __attribute__((target("avx2,bmi,bmi2,avx512f,avx512bw,avx512vl,avx512dq")))
+#define SHARDCAST_TARGET_AVX2 __attribute__((target("avx2,bmi,bmi2,f16c")))
+#define SHARDCAST_TARGET_AVX512 __attribute__((target("avx2,bmi,bmi2,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 #else
 #define SHARDCAST_DEQUANT_X86 0
 #define SHARDCAST_TARGET_AVX2
@@ -180,10 +186,54 @@ struct BaselineIsa {
     RowBody<kWeight, kTarget, kMode>(w, s, n, out);
   }
 };
+// F16 targets with F16C: the row to F32 first (the bits an F32 target gets), then vcvtps2ph, whose
+// rounding (nearest even) and NaN rule (quieted, the payload's top 10 bits kept) are ToF16's, in one
+// instruction instead of ToF16's twenty. `convert` converts a prefix of a chunk, returning its length.
+template <DType kWeight, RowMode kMode, class Convert>
+SHARDCAST_INLINE void RowToF16ViaF32(const uint8_t* __restrict__ w, const float* __restrict__ s, uint64_t n,
+                                     unsigned char* __restrict__ out, Convert convert) {
+  constexpr uint64_t kChunk = 512;  // 2 KiB of floats, in L1
+  alignas(64) float f32[kChunk];
+  for (uint64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const uint64_t m = std::min(kChunk, n - c0);
+    RowBody<kWeight, DType::kF32, kMode>(w + c0, s + c0, m, reinterpret_cast<unsigned char*>(f32));
+    unsigned char* o = out + 2 * c0;
+    for (uint64_t i = convert(f32, m, o); i < m; ++i) {
+      const uint16_t h = ToF16(f32[i]);
+      std::memcpy(o + 2 * i, &h, 2);
+    }
+  }
+}
+
+#if SHARDCAST_DEQUANT_X86
+constexpr int kNearestEven = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+
+SHARDCAST_TARGET_AVX2 uint64_t F32ToF16Avx2(const float* f32, uint64_t m, unsigned char* o) {
+  uint64_t i = 0;
+  for (; i + 8 <= m; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(f32 + i), kNearestEven);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 2 * i), h);
+  }
+  return i;
+}
+
+SHARDCAST_TARGET_AVX512 uint64_t F32ToF16Avx512(const float* f32, uint64_t m, unsigned char* o) {
+  uint64_t i = 0;
+  for (; i + 16 <= m; i += 16) {
+    const __m256i h = _mm512_maskz_cvtps_ph(0xFFFF, _mm512_loadu_ps(f32 + i), kNearestEven);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 2 * i), h);
+  }
+  return i;
+}
+#endif
+
 struct Avx2Isa {
   template <DType kWeight, DType kTarget, RowMode kMode>
   SHARDCAST_TARGET_AVX2 static void Row(const uint8_t* __restrict__ w, const float* __restrict__ s, uint64_t n,
                                         unsigned char* __restrict__ out) {
+#if SHARDCAST_DEQUANT_X86
+    if constexpr (kTarget == DType::kF16) return RowToF16ViaF32<kWeight, kMode>(w, s, n, out, F32ToF16Avx2);
+#endif
     RowBody<kWeight, kTarget, kMode>(w, s, n, out);
   }
 };
@@ -191,6 +241,9 @@ struct Avx512Isa {
   template <DType kWeight, DType kTarget, RowMode kMode>
   SHARDCAST_TARGET_AVX512 static void Row(const uint8_t* __restrict__ w, const float* __restrict__ s, uint64_t n,
                                           unsigned char* __restrict__ out) {
+#if SHARDCAST_DEQUANT_X86
+    if constexpr (kTarget == DType::kF16) return RowToF16ViaF32<kWeight, kMode>(w, s, n, out, F32ToF16Avx512);
+#endif
     RowBody<kWeight, kTarget, kMode>(w, s, n, out);
   }
 };
@@ -242,7 +295,10 @@ bool DenormalsAreZero() {
 dequant_internal::Isa DetectIsa() {
 #if SHARDCAST_DEQUANT_X86
   __builtin_cpu_init();  // the checks include the OS's support for the AVX and AVX-512 register state
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;  // clang's builtin lacks "f16c"
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi") &&
+                    __builtin_cpu_supports("bmi2") && f16c;
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   if (avx512) return dequant_internal::Isa::kAvx512;
@@ -362,7 +418,8 @@ void DequantizeWithIsa(Isa isa, const DequantSource& weight, const DequantScale&
   }
   if (rows.end < rows.begin) {
     throw Error(ErrorKind::kInvalidArgument, "dequantize",
-                "row range [" + std::to_string(rows.begin) + ", " + std::to_string(rows.end) + ") ends before it begins");
+                "row range [" + std::to_string(rows.begin) + ", " + std::to_string(rows.end) +
+                    ") ends before it begins");
   }
   const uint64_t grid_used = CeilDiv(cols, block.cols);
   if (scale.grid_cols < grid_used) {

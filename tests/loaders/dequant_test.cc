@@ -70,7 +70,8 @@ TEST(Dequant, RoundsToNearestEvenOnce) {
   // 1.0 * (1 + 2^-8) lies halfway between two bf16 values: ties to even (down); 1 + 3 * 2^-8 rounds up.
   DequantCase c{DType::kF8_E4M3, DType::kF32, 1, 2, {1, 1}, {0x38, 0x38}, Raw<uint32_t>({0x3F808000u, 0x3F818000u})};
   EXPECT_EQ(U16(c.Run(DType::kBF16)), (std::vector<uint16_t>{0x3F80, 0x3F82}));
-  DequantCase h{DType::kF8_E4M3, DType::kF32, 1, 2, {1, 1}, {0x38, 0x38}, Raw<float>({1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f})};
+  DequantCase h{DType::kF8_E4M3, DType::kF32, 1, 2, {1, 1}, {0x38, 0x38},
+                Raw<float>({1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f})};
   EXPECT_EQ(U16(h.Run(DType::kF16)), (std::vector<uint16_t>{0x3C00, 0x3C02}));
   // The product is rounded to fp32 first, then to the target: 1.75 * (1 + 2^-23) = 1.75 + 1.75 * 2^-23
   // rounds in fp32 to 1.75 + 2^-22, not an exact product held wider.
