@@ -4,11 +4,14 @@
 //                                              128 x 128 scale grid (synth's values: realistic fp8, scales
 //                                              log-uniform in [2^-14, 2^-6)), one thread
 //   BM_MemcpyOutput/<bytes per element>        memcpy of the same number of output bytes, buffer to buffer
+// Counters: GB/s (decimal, of output), memcpy_GB/s and x_memcpy (kernel speed / memcpy speed) from a
+// memcpy of the output bytes inside every kernel iteration, untimed, and mismatches.
 // Every kernel run also checks 4096 sampled outputs and the last row against a scalar reference
 // (dtype.h's conversions, element by element): the "mismatches" counter must be 0.
 // On a shared machine run with --benchmark_repetitions=5 and compare medians (or each case's fastest).
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -101,17 +104,35 @@ void SetOutputRate(benchmark::State& state, uint64_t out_bytes) {
   state.counters["GB/s"] = benchmark::Counter(out_bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+using Clock = std::chrono::steady_clock;
+
+// Each iteration also copies the same number of output bytes with memcpy, outside the timed region,
+// so that "x_memcpy" (memcpy time / kernel time, iteration by iteration) is a paired ratio that a
+// busy shared machine disturbs less than two separate benchmarks.
 void BM_Dequant(benchmark::State& state, DType weight, DType scale, DType target, dequant_internal::Isa isa) {
   const Input in = MakeInput(weight, scale);
   const uint64_t out_bytes = kRows * kCols * DTypeSize(target);
-  std::vector<unsigned char> out(out_bytes);
+  std::vector<unsigned char> out(out_bytes), copy_src(out_bytes, 1), copy_dst(out_bytes, 0);
   const DequantScale s{scale, in.s.data(), ScaleGridFor(kRows, kCols, kBlock).cols};
+  double kernel_s = 0, memcpy_s = 0;
   for (auto _ : state) {
+    const auto t0 = Clock::now();
     dequant_internal::DequantizeWithIsa(isa, {weight, in.w.data()}, s, {0, kRows}, kCols, kBlock, target, out.data());
     benchmark::DoNotOptimize(out.data());
     benchmark::ClobberMemory();
+    const auto t1 = Clock::now();
+    state.PauseTiming();
+    const auto t2 = Clock::now();
+    std::memcpy(copy_dst.data(), copy_src.data(), out_bytes);
+    benchmark::DoNotOptimize(copy_dst.data());
+    benchmark::ClobberMemory();
+    memcpy_s += std::chrono::duration<double>(Clock::now() - t2).count();
+    kernel_s += std::chrono::duration<double>(t1 - t0).count();
+    state.ResumeTiming();
   }
   SetOutputRate(state, out_bytes);
+  state.counters["memcpy_GB/s"] = static_cast<double>(state.iterations()) * out_bytes / memcpy_s / 1e9;
+  state.counters["x_memcpy"] = memcpy_s / kernel_s;
   state.counters["mismatches"] = static_cast<double>(CountMismatches(in, target, out));
 }
 
