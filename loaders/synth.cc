@@ -71,13 +71,38 @@ inline uint8_t RoundToFp8(float v, int mant, int bias) {
 }
 
 // Quantized weights: the bell draw scaled so its extremes are the format's largest finite value.
-inline uint8_t QuantizedE4M3(uint64_t h) {
-  const uint8_t b = RoundToFp8(static_cast<float>(BellInt(h)) * (448.0f / 131070.0f), 3, 7);
-  return (b & 0x7F) == 0x7F ? static_cast<uint8_t>(b - 1) : b;  // never NaN (448 is 0x7E)
+// Never NaN or inf (448 is E4M3's 0x7E, 57344 E5M2's 0x7B; the clamps only guard the rounding).
+uint8_t QuantizedE4M3Magnitude(int32_t z) {
+  const uint8_t b = RoundToFp8(static_cast<float>(z) * (448.0f / 131070.0f), 3, 7);
+  return b == 0x7F ? 0x7E : b;
 }
-inline uint8_t QuantizedE5M2(uint64_t h) {
-  const uint8_t b = RoundToFp8(static_cast<float>(BellInt(h)) * (57344.0f / 131070.0f), 2, 15);
-  return (b & 0x7F) >= 0x7C ? static_cast<uint8_t>((b & 0x80) | 0x7B) : b;  // never inf or NaN
+uint8_t QuantizedE5M2Magnitude(int32_t z) {
+  const uint8_t b = RoundToFp8(static_cast<float>(z) * (57344.0f / 131070.0f), 2, 15);
+  return b >= 0x7C ? 0x7B : b;
+}
+
+// The code of every draw magnitude |z| <= 131070, computed once, so that a draw is one lookup (the
+// rounding is symmetric: -z is z's code with the sign bit).
+struct QuantizedTables {
+  std::vector<uint8_t> e4m3, e5m2;
+};
+const QuantizedTables& Quantized() {
+  static const QuantizedTables tables = [] {
+    QuantizedTables t;
+    t.e4m3.resize(131071);
+    t.e5m2.resize(131071);
+    for (int32_t z = 0; z <= 131070; ++z) {
+      t.e4m3[z] = QuantizedE4M3Magnitude(z);
+      t.e5m2[z] = QuantizedE5M2Magnitude(z);
+    }
+    return t;
+  }();
+  return tables;
+}
+
+inline uint8_t QuantizedFp8(const uint8_t* table, uint64_t h) {
+  const int32_t z = BellInt(h);
+  return z < 0 ? static_cast<uint8_t>(table[-z] | 0x80) : table[z];
 }
 
 // Scales: positive, exponent uniform over the 8 binades of [2^-14, 2^-6), mantissa uniform.
@@ -124,6 +149,8 @@ uint64_t SynthTensorSeed(uint64_t seed, std::string_view key) {
 void SynthElements(uint64_t seed, std::string_view key, DType dtype, uint64_t first, uint64_t n, void* dst) {
   const uint64_t base = SynthTensorSeed(seed, key);
   const bool scale = IsScaleKey(key);
+  const uint8_t* e4m3 = dtype == DType::kF8_E4M3 ? Quantized().e4m3.data() : nullptr;
+  const uint8_t* e5m2 = dtype == DType::kF8_E5M2 ? Quantized().e5m2.data() : nullptr;
   auto* out = static_cast<unsigned char*>(dst);
   for (uint64_t i = 0; i < n; ++i) {
     const uint64_t h = Mix(base + (first + i) * 0x9E3779B97F4A7C15ull);
@@ -138,8 +165,8 @@ void SynthElements(uint64_t seed, std::string_view key, DType dtype, uint64_t fi
       case DType::kBF16: Store(out, i, FloatBits<uint16_t>(h, 7, 8, 120, 7)); break;
       case DType::kF32: Store(out, i, FloatBits<uint32_t>(h, 23, 8, 120, 7)); break;
       case DType::kF64: Store(out, i, FloatBits<uint64_t>(h, 52, 11, 1016, 7)); break;
-      case DType::kF8_E4M3: out[i] = QuantizedE4M3(h); break;
-      case DType::kF8_E5M2: out[i] = QuantizedE5M2(h); break;
+      case DType::kF8_E4M3: out[i] = QuantizedFp8(e4m3, h); break;
+      case DType::kF8_E5M2: out[i] = QuantizedFp8(e5m2, h); break;
       case DType::kF8_E8M0: out[i] = static_cast<unsigned char>(120 + (h >> 40) % 8); break;
       case DType::kC64:
         Store(out, 2 * i, FloatBits<uint32_t>(h, 23, 8, 120, 7));
