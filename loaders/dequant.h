@@ -129,7 +129,7 @@ enum class Isa : uint8_t { kBaseline, kAvx2, kAvx512 };
 std::string_view IsaName(Isa isa);
 std::vector<Isa> SupportedIsas();  // on this CPU, kBaseline first, best last
 
-// Dequantize with the kernels of `isa`. REQUIRES: isa is in SupportedIsas().
+// Dequantize with the kernels of `isa`; kInvalidArgument for one not in SupportedIsas().
 void DequantizeWithIsa(Isa isa, const DequantSource& weight, const DequantScale& scale, RowSpan rows,
                        uint64_t cols, BlockSize block, DType target, void* out);
 
