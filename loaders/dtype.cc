@@ -65,6 +65,9 @@ void StoreFromFloat(DType d, float f, unsigned char* p) {
 std::string_view DTypeName(DType dtype) { return kTable[static_cast<int>(dtype)].name; }
 size_t DTypeSize(DType dtype) { return kTable[static_cast<int>(dtype)].size; }
 bool IsFloatingPoint(DType dtype) { return kTable[static_cast<int>(dtype)].floating; }
+bool IsFp8(DType dtype) {
+  return dtype == DType::kF8_E4M3 || dtype == DType::kF8_E5M2 || dtype == DType::kF8_E8M0;
+}
 
 std::optional<DType> ParseDType(std::string_view name) {
   for (const auto& info : kTable) {
@@ -115,6 +118,23 @@ float HalfBitsToFloat(uint16_t h) {
   const uint32_t result =
       sign | (two_w < denormalized_cutoff ? FloatBits(denormalized) : FloatBits(normalized));
   return BitsFloat(result);
+}
+
+// e4m3fn: bias 7, subnormals m * 2^-9, exponent field 15 holds normals except mantissa 7 (NaN).
+float Fp8E4M3BitsToFloat(uint8_t b) {
+  const uint32_t sign = static_cast<uint32_t>(b & 0x80) << 24;
+  const uint32_t exp = (b >> 3) & 0xF, mant = b & 0x7;
+  if (exp == 0xF && mant == 0x7) return BitsFloat(sign | 0x7FF00000u);
+  if (exp == 0) return BitsFloat(sign | FloatBits(std::ldexp(static_cast<float>(mant), -9)));
+  return BitsFloat(sign | ((exp + 120) << 23) | (mant << 20));
+}
+
+float Fp8E5M2BitsToFloat(uint8_t b) { return HalfBitsToFloat(static_cast<uint16_t>(b << 8)); }
+
+float Fp8E8M0BitsToFloat(uint8_t b) {
+  if (b == 0xFF) return BitsFloat(0x7F800001u);
+  if (b == 0) return BitsFloat(0x00400000u);  // 2^-127, a denormal; every other e is a normal's exponent
+  return BitsFloat(static_cast<uint32_t>(b) << 23);
 }
 
 bool CanConvert(DType from, DType to) {

@@ -22,6 +22,7 @@ std::string_view DTypeName(DType dtype);
 size_t DTypeSize(DType dtype);                     // bytes per element
 std::optional<DType> ParseDType(std::string_view name);
 bool IsFloatingPoint(DType dtype);                 // F16, BF16, F32, F64, F8_*
+bool IsFp8(DType dtype);                           // F8_E4M3, F8_E5M2, F8_E8M0
 
 // Element conversion between floating dtypes, round-to-nearest-even, NaN stays NaN, the same bits
 // as torch's Tensor.to(). Supported pairs: any of {F16, BF16, F32}, and identity for every dtype
@@ -35,5 +36,15 @@ uint16_t FloatToBFloat16Bits(float f);
 float BFloat16BitsToFloat(uint16_t h);
 uint16_t FloatToHalfBits(float f);
 float HalfBitsToFloat(uint16_t h);
+
+// One fp8 byte as float: the bits torch's Tensor.float() gives on CPU, NaN payloads included.
+//   F8_E4M3 (torch.float8_e4m3fn): no infinities; 0x7F / 0xFF are NaN, 0x7FF00000 / 0xFFF00000.
+//   F8_E5M2 (torch.float8_e5m2): the top byte of an IEEE half; inf stays inf, a NaN is quieted with
+//     its payload kept (0x7D -> 0x7FE00000, 0x7E -> 0x7FC00000).
+//   F8_E8M0 (torch.float8_e8m0fnu): 2^(e - 127), exactly, so e = 0 is the float denormal 2^-127
+//     (0x00400000); 0xFF is NaN, which torch decodes as the *signaling* 0x7F800001.
+float Fp8E4M3BitsToFloat(uint8_t b);
+float Fp8E5M2BitsToFloat(uint8_t b);
+float Fp8E8M0BitsToFloat(uint8_t b);
 
 }  // namespace shardcast

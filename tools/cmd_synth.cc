@@ -1,4 +1,4 @@
-// shardcast synth --config FILE --out DIR [--layers N] [--max-shard-size BYTES] [--seed S] [--sparse]
+// shardcast synth --config FILE --out DIR [--layers N] [--max-shard-size BYTES] [--seed S] [--sparse] [--bf16-twin]
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +17,7 @@ struct SynthArgs {
   int layers = -1;
   uint64_t seed = 0;
   bool sparse = false;
+  bool bf16_twin = false;
 };
 
 int Synth(const SynthArgs& a) {
@@ -25,10 +26,12 @@ int Synth(const SynthArgs& a) {
   opt.seed = a.seed;
   opt.max_shard_bytes = ParseBytes(a.max_shard, "--max-shard-size");
   opt.sparse = a.sparse;
+  opt.bf16_twin = a.bf16_twin;
   auto t0 = std::chrono::steady_clock::now();
   WrittenCheckpoint w = WriteSynthCheckpoint(spec, a.out, opt);
   // The config beside the weights, as HF checkpoints ship it (layers as written), so `load` finds it.
-  nlohmann::json config = nlohmann::json::parse(spec.config_json);
+  // A bf16 twin's has no quantization_config: it describes the checkpoint written, fp8 weights as BF16.
+  nlohmann::json config = nlohmann::json::parse(a.bf16_twin ? MakeBf16Twin(spec).spec.config_json : spec.config_json);
   config["num_hidden_layers"] = spec.num_layers;
   WriteTextFile(a.out + "/config.json", config.dump(2) + "\n");
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -36,6 +39,7 @@ int Synth(const SynthArgs& a) {
               spec.model_type.c_str(), spec.num_layers, spec.total_layers, HumanCount(spec.parameter_count()).c_str(),
               static_cast<unsigned long long>(w.total_bytes), HumanBytes(w.total_bytes).c_str(), w.files.size(),
               a.out.c_str(), a.sparse ? " (sparse: data area is a hole)" : "");
+  if (a.bf16_twin) std::printf("synth: bf16 twin: fp8 weights written dequantized to BF16, without their scales\n");
   std::printf("synth: %.2f s, %.2f GB/s, seed %llu\n", s, s > 0 ? w.total_bytes / s / 1e9 : 0.0,
               static_cast<unsigned long long>(a.seed));
   return 0;
@@ -52,6 +56,8 @@ void AddSynth(CLI::App& app, Runner* run) {
   cmd->add_option("--max-shard-size", args->max_shard, "split into files of at most this size, e.g. 2G (default: one file)");
   cmd->add_option("--seed", args->seed, "value seed (default 0)");
   cmd->add_flag("--sparse", args->sparse, "full-size files whose data area is a hole (no disk used)");
+  cmd->add_flag("--bf16-twin", args->bf16_twin,
+                "for an fp8 config: write the same model with its fp8 weights dequantized to BF16, no scales");
   cmd->callback([args, run] { *run = [args] { return RunCommand("synth", [&] { return Synth(*args); }); }; });
 }
 

@@ -77,5 +77,44 @@ TEST(DType, ConvertElementsUnaligned) {
   EXPECT_EQ(h[2], FloatToBFloat16Bits(3.0f));
 }
 
+// Every fp8 byte against the formats' definitions (value = (-1)^s * 2^(e - bias) * 1.m, subnormals
+// 2^(1 - bias) * 0.m) and the NaN bits torch gives.
+TEST(DType, Fp8BytesDecodeToTheFormatsValues) {
+  auto bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+  };
+  for (int b = 0; b < 256; ++b) {
+    const float sign = b & 0x80 ? -1.0f : 1.0f;
+    const int e4 = (b >> 3) & 0xF, m3 = b & 7;
+    const float e4m3 = Fp8E4M3BitsToFloat(static_cast<uint8_t>(b));
+    if ((b & 0x7F) == 0x7F) {
+      EXPECT_EQ(bits(e4m3), b & 0x80 ? 0xFFF00000u : 0x7FF00000u);
+    } else {
+      const float want = sign * (e4 == 0 ? std::ldexp(float(m3), -9) : std::ldexp(float(8 + m3), e4 - 10));
+      EXPECT_EQ(bits(e4m3), bits(want)) << "E4M3 0x" << std::hex << b;
+    }
+    const int e5 = (b >> 2) & 0x1F, m2 = b & 3;
+    const float e5m2 = Fp8E5M2BitsToFloat(static_cast<uint8_t>(b));
+    if (e5 == 31) {
+      const uint32_t special = (b & 0x80 ? 0x80000000u : 0u) | 0x7F800000u | (m2 ? 0x400000u | (m2 << 21) : 0u);
+      EXPECT_EQ(bits(e5m2), special) << "E5M2 0x" << std::hex << b;
+    } else {
+      const float want = sign * (e5 == 0 ? std::ldexp(float(m2), -16) : std::ldexp(float(4 + m2), e5 - 17));
+      EXPECT_EQ(bits(e5m2), bits(want)) << "E5M2 0x" << std::hex << b;
+    }
+    const float e8m0 = Fp8E8M0BitsToFloat(static_cast<uint8_t>(b));
+    if (b == 0xFF) {
+      EXPECT_EQ(bits(e8m0), 0x7F800001u);  // torch's decoding: a signaling NaN
+    } else {
+      EXPECT_EQ(e8m0, std::ldexp(1.0f, b - 127)) << "E8M0 " << b;
+    }
+  }
+  EXPECT_EQ(bits(Fp8E8M0BitsToFloat(0)), 0x00400000u);  // 2^-127 is a float denormal
+  EXPECT_TRUE(IsFp8(DType::kF8_E4M3) && IsFp8(DType::kF8_E5M2) && IsFp8(DType::kF8_E8M0));
+  EXPECT_FALSE(IsFp8(DType::kBF16) || IsFp8(DType::kU8));
+}
+
 }  // namespace
 }  // namespace shardcast
