@@ -98,7 +98,9 @@ TEST_P(ScheduleWorld, EveryRankGetsExactlyItsRowsOnceAtTheRightPlace) {
       }
       EXPECT_EQ(sum, msg.target_bytes);
       EXPECT_FALSE(msg.segments.empty());
-      if (msg.segments.size() > 1) EXPECT_LE(msg.target_bytes, m.params.coalesce_bytes) << "a pack over the limit";
+      if (msg.segments.size() > 1) {
+        EXPECT_LE(msg.target_bytes, m.params.coalesce_bytes) << "a pack over the limit";
+      }
     }
     for (uint32_t i = 0; i < m.entries.size(); ++i) {
       const ManifestEntry& e = m.entries[i];
