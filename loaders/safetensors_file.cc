@@ -61,6 +61,13 @@ void InstallSigbusHandler() {
 
 constexpr uint64_t kMaxFaultMapBytes = 2 << 20;  // the largest a single fault maps: a PMD-sized folio
 
+// "bytes [offset, offset + n)", spelled out when offset + n does not fit in 64 bits.
+std::string SpanText(uint64_t offset, uint64_t n) {
+  uint64_t end;
+  if (!__builtin_add_overflow(offset, n, &end)) return ByteRangeText(offset, end);
+  return "bytes [" + std::to_string(offset) + ", " + std::to_string(offset) + " + " + std::to_string(n) + ")";
+}
+
 uint64_t PageSize() {
   static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   return page;
@@ -163,7 +170,17 @@ void SafetensorsFile::ReadRows(const TensorInfo& t, uint64_t r0, uint64_t r1, vo
             "tensor '" + t.key + "' rows [" + std::to_string(r0) + ", " + std::to_string(r1) + ")");
 }
 
+void SafetensorsFile::CheckInFile(uint64_t offset, uint64_t n, std::string_view what) const {
+  // Overflow-safe offset + n <= file_size_.
+  if (offset > file_size_ || n > file_size_ - offset) {
+    throw Error(ErrorKind::kCheckpoint, path_,
+                std::string(what) + " at file " + SpanText(offset, n) + " is outside the file of " +
+                    std::to_string(file_size_) + " bytes");
+  }
+}
+
 void SafetensorsFile::ReadBytes(uint64_t offset, uint64_t n, void* dst, std::string_view what) const {
+  CheckInFile(offset, n, what);
   if (n == 0) return;
   auto truncated = [&](uint64_t now_size) {
     return Error(ErrorKind::kCheckpoint, path_,
@@ -195,6 +212,7 @@ void SafetensorsFile::ReadBytes(uint64_t offset, uint64_t n, void* dst, std::str
 }
 
 void SafetensorsFile::ReleasePages(uint64_t offset, uint64_t n, Release how) const {
+  CheckInFile(offset, n, "release of pages");
   if (n == 0) return;
   // Rounded outward to 2 MiB windows, not just to pages: one fault maps a whole fault-around window,
   // and with large page-cache folios (ext4 on Linux 6.x) a whole folio, up to PMD size. Measured here:

@@ -67,15 +67,19 @@ class SafetensorsFile {
 
   // Copies rows [r0, r1) of t into dst (no alignment needed). Checks the file has not shrunk.
   void ReadRows(const TensorInfo& t, uint64_t r0, uint64_t r1, void* dst) const;
-  // Copies file bytes [offset, offset + n) into dst; `what` names them in errors.
+  // Copies file bytes [offset, offset + n) into dst; `what` names them in errors. A range not inside
+  // [0, file_size()) (overflow-checked) throws kCheckpoint naming the file, the range, the size and
+  // `what`, and copies nothing.
   void ReadBytes(uint64_t offset, uint64_t n, void* dst, std::string_view what) const;
 
-  // Gives back the pages of file bytes [offset, offset + n) that the caller has consumed.
+  // Gives back the pages of file bytes [offset, offset + n) that the caller has consumed. The range
+  // is checked like ReadBytes's: one outside the file throws kCheckpoint and releases nothing.
   void ReleasePages(uint64_t offset, uint64_t n, Release how = Release::kMapping) const;
 
  private:
   SafetensorsFile() = default;
   void CheckRows(const TensorInfo& t, uint64_t r0, uint64_t r1) const;
+  void CheckInFile(uint64_t offset, uint64_t n, std::string_view what) const;
 
   std::string path_;
   int fd_ = -1;
