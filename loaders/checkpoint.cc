@@ -1,17 +1,19 @@
 #include "loaders/checkpoint.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
-#include <fstream>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
 #include "allocators/error.h"
+#include "loaders/posix_file.h"
 
 namespace shardcast {
 namespace {
@@ -35,16 +37,15 @@ std::string RealPath(const std::string& p) {
   return buf;
 }
 
-std::string ReadSmallFile(const std::string& path, uint64_t limit) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(ErrorKind::kIo, path, "cannot open");
-  in.seekg(0, std::ios::end);
-  auto size = static_cast<uint64_t>(in.tellg());
+// The index, read through the one descriptor it was opened with: a FIFO does not block, and the
+// size cap is checked on fstat's size before anything is read.
+std::string ReadIndexFile(const std::string& path, uint64_t limit) {
+  std::optional<OpenNode> node = OpenNodeAt(AT_FDCWD, path, path);
+  if (!node) Fail(path, "no such file");
+  RequireRegularFile(node->st.st_mode, path);
+  const auto size = static_cast<uint64_t>(node->st.st_size);
   if (size > limit) Fail(path, "is " + std::to_string(size) + " bytes, over the limit of " + std::to_string(limit));
-  in.seekg(0);
-  std::string s(size, '\0');
-  in.read(s.data(), static_cast<std::streamsize>(size));
-  return s;
+  return ReadWholeFile(node->fd.get(), size, path);
 }
 
 // A file name from an index must be a plain relative path that stays below the directory.
@@ -105,7 +106,7 @@ std::unique_ptr<Checkpoint> Checkpoint::Open(const std::string& path, const Open
   if (!IsDirectory(path)) {
     ckpt->AddFile(SafetensorsFile::Open(path, options));
   } else if (std::string index = path + "/" + kIndexFileName; Exists(index)) {
-    auto weight_map = ParseWeightMap(index, ReadSmallFile(index, 1ull << 30));
+    auto weight_map = ParseWeightMap(index, ReadIndexFile(index, 1ull << 30));
     const std::string real_root = RealPath(path);
     std::map<std::string, size_t> file_pos;
     for (const auto& [key, name] : weight_map) {

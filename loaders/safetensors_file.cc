@@ -11,9 +11,11 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "allocators/error.h"
+#include "loaders/posix_file.h"
 
 namespace shardcast {
 namespace {
@@ -96,30 +98,43 @@ bool GuardedCopy(void* dst, const void* src, size_t n) {
 }
 
 std::unique_ptr<SafetensorsFile> SafetensorsFile::Open(const std::string& path, const OpenOptions& options) {
+  return OpenAt(AT_FDCWD, path, path, options);
+}
+
+std::unique_ptr<SafetensorsFile> SafetensorsFile::OpenAt(int dirfd, const std::string& name,
+                                                         const std::string& display_path,
+                                                         const OpenOptions& options) {
+  std::optional<OpenNode> node = OpenNodeAt(dirfd, name, display_path);
+  if (!node) throw Error(ErrorKind::kIo, display_path, "cannot open: " + ErrnoText(ENOENT));
+  return FromDescriptor(node->fd.release(), display_path, options);
+}
+
+std::unique_ptr<SafetensorsFile> SafetensorsFile::FromDescriptor(int fd, const std::string& display_path,
+                                                                 const OpenOptions& options) {
+  UniqueFd owned(fd);
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
-  f->path_ = path;
+  f->fd_ = owned.release();  // closed by ~SafetensorsFile if anything below throws
+  f->path_ = display_path;
   f->mode_ = options.mode;
-  f->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f->fd_ < 0) FailIo(path, "cannot open", errno);
   struct stat st;
-  if (fstat(f->fd_, &st) != 0) FailIo(path, "cannot stat", errno);
-  if (!S_ISREG(st.st_mode)) throw Error(ErrorKind::kCheckpoint, path, "not a regular file");
+  if (fstat(fd, &st) != 0) FailIo(display_path, "cannot stat", errno);
+  RequireRegularFile(st.st_mode, display_path);
   f->file_size_ = static_cast<uint64_t>(st.st_size);
 
   unsigned char prefix[8] = {0};
   if (f->file_size_ >= 8) f->ReadBytes(0, 8, prefix, "header length");
-  uint64_t n = ParseHeaderLength(path, prefix, f->file_size_);
+  uint64_t n = ParseHeaderLength(display_path, prefix, f->file_size_);
   std::string json(n, '\0');
   f->ReadBytes(8, n, json.data(), "header");
-  f->header_ = ParseHeader(path, json, f->file_size_);
+  f->header_ = ParseHeader(display_path, json, f->file_size_);
 
   if (options.mode == ReadMode::kMmap && f->file_size_ > 0) {
-    void* p = mmap(nullptr, f->file_size_, PROT_READ, MAP_SHARED, f->fd_, 0);
-    if (p == MAP_FAILED) FailIo(path, "cannot mmap " + std::to_string(f->file_size_) + " bytes", errno);
+    void* p = mmap(nullptr, f->file_size_, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) FailIo(display_path, "cannot mmap " + std::to_string(f->file_size_) + " bytes", errno);
     f->map_ = static_cast<const unsigned char*>(p);
     if (options.sequential_hint) madvise(p, f->file_size_, MADV_SEQUENTIAL);
   }
-  if (options.sequential_hint) posix_fadvise(f->fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
+  if (options.sequential_hint) posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   return f;
 }
 

@@ -42,14 +42,27 @@ struct ByteSpan {
 
 class SafetensorsFile {
  public:
+  // Opens `path` once (without blocking on a FIFO), checks through the descriptor that it is a
+  // regular file, takes its size from fstat, and validates the header. Same as
+  // OpenAt(AT_FDCWD, path, path, options).
   static std::unique_ptr<SafetensorsFile> Open(const std::string& path, const OpenOptions& options = {});
+  // Opens `name` relative to the directory `dirfd` (symlinks are followed), exactly once; errors and
+  // path() say `display_path`. From then on only that descriptor is used: the header read, the
+  // mapping and every pread. A name that is not a regular file (FIFO, socket, device, directory) is
+  // kCheckpoint naming display_path and what it is; a missing one is kIo.
+  static std::unique_ptr<SafetensorsFile> OpenAt(int dirfd, const std::string& name,
+                                                 const std::string& display_path, const OpenOptions& options = {});
+  // Takes ownership of `fd` (an open, readable descriptor; closed here on failure too) and does what
+  // OpenAt does after its open: fstat, the regular-file check, the header, the mapping.
+  static std::unique_ptr<SafetensorsFile> FromDescriptor(int fd, const std::string& display_path,
+                                                         const OpenOptions& options = {});
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
   const std::string& path() const { return path_; }
   const Header& header() const { return header_; }
-  uint64_t file_size() const { return file_size_; }
+  uint64_t file_size() const { return file_size_; }  // what fstat said at open; every read is checked against it
   ReadMode mode() const { return mode_; }
 
   // By key, never by position. Find returns nullptr if absent; Get throws naming the file and key.
