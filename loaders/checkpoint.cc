@@ -4,9 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <climits>
-#include <cstdlib>
-#include <map>
+#include <cstdio>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -22,36 +20,44 @@ namespace {
   throw Error(ErrorKind::kCheckpoint, std::string(where), what);
 }
 
-bool IsDirectory(const std::string& p) {
-  struct stat st;
-  return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-bool Exists(const std::string& p) {
-  struct stat st;
-  return stat(p.c_str(), &st) == 0;
-}
-
-std::string RealPath(const std::string& p) {
-  char buf[PATH_MAX];
-  if (realpath(p.c_str(), buf) == nullptr) return {};
-  return buf;
-}
-
-// The index, read through the one descriptor it was opened with: a FIFO does not block, and the
-// size cap is checked on fstat's size before anything is read.
-std::string ReadIndexFile(const std::string& path, uint64_t limit) {
-  std::optional<OpenNode> node = OpenNodeAt(AT_FDCWD, path, path);
-  if (!node) Fail(path, "no such file");
-  RequireRegularFile(node->st.st_mode, path);
-  const auto size = static_cast<uint64_t>(node->st.st_size);
-  if (size > limit) Fail(path, "is " + std::to_string(size) + " bytes, over the limit of " + std::to_string(limit));
-  return ReadWholeFile(node->fd.get(), size, path);
+// A key or file name from the index as it appears in messages: control bytes (NUL included, which
+// would cut a C string short) as \xNN, and at most 200 bytes.
+std::string Printable(std::string_view s) {
+  std::string out;
+  for (unsigned char c : s.substr(0, 200)) {
+    if (c < 0x20 || c == 0x7f) {
+      char buf[5];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return s.size() > 200 ? out + "..." : out;
 }
 
-// A file name from an index must be a plain relative path that stays below the directory.
+// "weight_map['<key>'] names \"<name>\""
+std::string Names(const std::string& key, const std::string& name) {
+  return "weight_map['" + Printable(key) + "'] names \"" + Printable(name) + "\"";
+}
+
+// The index, read through the one descriptor it was opened with; the size cap is checked on
+// fstat's size before anything is read.
+std::string ReadIndex(const OpenNode& node, const std::string& index_path) {
+  RequireRegularFile(node.st.st_mode, index_path);
+  const auto size = static_cast<uint64_t>(node.st.st_size);
+  if (size > kMaxIndexBytes) {
+    Fail(index_path, "is " + std::to_string(size) + " bytes, over the limit of " + std::to_string(kMaxIndexBytes));
+  }
+  return ReadWholeFile(node.fd.get(), size, index_path);
+}
+
+// A file name from an index must be a plain relative path: not empty, no NUL, not absolute, and no
+// ".." component. Symlinks are not checked: the directory's owner made them (a hub snapshot's files
+// are symlinks into ../../blobs), and each file is opened once and read only through that descriptor.
 void CheckRelativeName(std::string_view index_path, const std::string& key, const std::string& name) {
   auto bad = [&](const std::string& why) {
-    Fail(index_path, "weight_map['" + key + "'] = \"" + name + "\": " + why);
+    Fail(index_path, "weight_map['" + Printable(key) + "'] = \"" + Printable(name) + "\": " + why);
   };
   if (name.empty()) bad("empty file name");
   if (name.find('\0') != std::string::npos) bad("file name contains NUL");
@@ -99,36 +105,40 @@ std::vector<std::pair<std::string, std::string>> ParseWeightMap(std::string_view
   return out;
 }
 
+// Every file is opened exactly once, relative to the directory's descriptor, and read only through
+// its own descriptor from then on (see posix_file.h). The directory is opened once too: a path
+// that names a directory is used through that descriptor, one that names a regular file is the
+// checkpoint's only file, and anything else is rejected.
 std::unique_ptr<Checkpoint> Checkpoint::Open(const std::string& path, const OpenOptions& options) {
   std::unique_ptr<Checkpoint> ckpt(new Checkpoint());
   ckpt->root_ = path;
-  if (!Exists(path)) throw Error(ErrorKind::kCheckpoint, path, "no such file or directory");
-  if (!IsDirectory(path)) {
-    ckpt->AddFile(SafetensorsFile::Open(path, options));
-  } else if (std::string index = path + "/" + kIndexFileName; Exists(index)) {
-    auto weight_map = ParseWeightMap(index, ReadIndexFile(index, 1ull << 30));
-    const std::string real_root = RealPath(path);
-    std::map<std::string, size_t> file_pos;
+  std::optional<OpenNode> root = OpenNodeAt(AT_FDCWD, path, path);
+  if (!root) Fail(path, "no such file or directory");
+  if (!S_ISDIR(root->st.st_mode)) {
+    RequireRegularFile(root->st.st_mode, path);
+    ckpt->AddFile(SafetensorsFile::FromDescriptor(root->fd.release(), path, options));
+  } else if (const std::string index = path + "/" + kIndexFileName;
+             std::optional<OpenNode> index_node = OpenNodeAt(root->fd.get(), kIndexFileName, index)) {
+    auto weight_map = ParseWeightMap(index, ReadIndex(*index_node, index));
+    index_node.reset();
+    std::unordered_map<std::string, size_t> file_pos;
     for (const auto& [key, name] : weight_map) {
       if (file_pos.count(name)) continue;
-      std::string full = path + "/" + name;
-      if (!Exists(full)) Fail(index, "weight_map['" + key + "'] names \"" + name + "\", which does not exist");
-      std::string real = RealPath(full);
-      if (real.compare(0, real_root.size() + 1, real_root + "/") != 0) {
-        Fail(index, "weight_map['" + key + "'] names \"" + name + "\", which resolves to " + real +
-                        ", outside the checkpoint directory");
-      }
+      const std::string full = path + "/" + name;
+      std::optional<OpenNode> node = OpenNodeAt(root->fd.get(), name, full);
+      if (!node) Fail(index, Names(key, name) + ", which does not exist");
       file_pos[name] = ckpt->files_.size();
-      ckpt->AddFile(SafetensorsFile::Open(full, options));
+      ckpt->AddFile(SafetensorsFile::FromDescriptor(node->fd.release(), full, options));
     }
     for (const auto& [key, name] : weight_map) {
       const SafetensorsFile& f = *ckpt->files_[file_pos[name]];
       if (f.Find(key) == nullptr) {
-        Fail(index, "weight_map['" + key + "'] names \"" + name + "\", which holds no tensor '" + key + "'");
+        Fail(index, Names(key, name) + ", which holds no tensor '" + Printable(key) + "'");
       }
     }
-  } else if (std::string single = path + "/" + kSingleFileName; Exists(single)) {
-    ckpt->AddFile(SafetensorsFile::Open(single, options));
+  } else if (const std::string single = path + "/" + kSingleFileName;
+             std::optional<OpenNode> single_node = OpenNodeAt(root->fd.get(), kSingleFileName, single)) {
+    ckpt->AddFile(SafetensorsFile::FromDescriptor(single_node->fd.release(), single, options));
   } else {
     Fail(path, std::string("holds neither ") + kIndexFileName + " nor " + kSingleFileName);
   }

@@ -2,9 +2,14 @@
 //
 // Accepts, in this order: a path to one .safetensors file; a directory holding
 // model.safetensors.index.json (its "weight_map" names the files); a directory holding
-// model.safetensors. Every file named by the index must exist, be a regular file, and resolve inside
-// the directory (no absolute paths, "..", or symlinks out). Every key is unique across files, and
-// every key of the weight_map is in the file it names.
+// model.safetensors. Every file named by the index must exist and be a regular file, and its name
+// must be a plain relative path (not empty, no NUL, not absolute, no ".." component). Symlinks are
+// followed: the directory's owner made them, and a Hugging Face hub snapshot is a directory of
+// symlinks into ../../blobs. Every file (the directory and the index too) is opened exactly once,
+// without blocking on a FIFO, checked through its descriptor (a regular file, and its size), and
+// read only through that descriptor, so what is read is what was validated even if names change
+// meanwhile. Every key is unique across files, and every key of the weight_map is in the file it
+// names.
 //
 // Thread safety: immutable after Open; const methods are safe from any thread.
 // Failure: Open throws shardcast::Error (kCheckpoint naming the file and key, or kIo).
@@ -22,6 +27,8 @@ namespace shardcast {
 
 inline constexpr const char* kIndexFileName = "model.safetensors.index.json";
 inline constexpr const char* kSingleFileName = "model.safetensors";
+// The largest index accepted. DeepSeek-V3's (92k keys) is ~9 MB.
+inline constexpr uint64_t kMaxIndexBytes = 256ull << 20;
 
 class Checkpoint {
  public:

@@ -115,6 +115,10 @@ TEST(NonRegularFile, NamedByTheWeightMapIsRejectedSayingWhatItIs) {
   ::close(sock);
   ASSERT_EQ(unlink(b.c_str()), 0);
 
+  ASSERT_EQ(symlink("/dev/null", b.c_str()), 0);
+  ExpectPromptRejection(dir.path(), b, "is a character device");
+  ASSERT_EQ(unlink(b.c_str()), 0);
+
   ASSERT_EQ(mkdir(b.c_str(), 0700), 0);
   ExpectPromptRejection(dir.path(), b, "is a directory");
 }
