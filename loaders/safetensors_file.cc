@@ -6,11 +6,13 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <vector>
 
@@ -70,6 +72,18 @@ std::string SpanText(uint64_t offset, uint64_t n) {
   return "bytes [" + std::to_string(offset) + ", " + std::to_string(offset) + " + " + std::to_string(n) + ")";
 }
 
+// XXH3-64 of the length prefix and the header JSON, as they are in the file.
+uint64_t HeaderDigest(const unsigned char (&prefix)[8], std::string_view json) {
+  XXH3_state_t* state = XXH3_createState();
+  if (state == nullptr) throw std::bad_alloc();
+  XXH3_64bits_reset(state);
+  XXH3_64bits_update(state, prefix, sizeof(prefix));
+  XXH3_64bits_update(state, json.data(), json.size());
+  const uint64_t digest = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return digest;
+}
+
 uint64_t PageSize() {
   static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   return page;
@@ -127,6 +141,7 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::FromDescriptor(int fd, const s
   std::string json(n, '\0');
   f->ReadBytes(8, n, json.data(), "header");
   f->header_ = ParseHeader(display_path, json, f->file_size_);
+  f->header_digest_ = HeaderDigest(prefix, json);
 
   if (options.mode == ReadMode::kMmap && f->file_size_ > 0) {
     void* p = mmap(nullptr, f->file_size_, PROT_READ, MAP_SHARED, fd, 0);

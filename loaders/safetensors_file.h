@@ -64,6 +64,9 @@ class SafetensorsFile {
   const Header& header() const { return header_; }
   uint64_t file_size() const { return file_size_; }  // what fstat said at open; every read is checked against it
   ReadMode mode() const { return mode_; }
+  // XXH3-64 of the 8-byte length prefix and the header JSON, computed once at open: with path() and
+  // file_size() it is what ranks compare to agree they hold the same file before any read.
+  uint64_t header_digest() const { return header_digest_; }
 
   // By key, never by position. Find returns nullptr if absent; Get throws naming the file and key.
   const TensorInfo* Find(std::string_view key) const { return header_.Find(key); }
@@ -98,6 +101,7 @@ class SafetensorsFile {
   int fd_ = -1;
   const unsigned char* map_ = nullptr;
   uint64_t file_size_ = 0;
+  uint64_t header_digest_ = 0;
   ReadMode mode_ = ReadMode::kMmap;
   Header header_;
 };

@@ -1,7 +1,9 @@
 #include "loaders/safetensors_file.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <cstring>
 #include <fstream>
@@ -197,6 +199,41 @@ TEST(SafetensorsFile, ReleasePagesOutsideTheFileIsAnError) {
   EXPECT_SC_ERROR(f->ReleasePages(4096, ~0ull - 100), ErrorKind::kCheckpoint, "outside the file of");
   f->ReleasePages(0, size);  // the whole file is fine
   f->ReleasePages(size, 0);
+}
+
+}  // namespace
+}  // namespace shardcast
+
+namespace shardcast {
+namespace {
+
+// Ranks agree on files by name, size and header digest before any read: the digest must tell two
+// headers apart by a single byte, and be the same for the same file however it is opened.
+TEST(SafetensorsFile, HeaderDigestTellsOneHeaderByteApartAndIsStableAcrossOpens) {
+  testing::TempDir dir;
+  const std::string data(16, '\x11');
+  const std::string a = testing::Image(R"({"__metadata__":{"v":"a"},"w":{"dtype":"U8","shape":[16],"data_offsets":[0,16]}})", data);
+  std::string b = a;
+  b[b.find("\"a\"") + 1] = 'b';  // one header byte, same length, same data
+  testing::WriteFile(dir / "a.safetensors", a);
+  testing::WriteFile(dir / "b.safetensors", b);
+  auto fa = SafetensorsFile::Open(dir / "a.safetensors");
+  auto fb = SafetensorsFile::Open(dir / "b.safetensors");
+  auto fa_again = SafetensorsFile::Open(dir / "a.safetensors", OpenOptions{ReadMode::kPread});
+  EXPECT_NE(fa->header_digest(), fb->header_digest());
+  EXPECT_EQ(fa->header_digest(), fa_again->header_digest());
+  // XXH3-64 of the 8-byte length prefix and the header JSON: the data area is not part of it.
+  const size_t header_end = 8 + fa->header().header_bytes;
+  EXPECT_EQ(fa->header_digest(), XXH3_64bits(a.data(), header_end));
+  std::string c = a;
+  c[header_end] = '\x22';
+  testing::WriteFile(dir / "c.safetensors", c);
+  EXPECT_EQ(SafetensorsFile::Open(dir / "c.safetensors")->header_digest(), fa->header_digest());
+  // file_size is what fstat saw.
+  struct stat st;
+  ASSERT_EQ(stat((dir / "a.safetensors").c_str(), &st), 0);
+  EXPECT_EQ(fa->file_size(), static_cast<uint64_t>(st.st_size));
+  EXPECT_EQ(fa_again->file_size(), a.size());
 }
 
 }  // namespace
