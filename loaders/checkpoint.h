@@ -29,6 +29,9 @@ inline constexpr const char* kIndexFileName = "model.safetensors.index.json";
 inline constexpr const char* kSingleFileName = "model.safetensors";
 // The largest index accepted. DeepSeek-V3's (92k keys) is ~9 MB.
 inline constexpr uint64_t kMaxIndexBytes = 256ull << 20;
+// The deepest nesting of objects and arrays accepted in an index, the top-level object included.
+// Real indexes nest 2 or 3 levels.
+inline constexpr int kMaxIndexDepth = 64;
 
 class Checkpoint {
  public:
