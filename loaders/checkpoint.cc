@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <optional>
 #include <nlohmann/json.hpp>
-#include <unordered_set>
 #include <sstream>
 
 #include "allocators/error.h"
@@ -69,16 +68,19 @@ void CheckRelativeName(std::string_view index_path, const std::string& key, cons
   }
 }
 
-// Builds the weight_map straight from SAX events, in time linear in the input: no DOM, and the
-// only strings kept are weight_map's pairs and the keys of the objects still open.
+// Builds the weight_map straight from SAX events, in time linear in the input (n log n in the
+// keys of one object): no DOM, and the only strings kept are weight_map's pairs and the keys of the
+// objects still open.
 //
-//   { "metadata": {...},                       depth 1: top-level keys, each checked for duplicates
+//   { "metadata": {...},                       depth 1: top-level keys
 //     "weight_map": { "<key>": "<file>", ... } depth 2: string pairs, kept
 //     "<anything else>": ... }                 deeper: only duplicate keys and the depth cap
 //
-// Each open object has its own key set, popped when it ends, so a key is a duplicate only within
-// its own object. nlohmann's callback parser did the same check but rescanned the parent at every
-// object end: quadratic in the number of objects (20 MB of small objects took 47 s).
+// Duplicates are found per object, at every level: an object's keys are collected while it is open
+// and sorted when it ends, where equal neighbours are duplicates (weight_map's own pairs are sorted
+// anyway). Sorting, not hashing: a hash set degrades to quadratic on keys crafted to collide, and
+// nlohmann's callback parser, which did this check before, rescanned the parent at every object
+// end (20 MB of small objects took 47 s).
 class WeightMapSax : public nlohmann::json_sax<nlohmann::json> {
  public:
   explicit WeightMapSax(std::string_view index_path) : index_path_(index_path) {}
@@ -87,28 +89,25 @@ class WeightMapSax : public nlohmann::json_sax<nlohmann::json> {
   std::vector<std::pair<std::string, std::string>> Finish() {
     if (!error_.empty()) Fail(index_path_, error_);
     if (!found_) Fail(index_path_, "has no \"weight_map\" object");
-    std::sort(pairs_.begin(), pairs_.end());
     return std::move(pairs_);
   }
 
-  bool null() override { return Scalar(); }
-  bool boolean(bool) override { return Scalar(); }
-  bool number_integer(number_integer_t) override { return Scalar(); }
-  bool number_unsigned(number_unsigned_t) override { return Scalar(); }
-  bool number_float(number_float_t, const string_t&) override { return Scalar(); }
-  bool binary(binary_t&) override { return Scalar(); }
+  bool null() override { return NotAString(); }
+  bool boolean(bool) override { return NotAString(); }
+  bool number_integer(number_integer_t) override { return NotAString(); }
+  bool number_unsigned(number_unsigned_t) override { return NotAString(); }
+  bool number_float(number_float_t, const string_t&) override { return NotAString(); }
+  bool binary(binary_t&) override { return NotAString(); }
   bool string(string_t& s) override {
-    if (InWeightMap()) {
-      CheckRelativeName(index_path_, wm_key_, s);
-      pairs_.emplace_back(std::move(wm_key_), std::move(s));
-      return true;
-    }
-    return Scalar();
+    if (!InWeightMap()) return NotAString();
+    CheckRelativeName(index_path_, wm_key_, s);
+    pairs_.emplace_back(std::move(wm_key_), std::move(s));
+    return true;
   }
 
   bool start_object(std::size_t) override {
-    if (levels_.empty()) return Enter();  // the document
-    if (levels_.size() == 1 && top_key_ == "weight_map") {
+    if (depth_ == 0) return Enter();  // the document
+    if (depth_ == 1 && top_key_ == "weight_map") {
       found_ = true;
       wm_open_ = true;
       return Enter();
@@ -116,13 +115,30 @@ class WeightMapSax : public nlohmann::json_sax<nlohmann::json> {
     return NotAString() && Enter();
   }
   bool key(string_t& k) override {
-    if (!levels_.back().insert(k).second) return Bad("duplicate key '" + Printable(k) + "'");
-    if (levels_.size() == 1) top_key_ = k;
-    if (InWeightMap()) wm_key_ = k;
+    if (depth_ == 1 && k == "weight_map" && found_) return Bad("duplicate key 'weight_map'");
+    if (depth_ == 1) top_key_ = k;
+    if (InWeightMap()) {
+      wm_key_ = std::move(k);  // checked for duplicates with the pairs, at the end
+    } else {
+      levels_[depth_ - 1].push_back(std::move(k));
+    }
     return true;
   }
   bool end_object() override {
-    if (levels_.size() == 2) wm_open_ = false;
+    if (InWeightMap()) {
+      wm_open_ = false;
+      std::sort(pairs_.begin(), pairs_.end());
+      for (size_t i = 1; i < pairs_.size(); ++i) {
+        if (pairs_[i].first == pairs_[i - 1].first) {
+          return Bad("duplicate key '" + Printable(pairs_[i].first) + "'");
+        }
+      }
+    } else {
+      std::vector<std::string>& keys = levels_[depth_ - 1];
+      std::sort(keys.begin(), keys.end());
+      auto dup = std::adjacent_find(keys.begin(), keys.end());
+      if (dup != keys.end()) return Bad("duplicate key '" + Printable(*dup) + "'");
+    }
     return Leave();
   }
   bool start_array(std::size_t) override { return NotAString() && Enter(); }
@@ -133,27 +149,31 @@ class WeightMapSax : public nlohmann::json_sax<nlohmann::json> {
   }
 
  private:
-  bool InWeightMap() const { return wm_open_ && levels_.size() == 2; }
+  bool InWeightMap() const { return wm_open_ && depth_ == 2; }
 
   // Any value but a string, or any value but an object where weight_map's object belongs: wrong
   // inside weight_map, as the value of "weight_map", and as the whole document.
   bool NotAString() {
     if (InWeightMap()) return Bad("weight_map['" + Printable(wm_key_) + "'] is not a file name string");
-    if (levels_.empty() || (levels_.size() == 1 && top_key_ == "weight_map")) {
-      return Bad("has no \"weight_map\" object");
-    }
+    if (depth_ == 0 || (depth_ == 1 && top_key_ == "weight_map")) return Bad("has no \"weight_map\" object");
     return true;
   }
-  bool Scalar() { return NotAString(); }
+  // Levels are reused, not freed, so a million small objects cost no allocation each.
   bool Enter() {
-    if (static_cast<int>(levels_.size()) >= kMaxIndexDepth) {
+    if (depth_ >= static_cast<size_t>(kMaxIndexDepth)) {
       return Bad("nested deeper than " + std::to_string(kMaxIndexDepth) + " levels");
     }
-    levels_.emplace_back();
+    if (levels_.size() <= depth_) levels_.emplace_back();
+    levels_[depth_].clear();
+    ++depth_;
     return true;
   }
   bool Leave() {
-    levels_.pop_back();
+    --depth_;
+    std::vector<std::string>& keys = levels_[depth_];
+    // Give back a big object's keys now rather than keep them as capacity.
+    if (keys.capacity() > 4096) std::vector<std::string>().swap(keys);
+    keys.clear();
     return true;
   }
   bool Bad(const std::string& what) {
@@ -162,12 +182,13 @@ class WeightMapSax : public nlohmann::json_sax<nlohmann::json> {
   }
 
   std::string_view index_path_;
-  // One key set per open container (arrays get an empty one, never filled).
-  std::vector<std::unordered_set<std::string>> levels_;
-  std::string top_key_;       // the last key of the top-level object
-  std::string wm_key_;        // the last key inside weight_map
-  bool wm_open_ = false;      // the open depth-2 container is weight_map's object
-  bool found_ = false;        // a top-level "weight_map" object was seen
+  // levels_[d]: the keys of the container at depth d + 1 while depth_ > d (empty for an array).
+  std::vector<std::vector<std::string>> levels_;
+  size_t depth_ = 0;      // containers open
+  std::string top_key_;   // the last key of the top-level object
+  std::string wm_key_;    // the last key inside weight_map
+  bool wm_open_ = false;  // the open depth-2 container is weight_map's object
+  bool found_ = false;    // a top-level "weight_map" object was seen
   std::vector<std::pair<std::string, std::string>> pairs_;
   std::string error_;
 };

@@ -133,3 +133,14 @@ TEST(WeightMap, ParsesAnIndexAtDeepSeekV3Scale) {
 
 }  // namespace
 }  // namespace shardcast
+
+namespace shardcast {
+namespace {
+
+TEST(WeightMap, ADuplicatedWeightMapIsNamedAsTheDuplicate) {
+  EXPECT_SC_ERROR(Parse(R"({"weight_map":{"x":"a"},"weight_map":{"x":"a"}})"), ErrorKind::kCheckpoint,
+                  "duplicate key 'weight_map'");
+}
+
+}  // namespace
+}  // namespace shardcast
