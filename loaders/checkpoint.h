@@ -61,7 +61,10 @@ class Checkpoint {
 };
 
 // Parses an index.json's weight_map (key -> file name) with every rule above that needs no file
-// system: JSON, no duplicate keys, string values, names that are plain relative paths.
+// system: JSON, no duplicate keys in any object, string values, names that are plain relative
+// paths; at most kMaxIndexBytes and kMaxIndexDepth. Returns the pairs sorted by key. Linear in the
+// input (n log n in the keys of one object): no JSON tree is built. Throws kCheckpoint naming
+// index_path.
 std::vector<std::pair<std::string, std::string>> ParseWeightMap(std::string_view index_path,
                                                                  std::string_view json);
 

@@ -2,6 +2,9 @@
 //
 // Open() validates the whole header (see safetensors_header.h) before it returns, so every TensorInfo
 // handed out is in bounds. Views are zero-copy and valid while the SafetensorsFile lives.
+// The file is opened once; what it is (a regular file), its size and every byte read come from that
+// one descriptor, so a name swapped afterwards changes nothing. Every read is bounds-checked
+// against file_size().
 //
 // Thread safety: after Open, every const method may be called from any thread concurrently.
 // Failure: every method throws shardcast::Error; kCheckpoint for bad or changed files (naming the
