@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "loaders/checkpoint.h"
+#include "loaders/model_spec.h"
 #include "loaders/writer.h"
 #include "tests/loaders/test_util.h"
 
@@ -47,27 +48,27 @@ void ExpectPromptRejection(const std::string& path, const std::string& name, con
 }
 
 // The roles a FIFO can take: the path given, the single file, the index, a file the index names.
-enum class Role { kPathItself, kSingleFile, kIndex, kWeightMapTarget };
+enum class FifoRole { kPathItself, kSingleFile, kIndex, kWeightMapTarget };
 
-class FifoIn : public ::testing::TestWithParam<Role> {};
+class FifoIn : public ::testing::TestWithParam<FifoRole> {};
 
 // Regression: open() of a FIFO blocks until a writer appears, so each of these hung the loader.
 TEST_P(FifoIn, EveryRoleIsRejectedWithoutBlocking) {
   testing::TempDir dir;
   std::string fifo, open_path = dir.path();
   switch (GetParam()) {
-    case Role::kPathItself:
+    case FifoRole::kPathItself:
       fifo = dir / "lone.safetensors";
       open_path = fifo;
       break;
-    case Role::kSingleFile:
+    case FifoRole::kSingleFile:
       fifo = dir / kSingleFileName;
       break;
-    case Role::kIndex:
+    case FifoRole::kIndex:
       fifo = dir / kIndexFileName;
       Small(dir / kSingleFileName, {"x"});  // a fallback that must not be taken silently
       break;
-    case Role::kWeightMapTarget:
+    case FifoRole::kWeightMapTarget:
       fifo = dir / "b.safetensors";
       Small(dir / "a.safetensors", {"x"});
       testing::WriteFile(dir / kIndexFileName, R"({"weight_map":{"x":"a.safetensors","y":"b.safetensors"}})");
@@ -78,13 +79,13 @@ TEST_P(FifoIn, EveryRoleIsRejectedWithoutBlocking) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Roles, FifoIn,
-                         ::testing::Values(Role::kPathItself, Role::kSingleFile, Role::kIndex, Role::kWeightMapTarget),
-                         [](const ::testing::TestParamInfo<Role>& info) {
+                         ::testing::Values(FifoRole::kPathItself, FifoRole::kSingleFile, FifoRole::kIndex, FifoRole::kWeightMapTarget),
+                         [](const ::testing::TestParamInfo<FifoRole>& info) {
                            switch (info.param) {
-                             case Role::kPathItself: return "PathItself";
-                             case Role::kSingleFile: return "SingleFile";
-                             case Role::kIndex: return "Index";
-                             case Role::kWeightMapTarget: return "WeightMapTarget";
+                             case FifoRole::kPathItself: return "PathItself";
+                             case FifoRole::kSingleFile: return "SingleFile";
+                             case FifoRole::kIndex: return "Index";
+                             case FifoRole::kWeightMapTarget: return "WeightMapTarget";
                            }
                            return "Unknown";
                          });
@@ -142,6 +143,33 @@ TEST(NonRegularFile, SafetensorsFileOpenOfAFifoDoesNotBlock) {
   ASSERT_EQ(o.state, ChildOutcome::kThrewError) << o.Describe();
   EXPECT_EQ(o.kind, ErrorKind::kCheckpoint) << o.Describe();
   EXPECT_NE(o.message.find(fifo + ": is a FIFO, not a regular file"), std::string::npos) << o.message;
+}
+
+}  // namespace
+}  // namespace shardcast
+
+
+namespace shardcast {
+namespace {
+
+// Regression: config.json was read with std::ifstream, so a FIFO there (a checkpoint's config.json
+// is read by `shardcast load`) blocked forever, and a directory read as an empty file.
+TEST(NonRegularFile, ConfigJsonThatIsAFifoOrDirectoryIsAPromptConfigError) {
+  testing::TempDir dir;
+  const std::string fifo = dir / "config.json", sub = dir / "sub.json";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  ASSERT_EQ(mkdir(sub.c_str(), 0700), 0);
+  for (const auto& [path, what] : {std::pair{fifo, "is a FIFO"}, std::pair{sub, "is a directory"}}) {
+    ChildOutcome o = RunInChild(
+        [&, p = path] {
+          BuildModelSpec(p);
+          return std::string("built a spec");
+        },
+        kDeadline);
+    ASSERT_EQ(o.state, ChildOutcome::kThrewError) << o.Describe();
+    EXPECT_EQ(o.kind, ErrorKind::kConfig) << o.Describe();
+    EXPECT_NE(o.message.find(path + ": " + what + ", not a regular file"), std::string::npos) << o.Describe();
+  }
 }
 
 }  // namespace
