@@ -1,17 +1,16 @@
 #include "loaders/checkpoint.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <climits>
-#include <cstdlib>
-#include <fstream>
-#include <map>
+#include <cstdio>
+#include <optional>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <sstream>
 
 #include "allocators/error.h"
+#include "loaders/posix_file.h"
 
 namespace shardcast {
 namespace {
@@ -20,37 +19,44 @@ namespace {
   throw Error(ErrorKind::kCheckpoint, std::string(where), what);
 }
 
-bool IsDirectory(const std::string& p) {
-  struct stat st;
-  return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-bool Exists(const std::string& p) {
-  struct stat st;
-  return stat(p.c_str(), &st) == 0;
-}
-
-std::string RealPath(const std::string& p) {
-  char buf[PATH_MAX];
-  if (realpath(p.c_str(), buf) == nullptr) return {};
-  return buf;
-}
-
-std::string ReadSmallFile(const std::string& path, uint64_t limit) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(ErrorKind::kIo, path, "cannot open");
-  in.seekg(0, std::ios::end);
-  auto size = static_cast<uint64_t>(in.tellg());
-  if (size > limit) Fail(path, "is " + std::to_string(size) + " bytes, over the limit of " + std::to_string(limit));
-  in.seekg(0);
-  std::string s(size, '\0');
-  in.read(s.data(), static_cast<std::streamsize>(size));
-  return s;
+// A key or file name from the index as it appears in messages: control bytes (NUL included, which
+// would cut a C string short) as \xNN, and at most 200 bytes.
+std::string Printable(std::string_view s) {
+  std::string out;
+  for (unsigned char c : s.substr(0, 200)) {
+    if (c < 0x20 || c == 0x7f) {
+      char buf[5];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return s.size() > 200 ? out + "..." : out;
 }
 
-// A file name from an index must be a plain relative path that stays below the directory.
+// "weight_map['<key>'] names \"<name>\""
+std::string Names(const std::string& key, const std::string& name) {
+  return "weight_map['" + Printable(key) + "'] names \"" + Printable(name) + "\"";
+}
+
+// The index, read through the one descriptor it was opened with; the size cap is checked on
+// fstat's size before anything is read.
+std::string ReadIndex(const OpenNode& node, const std::string& index_path) {
+  RequireRegularFile(node.st.st_mode, index_path);
+  const auto size = static_cast<uint64_t>(node.st.st_size);
+  if (size > kMaxIndexBytes) {
+    Fail(index_path, "is " + std::to_string(size) + " bytes, over the limit of " + std::to_string(kMaxIndexBytes));
+  }
+  return ReadWholeFile(node.fd.get(), size, index_path);
+}
+
+// A file name from an index must be a plain relative path: not empty, no NUL, not absolute, and no
+// ".." component. Symlinks are not checked: the directory's owner made them (a hub snapshot's files
+// are symlinks into ../../blobs), and each file is opened once and read only through that descriptor.
 void CheckRelativeName(std::string_view index_path, const std::string& key, const std::string& name) {
   auto bad = [&](const std::string& why) {
-    Fail(index_path, "weight_map['" + key + "'] = \"" + name + "\": " + why);
+    Fail(index_path, "weight_map['" + Printable(key) + "'] = \"" + Printable(name) + "\": " + why);
   };
   if (name.empty()) bad("empty file name");
   if (name.find('\0') != std::string::npos) bad("file name contains NUL");
@@ -62,72 +68,180 @@ void CheckRelativeName(std::string_view index_path, const std::string& key, cons
   }
 }
 
+// Builds the weight_map straight from SAX events, in time linear in the input (n log n in the
+// keys of one object): no DOM, and the only strings kept are weight_map's pairs and the keys of the
+// objects still open.
+//
+//   { "metadata": {...},                       depth 1: top-level keys
+//     "weight_map": { "<key>": "<file>", ... } depth 2: string pairs, kept
+//     "<anything else>": ... }                 deeper: only duplicate keys and the depth cap
+//
+// Duplicates are found per object, at every level: an object's keys are collected while it is open
+// and sorted when it ends, where equal neighbours are duplicates (weight_map's own pairs are sorted
+// anyway). Sorting, not hashing: a hash set degrades to quadratic on keys crafted to collide, and
+// nlohmann's callback parser, which did this check before, rescanned the parent at every object
+// end (20 MB of small objects took 47 s).
+class WeightMapSax : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  explicit WeightMapSax(std::string_view index_path) : index_path_(index_path) {}
+
+  // The pairs sorted by key, or throws the first error seen.
+  std::vector<std::pair<std::string, std::string>> Finish() {
+    if (!error_.empty()) Fail(index_path_, error_);
+    if (!found_) Fail(index_path_, "has no \"weight_map\" object");
+    return std::move(pairs_);
+  }
+
+  bool null() override { return NotAString(); }
+  bool boolean(bool) override { return NotAString(); }
+  bool number_integer(number_integer_t) override { return NotAString(); }
+  bool number_unsigned(number_unsigned_t) override { return NotAString(); }
+  bool number_float(number_float_t, const string_t&) override { return NotAString(); }
+  bool binary(binary_t&) override { return NotAString(); }
+  bool string(string_t& s) override {
+    if (!InWeightMap()) return NotAString();
+    CheckRelativeName(index_path_, wm_key_, s);
+    pairs_.emplace_back(std::move(wm_key_), std::move(s));
+    return true;
+  }
+
+  bool start_object(std::size_t) override {
+    if (depth_ == 0) return Enter();  // the document
+    if (depth_ == 1 && top_key_ == "weight_map") {
+      found_ = true;
+      wm_open_ = true;
+      return Enter();
+    }
+    return NotAString() && Enter();
+  }
+  bool key(string_t& k) override {
+    if (depth_ == 1 && k == "weight_map" && found_) return Bad("duplicate key 'weight_map'");
+    if (depth_ == 1) top_key_ = k;
+    if (InWeightMap()) {
+      wm_key_ = std::move(k);  // checked for duplicates with the pairs, at the end
+    } else {
+      levels_[depth_ - 1].push_back(std::move(k));
+    }
+    return true;
+  }
+  bool end_object() override {
+    if (InWeightMap()) {
+      wm_open_ = false;
+      std::sort(pairs_.begin(), pairs_.end());
+      for (size_t i = 1; i < pairs_.size(); ++i) {
+        if (pairs_[i].first == pairs_[i - 1].first) {
+          return Bad("duplicate key '" + Printable(pairs_[i].first) + "'");
+        }
+      }
+    } else {
+      std::vector<std::string>& keys = levels_[depth_ - 1];
+      std::sort(keys.begin(), keys.end());
+      auto dup = std::adjacent_find(keys.begin(), keys.end());
+      if (dup != keys.end()) return Bad("duplicate key '" + Printable(*dup) + "'");
+    }
+    return Leave();
+  }
+  bool start_array(std::size_t) override { return NotAString() && Enter(); }
+  bool end_array() override { return Leave(); }
+
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& ex) override {
+    return Bad("not valid JSON at byte " + std::to_string(position) + ": " + ex.what());
+  }
+
+ private:
+  bool InWeightMap() const { return wm_open_ && depth_ == 2; }
+
+  // Any value but a string, or any value but an object where weight_map's object belongs: wrong
+  // inside weight_map, as the value of "weight_map", and as the whole document.
+  bool NotAString() {
+    if (InWeightMap()) return Bad("weight_map['" + Printable(wm_key_) + "'] is not a file name string");
+    if (depth_ == 0 || (depth_ == 1 && top_key_ == "weight_map")) return Bad("has no \"weight_map\" object");
+    return true;
+  }
+  // Levels are reused, not freed, so a million small objects cost no allocation each.
+  bool Enter() {
+    if (depth_ >= static_cast<size_t>(kMaxIndexDepth)) {
+      return Bad("nested deeper than " + std::to_string(kMaxIndexDepth) + " levels");
+    }
+    if (levels_.size() <= depth_) levels_.emplace_back();
+    levels_[depth_].clear();
+    ++depth_;
+    return true;
+  }
+  bool Leave() {
+    --depth_;
+    std::vector<std::string>& keys = levels_[depth_];
+    // Give back a big object's keys now rather than keep them as capacity.
+    if (keys.capacity() > 4096) std::vector<std::string>().swap(keys);
+    keys.clear();
+    return true;
+  }
+  bool Bad(const std::string& what) {
+    if (error_.empty()) error_ = what;
+    return false;
+  }
+
+  std::string_view index_path_;
+  // levels_[d]: the keys of the container at depth d + 1 while depth_ > d (empty for an array).
+  std::vector<std::vector<std::string>> levels_;
+  size_t depth_ = 0;      // containers open
+  std::string top_key_;   // the last key of the top-level object
+  std::string wm_key_;    // the last key inside weight_map
+  bool wm_open_ = false;  // the open depth-2 container is weight_map's object
+  bool found_ = false;    // a top-level "weight_map" object was seen
+  std::vector<std::pair<std::string, std::string>> pairs_;
+  std::string error_;
+};
+
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> ParseWeightMap(std::string_view index_path, std::string_view json) {
-  // Reject duplicate keys at every level: a DOM parse would silently keep the last one.
-  std::vector<std::set<std::string>> seen;
-  std::string duplicate;
-  auto on_event = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
-    using E = nlohmann::json::parse_event_t;
-    if (ev == E::object_start) seen.emplace_back();
-    if (ev == E::object_end && !seen.empty()) seen.pop_back();
-    if (ev == E::key && !seen.empty() && !seen.back().insert(parsed.get<std::string>()).second &&
-        duplicate.empty()) {
-      duplicate = parsed.get<std::string>();
-    }
-    return true;
-  };
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(json.begin(), json.end(), on_event);
-  } catch (const nlohmann::json::exception& e) {
-    Fail(index_path, std::string("not valid JSON: ") + e.what());
+  if (json.size() > kMaxIndexBytes) {
+    Fail(index_path, "is " + std::to_string(json.size()) + " bytes, over the limit of " + std::to_string(kMaxIndexBytes));
   }
-  if (!duplicate.empty()) Fail(index_path, "duplicate key '" + duplicate + "'");
-  if (!doc.is_object() || !doc.contains("weight_map") || !doc["weight_map"].is_object()) {
-    Fail(index_path, "has no \"weight_map\" object");
+  // nlohmann's lexer takes a NUL byte for the end of input, so "{...}\0junk" would pass as valid.
+  if (size_t nul = json.find('\0'); nul != std::string_view::npos) {
+    Fail(index_path, "not valid JSON: NUL byte at byte " + std::to_string(nul));
   }
-  std::vector<std::pair<std::string, std::string>> out;
-  for (auto& [key, value] : doc["weight_map"].items()) {
-    if (!value.is_string()) Fail(index_path, "weight_map['" + key + "'] is not a file name string");
-    std::string name = value.get<std::string>();
-    CheckRelativeName(index_path, key, name);
-    out.emplace_back(key, std::move(name));
-  }
-  return out;
+  WeightMapSax sax(index_path);
+  nlohmann::json::sax_parse(json.begin(), json.end(), &sax, nlohmann::json::input_format_t::json, true);
+  return sax.Finish();
 }
 
+// Every file is opened exactly once, relative to the directory's descriptor, and read only through
+// its own descriptor from then on (see posix_file.h). The directory is opened once too: a path
+// that names a directory is used through that descriptor, one that names a regular file is the
+// checkpoint's only file, and anything else is rejected.
 std::unique_ptr<Checkpoint> Checkpoint::Open(const std::string& path, const OpenOptions& options) {
   std::unique_ptr<Checkpoint> ckpt(new Checkpoint());
   ckpt->root_ = path;
-  if (!Exists(path)) throw Error(ErrorKind::kCheckpoint, path, "no such file or directory");
-  if (!IsDirectory(path)) {
-    ckpt->AddFile(SafetensorsFile::Open(path, options));
-  } else if (std::string index = path + "/" + kIndexFileName; Exists(index)) {
-    auto weight_map = ParseWeightMap(index, ReadSmallFile(index, 1ull << 30));
-    const std::string real_root = RealPath(path);
-    std::map<std::string, size_t> file_pos;
+  std::optional<OpenNode> root = OpenNodeAt(AT_FDCWD, path, path);
+  if (!root) Fail(path, "no such file or directory");
+  if (!S_ISDIR(root->st.st_mode)) {
+    RequireRegularFile(root->st.st_mode, path);
+    ckpt->AddFile(SafetensorsFile::FromDescriptor(root->fd.release(), path, options));
+  } else if (const std::string index = path + "/" + kIndexFileName;
+             std::optional<OpenNode> index_node = OpenNodeAt(root->fd.get(), kIndexFileName, index)) {
+    auto weight_map = ParseWeightMap(index, ReadIndex(*index_node, index));
+    index_node.reset();
+    std::unordered_map<std::string, size_t> file_pos;
     for (const auto& [key, name] : weight_map) {
       if (file_pos.count(name)) continue;
-      std::string full = path + "/" + name;
-      if (!Exists(full)) Fail(index, "weight_map['" + key + "'] names \"" + name + "\", which does not exist");
-      std::string real = RealPath(full);
-      if (real.compare(0, real_root.size() + 1, real_root + "/") != 0) {
-        Fail(index, "weight_map['" + key + "'] names \"" + name + "\", which resolves to " + real +
-                        ", outside the checkpoint directory");
-      }
+      const std::string full = path + "/" + name;
+      std::optional<OpenNode> node = OpenNodeAt(root->fd.get(), name, full);
+      if (!node) Fail(index, Names(key, name) + ", which does not exist");
       file_pos[name] = ckpt->files_.size();
-      ckpt->AddFile(SafetensorsFile::Open(full, options));
+      ckpt->AddFile(SafetensorsFile::FromDescriptor(node->fd.release(), full, options));
     }
     for (const auto& [key, name] : weight_map) {
       const SafetensorsFile& f = *ckpt->files_[file_pos[name]];
       if (f.Find(key) == nullptr) {
-        Fail(index, "weight_map['" + key + "'] names \"" + name + "\", which holds no tensor '" + key + "'");
+        Fail(index, Names(key, name) + ", which holds no tensor '" + Printable(key) + "'");
       }
     }
-  } else if (std::string single = path + "/" + kSingleFileName; Exists(single)) {
-    ckpt->AddFile(SafetensorsFile::Open(single, options));
+  } else if (const std::string single = path + "/" + kSingleFileName;
+             std::optional<OpenNode> single_node = OpenNodeAt(root->fd.get(), kSingleFileName, single)) {
+    ckpt->AddFile(SafetensorsFile::FromDescriptor(single_node->fd.release(), single, options));
   } else {
     Fail(path, std::string("holds neither ") + kIndexFileName + " nor " + kSingleFileName);
   }

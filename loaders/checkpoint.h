@@ -2,9 +2,14 @@
 //
 // Accepts, in this order: a path to one .safetensors file; a directory holding
 // model.safetensors.index.json (its "weight_map" names the files); a directory holding
-// model.safetensors. Every file named by the index must exist, be a regular file, and resolve inside
-// the directory (no absolute paths, "..", or symlinks out). Every key is unique across files, and
-// every key of the weight_map is in the file it names.
+// model.safetensors. Every file named by the index must exist and be a regular file, and its name
+// must be a plain relative path (not empty, no NUL, not absolute, no ".." component). Symlinks are
+// followed: the directory's owner made them, and a Hugging Face hub snapshot is a directory of
+// symlinks into ../../blobs. Every file (the directory and the index too) is opened exactly once,
+// without blocking on a FIFO, checked through its descriptor (a regular file, and its size), and
+// read only through that descriptor, so what is read is what was validated even if names change
+// meanwhile. Every key is unique across files, and every key of the weight_map is in the file it
+// names.
 //
 // Thread safety: immutable after Open; const methods are safe from any thread.
 // Failure: Open throws shardcast::Error (kCheckpoint naming the file and key, or kIo).
@@ -22,6 +27,11 @@ namespace shardcast {
 
 inline constexpr const char* kIndexFileName = "model.safetensors.index.json";
 inline constexpr const char* kSingleFileName = "model.safetensors";
+// The largest index accepted. DeepSeek-V3's (92k keys) is ~9 MB.
+inline constexpr uint64_t kMaxIndexBytes = 256ull << 20;
+// The deepest nesting of objects and arrays accepted in an index, the top-level object included.
+// Real indexes nest 2 or 3 levels.
+inline constexpr int kMaxIndexDepth = 64;
 
 class Checkpoint {
  public:
@@ -51,7 +61,10 @@ class Checkpoint {
 };
 
 // Parses an index.json's weight_map (key -> file name) with every rule above that needs no file
-// system: JSON, no duplicate keys, string values, names that are plain relative paths.
+// system: JSON, no duplicate keys in any object, string values, names that are plain relative
+// paths; at most kMaxIndexBytes and kMaxIndexDepth. Returns the pairs sorted by key. Linear in the
+// input (n log n in the keys of one object): no JSON tree is built. Throws kCheckpoint naming
+// index_path.
 std::vector<std::pair<std::string, std::string>> ParseWeightMap(std::string_view index_path,
                                                                  std::string_view json);
 

@@ -1,11 +1,14 @@
 #include "loaders/model_spec.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <algorithm>
-#include <fstream>
 #include <map>
-#include <sstream>
+#include <optional>
 
 #include "allocators/error.h"
+#include "loaders/posix_file.h"
 #include "loaders/spec_builder.h"
 
 namespace shardcast {
@@ -192,12 +195,27 @@ ModelSpec BuildModelSpecFromJson(std::string_view source, std::string_view confi
   return spec;
 }
 
+// Read like a checkpoint's files (posix_file.h): opened once without blocking on a FIFO, checked
+// to be a regular file of a sane size through its descriptor, read through it.
 ModelSpec BuildModelSpec(const std::string& config_path, const SpecOptions& options) {
-  std::ifstream in(config_path);
-  if (!in) throw Error(ErrorKind::kConfig, config_path, "cannot open config file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return BuildModelSpecFromJson(config_path, ss.str(), options);
+  constexpr uint64_t kMaxConfigBytes = 64ull << 20;  // published configs are a few KB
+  std::optional<OpenNode> node;
+  try {
+    node = OpenNodeAt(AT_FDCWD, config_path, config_path);
+  } catch (const Error& e) {
+    throw Error(ErrorKind::kConfig, config_path, std::string("cannot open config file: ") + e.what());
+  }
+  if (!node) throw Error(ErrorKind::kConfig, config_path, "cannot open config file: no such file");
+  if (!S_ISREG(node->st.st_mode)) {
+    throw Error(ErrorKind::kConfig, config_path,
+                std::string("is ") + FileKindText(node->st.st_mode) + ", not a regular file");
+  }
+  const auto size = static_cast<uint64_t>(node->st.st_size);
+  if (size > kMaxConfigBytes) {
+    throw Error(ErrorKind::kConfig, config_path,
+                "is " + std::to_string(size) + " bytes, over the limit of " + std::to_string(kMaxConfigBytes));
+  }
+  return BuildModelSpecFromJson(config_path, ReadWholeFile(node->fd.get(), size, config_path), options);
 }
 
 }  // namespace shardcast

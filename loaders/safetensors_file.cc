@@ -6,15 +6,19 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <new>
+#include <optional>
 #include <vector>
 
 #include "allocators/error.h"
+#include "loaders/posix_file.h"
 
 namespace shardcast {
 namespace {
@@ -62,6 +66,25 @@ void InstallSigbusHandler() {
 
 constexpr uint64_t kMaxFaultMapBytes = 2 << 20;  // the largest a single fault maps: a PMD-sized folio
 
+// "bytes [offset, offset + n)", spelled out when offset + n does not fit in 64 bits.
+std::string SpanText(uint64_t offset, uint64_t n) {
+  uint64_t end;
+  if (!__builtin_add_overflow(offset, n, &end)) return ByteRangeText(offset, end);
+  return "bytes [" + std::to_string(offset) + ", " + std::to_string(offset) + " + " + std::to_string(n) + ")";
+}
+
+// XXH3-64 of the length prefix and the header JSON, as they are in the file.
+uint64_t HeaderDigest(const unsigned char (&prefix)[8], std::string_view json) {
+  XXH3_state_t* state = XXH3_createState();
+  if (state == nullptr) throw std::bad_alloc();
+  XXH3_64bits_reset(state);
+  XXH3_64bits_update(state, prefix, sizeof(prefix));
+  XXH3_64bits_update(state, json.data(), json.size());
+  const uint64_t digest = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return digest;
+}
+
 uint64_t PageSize() {
   static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   return page;
@@ -90,30 +113,44 @@ bool GuardedCopy(void* dst, const void* src, size_t n) {
 }
 
 std::unique_ptr<SafetensorsFile> SafetensorsFile::Open(const std::string& path, const OpenOptions& options) {
+  return OpenAt(AT_FDCWD, path, path, options);
+}
+
+std::unique_ptr<SafetensorsFile> SafetensorsFile::OpenAt(int dirfd, const std::string& name,
+                                                         const std::string& display_path,
+                                                         const OpenOptions& options) {
+  std::optional<OpenNode> node = OpenNodeAt(dirfd, name, display_path);
+  if (!node) throw Error(ErrorKind::kIo, display_path, "cannot open: " + ErrnoText(ENOENT));
+  return FromDescriptor(node->fd.release(), display_path, options);
+}
+
+std::unique_ptr<SafetensorsFile> SafetensorsFile::FromDescriptor(int fd, const std::string& display_path,
+                                                                 const OpenOptions& options) {
+  UniqueFd owned(fd);
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
-  f->path_ = path;
+  f->fd_ = owned.release();  // closed by ~SafetensorsFile if anything below throws
+  f->path_ = display_path;
   f->mode_ = options.mode;
-  f->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f->fd_ < 0) FailIo(path, "cannot open", errno);
   struct stat st;
-  if (fstat(f->fd_, &st) != 0) FailIo(path, "cannot stat", errno);
-  if (!S_ISREG(st.st_mode)) throw Error(ErrorKind::kCheckpoint, path, "not a regular file");
+  if (fstat(fd, &st) != 0) FailIo(display_path, "cannot stat", errno);
+  RequireRegularFile(st.st_mode, display_path);
   f->file_size_ = static_cast<uint64_t>(st.st_size);
 
   unsigned char prefix[8] = {0};
   if (f->file_size_ >= 8) f->ReadBytes(0, 8, prefix, "header length");
-  uint64_t n = ParseHeaderLength(path, prefix, f->file_size_);
+  uint64_t n = ParseHeaderLength(display_path, prefix, f->file_size_);
   std::string json(n, '\0');
   f->ReadBytes(8, n, json.data(), "header");
-  f->header_ = ParseHeader(path, json, f->file_size_);
+  f->header_ = ParseHeader(display_path, json, f->file_size_);
+  f->header_digest_ = HeaderDigest(prefix, json);
 
   if (options.mode == ReadMode::kMmap && f->file_size_ > 0) {
-    void* p = mmap(nullptr, f->file_size_, PROT_READ, MAP_SHARED, f->fd_, 0);
-    if (p == MAP_FAILED) FailIo(path, "cannot mmap " + std::to_string(f->file_size_) + " bytes", errno);
+    void* p = mmap(nullptr, f->file_size_, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) FailIo(display_path, "cannot mmap " + std::to_string(f->file_size_) + " bytes", errno);
     f->map_ = static_cast<const unsigned char*>(p);
     if (options.sequential_hint) madvise(p, f->file_size_, MADV_SEQUENTIAL);
   }
-  if (options.sequential_hint) posix_fadvise(f->fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
+  if (options.sequential_hint) posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   return f;
 }
 
@@ -164,7 +201,17 @@ void SafetensorsFile::ReadRows(const TensorInfo& t, uint64_t r0, uint64_t r1, vo
             "tensor '" + t.key + "' rows [" + std::to_string(r0) + ", " + std::to_string(r1) + ")");
 }
 
+void SafetensorsFile::CheckInFile(uint64_t offset, uint64_t n, std::string_view what) const {
+  // Overflow-safe offset + n <= file_size_.
+  if (offset > file_size_ || n > file_size_ - offset) {
+    throw Error(ErrorKind::kCheckpoint, path_,
+                std::string(what) + " at file " + SpanText(offset, n) + " is outside the file of " +
+                    std::to_string(file_size_) + " bytes");
+  }
+}
+
 void SafetensorsFile::ReadBytes(uint64_t offset, uint64_t n, void* dst, std::string_view what) const {
+  CheckInFile(offset, n, what);
   if (n == 0) return;
   auto truncated = [&](uint64_t now_size) {
     return Error(ErrorKind::kCheckpoint, path_,
@@ -204,6 +251,7 @@ void SafetensorsFile::Prefetch(uint64_t offset, uint64_t n) const {
 }
 
 void SafetensorsFile::ReleasePages(uint64_t offset, uint64_t n, Release how) const {
+  CheckInFile(offset, n, "release of pages");
   if (n == 0) return;
   // Rounded outward to 2 MiB windows, not just to pages: one fault maps a whole fault-around window,
   // and with large page-cache folios (ext4 on Linux 6.x) a whole folio, up to PMD size. Measured here:

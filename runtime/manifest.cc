@@ -1,7 +1,5 @@
 #include "runtime/manifest.h"
 
-#include <xxhash.h>
-
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -124,26 +122,7 @@ StreamParams StreamParamsFrom(const LoadOptions& o) {
   return p;
 }
 
-uint64_t FileDigest(const SafetensorsFile& file) {
-  XXH3_state_t* s = XXH3_createState();
-  XXH3_64bits_reset(s);
-  auto u64 = [&](uint64_t v) { XXH3_64bits_update(s, &v, sizeof(v)); };
-  const Header& h = file.header();
-  u64(h.header_bytes);
-  u64(h.data_bytes);
-  for (const TensorInfo& t : h.tensors) {
-    u64(t.key.size());
-    XXH3_64bits_update(s, t.key.data(), t.key.size());
-    u64(static_cast<uint64_t>(t.dtype));
-    u64(t.shape.size());
-    for (uint64_t d : t.shape) u64(d);
-    u64(t.begin);
-    u64(t.end);
-  }
-  const uint64_t d = XXH3_64bits_digest(s);
-  XXH3_freeState(s);
-  return d;
-}
+uint64_t FileDigest(const SafetensorsFile& file) { return file.header_digest(); }
 
 std::string RelativeName(const Checkpoint& ckpt, size_t i) {
   const std::string& path = ckpt.file(i).path();

@@ -88,7 +88,8 @@ struct Manifest {
 std::string EncodeManifest(const Manifest& m);
 Manifest DecodeManifest(const std::string& bytes);  // throws kComm on a malformed or other-version blob
 
-// A digest of a file's header: equal digests mean the same tensors at the same offsets.
+// A digest of a file's header bytes (XXH3 of the length prefix and the JSON): equal digests mean the
+// same tensors at the same offsets.
 uint64_t FileDigest(const SafetensorsFile& file);
 // The file's name relative to the checkpoint root.
 std::string RelativeName(const Checkpoint& ckpt, size_t file);

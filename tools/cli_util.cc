@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <iostream>
+#include <utility>
 
 #include "allocators/error.h"
 
@@ -79,6 +80,92 @@ void WriteError(const std::string& text) {
   }
 }
 
+// The code point of the valid UTF-8 sequence at s[i] and its length, or length 0 if there is none
+// (a stray continuation byte, a truncated or overlong sequence, a surrogate, beyond U+10FFFF).
+std::pair<uint32_t, size_t> DecodeUtf8(std::string_view s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  size_t len;
+  uint32_t cp;
+  if (c < 0x80) return {c, 1};
+  if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; }
+  else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; }
+  else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; }
+  else return {0, 0};
+  if (i + len > s.size()) return {0, 0};
+  for (size_t k = 1; k < len; ++k) {
+    const auto b = static_cast<unsigned char>(s[i + k]);
+    if ((b & 0xC0) != 0x80) return {0, 0};
+    cp = (cp << 6) | (b & 0x3F);
+  }
+  static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return {0, 0};
+  return {cp, len};
+}
+
+// Code points that are not C0 or DEL but still change what a terminal shows: C1 controls (0x9B is
+// CSI, 0x9D OSC), and those that reorder or break the line around them.
+bool IsHiddenControl(uint32_t cp) {
+  return (cp >= 0x80 && cp <= 0x9F) || cp == 0x061C || cp == 0x200E || cp == 0x200F ||
+         (cp >= 0x2028 && cp <= 0x202E) || (cp >= 0x2066 && cp <= 0x2069);
+}
+
+}  // namespace
+
+std::string EscapeForTerminal(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  char buf[8];
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7F) {
+      if (c == '\\') out += '\\';
+      out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    if (c < 0x80) {  // C0 and DEL
+      if (c == '\n') out += "\\n";
+      else if (c == '\t') out += "\\t";
+      else if (c == '\r') out += "\\r";
+      else {
+        std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+        out += buf;
+      }
+      ++i;
+      continue;
+    }
+    auto [cp, len] = DecodeUtf8(text, i);
+    if (len == 0) {
+      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+      out += buf;
+      ++i;
+    } else if (IsHiddenControl(cp)) {
+      std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(cp));
+      out += buf;
+      i += len;
+    } else {
+      out.append(text.substr(i, len));
+      i += len;
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// A message's lines kept (a verdict lists each failing rank on its own), everything else in them
+// escaped: a key or path from a hostile checkpoint cannot drive the terminal.
+std::string EscapeLines(const std::string& text) {
+  std::string out;
+  for (size_t at = 0;;) {
+    const size_t nl = text.find('\n', at);
+    out += EscapeForTerminal(std::string_view(text).substr(at, nl == std::string::npos ? std::string::npos : nl - at));
+    if (nl == std::string::npos) return out;
+    out += '\n';
+    at = nl + 1;
+  }
+}
+
 }  // namespace
 
 int RunCommand(const std::string& command, const std::function<int()>& body) {
@@ -86,7 +173,7 @@ int RunCommand(const std::string& command, const std::function<int()>& body) {
   try {
     return body();
   } catch (const Error& e) {
-    WriteError(who + ErrorKindName(e.kind()) + ": " + e.what() + "\n");
+    WriteError(who + ErrorKindName(e.kind()) + ": " + EscapeLines(e.what()) + "\n");
     switch (e.kind()) {
       case ErrorKind::kCheckpoint:
       case ErrorKind::kConfig:
@@ -98,7 +185,7 @@ int RunCommand(const std::string& command, const std::function<int()>& body) {
         return 1;
     }
   } catch (const std::exception& e) {
-    WriteError(who + e.what() + "\n");
+    WriteError(who + EscapeLines(e.what()) + "\n");
     return 1;
   }
 }

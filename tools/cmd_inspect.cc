@@ -20,6 +20,13 @@ std::string BaseName(const std::string& p) {
   return s == std::string::npos ? p : p.substr(s + 1);
 }
 
+// JSON output is ASCII: every non-ASCII character as \uXXXX, and bytes that are not UTF-8 (a path
+// may hold any) as U+FFFD, where nlohmann's default would throw type_error.316. Control characters
+// are \u escapes either way, so nothing in it can drive a terminal.
+std::string JsonText(const nlohmann::ordered_json& j) {
+  return j.dump(2, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace);
+}
+
 int Inspect(const InspectArgs& a) {
   auto ckpt = Checkpoint::Open(a.path);
   uint64_t total = 0;
@@ -37,18 +44,20 @@ int Inspect(const InspectArgs& a) {
     }
     out["total_tensors"] = ckpt->keys().size();
     out["total_bytes"] = total;
-    std::cout << out.dump(2) << "\n";
+    std::cout << JsonText(out) << "\n";
     return 0;
   }
+  // Keys and file names come from the checkpoint: escaped, so none can drive the terminal.
   size_t key_w = 3;
-  for (const auto& key : ckpt->keys()) key_w = std::max(key_w, key.size());
+  for (const auto& key : ckpt->keys()) key_w = std::max(key_w, EscapeForTerminal(key).size());
   key_w = std::min<size_t>(key_w, 72);
   std::printf("%-*s  %-8s  %-22s  %14s  %s\n", static_cast<int>(key_w), "key", "dtype", "shape", "bytes", "file");
   for (const auto& key : ckpt->keys()) {
     const auto& e = ckpt->Get(key);
-    std::printf("%-*s  %-8s  %-22s  %14llu  %s\n", static_cast<int>(key_w), key.c_str(),
+    std::printf("%-*s  %-8s  %-22s  %14llu  %s\n", static_cast<int>(key_w), EscapeForTerminal(key).c_str(),
                 std::string(DTypeName(e.info->dtype)).c_str(), ShapeText(e.info->shape).c_str(),
-                static_cast<unsigned long long>(e.info->nbytes()), BaseName(e.file->path()).c_str());
+                static_cast<unsigned long long>(e.info->nbytes()),
+                EscapeForTerminal(BaseName(e.file->path())).c_str());
     total += e.info->nbytes();
   }
   std::printf("\n%zu tensors, %llu bytes (%s) in %zu file(s)\n", ckpt->keys().size(),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs every test: the sanitizer (ASan+UBSan) build of the loader tests, a short fuzz run of the
-# header parser, then the full build's unit, multi-process and Python tests under ctest.
-# Environment: SHARDCAST_FUZZ_SECONDS (default 60).
+# Runs every test: the sanitizer (ASan+UBSan) build of the loader tests, a short run of each fuzz
+# target, then the full build's unit, multi-process and Python tests under ctest.
+# Environment: SHARDCAST_FUZZ_SECONDS (default 80: the total, split over the fuzz targets).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh >/dev/null
@@ -14,12 +14,28 @@ cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs"
 
-echo "== fuzzing the header parser for ${SHARDCAST_FUZZ_SECONDS:-60} s"
-corpus=build-asan/fuzz-corpus
-mkdir -p "$corpus"
-SHARDCAST_CORPUS_DIR="$corpus" build-asan/tests/loaders_test --gtest_filter='Corpus/*' >/dev/null
-build-asan/tests/fuzz/header_fuzzer -max_total_time="${SHARDCAST_FUZZ_SECONDS:-60}" -max_len=4096 \
-  -print_final_stats=1 "$corpus" 2>&1 | tail -n 3
+# Each target runs from its seeds in tests/fuzz/corpus/<target>/ (read-only) into a working corpus
+# in build-asan/fuzz-corpus/<target>/ that grows from run to run; the header parser's also starts
+# from the malformed-file corpus. The time is split evenly over the targets.
+fuzz_targets=(header_fuzzer index_fuzzer checkpoint_fuzzer read_fuzzer)
+fuzz_seconds=${SHARDCAST_FUZZ_SECONDS:-80}
+per_target=$(( fuzz_seconds / ${#fuzz_targets[@]} ))
+(( per_target >= 1 )) || per_target=1
+echo "== fuzzing ${#fuzz_targets[@]} targets, ${per_target} s each"
+mkdir -p build-asan/fuzz-corpus/header_fuzzer
+SHARDCAST_CORPUS_DIR=build-asan/fuzz-corpus/header_fuzzer build-asan/tests/loaders_test --gtest_filter='Corpus/*' >/dev/null
+for t in "${fuzz_targets[@]}"; do
+  mkdir -p "build-asan/fuzz-corpus/$t"
+  log="build-asan/fuzz-$t.log"
+  if ! build-asan/tests/fuzz/"$t" -max_total_time="$per_target" -max_len=8192 -timeout=10 -print_final_stats=1 \
+      -artifact_prefix="build-asan/fuzz-$t-" "build-asan/fuzz-corpus/$t" "tests/fuzz/corpus/$t" >"$log" 2>&1; then
+    tail -n 40 "$log"
+    echo "$t FAILED; the input is build-asan/fuzz-$t-*, the log $log"
+    exit 1
+  fi
+  # The final stats: "#<execs> DONE cov: <edges> ft: <features> ... exec/s: <rate>".
+  printf '%-18s %s\n' "$t" "$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -n 1)"
+done
 
 echo "== full build"
 tools/build.sh

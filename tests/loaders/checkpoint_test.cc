@@ -48,14 +48,28 @@ TEST(Checkpoint, RejectsBadIndexes) {
                   "holds no tensor 'z'");
   EXPECT_SC_ERROR(Checkpoint::Open(with(R"({"weight_map":{"x":"a.safetensors","y":"b.safetensors"}})")),
                   ErrorKind::kCheckpoint, "tensor 'x' is also in", "unique across files");
-  testing::TempDir outside;
-  Small(outside / "evil.safetensors", {"x"});
-  ASSERT_EQ(symlink((outside / "evil.safetensors").c_str(), (dir / "link.safetensors").c_str()), 0);
-  EXPECT_SC_ERROR(Checkpoint::Open(with(R"({"weight_map":{"x":"link.safetensors"}})")), ErrorKind::kCheckpoint,
-                  "outside the checkpoint directory");
+  EXPECT_SC_ERROR(Checkpoint::Open(with(R"({"weight_map":{"x":"sub/../a.safetensors"}})")), ErrorKind::kCheckpoint,
+                  "escapes the checkpoint directory");  // even one that would land inside
+  EXPECT_SC_ERROR(Checkpoint::Open(with(R"({"weight_map":{"x":""}})")), ErrorKind::kCheckpoint, "empty file name");
+  EXPECT_SC_ERROR(Checkpoint::Open(with(R"({"weight_map":{"x":"a.safetensors\u0000.txt"}})")),
+                  ErrorKind::kCheckpoint, "contains NUL");
   auto ok = Checkpoint::Open(with(R"({"weight_map":{"x":"a.safetensors"}})"));
   EXPECT_EQ(ok->Get("x").file->path(), dir / "a.safetensors");
   EXPECT_SC_ERROR(ok->Get("nope"), ErrorKind::kCheckpoint, "no tensor 'nope'");
+}
+
+// The rule is on the name, not on where a symlink leads: the directory's owner made the symlinks.
+TEST(Checkpoint, FollowsSymlinksTheDirectoryOwnerMade) {
+  testing::TempDir dir, elsewhere;
+  Small(elsewhere / "real.safetensors", {"x"});
+  ASSERT_EQ(symlink((elsewhere / "real.safetensors").c_str(), (dir / "link.safetensors").c_str()), 0);
+  ASSERT_EQ(symlink(elsewhere.path().c_str(), (dir / "sub").c_str()), 0);
+  Small(elsewhere / "y.safetensors", {"y"});
+  testing::WriteFile(dir / kIndexFileName, R"({"weight_map":{"x":"link.safetensors","y":"sub/y.safetensors"}})");
+  auto ckpt = Checkpoint::Open(dir.path());
+  EXPECT_EQ(ckpt->keys(), (std::vector<std::string>{"x", "y"}));
+  EXPECT_EQ(ckpt->Get("x").file->path(), dir / "link.safetensors");
+  EXPECT_EQ(ckpt->Get("y").file->path(), dir / "sub/y.safetensors");
 }
 
 TEST(Checkpoint, EmptyDirectoryAndMissingPath) {

@@ -1,10 +1,13 @@
 #include "loaders/safetensors_file.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <cstring>
 #include <fstream>
+#include <vector>
 
 #include "loaders/writer.h"
 #include "tests/loaders/test_util.h"
@@ -136,6 +139,101 @@ TEST(SafetensorsFile, ReleaseCoversFaultAroundWhenReadingOutOfOrder) {
   long after = RssFileKb();
   if (before < 0) GTEST_SKIP() << "no /proc/self/status";
   EXPECT_LT(after - before, 4 * 1024) << "RssFile grew by " << (after - before) << " kB over a 64 MiB read";
+}
+
+}  // namespace
+}  // namespace shardcast
+
+namespace shardcast {
+namespace {
+
+// Regression: ReadBytes trusted its caller's range, so a wrong offset copied whatever lay past the end
+// of the mapping (or, with pread, was misreported as a truncated file). Run in a child: on the old
+// code an out-of-range copy may crash rather than return.
+TEST(SafetensorsFile, ReadBytesOutsideTheFileIsAnErrorNamingTheRangeAndSize) {
+  testing::TempDir dir;
+  const std::string path = MakeFile(dir);
+  for (ReadMode mode : {ReadMode::kMmap, ReadMode::kPread}) {
+    SCOPED_TRACE(mode == ReadMode::kMmap ? "mmap" : "pread");
+    auto f = SafetensorsFile::Open(path, OpenOptions{mode});
+    const uint64_t size = f->file_size();
+    struct Range {
+      uint64_t offset, n;
+      const char* text;
+    };
+    const std::string end = std::to_string(size);
+    const std::string past = "bytes [" + std::to_string(size - 4) + ", " + std::to_string(size + 4) + ")";
+    const std::string at_end = "bytes [" + end + ", " + std::to_string(size + 1) + ")";
+    for (const auto& [offset, n, text] :
+         {Range{size - 4, 8, past.c_str()}, Range{size, 1, at_end.c_str()},
+          Range{1, ~0ull, "bytes [1, 1 + 18446744073709551615)"},  // offset + n wraps to 0
+          Range{~0ull, 2, "bytes [18446744073709551615, 18446744073709551615 + 2)"}}) {
+      auto o = testing::RunInChild(
+          [&, offset = offset, n = n] {
+            std::vector<unsigned char> dst(64);
+            f->ReadBytes(offset, n, dst.data(), "the test's bytes");
+            return std::string("read without error");
+          },
+          std::chrono::seconds(30));
+      ASSERT_EQ(o.state, testing::ChildOutcome::kThrewError) << o.Describe();
+      EXPECT_EQ(o.kind, ErrorKind::kCheckpoint) << o.Describe();
+      for (const std::string& s : {path, std::string("the test's bytes"), std::string(text),
+                                   "outside the file of " + end + " bytes"}) {
+        EXPECT_NE(o.message.find(s), std::string::npos) << "lacks \"" << s << "\": " << o.message;
+      }
+    }
+    // The last byte and an empty range at the end are still fine.
+    unsigned char last = 0;
+    f->ReadBytes(size - 1, 1, &last, "the last byte");
+    f->ReadBytes(size, 0, &last, "nothing");
+  }
+}
+
+TEST(SafetensorsFile, ReleasePagesOutsideTheFileIsAnError) {
+  testing::TempDir dir;
+  const std::string path = MakeFile(dir);
+  auto f = SafetensorsFile::Open(path);
+  const uint64_t size = f->file_size();
+  EXPECT_SC_ERROR(f->ReleasePages(size - 1, 2), ErrorKind::kCheckpoint, path.c_str(), "release",
+                  "outside the file of");
+  EXPECT_SC_ERROR(f->ReleasePages(4096, ~0ull - 100), ErrorKind::kCheckpoint, "outside the file of");
+  f->ReleasePages(0, size);  // the whole file is fine
+  f->ReleasePages(size, 0);
+}
+
+}  // namespace
+}  // namespace shardcast
+
+namespace shardcast {
+namespace {
+
+// Ranks agree on files by name, size and header digest before any read: the digest must tell two
+// headers apart by a single byte, and be the same for the same file however it is opened.
+TEST(SafetensorsFile, HeaderDigestTellsOneHeaderByteApartAndIsStableAcrossOpens) {
+  testing::TempDir dir;
+  const std::string data(16, '\x11');
+  const std::string a = testing::Image(R"({"__metadata__":{"v":"a"},"w":{"dtype":"U8","shape":[16],"data_offsets":[0,16]}})", data);
+  std::string b = a;
+  b[b.find("\"a\"") + 1] = 'b';  // one header byte, same length, same data
+  testing::WriteFile(dir / "a.safetensors", a);
+  testing::WriteFile(dir / "b.safetensors", b);
+  auto fa = SafetensorsFile::Open(dir / "a.safetensors");
+  auto fb = SafetensorsFile::Open(dir / "b.safetensors");
+  auto fa_again = SafetensorsFile::Open(dir / "a.safetensors", OpenOptions{ReadMode::kPread});
+  EXPECT_NE(fa->header_digest(), fb->header_digest());
+  EXPECT_EQ(fa->header_digest(), fa_again->header_digest());
+  // XXH3-64 of the 8-byte length prefix and the header JSON: the data area is not part of it.
+  const size_t header_end = 8 + fa->header().header_bytes;
+  EXPECT_EQ(fa->header_digest(), XXH3_64bits(a.data(), header_end));
+  std::string c = a;
+  c[header_end] = '\x22';
+  testing::WriteFile(dir / "c.safetensors", c);
+  EXPECT_EQ(SafetensorsFile::Open(dir / "c.safetensors")->header_digest(), fa->header_digest());
+  // file_size is what fstat saw.
+  struct stat st;
+  ASSERT_EQ(stat((dir / "a.safetensors").c_str(), &st), 0);
+  EXPECT_EQ(fa->file_size(), static_cast<uint64_t>(st.st_size));
+  EXPECT_EQ(fa_again->file_size(), a.size());
 }
 
 }  // namespace

@@ -1,8 +1,14 @@
 #include "tests/loaders/test_util.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -49,6 +55,94 @@ std::string SharedDir() {
   struct stat st;
   if (stat((dir + "/data/safetensors-samples").c_str(), &st) == 0) return dir;
   return {};
+}
+
+}  // namespace shardcast::testing
+
+namespace shardcast::testing {
+namespace {
+
+void WriteAllTo(int fd, const std::string& s) {
+  size_t done = 0;
+  while (done < s.size()) {
+    ssize_t n = ::write(fd, s.data() + done, s.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+std::string ChildOutcome::Describe() const {
+  static const char* names[] = {"returned", "threw shardcast::Error", "threw another exception", "crashed",
+                                "timed out"};
+  std::string s = std::string(names[state]) + " after " + std::to_string(elapsed.count()) + " ms";
+  if (state == kThrewError) s += " (" + std::string(ErrorKindName(kind)) + ")";
+  return message.empty() ? s : s + ": " + message;
+}
+
+ChildOutcome RunInChild(const std::function<std::string()>& body, std::chrono::milliseconds deadline) {
+  const auto start = std::chrono::steady_clock::now();
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
+  std::fflush(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    ::close(fds[0]);
+    // One state byte, then the ErrorKind as one byte, then the message.
+    std::string out;
+    try {
+      out = std::string(1, static_cast<char>(ChildOutcome::kReturned)) + '\0' + body();
+    } catch (const Error& e) {
+      out = std::string(1, static_cast<char>(ChildOutcome::kThrewError)) + static_cast<char>(e.kind()) + e.what();
+    } catch (const std::exception& e) {
+      out = std::string(1, static_cast<char>(ChildOutcome::kThrewOther)) + '\0' + e.what();
+    } catch (...) {
+      out = std::string(1, static_cast<char>(ChildOutcome::kThrewOther)) + '\0' + "unknown exception";
+    }
+    WriteAllTo(fds[1], out);
+    _exit(0);  // no atexit handlers, no leak check of the parent's state
+  }
+  ::close(fds[1]);
+  std::string got;
+  bool eof = false, timed_out = false;
+  while (!eof) {
+    auto left = deadline - std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    int r = poll(&p, 1, static_cast<int>(left.count()));
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) continue;  // the deadline check above ends the loop
+    char buf[4096];
+    ssize_t n = ::read(fds[0], buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) eof = true;
+    else got.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  if (timed_out) kill(pid, SIGKILL);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  ChildOutcome o;
+  o.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  if (timed_out) {
+    o.state = ChildOutcome::kTimedOut;
+  } else if (got.size() >= 2 && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    o.state = static_cast<ChildOutcome::State>(got[0]);
+    o.kind = static_cast<ErrorKind>(got[1]);
+    o.message = got.substr(2);
+  } else {
+    o.state = ChildOutcome::kCrashed;
+    o.message = WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
+                                    : "exit status " + std::to_string(WEXITSTATUS(status));
+  }
+  return o;
 }
 
 }  // namespace shardcast::testing

@@ -1,7 +1,9 @@
 // Test helpers for loaders tests: temp directories and hand-built safetensors images.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "allocators/error.h"
@@ -27,6 +29,28 @@ std::string ReadFile(const std::string& path);
 
 // The ../shared dir if present (CI has it), else empty.
 std::string SharedDir();
+
+// How a body run by RunInChild ended.
+struct ChildOutcome {
+  enum State {
+    kReturned,        // body returned; `message` is what it returned
+    kThrewError,      // body threw shardcast::Error; `kind` and `message` are its
+    kThrewOther,      // body threw something else; `message` says what
+    kCrashed,         // the child died (signal or sanitizer report); `message` says how
+    kTimedOut,        // still running at the deadline: killed
+  };
+  State state = kCrashed;
+  ErrorKind kind = ErrorKind::kInternal;
+  std::string message;
+  std::chrono::milliseconds elapsed{0};
+  std::string Describe() const;  // one line for test failure messages
+};
+
+// Runs body in a forked child and waits at most `deadline` for it, so a body that blocks (open() on
+// a FIFO) or runs away (a quadratic parse) fails its test instead of hanging it, and a crash is an
+// outcome instead of the end of the test binary. The child shares nothing back but the outcome:
+// gtest assertions inside body are lost, so body reports through its return value or by throwing.
+ChildOutcome RunInChild(const std::function<std::string()>& body, std::chrono::milliseconds deadline);
 
 }  // namespace shardcast::testing
 

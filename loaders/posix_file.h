@@ -1,0 +1,71 @@
+// loaders/posix_file: opening checkpoint files without trusting them. Internal to loaders/.
+//
+// Every file of a checkpoint is opened exactly once, by OpenNodeAt, and from then on is known only
+// by its descriptor: what it is and how big it is come from fstat on that descriptor, never from a
+// second lookup of its name (which a concurrent rename or symlink swap could redirect).
+//
+//   open(name, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY)   a FIFO does not block, a tty is not taken
+//   fstat(fd)                                                   regular file? its size
+//   fcntl(fd, F_SETFL, flags & ~O_NONBLOCK)                     ordinary blocking reads from here on
+//
+// Thread safety: free functions, safe from any thread. Failure: shardcast::Error, kCheckpoint for a
+// file that is not what a checkpoint needs (naming the path and what it is), kIo when the OS refuses.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace shardcast {
+
+// Owns a file descriptor; closes it on destruction. Move-only.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd() { reset(); }
+
+  int get() const { return fd_; }
+  int release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void reset();
+
+ private:
+  int fd_ = -1;
+};
+
+// An open file and what fstat said about it at open.
+struct OpenNode {
+  UniqueFd fd;
+  struct stat st {};
+};
+
+// "a FIFO", "a socket", "a character device", "a block device", "a directory", "a symbolic link",
+// "a regular file", or "an unknown kind of file".
+const char* FileKindText(mode_t mode);
+
+// Opens `name` relative to the directory `dirfd` (AT_FDCWD: the working directory; an absolute name
+// ignores dirfd), following symlinks, without blocking on FIFOs, and fstats it. O_NONBLOCK is
+// cleared again before it returns. Returns nullopt when the name does not exist (ENOENT, or a path
+// component that is not a directory). A socket (which open refuses with ENXIO) is a kCheckpoint
+// error naming `display_path`; other refusals are kIo.
+std::optional<OpenNode> OpenNodeAt(int dirfd, const std::string& name, const std::string& display_path);
+
+// Throws kCheckpoint "<display_path>: is a FIFO, not a regular file" unless `mode` (from fstat) is
+// a regular file's.
+void RequireRegularFile(mode_t mode, const std::string& display_path);
+
+// Reads exactly [0, size) of a regular file through its descriptor. REQUIRES: size is what fstat
+// said. A file that ends early (it changed while open) is kCheckpoint naming the path and range.
+std::string ReadWholeFile(int fd, uint64_t size, const std::string& display_path);
+
+}  // namespace shardcast
