@@ -197,7 +197,7 @@ ModelSpec BuildModelSpecFromJson(std::string_view source, std::string_view confi
 
 // Read like a checkpoint's files (posix_file.h): opened once without blocking on a FIFO, checked
 // to be a regular file of a sane size through its descriptor, read through it.
-ModelSpec BuildModelSpec(const std::string& config_path, const SpecOptions& options) {
+std::string ReadConfigFile(const std::string& config_path) {
   constexpr uint64_t kMaxConfigBytes = 64ull << 20;  // published configs are a few KB
   std::optional<OpenNode> node;
   try {
@@ -215,7 +215,36 @@ ModelSpec BuildModelSpec(const std::string& config_path, const SpecOptions& opti
     throw Error(ErrorKind::kConfig, config_path,
                 "is " + std::to_string(size) + " bytes, over the limit of " + std::to_string(kMaxConfigBytes));
   }
-  return BuildModelSpecFromJson(config_path, ReadWholeFile(node->fd.get(), size, config_path), options);
+  return ReadWholeFile(node->fd.get(), size, config_path);
+}
+
+ModelSpec BuildModelSpec(const std::string& config_path, const SpecOptions& options) {
+  return BuildModelSpecFromJson(config_path, ReadConfigFile(config_path), options);
+}
+
+std::optional<std::string> ReadCheckpointConfig(const std::string& checkpoint) {
+  struct stat st;
+  if (stat(checkpoint.c_str(), &st) != 0) return std::nullopt;
+  const std::string dir = S_ISDIR(st.st_mode) ? checkpoint
+                          : checkpoint.find('/') == std::string::npos ? std::string(".")
+                                                                      : checkpoint.substr(0, checkpoint.rfind('/'));
+  const std::string path = dir + "/config.json";
+  if (stat(path.c_str(), &st) != 0) return std::nullopt;
+  return ReadConfigFile(path);
+}
+
+std::optional<BlockSize> ConfigWeightBlockSize(std::string_view source, std::string_view config_json) {
+  const nlohmann::json j = nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("quantization_config") || !j["quantization_config"].is_object()) return std::nullopt;
+  const auto& q = j["quantization_config"];
+  if (!q.contains("weight_block_size") || q["weight_block_size"].is_null()) return std::nullopt;
+  const auto& b = q["weight_block_size"];
+  if (!b.is_array() || b.size() != 2 || !b[0].is_number_unsigned() || !b[1].is_number_unsigned() ||
+      b[0].get<uint64_t>() == 0 || b[1].get<uint64_t>() == 0) {
+    throw Error(ErrorKind::kConfig, std::string(source),
+                "quantization_config.weight_block_size must be two positive integers, not " + b.dump());
+  }
+  return BlockSize{b[0].get<uint64_t>(), b[1].get<uint64_t>()};
 }
 
 }  // namespace shardcast

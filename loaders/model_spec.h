@@ -17,6 +17,9 @@
 #include <string_view>
 #include <vector>
 
+#include <optional>
+
+#include "loaders/dequant.h"
 #include "loaders/dtype.h"
 
 namespace shardcast {
@@ -63,6 +66,16 @@ struct SpecOptions {
 ModelSpec BuildModelSpecFromJson(std::string_view source, std::string_view config_json,
                                  const SpecOptions& options = {});
 ModelSpec BuildModelSpec(const std::string& config_path, const SpecOptions& options = {});
+
+// A config file's text, read like a checkpoint's files (opened once without blocking on a FIFO, a
+// regular file of at most 64 MiB, checked through its descriptor). Throws kConfig naming the path.
+std::string ReadConfigFile(const std::string& config_path);
+// The config.json beside a checkpoint (in its directory, or beside a single file); nullopt if none.
+std::optional<std::string> ReadCheckpointConfig(const std::string& checkpoint);
+
+// quantization_config.weight_block_size ([rows, cols]) of a config; nullopt when it declares none.
+// Throws kConfig when it is there but not two positive integers.
+std::optional<BlockSize> ConfigWeightBlockSize(std::string_view source, std::string_view config_json);
 
 // The model_types with a registered builder, sorted.
 std::vector<std::string> KnownModelTypes();

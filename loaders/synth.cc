@@ -121,16 +121,7 @@ inline bool StoreScale(DType dtype, uint64_t h, unsigned char* out, uint64_t i) 
 }
 
 BlockSize ConfigBlockSize(const ModelSpec& spec) {
-  BlockSize b;
-  const nlohmann::json j = nlohmann::json::parse(spec.config_json, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("quantization_config") || !j["quantization_config"].is_object()) return b;
-  const auto& q = j["quantization_config"];
-  if (q.contains("weight_block_size") && q["weight_block_size"].is_array() && q["weight_block_size"].size() == 2 &&
-      q["weight_block_size"][0].is_number_unsigned() && q["weight_block_size"][1].is_number_unsigned()) {
-    b.rows = q["weight_block_size"][0].get<uint64_t>();
-    b.cols = q["weight_block_size"][1].get<uint64_t>();
-  }
-  return b;
+  return ConfigWeightBlockSize(spec.source, spec.config_json).value_or(BlockSize{});
 }
 
 std::string ConfigWithoutQuantization(const std::string& config_json) {
@@ -226,6 +217,20 @@ Bf16Twin MakeBf16Twin(const ModelSpec& spec) {
   }
   if (!twin.dequantized.empty()) twin.spec.config_json = ConfigWithoutQuantization(spec.config_json);
   return twin;
+}
+
+ModelSpec DequantizedSpec(const ModelSpec& spec, DType target) {
+  if (target != DType::kBF16 && target != DType::kF16 && target != DType::kF32) {
+    throw Error(ErrorKind::kInvalidArgument, "dtype",
+                std::string(DTypeName(target)) + " is not a dequantization target (BF16, F16 or F32)");
+  }
+  Bf16Twin twin = MakeBf16Twin(spec);
+  std::unordered_set<std::string_view> dequantized;
+  for (const auto& q : twin.dequantized) dequantized.insert(q.key);
+  for (auto& e : twin.spec.entries) {
+    if (dequantized.count(e.key)) e.dtype = target;
+  }
+  return std::move(twin.spec);
 }
 
 uint64_t SynthFirstMismatch(uint64_t seed, std::string_view key, DType dtype, uint64_t first, uint64_t n,

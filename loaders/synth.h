@@ -56,6 +56,10 @@ struct Bf16Twin {
 // Throws kConfig when a scale sidecar's shape is not the weight's scale grid in that block size.
 Bf16Twin MakeBf16Twin(const ModelSpec& spec);
 
+// The spec as a model that keeps its block-quantized fp8 weights in `target` (BF16, F16 or F32) has it:
+// the twin's layout with those weights in `target`. What `load --dtype` and `plan --dtype` build.
+ModelSpec DequantizedSpec(const ModelSpec& spec, DType target);
+
 // Elements [first, first + n) of Dequantize(the weight's synthetic fp8 values, its synthetic scales)
 // in `target`: what a dequantizing load of the synthetic fp8 checkpoint yields, and the twin's bytes.
 void SynthDequantizedElements(uint64_t seed, const SynthQuantizedWeight& w, DType target, uint64_t first, uint64_t n,

@@ -58,6 +58,16 @@ std::vector<std::string> Adopted(const StreamParams& reader, const LoadOptions& 
   return out;
 }
 
+// How the checkpoint was quantized: its own config.json says (quantization_config.weight_block_size),
+// else the model's config, else 128 x 128. Decided by rank 0 and carried in the manifest.
+BlockSize WeightBlock(const std::string& checkpoint, const ModelSpec& spec) {
+  if (auto config = ReadCheckpointConfig(checkpoint)) {
+    if (auto b = ConfigWeightBlockSize(checkpoint + "/config.json", *config)) return *b;
+  }
+  if (auto b = ConfigWeightBlockSize(spec.source, spec.config_json)) return *b;
+  return BlockSize{};
+}
+
 }  // namespace
 
 Agreement Handshake(Communicator& comm, const Plan& plan, const HandshakeRequest& rq) {
@@ -72,7 +82,8 @@ Agreement Handshake(Communicator& comm, const Plan& plan, const HandshakeRequest
   if (coordinator) {
     try {
       a.ckpt = OpenCheckpoint(rq);
-      a.manifest = Resolve(plan, *a.ckpt, rq.mapping, StreamParamsFrom(rq.options), rq.replicas);
+      a.manifest = Resolve(plan, *a.ckpt, rq.mapping, StreamParamsFrom(rq.options), rq.replicas,
+                           WeightBlock(rq.checkpoint, plan.spec()));
       blob = EncodeManifest(a.manifest);
     } catch (const std::exception& e) {
       local = AsProblem(e);

@@ -168,6 +168,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   report.entries = m.entries.size();
   report.total_bytes = TotalTargetBytes(m);
   report.skipped_keys = m.skipped;
+  report.dequantized = DequantizedEntries(m);
   report.chunk_bytes = m.params.chunk_bytes;
   report.staging_slots = static_cast<int>(m.params.staging_slots);
   report.setup_only = rq.setup_only;
@@ -214,6 +215,7 @@ std::string LoadReport::ToJson() const {
   j["entries"] = entries;
   j["total_bytes"] = total_bytes;
   j["skipped_keys"] = skipped_keys;
+  j["dequantized"] = dequantized;
   j["chunk_bytes"] = chunk_bytes;
   j["staging_slots"] = staging_slots;
   j["setup_only"] = setup_only;

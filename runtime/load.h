@@ -39,6 +39,7 @@ struct LoadReport {
   int world_size = 1, nodes = 1;
   uint64_t checkpoint_bytes = 0;  // what the entries read once from storage (sum of their parts)
   uint64_t entries = 0, total_bytes = 0, skipped_keys = 0;
+  uint64_t dequantized = 0;  // entries whose fp8 checkpoint tensors were dequantized in the reader
   uint64_t chunk_bytes = 0;  // the agreed parameters the stream ran with
   int staging_slots = 0;
   bool setup_only = false;

@@ -1,10 +1,12 @@
 #include "runtime/manifest.h"
 
+#include <algorithm>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "allocators/error.h"
+#include "loaders/dequant.h"
 
 namespace shardcast {
 namespace {
@@ -26,7 +28,8 @@ uint64_t Numel(const std::vector<uint64_t>& s) {
 // Rank 0's side of the resolution: one plan entry at a time, by key.
 class Resolver {
  public:
-  Resolver(const Checkpoint& ckpt, const KeyMapping& mapping) : ckpt_(ckpt), mapping_(mapping) {
+  Resolver(const Checkpoint& ckpt, const KeyMapping& mapping, BlockSize block)
+      : ckpt_(ckpt), mapping_(mapping), block_(block) {
     for (size_t i = 0; i < ckpt.num_files(); ++i) file_index_[&ckpt.file(i)] = static_cast<uint32_t>(i);
   }
 
@@ -81,6 +84,7 @@ class Resolver {
   }
 
   ManifestPart Part(const PlanEntry& e, const std::string& ck, const Checkpoint::Entry& found) {
+    if (IsFp8(found.info->dtype) && IsFloatingPoint(e.dtype) && !IsFp8(e.dtype)) return Dequantized(e, ck, found);
     if (!CanConvert(found.info->dtype, e.dtype)) {
       throw Error(ErrorKind::kManifestMismatch, "key '" + e.key + "'",
                   "dtype " + std::string(DTypeName(found.info->dtype)) + " of '" + ck + "' in the checkpoint (" +
@@ -93,6 +97,33 @@ class Resolver {
                         found.info->shape};
   }
 
+  // An fp8 weight for a floating entry: dequantized with its block scales, never cast without them.
+  ManifestPart Dequantized(const PlanEntry& e, const std::string& ck, const Checkpoint::Entry& found) {
+    const std::string scale_key = ScaleKeyFor(ck);
+    const Checkpoint::Entry* scale = ckpt_.Find(scale_key);
+    if (scale == nullptr) {
+      throw Error(ErrorKind::kCheckpoint, "key '" + e.key + "'",
+                  "'" + ck + "' in " + found.file->path() + " is " + std::string(DTypeName(found.info->dtype)) +
+                      " but the checkpoint has no '" + scale_key + "' to dequantize it to " +
+                      std::string(DTypeName(e.dtype)) + " (an fp8 weight is never cast without its scale)");
+    }
+    CheckDequantizable(ck, found.info->dtype, scale->info->dtype, e.dtype);
+    CheckScaleShape(ck, found.info->shape, scale->info->shape, block_);
+    used_.insert(ck);
+    used_.insert(scale_key);
+    ManifestPart p{ck, found.info->dtype, file_index_.at(found.file),
+                   found.file->header().data_offset() + found.info->begin, found.info->numel(), found.info->shape};
+    p.dequantize = true;
+    p.scale.key = scale_key;
+    p.scale.dtype = scale->info->dtype;
+    p.scale.file = file_index_.at(scale->file);
+    p.scale.offset = scale->file->header().data_offset() + scale->info->begin;
+    p.scale.grid_rows = scale->info->shape[0];
+    p.scale.grid_cols = scale->info->shape[1];
+    p.scale.block = block_;
+    return p;
+  }
+
   Error Missing(const std::string& key, const std::string& ck) const {
     return Error(ErrorKind::kManifestMismatch, "key '" + key + "'",
                  "rank 0's plan needs it but the checkpoint " + ckpt_.root() + " has no tensor '" + ck + "'");
@@ -100,6 +131,7 @@ class Resolver {
 
   const Checkpoint& ckpt_;
   const KeyMapping& mapping_;
+  const BlockSize block_;
   std::unordered_map<const SafetensorsFile*, uint32_t> file_index_;
   std::unordered_set<std::string> used_;
 };
@@ -135,7 +167,7 @@ std::string RelativeName(const Checkpoint& ckpt, size_t i) {
 }
 
 Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& mapping, const StreamParams& params,
-                 int replicas) {
+                 int replicas, BlockSize block) {
   Manifest m;
   m.world_size = plan.world_size();
   m.replicas = replicas;
@@ -144,7 +176,7 @@ Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& map
     const SafetensorsFile& f = ckpt.file(i);
     m.files.push_back(ManifestFile{RelativeName(ckpt, i), f.file_size(), FileDigest(f)});
   }
-  Resolver resolver(ckpt, mapping);
+  Resolver resolver(ckpt, mapping, block);
   for (const PlanEntry& e : plan.entries()) {
     if (FromCheckpoint(e.role)) m.entries.push_back(resolver.Entry(e));
   }
@@ -203,9 +235,20 @@ std::string CheckManifest(const Manifest& m, const Plan& plan, int rank, int wor
 uint64_t SourceBytes(const Manifest& m) {
   uint64_t total = 0;
   for (const ManifestEntry& e : m.entries) {
-    for (const ManifestPart& p : e.parts) total += p.numel * DTypeSize(p.source_dtype);
+    for (const ManifestPart& p : e.parts) {
+      total += p.numel * DTypeSize(p.source_dtype);
+      if (p.dequantize) total += p.scale.grid_rows * p.scale.grid_cols * DTypeSize(p.scale.dtype);
+    }
   }
   return total;
+}
+
+uint64_t DequantizedEntries(const Manifest& m) {
+  uint64_t n = 0;
+  for (const ManifestEntry& e : m.entries) {
+    n += std::any_of(e.parts.begin(), e.parts.end(), [](const ManifestPart& p) { return p.dequantize; });
+  }
+  return n;
 }
 
 std::string CheckParams(const StreamParams& reader, const LoadOptions& mine, int rank) {

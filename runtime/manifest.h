@@ -55,6 +55,17 @@ struct ManifestFile {
   uint64_t digest = 0;     // of the header (see FileDigest)
 };
 
+// The block scales of an fp8 part, read beside its rows and applied by the reader (loaders/dequant.h):
+// rows [r0, r1) of the part need scale rows [r0 / block.rows, ceil(r1 / block.rows)).
+struct ManifestScale {
+  std::string key;                  // "<weight key>_scale_inv"
+  DType dtype = DType::kF32;        // F32, BF16, F16 or F8_E8M0
+  uint32_t file = 0;                // index into Manifest::files
+  uint64_t offset = 0;              // absolute byte offset of the scale grid in that file
+  uint64_t grid_rows = 0, grid_cols = 0;
+  BlockSize block;
+};
+
 // One checkpoint tensor that supplies consecutive elements of an entry.
 struct ManifestPart {
   std::string checkpoint_key;
@@ -63,6 +74,8 @@ struct ManifestPart {
   uint64_t offset = 0;                // absolute byte offset of its data in that file
   uint64_t numel = 0;
   std::vector<uint64_t> shape;        // the checkpoint tensor's own shape
+  bool dequantize = false;            // fp8 with block scales, to the entry's floating dtype
+  ManifestScale scale;                // when dequantize
   uint64_t row_elems() const;         // elements of one dim-0 row of the part (1 for 0-dim and 1-d)
 };
 
@@ -94,9 +107,14 @@ uint64_t FileDigest(const SafetensorsFile& file);
 // The file's name relative to the checkpoint root.
 std::string RelativeName(const Checkpoint& ckpt, size_t file);
 
-// Throws kManifestMismatch / kCheckpoint naming the key, file and both values.
+// Throws kManifestMismatch / kCheckpoint naming the key, file and both values. An fp8 checkpoint
+// tensor going to a BF16/F16/F32 entry is dequantized with its "<key>_scale_inv" in blocks of
+// `block` (the checkpoint config's quantization_config.weight_block_size); one without a scale, or
+// with a scale that is not its block grid, is a kCheckpoint error naming the key, never a raw cast.
 Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& mapping, const StreamParams& params,
-                 int replicas = 1);
+                 int replicas = 1, BlockSize block = {});
+// Entries with at least one dequantized part.
+uint64_t DequantizedEntries(const Manifest& m);
 
 // Returns this rank's first difference from rank 0's manifest, or "" when it agrees. world_size: the
 // communicator's (R x S).

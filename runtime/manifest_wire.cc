@@ -3,7 +3,7 @@
 //
 //   "shardcast-manifest-2" | shards | replicas | params | files[name, size, digest] | entries[...] | skipped
 //   entry: key | dtype | role | placement | shape | parts[key ("" = the entry's), dtype, file, offset,
-//          numel, shape]
+//          numel, shape, dequantize, (scale key, dtype, file, offset, grid rows, cols, block rows, cols)]
 #include <cstring>
 
 #include "allocators/error.h"
@@ -115,6 +115,18 @@ std::string EncodeManifest(const Manifest& m) {
       w.U64(part.offset);
       w.U64(part.numel);
       w.Dims(part.shape);
+      w.U64(part.dequantize);
+      if (part.dequantize) {
+        const ManifestScale& sc = part.scale;
+        w.Str(sc.key);
+        w.U64(static_cast<uint64_t>(sc.dtype));
+        w.U64(sc.file);
+        w.U64(sc.offset);
+        w.U64(sc.grid_rows);
+        w.U64(sc.grid_cols);
+        w.U64(sc.block.rows);
+        w.U64(sc.block.cols);
+      }
     }
   }
   w.U64(m.skipped);
@@ -163,6 +175,19 @@ Manifest DecodeManifest(const std::string& bytes) {
       part.offset = r.U64();
       part.numel = r.U64();
       part.shape = r.Dims();
+      part.dequantize = r.U64() != 0;
+      if (part.dequantize) {
+        ManifestScale& sc = part.scale;
+        sc.key = r.Str();
+        sc.dtype = r.Enum<DType>(kNumDTypes);
+        sc.file = static_cast<uint32_t>(r.U64());
+        if (sc.file >= m.files.size()) throw Error(ErrorKind::kComm, "manifest", "a scale names a file past the list");
+        sc.offset = r.U64();
+        sc.grid_rows = r.U64();
+        sc.grid_cols = r.U64();
+        sc.block.rows = r.U64();
+        sc.block.cols = r.U64();
+      }
     }
   }
   m.skipped = r.U64();

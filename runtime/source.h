@@ -1,8 +1,9 @@
 // runtime/source: where a reader's bytes come from (SegmentSource). The staging ring asks its source for each
 // segment's target bytes; a load reads checkpoint files, a save reads this rank's own shards.
 //
-//   FileSource    the manifest's files as this rank opened them: copies (or converts, the one
-//                 conversion hook) a part's elements out of the mapping, releasing consumed pages
+//   FileSource    the manifest's files as this rank opened them: copies a part's elements out of the
+//                 mapping, or converts them (dtype; fp8 rows with their block scales, dequantized in
+//                 the reader, so receivers never see fp8), releasing consumed pages
 //   ShardSource   this rank's local tensors: the segment's bytes at its local offset (save)
 //
 // Thread safety: Read and Prefetch are called by the ring's reader thread only.
@@ -53,6 +54,8 @@ class FileSource : public SegmentSource {
   void Prefetch(const Segment& s) override;
 
  private:
+  void Dequantize(const ManifestEntry& e, const ManifestPart& p, uint64_t r0, uint64_t r1, unsigned char* out);
+
   const Manifest& m_;
   const FileTable& files_;
   bool release_;

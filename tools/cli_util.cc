@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -12,6 +13,15 @@
 #include "allocators/error.h"
 
 namespace shardcast::tools {
+
+DType ParseFloatDType(const std::string& text, const std::string& origin) {
+  std::string t;
+  for (char c : text) t += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (t == "bf16" || t == "bfloat16") return DType::kBF16;
+  if (t == "f16" || t == "fp16" || t == "float16") return DType::kF16;
+  if (t == "f32" || t == "fp32" || t == "float32") return DType::kF32;
+  throw Error(ErrorKind::kInvalidArgument, origin, "\"" + text + "\" is not bf16, f16 or f32");
+}
 
 std::string HumanBytes(uint64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};

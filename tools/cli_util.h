@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "loaders/dtype.h"
+
 namespace CLI {
 class App;
 }
@@ -17,6 +19,9 @@ namespace shardcast::tools {
 std::string HumanBytes(uint64_t bytes);    // "1.23 GiB"
 std::string HumanCount(uint64_t n);        // "229.0 B" (billions), "8.03 M"
 std::string ShapeText(const std::vector<uint64_t>& shape);
+// "bf16", "f16", "f32" (or the safetensors names BF16, F16, F32): a dequantization target; throws
+// kInvalidArgument naming `origin`.
+DType ParseFloatDType(const std::string& text, const std::string& origin);
 void WriteTextFile(const std::string& path, const std::string& text);  // throws kIo naming the path
 
 // Makes text from a checkpoint (a key, a path, an error message quoting them) safe to print to a

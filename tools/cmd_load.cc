@@ -11,6 +11,7 @@
 
 #include "allocators/error.h"
 #include "bench/baseline_load.h"
+#include "loaders/synth.h"
 #include "runtime/load.h"
 #include "runtime/subprocess.h"
 #include "tools/cli_util.h"
@@ -20,7 +21,7 @@ namespace shardcast::tools {
 namespace {
 
 struct LoadArgs {
-  std::string checkpoint, config, json, backend = "gloo";
+  std::string checkpoint, config, json, backend = "gloo", dtype;
   // Load options as given (empty: not given), parsed by LoadOptionsBuilder with the environment.
   std::string source, target, chunk, staging_slots, readahead, timeout_ms;
   int nproc = 0, layers = -1, nodes = 1, replicas = 1;
@@ -86,6 +87,7 @@ std::string ConfigFor(const LoadArgs& a) {
 void PrintReport(const LoadReport& r) {
   std::printf("load: %s -> %s over %s, %d rank(s), %llu entries, %s", r.source.c_str(), r.target.c_str(),
               r.backend.c_str(), r.world_size, static_cast<unsigned long long>(r.entries), HumanBytes(r.total_bytes).c_str());
+  if (r.dequantized) std::printf(", %llu dequantized from fp8", static_cast<unsigned long long>(r.dequantized));
   if (r.skipped_keys) {
     std::printf(", skipped %llu checkpoint key(s) the model does not own (e.g. %s)",
                 static_cast<unsigned long long>(r.skipped_keys), r.skipped_examples.front().c_str());
@@ -155,7 +157,9 @@ int RunRank(const LoadArgs& a) {
   try {
     if (bad_options) throw *bad_options;
     const Mesh mesh = MakeMesh(rv.world_size, a.replicas);
-    plan = std::make_unique<Plan>(Plan::Build(BuildModelSpec(ConfigFor(a), SpecOptions{a.layers}), mesh.shards));
+    ModelSpec spec = BuildModelSpec(ConfigFor(a), SpecOptions{a.layers});
+    if (!a.dtype.empty()) spec = DequantizedSpec(spec, ParseFloatDType(a.dtype, "--dtype"));
+    plan = std::make_unique<Plan>(Plan::Build(std::move(spec), mesh.shards));
     PrepareOptions po;
     po.target = target;
     po.device_index = rv.local_rank;
@@ -203,6 +207,9 @@ void AddLoad(CLI::App& app, Runner* run, const std::vector<std::string>& argv) {
   cmd->add_option("--source", args->source,
                   "rank0 (default), each-rank, node-leader or striped (baseline: the full-broadcast algorithm, for "
                   "benchmarks)");
+  cmd->add_option("--dtype", args->dtype,
+                  "bf16, f16 or f32: load block-quantized fp8 weights in this dtype, dequantized in the stream "
+                  "(default: as the config declares them)");
   cmd->add_option("--replicas", args->replicas, "HSDP: R replicas x (world / R) shards (default 1: FSDP)");
   cmd->add_option("--nodes", args->nodes, "with --nproc: split the ranks into N nodes (LOCAL_RANK, GROUP_RANK)");
   cmd->add_option("--target", args->target, "cpu (default), pinned or cuda");

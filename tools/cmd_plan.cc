@@ -1,4 +1,4 @@
-// shardcast plan --config FILE --world-size W [--rank R] [--layers N] [--json]
+// shardcast plan --config FILE --world-size W [--rank R] [--layers N] [--dtype bf16|f16|f32] [--json]
 // What the spec holds by role and dtype, what each rank holds, and the forecast peak memory.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "allocators/error.h"
+#include "loaders/synth.h"
 #include "runtime/forecast.h"
 #include "tools/cli_util.h"
 
@@ -18,6 +19,7 @@ struct PlanArgs {
   int world_size = 1;
   int rank = -1;
   int layers = -1;
+  std::string dtype;  // fp8 block-quantized weights as loaded in this dtype (default: as the config says)
   bool json = false;
 };
 
@@ -69,6 +71,7 @@ int RunPlan(const PlanArgs& a) {
     throw Error(ErrorKind::kInvalidArgument, "--world-size", "must be at least 1, got " + std::to_string(a.world_size));
   }
   ModelSpec spec = BuildModelSpec(a.config, SpecOptions{a.layers});
+  if (!a.dtype.empty()) spec = DequantizedSpec(spec, ParseFloatDType(a.dtype, "--dtype"));
   Plan plan = Plan::Build(spec, a.world_size);
   std::vector<int> ranks;
   if (a.rank >= 0 || a.rank < -1) {
@@ -125,6 +128,8 @@ void AddPlan(CLI::App& app, Runner* run) {
   cmd->add_option("--world-size", args->world_size, "number of ranks (default 1)");
   cmd->add_option("--rank", args->rank, "show only this rank (default: all)");
   cmd->add_option("--layers", args->layers, "keep only the first N decoder layers (default: all)");
+  cmd->add_option("--dtype", args->dtype,
+                  "bf16, f16 or f32: forecast fp8 block-quantized weights loaded (dequantized) in this dtype");
   cmd->add_flag("--json", args->json, "print JSON instead of tables");
   cmd->callback([args, run] { *run = [args] { return RunCommand("plan", [&] { return RunPlan(*args); }); }; });
 }

@@ -43,7 +43,7 @@ struct Result {
   int64_t checked = 0, mismatches = 0, skipped = 0, verified = 0;
   std::vector<std::string> adopted;
   double seconds = 0;  // from the worker's start to its report
-  uint64_t read_total = 0, checkpoint_bytes = 0;  // storage reads of every rank; the checkpoint's bytes
+  uint64_t read_total = 0, checkpoint_bytes = 0, dequantized = 0;  // storage reads of every rank; the checkpoint's bytes
   int nodes = 0;
   std::string mesh;
   bool reported = false;
@@ -160,6 +160,7 @@ class LoadTest : public ::testing::Test {
           x.read_total = j.value("read_total", uint64_t{0});
           x.checkpoint_bytes = j.value("checkpoint_bytes", uint64_t{0});
           x.nodes = j.value("nodes", 0);
+          x.dequantized = j.value("dequantized", uint64_t{0});
           x.mesh = j.value("mesh", "");
         }
         ranks[r].Wait(std::chrono::seconds(30));

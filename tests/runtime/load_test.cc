@@ -50,6 +50,60 @@ INSTANTIATE_TEST_SUITE_P(
              (std::string(std::get<2>(info.param)) == "rank0" ? "rank0" : "each_rank");
     });
 
+// fp8 checkpoints into a bf16 model: the reader dequantizes with each weight's block scales (uneven
+// rows, partial blocks at the bottom and right, shards starting mid-block, zero-row ranks), and every
+// rank holds exactly what the kernel gives for its rows, which is torch's own formula bit for bit
+// (dequant_torch_test). Receivers never see fp8.
+class Fp8Exact : public LoadTest, public ::testing::WithParamInterface<std::tuple<int, const char*>> {};
+
+TEST_P(Fp8Exact, EveryRankHoldsItsRowsDequantized) {
+  const auto [world, source] = GetParam();
+  auto rs = Run(world, "dequant", "deepseek", "deepseek", source);
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(rs[r].ok) << "rank " << r << ": " << rs[r].kind << ": " << rs[r].message;
+    EXPECT_EQ(rs[r].mismatches, 0) << "rank " << r;
+    EXPECT_EQ(rs[r].verified, 1);
+    EXPECT_EQ(rs[r].dequantized, 25u);  // layer 0: 5 attention + 3 MLP; layer 1: 5 + 3 experts x 3 + 3 shared
+    EXPECT_EQ(rs[r].skipped, 0) << "the scales are used, not skipped";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldsAndSources, Fp8Exact,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values("rank0", "each-rank", "striped")),
+                         [](const auto& info) {
+                           std::string s = std::get<1>(info.param);
+                           for (char& c : s) c = c == '-' ? '_' : c;
+                           return "w" + std::to_string(std::get<0>(info.param)) + "_" + s;
+                         });
+
+// An fp8 weight is never cast without its scale: a missing scale, a scale of another grid, and a
+// scale of a dtype no kernel takes are each one error on every rank, before any data moves.
+TEST_F(LoadTest, Fp8WithoutAUsableScaleIsOneErrorEverywhere) {
+  const std::string victim = "model.layers.0.self_attn.q_a_proj.weight";
+  Write("fp8_no_scale", kDeepseekFp8, [&](ModelSpec& s) {
+    for (size_t i = 0; i < s.entries.size(); ++i) {
+      if (s.entries[i].key == victim + "_scale_inv") s.entries.erase(s.entries.begin() + i);
+    }
+  });
+  ExpectSameError(Run(3, "dequant", "fp8_no_scale", "deepseek"), "CheckpointError",
+                  {"handshake", ("'" + victim + "'").c_str(), "has no '", "never cast without its scale"});
+  Write("fp8_bad_grid", kDeepseekFp8, [&](ModelSpec& s) {
+    for (auto& e : s.entries) {
+      if (e.key == victim + "_scale_inv") e.shape = {2, 2};  // q_a_proj is [40, 136]: its grid is [1, 2]
+    }
+  });
+  ExpectSameError(Run(3, "dequant", "fp8_bad_grid", "deepseek"), "CheckpointError",
+                  {"handshake", victim.c_str(), "[2, 2]", "[40, 136]"});
+  Write("fp8_bad_dtype", kDeepseekFp8, [&](ModelSpec& s) {
+    for (auto& e : s.entries) {
+      if (e.key == victim + "_scale_inv") e.dtype = DType::kI32;
+    }
+  });
+  ExpectSameError(Run(2, "dequant", "fp8_bad_dtype", "deepseek", "each-rank"), "Unsupported",
+                  {"handshake", victim.c_str(), "I32"});
+}
+
 TEST_F(LoadTest, MissingKeyIsTheSameErrorEverywhere) {
   ExpectSameError(Run(3, "exact", "missing", "qwen"), "ManifestMismatch",
                   {"handshake", "rank 0", "model.layers.0.self_attn.o_proj.weight", "has no tensor"});

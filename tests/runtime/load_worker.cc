@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -21,8 +22,11 @@ constexpr uint64_t kSeed = 7;
 
 // Checks every byte this rank holds: synthetic checkpoint values (converted to the plan's dtype where
 // the checkpoint's differs) for checkpoint entries, the RoPE rule for computed buffers.
-void Check(const RankState& state, const Checkpoint& ckpt, int64_t* checked, int64_t* mismatches) {
+void Check(const RankState& state, const Checkpoint& ckpt, const std::vector<SynthQuantizedWeight>& dequantized,
+           int64_t* checked, int64_t* mismatches) {
   const int world = state.plan().world_size();
+  std::map<std::string, const SynthQuantizedWeight*> fp8;
+  for (const auto& q : dequantized) fp8[q.key] = &q;
   for (const LocalTensor& t : state.tensors()) {
     const PlanEntry& e = *t.entry;
     const at::Tensor& x = t.tensor;
@@ -37,8 +41,12 @@ void Check(const RankState& state, const Checkpoint& ckpt, int64_t* checked, int
     uint64_t row_elems = e.rows() ? ce.info->numel() / e.rows() : 0;
     uint64_t first = rows.begin * row_elems, n = rows.rows() * row_elems;
     std::vector<unsigned char> src(n * DTypeSize(ce.info->dtype)), want(n * DTypeSize(e.dtype));
-    SynthElements(kSeed, e.key, ce.info->dtype, first, n, src.data());
-    ConvertElements(ce.info->dtype, e.dtype, src.data(), want.data(), n);
+    if (auto q = fp8.find(e.key); q != fp8.end()) {  // what the kernel gives for these rows
+      SynthDequantizedElements(kSeed, *q->second, e.dtype, first, n, want.data());
+    } else {
+      SynthElements(kSeed, e.key, ce.info->dtype, first, n, src.data());
+      ConvertElements(ce.info->dtype, e.dtype, src.data(), want.data(), n);
+    }
     if (static_cast<uint64_t>(x.numel()) != n || std::memcmp(x.data_ptr(), want.data(), want.size()) != 0) {
       ++*mismatches;
       std::cerr << "rank " << state.rank() << ": mismatch in " << e.key << "\n";
@@ -97,6 +105,12 @@ int LoadWorkerMain(int argc, char** argv) {
     std::unique_ptr<Communicator> comm =
         rv.world_size == 1 ? CreateLocalCommunicator() : CreateGlooCommunicator(rv, rq.options.timeout);
     ModelSpec spec = BuildModelSpec(config);
+    std::vector<SynthQuantizedWeight> dequantized;
+    if (scenario == "dequant") {  // a bf16 model of an fp8 checkpoint: the reader dequantizes
+      Bf16Twin twin = MakeBf16Twin(spec);
+      spec = std::move(twin.spec);
+      dequantized = std::move(twin.dequantized);
+    }
     // The mesh: R x (W / R), R from the test (HSDP); this rank's plan is over S, for its shard index.
     const char* replicas = std::getenv("TEST_REPLICAS");
     rq.replicas = replicas ? std::atoi(replicas) : 1;
@@ -116,10 +130,10 @@ int LoadWorkerMain(int argc, char** argv) {
     LoadReport report = Load(*comm, &state, rq);
     int64_t checked = 0, mismatches = 0;
     auto ckpt = Checkpoint::Open(ckpt_dir);
-    Check(state, *ckpt, &checked, &mismatches);
+    Check(state, *ckpt, dequantized, &checked, &mismatches);
     out = {{"ok", true}, {"checked", checked}, {"mismatches", mismatches}, {"skipped", report.skipped_keys},
            {"verified", report.ranks[rv.rank].verified}, {"stored", report.ranks[rv.rank].bytes_stored},
-           {"adopted", report.adopted}, {"read", report.ranks[rv.rank].bytes_read},
+           {"adopted", report.adopted}, {"dequantized", report.dequantized}, {"read", report.ranks[rv.rank].bytes_read},
            {"read_total", [&] {
               uint64_t t = 0;
               for (const auto& r : report.ranks) t += r.bytes_read;
