@@ -44,6 +44,8 @@ void FsyncDir(const std::string& dir) {
   ::close(fd);
 }
 
+}  // namespace
+
 void WriteSmallFileAtomically(const std::string& path, const std::string& text) {
   std::string tmp = path + ".tmp-" + std::to_string(getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -65,7 +67,6 @@ void WriteSmallFileAtomically(const std::string& path, const std::string& text) 
   FsyncDir(DirName(path));
 }
 
-}  // namespace
 
 uint64_t WriteEntry::nbytes() const {
   uint64_t n = DTypeSize(dtype);
@@ -157,38 +158,52 @@ void SafetensorsWriter::Commit() {
   Publish();
 }
 
-WrittenCheckpoint WriteCheckpoint(const std::string& dir, const std::vector<WriteEntry>& entries,
-                                  const DataSource& source, const CheckpointWriteOptions& options) {
-  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) FailIo(dir, "cannot create directory", errno);
-  // Split greedily in entry order; a tensor larger than the limit gets a file of its own.
-  std::vector<std::vector<WriteEntry>> groups(1);
-  uint64_t group_bytes = 0;
+std::vector<CheckpointFile> PlanCheckpointFiles(const std::vector<WriteEntry>& entries, uint64_t max_shard_bytes) {
+  std::vector<CheckpointFile> files(1);
   for (const auto& e : entries) {
-    uint64_t n = e.nbytes();
-    if (options.max_shard_bytes > 0 && !groups.back().empty() && group_bytes + n > options.max_shard_bytes) {
-      groups.emplace_back();
-      group_bytes = 0;
+    const uint64_t n = e.nbytes();
+    if (max_shard_bytes > 0 && !files.back().entries.empty() && files.back().data_bytes + n > max_shard_bytes) {
+      files.emplace_back();
     }
-    groups.back().push_back(e);
-    group_bytes += n;
+    files.back().entries.push_back(e);
+    files.back().data_bytes += n;
   }
-  const bool sharded = options.max_shard_bytes > 0;
-  WrittenCheckpoint out;
-  std::vector<std::unique_ptr<SafetensorsWriter>> writers;
-  std::vector<unsigned char> buf(options.sparse ? 0 : options.chunk_bytes);
-  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
-  for (size_t g = 0; g < groups.size(); ++g) {
+  for (size_t g = 0; g < files.size(); ++g) {
     char name[64];
-    if (sharded) {
-      std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", g + 1, groups.size());
+    if (max_shard_bytes > 0) {
+      std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", g + 1, files.size());
     } else {
       std::snprintf(name, sizeof(name), "%s", "model.safetensors");
     }
-    auto w = std::make_unique<SafetensorsWriter>(dir + "/" + name, groups[g], options.metadata);
+    files[g].name = name;
+  }
+  return files;
+}
+
+void WriteCheckpointIndex(const std::string& dir, const std::vector<CheckpointFile>& files) {
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  uint64_t total = 0;
+  for (const auto& f : files) {
+    for (const auto& e : f.entries) weight_map[e.key] = f.name;
+    total += f.data_bytes;
+  }
+  nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  WriteSmallFileAtomically(dir + "/" + "model.safetensors.index.json", index.dump(2) + "\n");
+}
+
+WrittenCheckpoint WriteCheckpoint(const std::string& dir, const std::vector<WriteEntry>& entries,
+                                  const DataSource& source, const CheckpointWriteOptions& options) {
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) FailIo(dir, "cannot create directory", errno);
+  const std::vector<CheckpointFile> files = PlanCheckpointFiles(entries, options.max_shard_bytes);
+  WrittenCheckpoint out;
+  std::vector<std::unique_ptr<SafetensorsWriter>> writers;
+  std::vector<unsigned char> buf(options.sparse ? 0 : options.chunk_bytes);
+  for (const CheckpointFile& f : files) {
+    auto w = std::make_unique<SafetensorsWriter>(dir + "/" + f.name, f.entries, options.metadata);
     if (options.sparse) {
       w->AppendHole();
     } else {
-      for (const auto& e : groups[g]) {
+      for (const auto& e : f.entries) {
         uint64_t total = e.nbytes();
         for (uint64_t off = 0; off < total; off += buf.size()) {
           size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), total - off));
@@ -198,16 +213,12 @@ WrittenCheckpoint WriteCheckpoint(const std::string& dir, const std::vector<Writ
       }
     }
     w->Finish();
-    for (const auto& e : groups[g]) weight_map[e.key] = name;
-    out.files.push_back(dir + "/" + name);
+    out.files.push_back(dir + "/" + f.name);
     out.total_bytes += w->data_bytes();
     writers.push_back(std::move(w));
   }
   for (auto& w : writers) w->Publish();
-  if (sharded) {
-    nlohmann::ordered_json index = {{"metadata", {{"total_size", out.total_bytes}}}, {"weight_map", weight_map}};
-    WriteSmallFileAtomically(dir + "/" + "model.safetensors.index.json", index.dump(2) + "\n");
-  }
+  if (options.max_shard_bytes > 0) WriteCheckpointIndex(dir, files);
   return out;
 }
 

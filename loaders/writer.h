@@ -73,6 +73,19 @@ struct WrittenCheckpoint {
   uint64_t total_bytes = 0;        // data bytes across files
 };
 
+// How entries are split into files: greedily in entry order, a tensor larger than the limit in a file
+// of its own; names model-0000i-of-0000N.safetensors, or model.safetensors when max_shard_bytes is 0.
+struct CheckpointFile {
+  std::string name;
+  std::vector<WriteEntry> entries;
+  uint64_t data_bytes = 0;
+};
+std::vector<CheckpointFile> PlanCheckpointFiles(const std::vector<WriteEntry>& entries, uint64_t max_shard_bytes);
+// model.safetensors.index.json for those files (metadata.total_size and weight_map), written atomically.
+void WriteCheckpointIndex(const std::string& dir, const std::vector<CheckpointFile>& files);
+// A small text file (config.json, an index) written to a temp name, fsynced and renamed into place.
+void WriteSmallFileAtomically(const std::string& path, const std::string& text);
+
 // Writes entries as a checkpoint directory. With max_shard_bytes, files are
 // model-00001-of-0000N.safetensors and model.safetensors.index.json is written last; all files are
 // renamed into place only once every one is complete.

@@ -48,6 +48,7 @@ void AddPrepare(CLI::App& app, Runner* run);
 void AddBenchRss(CLI::App& app, Runner* run);
 void AddLoad(CLI::App& app, Runner* run, const std::vector<std::string>& argv);
 void AddBenchPread(CLI::App& app, Runner* run);
+void AddConvert(CLI::App& app, Runner* run);
 void AddBenchScatter(CLI::App& app, Runner* run, const std::vector<std::string>& argv);
 
 }  // namespace shardcast::tools

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   shardcast::tools::AddBenchRss(app, &run);
   shardcast::tools::AddLoad(app, &run, std::vector<std::string>(argv, argv + argc));
   shardcast::tools::AddBenchPread(app, &run);
+  shardcast::tools::AddConvert(app, &run);
   shardcast::tools::AddBenchScatter(app, &run, std::vector<std::string>(argv, argv + argc));
   try {
     app.parse(argc, argv);

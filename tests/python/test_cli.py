@@ -149,3 +149,38 @@ def test_verify_keeps_file_pages_flat_on_every_rank(shardcast_bin, tmp_path, sou
     for rank in json.loads(report.read_text())["ranks"]:
         assert rank["verify"] == "ok"
         assert rank["peak_rss_file_above_baseline"] < 32 << 20, rank  # of a 235 MB checkpoint
+
+
+# shardcast convert: the fp8 checkpoint rewritten in bf16 equals synth's bf16 twin tensor by tensor
+# (the same dequantization), without quantization_config, atomically, by one or three processes.
+@pytest.mark.parametrize("nproc", [1, 3])
+def test_convert_fp8_to_bf16_equals_the_twin(shardcast_bin, tmp_path, nproc):
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file
+    # DeepSeek-V3's published config, made small, with rows and columns that do not divide the block.
+    raw = json.loads((ROOT / "configs" / "models" / "deepseek-v3.json").read_text())
+    raw.update(num_hidden_layers=2, hidden_size=576, intermediate_size=720, moe_intermediate_size=200,
+               num_attention_heads=4, q_lora_rank=200, kv_lora_rank=128, qk_nope_head_dim=32, qk_rope_head_dim=16,
+               v_head_dim=32, n_routed_experts=4, first_k_dense_replace=1, vocab_size=1000)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(raw))
+    fp8, twin, out = tmp_path / "fp8", tmp_path / "twin", tmp_path / "bf16"
+    for args in (["--out", fp8], ["--out", twin, "--bf16-twin"]):
+        assert sc(shardcast_bin, "synth", "--config", cfg, "--max-shard-size", "2M", *args).returncode == 0
+    r = sc(shardcast_bin, "convert", fp8, out, "--nproc", nproc, "--max-shard-size", "3M")
+    assert r.returncode == 0, r.stderr
+    assert not list(tmp_path.glob("bf16.tmp-*")), "the temporary directory is gone"
+    config = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in config and config["torch_dtype"] == "bfloat16"
+    def tensors(d):
+        got = {}
+        for f in sorted(d.glob("*.safetensors")):
+            got.update(load_file(str(f)))
+        return got
+    a, b = tensors(out), tensors(twin)
+    assert sorted(a) == sorted(b)
+    assert all(a[k].dtype == b[k].dtype and torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a)
+    assert any(a[k].dtype == torch.bfloat16 and k.endswith("q_a_proj.weight") for k in a)
+    assert sc(shardcast_bin, "inspect", out).returncode == 0
+    r = sc(shardcast_bin, "convert", fp8, out)
+    assert r.returncode == 2 and "exists; pass --overwrite" in r.stderr, r.stderr

@@ -1,0 +1,165 @@
+#include "loaders/convert.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "allocators/error.h"
+#include "allocators/lazy_zero.h"
+
+namespace shardcast {
+namespace {
+
+const char* TorchDTypeName(DType t) {
+  switch (t) {
+    case DType::kBF16: return "bfloat16";
+    case DType::kF16: return "float16";
+    default: return "float32";
+  }
+}
+
+// A lazy-zero scratch buffer, grown as needed and unmapped at the end.
+class Scratch {
+ public:
+  ~Scratch() { LazyZeroFree(p_, n_); }
+  unsigned char* Get(uint64_t n) {
+    if (n > n_) {
+      LazyZeroFree(p_, n_);
+      p_ = nullptr;
+      n_ = 0;
+      p_ = static_cast<unsigned char*>(LazyZeroAllocate(n));
+      n_ = n;
+    }
+    return p_;
+  }
+
+ private:
+  unsigned char* p_ = nullptr;
+  uint64_t n_ = 0;
+};
+
+// Produces bytes [offset, offset + n) of one output tensor.
+class Producer {
+ public:
+  Producer(const Checkpoint& in, const ConvertOptions& o) : in_(in), o_(o) {}
+
+  void Copy(const std::string& key, uint64_t offset, unsigned char* out, uint64_t n) {
+    const Checkpoint::Entry& e = in_.Get(key);
+    const uint64_t at = e.file->header().data_offset() + e.info->begin + offset;
+    e.file->ReadBytes(at, n, out, "tensor '" + key + "'");
+    e.file->ReleasePages(at, n);
+  }
+
+  // Dequantizes the rows that cover the requested bytes, then copies the part asked for.
+  void Dequantized(const std::string& key, uint64_t offset, unsigned char* out, uint64_t n) {
+    const Checkpoint::Entry& w = in_.Get(key);
+    const Checkpoint::Entry& s = in_.Get(ScaleKeyFor(key));
+    const uint64_t cols = w.info->shape[1], ts = DTypeSize(o_.target), row_bytes = cols * ts;
+    const uint64_t r0 = offset / row_bytes, r1 = (offset + n + row_bytes - 1) / row_bytes;
+    const RowSpan rows{r0, r1}, srows = ScaleRowsFor(rows, o_.block);
+    const uint64_t grid_cols = s.info->shape[1], ss = DTypeSize(s.info->dtype);
+    const uint64_t w_at = w.file->header().data_offset() + w.info->begin + r0 * cols;
+    const uint64_t s_at = s.file->header().data_offset() + s.info->begin + srows.begin * grid_cols * ss;
+    const uint64_t w_bytes = (r1 - r0) * cols, s_bytes = srows.size() * grid_cols * ss;
+    unsigned char* raw = raw_.Get(w_bytes + s_bytes);
+    w.file->ReadBytes(w_at, w_bytes, raw, "tensor '" + key + "'");
+    s.file->ReadBytes(s_at, s_bytes, raw + w_bytes, "tensor '" + ScaleKeyFor(key) + "'");
+    unsigned char* rows_out = rows_.Get((r1 - r0) * row_bytes);
+    Dequantize(DequantSource{w.info->dtype, raw}, DequantScale{s.info->dtype, raw + w_bytes, grid_cols}, rows, cols,
+               o_.block, o_.target, rows_out);
+    std::memcpy(out, rows_out + (offset - r0 * row_bytes), n);
+    w.file->ReleasePages(w_at, w_bytes);
+  }
+
+ private:
+  const Checkpoint& in_;
+  const ConvertOptions& o_;
+  Scratch raw_, rows_;
+};
+
+}  // namespace
+
+ConvertPlan PlanConvert(const Checkpoint& in, const ConvertOptions& o) {
+  if (o.target != DType::kBF16 && o.target != DType::kF16 && o.target != DType::kF32) {
+    throw Error(ErrorKind::kInvalidArgument, "--dtype",
+                std::string(DTypeName(o.target)) + " is not a dequantization target (BF16, F16 or F32)");
+  }
+  ConvertPlan plan;
+  std::vector<WriteEntry> entries;
+  for (size_t f = 0; f < in.num_files(); ++f) {
+    const SafetensorsFile& file = in.file(f);
+    std::vector<const TensorInfo*> order;
+    for (const TensorInfo& t : file.header().tensors) order.push_back(&t);
+    std::sort(order.begin(), order.end(), [](const TensorInfo* a, const TensorInfo* b) { return a->begin < b->begin; });
+    for (const TensorInfo* t : order) {
+      plan.input_bytes += t->nbytes();
+      const bool is_scale = t->key.size() > 10 && t->key.compare(t->key.size() - 10, 10, "_scale_inv") == 0;
+      if (is_scale) {
+        const Checkpoint::Entry* weight = in.Find(t->key.substr(0, t->key.size() - 10));
+        if (weight != nullptr && IsFp8(weight->info->dtype)) {
+          ++plan.dropped_scales;  // consumed by its weight's dequantization
+          continue;
+        }
+      }
+      ConvertPlan::Output out{t->key, t->dtype, false};
+      WriteEntry e{t->key, t->dtype, t->shape};
+      if (IsFp8(t->dtype)) {
+        const Checkpoint::Entry* scale = in.Find(ScaleKeyFor(t->key));
+        if (scale == nullptr) {
+          throw Error(ErrorKind::kCheckpoint, "tensor '" + t->key + "' in " + file.path(),
+                      std::string(DTypeName(t->dtype)) + " without '" + ScaleKeyFor(t->key) +
+                          "': an fp8 tensor is never cast without its scale");
+        }
+        CheckDequantizable(t->key, t->dtype, scale->info->dtype, o.target);
+        CheckScaleShape(t->key, t->shape, scale->info->shape, o.block);
+        out.dequantize = true;
+        e.dtype = o.target;
+        ++plan.dequantized;
+      } else {
+        ++plan.copied;
+      }
+      plan.output_bytes += e.nbytes();
+      plan.outputs.push_back(out);
+      entries.push_back(e);
+    }
+  }
+  plan.files = PlanCheckpointFiles(entries, o.max_shard_bytes);
+  return plan;
+}
+
+void WriteConvertedFile(const Checkpoint& in, const ConvertPlan& plan, size_t file, const std::string& dir,
+                        const ConvertOptions& o) {
+  std::map<std::string, const ConvertPlan::Output*> by_key;
+  for (const auto& out : plan.outputs) by_key[out.key] = &out;
+  const CheckpointFile& f = plan.files.at(file);
+  SafetensorsWriter w(dir + "/" + f.name, f.entries, {{"format", "pt"}});
+  Producer produce(in, o);
+  Scratch chunk;
+  for (const WriteEntry& e : f.entries) {
+    const ConvertPlan::Output& out = *by_key.at(e.key);
+    const uint64_t total = e.nbytes();
+    for (uint64_t off = 0; off < total; off += o.chunk_bytes) {
+      const uint64_t n = std::min(o.chunk_bytes, total - off);
+      unsigned char* buf = chunk.Get(n);
+      if (out.dequantize) {
+        produce.Dequantized(e.key, off, buf, n);
+      } else {
+        produce.Copy(e.key, off, buf, n);
+      }
+      w.Append(buf, n);
+    }
+  }
+  w.Commit();
+}
+
+std::string ConvertedConfig(const std::string& config_json, DType target) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) throw Error(ErrorKind::kConfig, "config.json", "is not a JSON object");
+  j.erase("quantization_config");
+  j["torch_dtype"] = TorchDTypeName(target);
+  if (j.contains("dtype")) j["dtype"] = TorchDTypeName(target);
+  return j.dump(2) + "\n";
+}
+
+}  // namespace shardcast

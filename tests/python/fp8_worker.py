@@ -1,0 +1,95 @@
+"""One rank of the fp8 tests: `python fp8_worker.py MODE ROOT OUT` under torchrun's variables.
+
+transformers: a bf16 DeepSeek-V3 built from the fp8 checkpoint's config without quantization_config,
+              fully_shard on a CPU mesh, shardcast.load of the fp8 checkpoint: every parameter (fused
+              experts included) equals transformers' own dequantized from_pretrained, bit for bit.
+mapping:      the explicit {key: (local, begin, end)} path over odd shapes (576 and 200 rows, 7168 and
+              96 columns, every scale dtype), in both sources: each rank's rows equal torch's
+              (w.float() * scale_expanded).to(bf16) rows.
+"""
+import datetime
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import shardcast
+
+
+def rows(n, world, rank):
+    chunk = -(-n // world)
+    begin = min(n, rank * chunk)
+    return begin, min(n, begin + chunk)
+
+
+def reference(w, s, block=(128, 128)):
+    """torch's own formula: the fp32 product, one rounding to bf16."""
+    r, c = w.shape
+    expanded = s.float().repeat_interleave(block[0], 0)[:r].repeat_interleave(block[1], 1)[:, :c]
+    return (w.float() * expanded).to(torch.bfloat16)
+
+
+def transformers_flow(root, rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoConfig, AutoModelForCausalLM, FineGrainedFP8Config
+    ckpt = os.path.join(root, "deepseek_fp8")
+    ref = AutoModelForCausalLM.from_pretrained(ckpt, quantization_config=FineGrainedFP8Config(dequantize=True),
+                                               dtype=torch.bfloat16)
+    config = AutoConfig.from_pretrained(ckpt)
+    del config.quantization_config  # the one line: a bf16 model of the fp8 checkpoint
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    shardcast.prepare(model, config=config)
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    report = shardcast.load(model, ckpt, verify=True)
+    want = dict(ref.named_parameters())
+    bad = []
+    for name, p in model.named_parameters():
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        if full.dtype != want[name].dtype or not torch.equal(full.detach().view(torch.uint8),
+                                                                want[name].detach().view(torch.uint8)):
+            bad.append(name)
+    return {"bad": bad, "dequantized": report["dequantized"], "verify": report["ranks"][rank]["verify"],
+            "fused": [n for n, _ in model.named_parameters() if "experts.gate_up_proj" in n]}
+
+
+def mapping(root, rank, world):
+    from safetensors.torch import load_file
+    path = os.path.join(root, "odd")
+    full = load_file(os.path.join(path, "model.safetensors"))
+    out = {}
+    for source in ("rank0", "each-rank"):
+        m, want = {}, {}
+        for key in sorted(k for k in full if not k.endswith("_scale_inv")):
+            w, s = full[key], full[key + "_scale_inv"]
+            b, e = rows(w.shape[0], world, rank)
+            m[key] = (torch.empty((e - b, w.shape[1]), dtype=torch.bfloat16), b, e)
+            want[key] = reference(w, s)[b:e]
+        report = shardcast.load(m, path, source=source, verify=True)
+        out[source] = {"bad": [k for k, (t, b, e) in m.items() if not torch.equal(t.view(torch.uint8),
+                                                                                    want[k].view(torch.uint8))],
+                       "dequantized": report["dequantized"], "checked": len(m)}
+    return out
+
+
+def main():
+    mode, root, out_path = sys.argv[1:4]
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    modes = {"transformers": transformers_flow, "mapping": mapping}
+    # all: the mapping check, and (at 2-3 ranks) the transformers one, in these same processes
+    names = (["mapping"] + (["transformers"] if 2 <= world <= 3 else [])) if mode == "all" else [mode]
+    result = {name: modes[name](root, rank, world) for name in names}
+    with open(f"{out_path}.{rank}", "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""fp8 checkpoints into bf16 shards, against torch and transformers (issue 11): the reader dequantizes
+each weight with its block scales; every rank's rows are bit-identical to torch's formula, and a
+FSDP2 model's parameters to transformers' own dequantized load, fused experts included."""
+import json
+import subprocess
+
+import pytest
+
+import ranks
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+# A DeepSeek-V3 whose quantized weights divide the 128 x 128 block (transformers refuses the others).
+DEEPSEEK_FP8 = {
+    "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 2,
+    "hidden_size": 256, "intermediate_size": 384, "moe_intermediate_size": 128, "num_attention_heads": 2,
+    "num_key_value_heads": 2, "q_lora_rank": 256, "kv_lora_rank": 64, "qk_nope_head_dim": 64,
+    "qk_rope_head_dim": 64, "v_head_dim": 64, "n_routed_experts": 3, "n_shared_experts": 1,
+    "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "vocab_size": 101,
+    "max_position_embeddings": 512, "rope_theta": 10000, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                            "weight_block_size": [128, 128]},
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, shardcast_bin):
+    from safetensors.torch import save_file
+    root = tmp_path_factory.mktemp("fp8")
+    cfg = root / "deepseek.json"
+    cfg.write_text(json.dumps(DEEPSEEK_FP8))
+    subprocess.run([str(shardcast_bin), "synth", "--config", str(cfg), "--out", str(root / "deepseek_fp8"),
+                    "--max-shard-size", "1M", "--seed", "3"], check=True, capture_output=True, timeout=300)
+    # Odd shapes: rows that do not divide the block (partial bottom blocks), shards starting mid-block,
+    # and every scale dtype.
+    g = torch.Generator().manual_seed(0)
+    tensors = {}
+    for name, (r, c), scale_dtype in (("a.weight", (576, 7168), torch.float32), ("b.weight", (200, 96), torch.bfloat16),
+                                      ("c.weight", (200, 96), torch.float16),
+                                      ("d.weight", (130, 300), torch.float8_e8m0fnu)):
+        w = (torch.randn(r, c, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+        grid = (-(-r // 128), -(-c // 128))
+        s = torch.exp2(torch.randint(-14, -6, grid, generator=g).float()) * (1 + torch.rand(grid, generator=g))
+        tensors[name], tensors[name + "_scale_inv"] = w, s.to(scale_dtype)
+    (root / "odd").mkdir()
+    save_file(tensors, str(root / "odd" / "model.safetensors"))
+    return root
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_every_rank_equals_torch_and_transformers(checkpoints, tmp_path, world):
+    results = ranks.run("fp8_worker.py", "all", checkpoints, world, tmp_path)
+    assert all("transformers" in r for r in results) == (2 <= world <= 3)
+    for rank, r in enumerate(results):
+        # Odd shapes, both sources: each rank's rows equal torch's formula.
+        for source in ("rank0", "each-rank"):
+            m = r["mapping"][source]
+            assert m["bad"] == [], (rank, source, m)
+            assert m["dequantized"] == 4 and m["checked"] == 4, m
+        if "transformers" not in r:
+            continue
+        # A FSDP2 DeepSeek-V3: every parameter equals transformers' own dequantized load.
+        t = r["transformers"]
+        assert t["bad"] == [], (rank, t["bad"])
+        assert t["fused"], "the model has fused experts (one part per expert, each with its own scale)"
+        assert t["dequantized"] > 10 and t["verify"] == "ok", t
