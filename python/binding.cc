@@ -27,7 +27,7 @@ Option OptionNamed(const std::string& name) {
       {"source", Option::kSource},          {"target", Option::kTarget},
       {"chunk_bytes", Option::kChunkBytes}, {"staging_slots", Option::kStagingSlots},
       {"readahead_bytes", Option::kReadaheadBytes}, {"timeout_ms", Option::kTimeoutMs},
-      {"verify", Option::kVerify},          {"strict_keys", Option::kStrictKeys}};
+      {"verify", Option::kVerify},          {"strict_keys", Option::kStrictKeys}};  // one name per option
   auto it = kByName.find(name);
   if (it == kByName.end()) throw Error(ErrorKind::kInternal, "load options", "no option named " + name);
   return it->second;
@@ -54,7 +54,7 @@ Progress PythonProgress(py::object callback) {
 // raises it instead of waiting.
 py::dict LoadEntries(py::list entries, const std::string& checkpoint, py::dict opts, py::dict tied,
                      py::object backend_obj, py::object store_obj, int rank, int world_size, py::object progress,
-                     py::object problem) {
+                     py::object problem, int replicas) {
   c10::intrusive_ptr<c10d::Backend> backend;
   c10::intrusive_ptr<c10d::Store> store;
   if (!backend_obj.is_none()) backend = backend_obj.cast<c10::intrusive_ptr<c10d::Backend>>();
@@ -103,17 +103,24 @@ py::dict LoadEntries(py::list entries, const std::string& checkpoint, py::dict o
     tensors.push_back(x);
   }
   rq.mapping.tied = tied.cast<std::map<std::string, std::string>>();
+  rq.replicas = replicas;
+  Mesh mesh{1, world_size};
+  try {
+    mesh = MakeMesh(world_size, replicas);
+  } catch (const Error& e) {
+    if (!failed) failed = e;
+  }
 
   LoadReport report;
   {
     py::gil_scoped_release nogil;
     std::unique_ptr<Communicator> comm =
         world_size == 1 ? CreateLocalCommunicator() : WrapC10dBackend(backend, rq.options.timeout, store);
-    Plan plan = Plan::Build(std::move(spec), world_size);
+    Plan plan = Plan::Build(std::move(spec), mesh.shards);
     std::optional<RankState> state;
     try {
       if (failed) throw *failed;
-      state.emplace(RankState::Adopt(plan, rank, std::move(tensors)));
+      state.emplace(RankState::Adopt(plan, mesh.ShardOf(rank), std::move(tensors)));
     } catch (const Error& e) {
       FailHandshake(*comm, e.kind(), e.what());
     }
@@ -167,5 +174,5 @@ PYBIND11_MODULE(_shardcast, m) {
       "Fills `out` (zeroed, the buffer's shape and dtype) with the buffer's locally computed values.");
   m.def("load_entries", &LoadEntries, py::arg("entries"), py::arg("checkpoint"), py::arg("options"), py::arg("tied"),
         py::arg("backend"), py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("progress") = py::none(),
-        py::arg("problem") = py::none());
+        py::arg("problem") = py::none(), py::arg("replicas") = 1);
 }

@@ -181,17 +181,26 @@ def _group(process_group):
 
 
 def _local(param, rank: int, world: int):
-    """(local tensor, global shape, replicated) of a parameter, with FSDP2's placement checked."""
+    """(local tensor, global shape, replicated, replicas) of a parameter, with FSDP2's placement checked:
+    Shard(0) on a 1-d mesh (FSDP), (Replicate(), Shard(0)) on a 2-d mesh (HSDP: R replicas x S shards,
+    laid out as init_device_mesh lays them: rank = replica * S + shard), or Replicate everywhere."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
-    if isinstance(param, DTensor):
-        placements = tuple(param.placements)
-        if placements == (Shard(0),) and param.device_mesh.ndim == 1:
-            return param.to_local(), tuple(param.shape), False
-        if all(isinstance(p, Replicate) for p in placements):
-            return param.to_local(), tuple(param.shape), True
-        raise Unsupported(f"placement {placements} on a {param.device_mesh.ndim}-d mesh: only Shard(0) on a 1-d mesh "
-                          "and Replicate are supported")
-    return param.data if hasattr(param, "data") else param, tuple(param.shape), True
+    if not isinstance(param, DTensor):
+        return param.data if hasattr(param, "data") else param, tuple(param.shape), True, None
+    placements, mesh = tuple(param.placements), param.device_mesh
+    if all(isinstance(p, Replicate) for p in placements):
+        return param.to_local(), tuple(param.shape), True, None
+    if placements == (Shard(0),) and mesh.ndim == 1:
+        return param.to_local(), tuple(param.shape), False, 1
+    if mesh.ndim == 2 and isinstance(placements[0], Replicate) and placements[1] == Shard(0):
+        r, s = mesh.size(0), mesh.size(1)
+        if r * s != world or mesh.mesh.flatten().tolist() != list(range(world)):
+            raise Unsupported(f"an HSDP mesh {tuple(mesh.mesh.shape)} over ranks {mesh.mesh.flatten().tolist()}: "
+                              f"shardcast takes the layout init_device_mesh gives the whole world of {world} "
+                              "(rank = replica x shards + shard)")
+        return param.to_local(), tuple(param.shape), False, r
+    raise Unsupported(f"placement {placements} on a {mesh.ndim}-d mesh: shardcast loads Shard(0) on a 1-d mesh, "
+                      "(Replicate(), Shard(0)) on a 2-d mesh, and Replicate")
 
 
 def _tied(model) -> Dict[str, str]:
@@ -256,8 +265,12 @@ def load(model: Union[torch.nn.Module, Mapping[str, Tuple[torch.Tensor, int, int
     wipes buffers: non-persistent buffers then get back what `prepare` computed (or are computed here).
     Persistent buffers are filled from the checkpoint by broadcast.
 
-    Options (None: SHARDCAST_* from the environment, else the default): source "rank0" (default) or
-    "each-rank"; chunk_bytes (64 MiB; an int or "64M"); staging_slots (4); timeout seconds (600);
+    HSDP: parameters on a 2-d mesh with (Replicate(), Shard(0)) are loaded over its R replicas x S shards,
+    each replica of a shard receiving the same rows.
+
+    Options (None: SHARDCAST_* from the environment, else the default): source "rank0" (default),
+    "each-rank", "node-leader" (the first rank of each node reads its node's rows) or "striped" (each
+    shard's rows read once, by one of its replicas); chunk_bytes (64 MiB; an int or "64M"); staging_slots (4); timeout seconds (600);
     verify (False); strict_keys (False). Rank 0's chunk_bytes, staging_slots and source are used by every
     rank; verify and strict_keys must match on every rank. progress: True for a progress line on rank 0
     (tqdm where installed), or a callable(done_bytes, total_bytes) called on this rank.
@@ -285,7 +298,7 @@ def load(model: Union[torch.nn.Module, Mapping[str, Tuple[torch.Tensor, int, int
 
     # Anything that fails on this rank from here on is carried into the handshake, so every rank
     # raises it instead of waiting for this one in a collective.
-    problem = None
+    problem, replicas = None, 1
     try:
         try:
             _materialize(model, target, config, buffer_init)
@@ -294,9 +307,15 @@ def load(model: Union[torch.nn.Module, Mapping[str, Tuple[torch.Tensor, int, int
         except Exception as e:  # noqa: BLE001 -- to_empty: the allocator, or a device this rank cannot use
             raise IoError(f"cannot allocate this rank's shards on {target or 'cpu'}: {type(e).__name__}: {e}") from e
         comp = compositions(model, keys)
+        meshes = set()
         for name, param in model.named_parameters():
-            local, shape, replicated = _local(param, rank, world)
+            local, shape, replicated, replicas = _local(param, rank, world)
+            if replicas is not None:
+                meshes.add(replicas)
             entries.append((name, local, list(shape), "parameter", replicated, comp.get(name)))
+        if len(meshes) > 1:
+            raise Unsupported(f"parameters sharded over meshes of {sorted(meshes)} replicas: one mesh per model")
+        replicas = meshes.pop() if meshes else 1
         non_persistent = {n for n, *_ in _non_persistent(model)}
         for name, buf in model.named_buffers():
             if name not in non_persistent:
@@ -306,7 +325,7 @@ def load(model: Union[torch.nn.Module, Mapping[str, Tuple[torch.Tensor, int, int
         problem = (kind, str(e) if isinstance(e, ShardcastError) else f"{type(e).__name__}: {e}")
         entries = []
     return _shardcast.load_entries(entries, path, options, _tied(model), backend, store, rank, world, progress,
-                                   problem)
+                                   problem, replicas)
 
 
 def _materialize(model: torch.nn.Module, target: Optional[str], config, buffer_init) -> None:

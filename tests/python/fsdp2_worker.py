@@ -66,6 +66,41 @@ def flow(root, rank, world):
     return out
 
 
+def hsdp(root, rank, world):
+    """A 2 x (W/2) HSDP mesh (replicate x shard) over two nodes: every source, every rank's local shard
+    equals the rows of its shard index in transformers' own from_pretrained."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoConfig, AutoModelForCausalLM
+    replicas, shards = 2, world // 2
+    mesh = init_device_mesh("cpu", (replicas, shards), mesh_dim_names=("replicate", "shard"))
+    out = {}
+    for name in ("qwen3_moe", "deepseek_v3"):
+        ckpt = os.path.join(root, name)
+        config = AutoConfig.from_pretrained(ckpt)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        shardcast.prepare(model, config=config)
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        ref = dict(AutoModelForCausalLM.from_pretrained(ckpt).named_parameters())
+        for source in ("rank0", "each-rank", "node-leader", "striped"):
+            for _, p in model.named_parameters():  # a fresh target: nothing left from the previous source
+                (p.to_local() if hasattr(p, "to_local") else p).data.zero_()
+            report = shardcast.load(model, ckpt, source=source, verify=True)
+            bad = []
+            for pname, p in model.named_parameters():
+                local = (p.to_local() if hasattr(p, "to_local") else p).detach()
+                b, e = rows(ref[pname].shape[0], shards, rank % shards)
+                if not torch.equal(local.view(torch.uint8), ref[pname].detach()[b:e].view(torch.uint8)):
+                    bad.append(pname)
+            reads = sum(r["bytes_read"] for r in report["ranks"]) / report["checkpoint_bytes"]
+            out[f"{name}/{source}"] = {"bad": bad, "mesh": report["mesh"], "nodes": report["nodes"],
+                                       "reads": reads, "verify": report["ranks"][rank]["verify"]}
+    return out
+
+
 def mapping(root, rank, world):
     from safetensors.torch import load_file
     ckpt = os.path.join(root, sorted(os.listdir(root))[0])
@@ -107,7 +142,7 @@ def main():
     mode, root, out_path = sys.argv[1:4]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
-    result = {"flow": flow, "mapping": mapping, "mismatch": mismatch}[mode](root, rank, world)
+    result = {"flow": flow, "mapping": mapping, "mismatch": mismatch, "hsdp": hsdp}[mode](root, rank, world)
     with open(f"{out_path}.{rank}", "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()

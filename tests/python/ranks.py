@@ -19,24 +19,26 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def run(script, mode, root, world, tmp_path, env=None, timeout=300, allow_fail=False):
-    """Runs `python script mode root out` as `world` ranks; returns each rank's JSON result (or, with
+def run(script, mode, root, world, tmp_path, env=None, timeout=300, allow_fail=False, rank_env=None):
+    """Runs `python script mode root out` as `world` ranks (rank_env(r): variables for rank r only);
+    returns each rank's JSON result (or, with
     allow_fail, None for a rank that wrote none). init_process_group binds the port itself, so a port
     taken by a concurrent test between choosing and binding starts the run over."""
     for attempt in range(3):
         try:
-            return _run_once(script, mode, root, world, tmp_path, env or {}, timeout, allow_fail)
+            return _run_once(script, mode, root, world, tmp_path, env or {}, timeout, allow_fail, rank_env)
         except PortTaken:
             if attempt == 2:
                 raise
 
 
-def _run_once(script, mode, root, world, tmp_path, env, timeout, allow_fail):
+def _run_once(script, mode, root, world, tmp_path, env, timeout, allow_fail, rank_env):
     port, out = _free_port(), tmp_path / f"{mode}-{world}"
     base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
                 TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", **env)
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, script), mode, str(root), str(out)],
-                              env=dict(base, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+                              env={**base, "RANK": str(r), "LOCAL_RANK": str(r), **(rank_env(r) if rank_env else {})},
+                              stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in range(world)]
     logs = []
     try:

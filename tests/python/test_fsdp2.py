@@ -67,3 +67,16 @@ def test_mismatch_is_the_same_exception_on_every_rank(checkpoints, tmp_path):
     assert len({r["message"] for r in results}) == 1, results
     msg = results[0]["message"]
     assert "rank 1" in msg and "mlp" in msg and "shape" in msg, msg
+
+
+def test_hsdp_2d_mesh_every_source(checkpoints, tmp_path):
+    """The real fully_shard on a 2 x 2 CPU mesh (replicate x shard) over two nodes of two ranks."""
+    world = 4
+    results = ranks.run("fsdp2_worker.py", "hsdp", checkpoints, world, tmp_path,
+                        rank_env=lambda r: {"LOCAL_RANK": str(r % 2), "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": str(r // 2)})
+    want_reads = {"rank0": 1.0, "each-rank": 4.0, "node-leader": 2.0, "striped": 1.0}  # each-rank: R x 2 with verify
+    for rank, result in enumerate(results):
+        for case, r in result.items():
+            assert r["bad"] == [], (rank, case, r["bad"])
+            assert r["mesh"] == "2 x 2 (replicate x shard)" and r["nodes"] == 2 and r["verify"] == "ok", (case, r)
+            assert abs(r["reads"] - want_reads[case.split("/")[1]]) < 1e-9, (case, r)
