@@ -54,7 +54,7 @@ Progress PythonProgress(py::object callback) {
 // raises it instead of waiting.
 py::dict LoadEntries(py::list entries, const std::string& checkpoint, py::dict opts, py::dict tied,
                      py::object backend_obj, py::object store_obj, int rank, int world_size, py::object progress,
-                     py::object problem, int replicas) {
+                     py::object problem, int replicas, const std::string& store_host) {
   c10::intrusive_ptr<c10d::Backend> backend;
   c10::intrusive_ptr<c10d::Store> store;
   if (!backend_obj.is_none()) backend = backend_obj.cast<c10::intrusive_ptr<c10d::Backend>>();
@@ -115,7 +115,8 @@ py::dict LoadEntries(py::list entries, const std::string& checkpoint, py::dict o
   {
     py::gil_scoped_release nogil;
     std::unique_ptr<Communicator> comm =
-        world_size == 1 ? CreateLocalCommunicator() : WrapC10dBackend(backend, rq.options.timeout, store);
+        world_size == 1 ? CreateLocalCommunicator()
+                        : WrapC10dBackend(backend, rq.options.timeout, store, c10::Device(c10::kCPU), store_host);
     Plan plan = Plan::Build(std::move(spec), mesh.shards);
     std::optional<RankState> state;
     try {
@@ -174,5 +175,6 @@ PYBIND11_MODULE(_shardcast, m) {
       "Fills `out` (zeroed, the buffer's shape and dtype) with the buffer's locally computed values.");
   m.def("load_entries", &LoadEntries, py::arg("entries"), py::arg("checkpoint"), py::arg("options"), py::arg("tied"),
         py::arg("backend"), py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("progress") = py::none(),
-        py::arg("problem") = py::none(), py::arg("replicas") = 1);
+        py::arg("problem") = py::none(), py::arg("replicas") = 1,
+        py::arg("store_host") = "the process group's store");
 }

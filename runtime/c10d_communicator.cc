@@ -243,8 +243,9 @@ Rendezvous RendezvousFromEnvironment() {
 }
 
 std::unique_ptr<Communicator> WrapC10dBackend(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout,
-                                              c10::intrusive_ptr<c10d::Store> store, c10::Device device) {
-  return std::make_unique<C10dCommunicator>(std::move(backend), std::move(store), "the process group's store", timeout,
+                                              c10::intrusive_ptr<c10d::Store> store, c10::Device device,
+                                              std::string store_host) {
+  return std::make_unique<C10dCommunicator>(std::move(backend), std::move(store), std::move(store_host), timeout,
                                             device, /*owns=*/false);
 }
 

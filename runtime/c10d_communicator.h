@@ -11,10 +11,12 @@
 namespace shardcast {
 
 // device: where buffers live (CPU for Gloo). The backend's rank and size are the communicator's.
-// store: the group's store, for the failure side channel (may be null).
+// store: the group's store, for the failure side channel (may be null); store_host names who serves
+// it in messages ("rank 0 (the store host at 10.0.0.1:29500)").
 std::unique_ptr<Communicator> WrapC10dBackend(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout,
                                               c10::intrusive_ptr<c10d::Store> store = {},
-                                              c10::Device device = c10::Device(c10::kCPU));
+                                              c10::Device device = c10::Device(c10::kCPU),
+                                              std::string store_host = "the process group's store");
 
 // "rank 0 (the store host at ADDR:PORT)": the store a Rendezvous makes, for failure messages.
 std::string StoreHost(const Rendezvous& rv);

@@ -180,6 +180,18 @@ def _group(process_group):
     return pg, rank, world, backend, store
 
 
+def _store_host(store) -> str:
+    """Who serves the default group's store, for the message every rank raises if it stops answering."""
+    base = store
+    while base is not None and hasattr(base, "underlying_store"):  # PrefixStore
+        base = base.underlying_store
+    host, port = getattr(base, "host", None), getattr(base, "port", None)
+    where = f" at {host}:{port}" if host else ""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return f"the torchrun agent's store{where}"
+    return f"rank 0 (the store host{where})"
+
+
 def _local(param, rank: int, world: int):
     """(local tensor, global shape, replicated, replicas) of a parameter, with FSDP2's placement checked:
     Shard(0) on a 1-d mesh (FSDP), (Replicate(), Shard(0)) on a 2-d mesh (HSDP: R replicas x S shards,
@@ -325,7 +337,7 @@ def load(model: Union[torch.nn.Module, Mapping[str, Tuple[torch.Tensor, int, int
         problem = (kind, str(e) if isinstance(e, ShardcastError) else f"{type(e).__name__}: {e}")
         entries = []
     return _shardcast.load_entries(entries, path, options, _tied(model), backend, store, rank, world, progress,
-                                   problem, replicas)
+                                   problem, replicas, _store_host(store) if store is not None else "")
 
 
 def _materialize(model: torch.nn.Module, target: Optional[str], config, buffer_init) -> None:

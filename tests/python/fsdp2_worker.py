@@ -101,6 +101,28 @@ def hsdp(root, rank, world):
     return out
 
 
+def fault(root, rank, world):
+    """SHARDCAST_FAULT kills or freezes rank 0 (the store host) mid-stream: every survivor raises the
+    same exception class and message, naming rank 0, within the timeout."""
+    import time
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoConfig, AutoModelForCausalLM
+    mesh = init_device_mesh("cpu", (world,))
+    ckpt = os.path.join(root, "qwen3_moe")
+    config = AutoConfig.from_pretrained(ckpt)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    shardcast.prepare(model, config=config)
+    fully_shard(model, mesh=mesh)
+    t0 = time.monotonic()
+    try:
+        shardcast.load(model, ckpt, timeout=3, chunk_bytes=4096)
+    except shardcast.ShardcastError as e:
+        return {"type": type(e).__name__, "message": str(e), "seconds": time.monotonic() - t0}
+    return {"type": None, "seconds": time.monotonic() - t0}
+
+
 def mapping(root, rank, world):
     from safetensors.torch import load_file
     ckpt = os.path.join(root, sorted(os.listdir(root))[0])
@@ -142,7 +164,8 @@ def main():
     mode, root, out_path = sys.argv[1:4]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
-    result = {"flow": flow, "mapping": mapping, "mismatch": mismatch, "hsdp": hsdp}[mode](root, rank, world)
+    modes = {"flow": flow, "mapping": mapping, "mismatch": mismatch, "hsdp": hsdp, "fault": fault}
+    result = modes[mode](root, rank, world)
     with open(f"{out_path}.{rank}", "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()

@@ -19,20 +19,21 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def run(script, mode, root, world, tmp_path, env=None, timeout=300, allow_fail=False, rank_env=None):
-    """Runs `python script mode root out` as `world` ranks (rank_env(r): variables for rank r only);
+def run(script, mode, root, world, tmp_path, env=None, timeout=300, allow_fail=False, rank_env=None, faulted=()):
+    """Runs `python script mode root out` as `world` ranks (rank_env(r): variables for rank r only;
+    faulted: ranks a test kills or freezes, waited for last and killed if still running);
     returns each rank's JSON result (or, with
     allow_fail, None for a rank that wrote none). init_process_group binds the port itself, so a port
     taken by a concurrent test between choosing and binding starts the run over."""
     for attempt in range(3):
         try:
-            return _run_once(script, mode, root, world, tmp_path, env or {}, timeout, allow_fail, rank_env)
+            return _run_once(script, mode, root, world, tmp_path, env or {}, timeout, allow_fail, rank_env, faulted)
         except PortTaken:
             if attempt == 2:
                 raise
 
 
-def _run_once(script, mode, root, world, tmp_path, env, timeout, allow_fail, rank_env):
+def _run_once(script, mode, root, world, tmp_path, env, timeout, allow_fail, rank_env, faulted):
     port, out = _free_port(), tmp_path / f"{mode}-{world}"
     base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
                 TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", **env)
@@ -40,10 +41,19 @@ def _run_once(script, mode, root, world, tmp_path, env, timeout, allow_fail, ran
                               env={**base, "RANK": str(r), "LOCAL_RANK": str(r), **(rank_env(r) if rank_env else {})},
                               stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    logs = []
+    # The survivors first; a faulted rank (killed or frozen on purpose) is given a moment once they are
+    # done, then killed: a frozen one never exits by itself.
+    logs = [""] * world
+    order = [r for r in range(world) if r not in faulted] + list(faulted)
     try:
-        for p in procs:
-            logs.append(p.communicate(timeout=timeout)[0])
+        for r in order:
+            try:
+                logs[r] = procs[r].communicate(timeout=2 if r in faulted else timeout)[0]
+            except subprocess.TimeoutExpired:
+                if r not in faulted:
+                    raise
+                procs[r].kill()
+                logs[r] = procs[r].communicate()[0]
     finally:
         for p in procs:
             p.kill()

@@ -184,3 +184,40 @@ def test_convert_fp8_to_bf16_equals_the_twin(shardcast_bin, tmp_path, nproc):
     assert sc(shardcast_bin, "inspect", out).returncode == 0
     r = sc(shardcast_bin, "convert", fp8, out)
     assert r.returncode == 2 and "exists; pass --overwrite" in r.stderr, r.stderr
+
+
+# Regression (issue 10): a Hugging Face hub snapshot (files are symlinks into ../../blobs) was refused
+# as "outside the checkpoint directory". It is the most common layout users have.
+def test_load_a_hub_snapshot_of_symlinks_into_blobs(shardcast_bin, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    assert sc(shardcast_bin, "synth", "--config", ROOT / "configs" / "tiny-moe.json", "--out", ckpt, "--layers", "1",
+              "--max-shard-size", "8M").returncode == 0
+    repo = tmp_path / "hub" / "models--org--tiny"
+    blobs, snap = repo / "blobs", repo / "snapshots" / "0123abcd"
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for i, f in enumerate(sorted(ckpt.iterdir())):
+        blob = blobs / f"{i:040x}"
+        f.rename(blob)
+        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
+    report = tmp_path / "report.json"
+    r = sc(shardcast_bin, "load", "--checkpoint", snap, "--nproc", "2", "--verify", "--quiet", "--json", report,
+           "--source", "each-rank")
+    assert r.returncode == 0, r.stderr
+    assert [x["verify"] for x in json.loads(report.read_text())["ranks"]] == ["ok", "ok"]
+
+
+# Issue 10: a rank killed mid-stream leaves no report file, half-written or otherwise, and no rank
+# running; every survivor prints the same error.
+def test_a_killed_rank_leaves_no_output_and_no_process(shardcast_bin, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    assert sc(shardcast_bin, "synth", "--config", ROOT / "configs" / "tiny-moe.json", "--out", ckpt, "--layers", "1",
+              "--max-shard-size", "8M").returncode == 0
+    report = tmp_path / "report.json"
+    r = sc(shardcast_bin, "load", "--checkpoint", ckpt, "--nproc", "3", "--quiet", "--json", report, "--timeout-ms",
+           "3000", env={"SHARDCAST_FAULT": "2:stream:kill:2"})
+    assert r.returncode != 0
+    assert not list(tmp_path.glob("report.json*")), "no report, and no temp file"
+    errors = [line.split("]: ", 1)[1] for line in r.stderr.splitlines() if line.startswith("shardcast load [rank")]
+    assert len(errors) == 2 and errors[0] == errors[1], r.stderr
+    assert subprocess.run(["pgrep", "-f", str(ckpt)], capture_output=True).returncode == 1, "a rank is still running"

@@ -38,7 +38,8 @@ def checkpoints(tmp_path_factory, shardcast_bin):
     tensors = {}
     for name, (r, c), scale_dtype in (("a.weight", (576, 7168), torch.float32), ("b.weight", (200, 96), torch.bfloat16),
                                       ("c.weight", (200, 96), torch.float16),
-                                      ("d.weight", (130, 300), torch.float8_e8m0fnu)):
+                                      ("d.weight", (130, 300), torch.float8_e8m0fnu),
+                                      ("e.weight", (3, 200), torch.float32)):  # W=4: a zero-row rank
         w = (torch.randn(r, c, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
         grid = (-(-r // 128), -(-c // 128))
         s = torch.exp2(torch.randint(-14, -6, grid, generator=g).float()) * (1 + torch.rand(grid, generator=g))
@@ -57,7 +58,7 @@ def test_every_rank_equals_torch_and_transformers(checkpoints, tmp_path, world):
         for source in ("rank0", "each-rank"):
             m = r["mapping"][source]
             assert m["bad"] == [], (rank, source, m)
-            assert m["dequantized"] == 4 and m["checked"] == 4, m
+            assert m["dequantized"] == 5 and m["checked"] == 5, m
         if "transformers" not in r:
             continue
         # A FSDP2 DeepSeek-V3: every parameter equals transformers' own dequantized load.

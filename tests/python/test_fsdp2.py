@@ -80,3 +80,17 @@ def test_hsdp_2d_mesh_every_source(checkpoints, tmp_path):
             assert r["bad"] == [], (rank, case, r["bad"])
             assert r["mesh"] == "2 x 2 (replicate x shard)" and r["nodes"] == 2 and r["verify"] == "ok", (case, r)
             assert abs(r["reads"] - want_reads[case.split("/")[1]]) < 1e-9, (case, r)
+
+
+@pytest.mark.parametrize("action,kind,says", [("kill", "CommError", "is lost"), ("stop", "CommTimeout", "did not answer")])
+def test_rank0_killed_or_frozen_is_the_same_exception_on_every_survivor(checkpoints, tmp_path, action, kind, says):
+    """Issue 10: the store lives with rank 0; when it dies or freezes, no survivor hangs and all raise
+    the same class and message naming it."""
+    results = ranks.run("fsdp2_worker.py", "fault", checkpoints, 3, tmp_path, allow_fail=True, timeout=120,
+                        env={"SHARDCAST_FAULT": f"0:stream:{action}:2"}, faulted=(0,))
+    assert results[0] is None, "rank 0 was killed or frozen (then killed by the harness)"
+    survivors = results[1:]
+    assert {r["type"] for r in survivors} == {kind}, survivors
+    assert len({r["message"] for r in survivors}) == 1, survivors
+    assert "rank 0" in survivors[0]["message"] and says in survivors[0]["message"], survivors[0]
+    assert all(r["seconds"] < 3 + 14 for r in survivors), survivors
