@@ -1,10 +1,11 @@
 # Finds the PyTorch wheel's libtorch through torch.utils.cmake_prefix_path.
 execute_process(
   COMMAND ${SHARDCAST_PYTHON} -c "import torch,os;print(torch.utils.cmake_prefix_path);print(torch.__version__);print(os.path.dirname(os.path.dirname(torch.__file__)))"
-  OUTPUT_VARIABLE _torch_out RESULT_VARIABLE _torch_rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+  OUTPUT_VARIABLE _torch_out ERROR_VARIABLE _torch_err RESULT_VARIABLE _torch_rc OUTPUT_STRIP_TRAILING_WHITESPACE)
 if(NOT _torch_rc EQUAL 0)
-  message(FATAL_ERROR "shardcast: cannot import torch with ${SHARDCAST_PYTHON}. Run tools/setup.sh first, "
-                      "or pass -DSHARDCAST_PYTHON=/path/to/python with torch>=2.4 installed.")
+  message(FATAL_ERROR "shardcast needs torch in the Python it builds for: ${SHARDCAST_PYTHON} cannot import it.\n"
+                      "pip install torch (>= 2.6) into that environment first (tools/setup.sh does, for .venv), "
+                      "or pass -DSHARDCAST_PYTHON=/path/to/python of an environment that has it.")
 endif()
 string(REPLACE "\n" ";" _torch_out "${_torch_out}")
 list(GET _torch_out 0 _torch_prefix)
@@ -23,14 +24,18 @@ endforeach()
 find_package(Torch REQUIRED)
 message(STATUS "shardcast: torch ${SHARDCAST_TORCH_VERSION} from ${_torch_prefix}")
 if(SHARDCAST_TORCH_VERSION VERSION_LESS 2.4)
-  message(FATAL_ERROR "shardcast needs torch >= 2.4, found ${SHARDCAST_TORCH_VERSION}")
+  message(FATAL_ERROR "shardcast needs torch >= 2.4, found ${SHARDCAST_TORCH_VERSION} in ${SHARDCAST_PYTHON}")
+elseif(SHARDCAST_TORCH_VERSION VERSION_LESS 2.6)
+  message(WARNING "shardcast: torch ${SHARDCAST_TORCH_VERSION} is older than the tested range (2.6, whose "
+                  "torch.distributed.fsdp.fully_shard is public, to 2.15): the command line may work, the "
+                  "Python API's FSDP2 flow is untested")
 endif()
 
 # Gloo's headers are not in the wheel; ProcessGroupGloo.hpp only holds gloo types by shared_ptr, so the
 # system's gloo headers declare them without touching the layout of anything we construct.
 find_path(SHARDCAST_GLOO_INCLUDE gloo/algorithm.h PATHS /usr/include /usr/local/include)
 if(NOT SHARDCAST_GLOO_INCLUDE)
-  message(FATAL_ERROR "shardcast: gloo headers not found (Debian: apt-get install libgloo-dev; tools/setup.sh does this)")
+  shardcast_fail_missing("gloo's headers (the torch wheel ships none)" libgloo-dev)
 endif()
 
 # One interface target for "the CPU part of libtorch".
