@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh >/dev/null
 jobs=${SHARDCAST_JOBS:-$(nproc)}
+# ccache hits across build dirs at the same depth (build/, build-install/ of the install test) and clones.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 
 echo "== sanitizer build (clang, ASan+UBSan) of loaders and allocators, with the fuzzer"
 CC=clang CXX=clang++ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDCAST_SANITIZE=ON \
@@ -21,6 +23,6 @@ SHARDCAST_CORPUS_DIR="$corpus" build-asan/tests/loaders_test --gtest_filter='Cor
 build-asan/tests/fuzz/header_fuzzer -max_total_time="${SHARDCAST_FUZZ_SECONDS:-60}" -max_len=4096 \
   -print_final_stats=1 "$corpus" 2>&1 | tail -n 3
 
-echo "== full build"
+echo "== full build (build/, shared with the set-up's pip install), then unit, multi-process, Python and install tests"
 tools/build.sh
 ctest --test-dir build --output-on-failure -j"$jobs"
