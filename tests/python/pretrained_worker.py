@@ -5,6 +5,8 @@ MODE compare: for every checkpoint under ROOT, shardcast.from_pretrained(...) ag
               every parameter and buffer gathered to full tensors, and the logits of one batch, must be
               equal bit for bit.
 MODE repo:    ROOT is a repo id; HF_HUB_CACHE points at a fake hub cache holding it; same comparison.
+MODE accelerate: shardcast._accelerate.prepare_pretrained against from_pretrained + accelerate's own
+              FSDP2 preparation (fsdp2_prepare_model: auto-wrap, embedding and tail groups), same comparison.
 """
 import datetime
 import json
@@ -38,10 +40,40 @@ def reference(path, mesh, fsdp_kwargs):
     return ref, len(units)
 
 
-def compare(name, path_or_id, ckpt_dir, mesh, fsdp_kwargs):
-    model = shardcast.from_pretrained(path_or_id, mesh=mesh, dtype=DTYPE, fsdp_kwargs=fsdp_kwargs,
-                                      verify=True)
-    ref, units = reference(ckpt_dir, mesh, fsdp_kwargs)
+class CpuAccelerator:
+    """What `Accelerator.prepare(model)` does under FSDP2 (set_auto_wrap_policy + fsdp2_prepare_model),
+    on CPU: accelerate itself enables FSDP only on GPU distributed types."""
+
+    def __init__(self, cpu_ram_efficient_loading):
+        from types import SimpleNamespace
+        from accelerate.utils import FullyShardedDataParallelPlugin
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, cpu_ram_efficient_loading=cpu_ram_efficient_loading)
+        self.state = SimpleNamespace(fsdp_plugin=plugin)
+        self.mixed_precision, self.device, self.torch_device_mesh, self.parallelism_config = "no", torch.device("cpu"), None, None
+        self.is_main_process = dist.get_rank() == 0
+
+    def prepare(self, model):
+        from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+        self.state.fsdp_plugin.set_auto_wrap_policy(model)
+        return fsdp2_prepare_model(self, model)
+
+
+def accelerate_pair(path):
+    from shardcast._accelerate import prepare_pretrained
+    from transformers import AutoModelForCausalLM
+    model = prepare_pretrained(CpuAccelerator(cpu_ram_efficient_loading=True), path, dtype=DTYPE, verify=True)
+    ref = CpuAccelerator(cpu_ram_efficient_loading=False).prepare(AutoModelForCausalLM.from_pretrained(path, dtype=DTYPE))
+    units = sum(1 for m in ref.modules() if type(m).__name__.startswith("FSDP")) - 1
+    return model, ref, units
+
+
+def compare(name, path_or_id, ckpt_dir, mesh, fsdp_kwargs, accelerate=False):
+    if accelerate:
+        model, ref, units = accelerate_pair(ckpt_dir)
+    else:
+        model = shardcast.from_pretrained(path_or_id, mesh=mesh, dtype=DTYPE, fsdp_kwargs=fsdp_kwargs,
+                                          verify=True)
+        ref, units = reference(ckpt_dir, mesh, fsdp_kwargs)
     bad, checked = [], 0
     ours, theirs = dict(model.named_parameters()), dict(ref.named_parameters())
     if set(ours) != set(theirs):
@@ -80,6 +112,9 @@ def main():
             # One model also exercises fsdp_kwargs reaching every fully_shard.
             kwargs = {"reshard_after_forward": False} if i == 0 else {}
             result[name] = compare(name, os.path.join(root, name), os.path.join(root, name), mesh, kwargs)
+    elif mode == "accelerate":
+        for name in sorted(os.listdir(root)):
+            result[name] = compare(name, None, os.path.join(root, name), mesh, {}, accelerate=True)
     else:
         path = shardcast._pretrained.resolve_checkpoint(root)
         result[root] = compare(root, root, path, mesh, {})

@@ -154,3 +154,12 @@ def test_shard_units_follow_no_split_modules():
     assert [type(u).__name__ for u in units] == ["LlamaDecoderLayer"] * 3
     assert shardcast._pretrained.shard_units(model, ("layers", "model.embed_tokens"))[0] is model.model.embed_tokens
     assert shardcast._pretrained.shard_units(model, ()) == []
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_accelerate_fsdp2_preparation_then_shardcast_load(pretrained, tmp_path, world):
+    pytest.importorskip("accelerate")
+    for rank, result in enumerate(run_ranks("accelerate", pretrained, world, tmp_path / "r")):
+        for name, r in result.items():
+            assert r["bad"] == [] and r["logits_equal"], (rank, name, r)
+            assert r["units"] >= 3 and r["verify"] == "ok", (rank, name, r)  # layers + accelerate's embed/tail groups
