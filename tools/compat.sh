@@ -13,7 +13,9 @@
 #            build's shardcast.
 # Supported: torch 2.6 (the first release whose torch.distributed.fsdp.fully_shard is public) to 2.15.
 # Environment: SHARDCAST_PYTHON (base interpreter, default python3), SHARDCAST_JOBS, SHARDCAST_KEEP=1
-#              (keep the venv and build dir), SHARDCAST_COMPAT_PYTEST_ARGS (extra pytest arguments).
+#              (keep the venv and build dir), SHARDCAST_COMPAT_VENV=DIR (use and keep this venv: installing
+#              a CUDA torch's ~3 GB of wheels takes minutes, so iterating on a fix reuses it),
+#              SHARDCAST_COMPAT_PYTEST_ARGS (extra pytest arguments).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -22,7 +24,7 @@ py=${SHARDCAST_PYTHON:-python3}
 jobs=${SHARDCAST_JOBS:-$(nproc)}
 wheelhouse=${SHARDCAST_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/shardcast/wheels}
 work=$(mktemp -d "${TMPDIR:-/tmp}/shardcast-compat-$version.XXXXXX")
-venv=$work/venv
+venv=${SHARDCAST_COMPAT_VENV:-$work/venv}
 build=$root/build-compat/torch-$version
 log=$work/log
 cleanup() {
@@ -39,7 +41,10 @@ grep -v -i -E '^(torch|triton|sympy|mpmath|nvidia-[^=]*|cuda-[^=]*)==' tools/con
 deps=(transformers accelerate safetensors huggingface_hub numpy pytest scikit-build-core)
 
 venv_torch=$(.venv/bin/python -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null || echo none)
-if [ "$venv_torch" = "$version" ]; then
+have_torch=$("$venv/bin/python" -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null || echo none)
+if [ "$have_torch" = "$version" ]; then
+  echo "compat: reusing $venv (torch $version)"
+elif [ "$venv_torch" = "$version" ]; then
   echo "compat: torch $version is .venv's: layering a throwaway venv over .venv"
   .venv/bin/python -m venv "$venv"
   site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
@@ -51,9 +56,10 @@ else
   mkdir -p "$wheelhouse"
   "$py" -m venv "$venv"
   "$venv/bin/pip" install -q --upgrade pip
-  if ! "$venv/bin/pip" install -q --no-index --find-links "$wheelhouse" -c "$constraints" "torch==$version" "${deps[@]}" 2>/dev/null; then
+  # --no-compile: byte-compiling torch's thousands of files costs minutes and a throwaway venv nothing.
+  if ! "$venv/bin/pip" install -q --no-compile --no-index --find-links "$wheelhouse" -c "$constraints" "torch==$version" "${deps[@]}" 2>/dev/null; then
     "$venv/bin/pip" download -q -d "$wheelhouse" -c "$constraints" "torch==$version" "${deps[@]}"
-    "$venv/bin/pip" install -q --no-index --find-links "$wheelhouse" -c "$constraints" "torch==$version" "${deps[@]}"
+    "$venv/bin/pip" install -q --no-compile --no-index --find-links "$wheelhouse" -c "$constraints" "torch==$version" "${deps[@]}"
   fi
 fi
 pyver=$("$venv/bin/python" -c "import platform; print(platform.python_version())")
