@@ -7,7 +7,7 @@
 #            (SHARDCAST_WHEELHOUSE, default ~/.cache/shardcast/wheels; ~3 GB per CUDA torch).
 #   others:  transformers, accelerate, ... pinned as in tools/constraints.txt (torch's own dependencies
 #            follow the torch asked for).
-#   build:   `pip install --no-build-isolation .` with build-dir build-compat/torch-VERSION (removed
+#   build:   `pip install --no-build-isolation .` with build-dir build-compat-VERSION (removed
 #            afterwards; ccache keeps the objects for the next run).
 #   tests:   tests/python against the installed package (no PYTHONPATH), the CLI tests with that
 #            build's shardcast.
@@ -25,10 +25,10 @@ jobs=${SHARDCAST_JOBS:-$(nproc)}
 wheelhouse=${SHARDCAST_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/shardcast/wheels}
 work=$(mktemp -d "${TMPDIR:-/tmp}/shardcast-compat-$version.XXXXXX")
 venv=${SHARDCAST_COMPAT_VENV:-$work/venv}
-build=$root/build-compat/torch-$version
+build=$root/build-compat-$version   # beside build/, at its depth, so ccache (CCACHE_BASEDIR) can hit
 log=$work/log
 cleanup() {
-  if [ "${SHARDCAST_KEEP:-0}" != 1 ]; then rm -rf "$work" "$build"; rmdir "$root/build-compat" 2>/dev/null || true
+  if [ "${SHARDCAST_KEEP:-0}" != 1 ]; then rm -rf "$work" "$build"
   else echo "compat: kept $work and $build"; fi
 }
 trap cleanup EXIT
