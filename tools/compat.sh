@@ -10,7 +10,8 @@
 #   build:   `pip install --no-build-isolation .` with build-dir build-compat-VERSION (removed
 #            afterwards; ccache keeps the objects for the next run).
 #   tests:   tests/python against the installed package (no PYTHONPATH), the CLI tests with that
-#            build's shardcast.
+#            build's shardcast; less the reader/writer round trip, which needs tests/st_copy, a torch-free
+#            C++ test tool the pip build does not build (tools/test.sh runs it).
 # Supported: torch 2.6 (the first release whose torch.distributed.fsdp.fully_shard is public) to 2.15.
 # Environment: SHARDCAST_PYTHON (base interpreter, default python3), SHARDCAST_JOBS, SHARDCAST_KEEP=1
 #              (keep the venv and build dir), SHARDCAST_COMPAT_VENV=DIR (use and keep this venv: installing
@@ -83,8 +84,9 @@ if [ "$build_ok" = ok ]; then
   # No PYTHONPATH: `import shardcast` is the installed package. The CLI tests use this build's binary.
   set +e
   (cd "$work" && env -u PYTHONPATH SHARDCAST_BUILD_DIR="$build" OMP_NUM_THREADS=1 PATH="$venv/bin:$PATH" \
-     timeout 1800 "$venv/bin/python" -m pytest -q -p no:cacheprovider -o addopts="" \
-     ${SHARDCAST_COMPAT_PYTEST_ARGS:-} "$root/tests/python") 2>&1 | tee -a "$log" | tail -n 25
+     timeout 1800 "$venv/bin/python" -m pytest -q -p no:cacheprovider -o addopts="" -rfE \
+     --deselect "$root/tests/python/test_safetensors_interop.py::test_reference_file_through_our_reader_and_writer" \
+     ${SHARDCAST_COMPAT_PYTEST_ARGS:-} "$root/tests/python") 2>&1 | tee -a "$log" | tail -n 40
   set -e
   summary=$(grep -E "^(=+ )?[0-9]+ (passed|failed|skipped|error)" "$log" | tail -n 1 | sed -E 's/^=+ //; s/ in [0-9.]+s.*//; s/ =+$//')
 fi
