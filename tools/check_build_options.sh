@@ -7,7 +7,7 @@
 #   pip              TESTS=OFF BENCH=OFF (what pip install builds)        the shardcast command and _shardcast
 #   tests-no-bench   TESTS=ON BENCH=OFF                                   the shardcast command
 #   bench-no-tests   TESTS=OFF BENCH=ON                                   the shardcast command
-#   no-cuda          SHARDCAST_CUDA=OFF                                   configure only
+#   no-cuda          SHARDCAST_CUDA=OFF                                   the shardcast command and _shardcast
 #   no-runtime       BUILD_RUNTIME=OFF (loaders/allocators only)          everything (no libtorch: cheap)
 #   no-runtime-min   BUILD_RUNTIME=OFF TESTS=OFF BENCH=OFF                everything
 #
@@ -27,7 +27,7 @@ combos=("default         |                                                      
         "pip             |-DSHARDCAST_BUILD_TESTS=OFF -DSHARDCAST_BUILD_BENCH=OFF                 |shardcast _shardcast"
         "tests-no-bench  |-DSHARDCAST_BUILD_TESTS=ON -DSHARDCAST_BUILD_BENCH=OFF                  |shardcast"
         "bench-no-tests  |-DSHARDCAST_BUILD_TESTS=OFF -DSHARDCAST_BUILD_BENCH=ON                  |shardcast"
-        "no-cuda         |-DSHARDCAST_CUDA=OFF                                                    |"
+        "no-cuda         |-DSHARDCAST_CUDA=OFF                                                    |shardcast _shardcast"
         "no-runtime      |-DSHARDCAST_BUILD_RUNTIME=OFF                                           |all"
         "no-runtime-min  |-DSHARDCAST_BUILD_RUNTIME=OFF -DSHARDCAST_BUILD_TESTS=OFF -DSHARDCAST_BUILD_BENCH=OFF|all")
 

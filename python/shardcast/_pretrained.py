@@ -157,6 +157,13 @@ def _keep_in_fp32(model, dtype: Optional[torch.dtype]) -> None:
 def _build_meta(config, dtype: Optional[torch.dtype], trust_remote_code: bool):
     from transformers import AutoModelForCausalLM
     kwargs: Dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    # Import the modeling module before entering the meta device context: with torch 2.6, importing
+    # e.g. DeepSeek-V3's under it fails (module-level code calls .item() on what is then a meta tensor).
+    try:
+        from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+        MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except Exception:  # remote code or an unmapped config: from_config below says what is wrong
+        pass
     with torch.device("meta"):
         try:  # transformers >= 4.56 names it dtype; older releases torch_dtype
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)

@@ -90,15 +90,21 @@ def compare(name, path_or_id, ckpt_dir, mesh, fsdp_kwargs, accelerate=False):
         checked += 1
     g = torch.Generator().manual_seed(7)
     ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=g)
-    with torch.no_grad():
-        la, lb = model(input_ids=ids).logits, ref(input_ids=ids).logits
-    logits_equal = bool(torch.equal(bits(la), bits(lb)))
-    if not logits_equal:
-        bad.append(f"logits differ by up to {float((la.float() - lb.float()).abs().max())}")
+    logits_equal, finite, note = None, None, ""
+    try:
+        with torch.no_grad():
+            la, lb = model(input_ids=ids).logits, ref(input_ids=ids).logits
+        logits_equal, finite = bool(torch.equal(bits(la), bits(lb))), bool(torch.isfinite(la.float()).all())
+        if not logits_equal:
+            bad.append(f"logits differ by up to {float((la.float() - lb.float()).abs().max())}")
+    except AttributeError as e:  # torch 2.6: FSDP2's forward needs stream events a CPU device lacks
+        if "record_event" not in str(e):
+            raise
+        note = f"FSDP2 forward on CPU is not supported by torch {torch.__version__}: {e}"
     report = model.shardcast_report
-    return {"checked": checked, "bad": bad, "logits_equal": logits_equal, "units": units,
-            "fsdp_module": type(model).__name__, "dtype": str(next(model.parameters()).dtype),
-            "verify": report["ranks"][dist.get_rank()]["verify"], "finite": bool(torch.isfinite(la.float()).all())}
+    return {"checked": checked, "bad": bad, "logits_equal": logits_equal, "finite": finite, "note": note,
+            "units": units, "fsdp_module": type(model).__name__, "dtype": str(next(model.parameters()).dtype),
+            "verify": report["ranks"][dist.get_rank()]["verify"]}
 
 
 def main():
