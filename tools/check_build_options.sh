@@ -38,7 +38,7 @@ for combo in "${combos[@]}"; do
   name=$(echo $name); opts=$(echo $opts); targets=$(echo $targets)
   ((full)) && targets=all
   dir=build-opt-$name   # beside build/, at its depth: ccache (CCACHE_BASEDIR) hits its objects
-  log=$dir.log
+  mkdir -p "$dir"; log=$dir/check_build_options.log
   t0=$(date +%s)
   configure=ok; build="-"
   if ! cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release $opts >"$log" 2>&1; then
