@@ -14,7 +14,21 @@ if(NOT SHARDCAST_CUDA STREQUAL "OFF")
   find_library(SHARDCAST_NCCL_LIBRARY NAMES libnccl.so.2 nccl NAMES_PER_DIR
     PATHS ${SHARDCAST_SITE_PACKAGES}/nvidia/nccl/lib ${SHARDCAST_SITE_PACKAGES}/nvidia/cu13/lib
           ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64 NO_DEFAULT_PATH)
-  if(CUDAToolkit_FOUND AND TARGET torch_cuda AND SHARDCAST_NCCL_INCLUDE AND SHARDCAST_NCCL_LIBRARY)
+  # A toolkit of another CUDA major than the wheel's (a cu124 torch on a CUDA 13 machine) would put two
+  # CUDA runtimes in one process: AUTO builds without CUDA then, ON stops.
+  set(_cuda_mismatch "")
+  if(CUDAToolkit_FOUND AND NOT SHARDCAST_TORCH_CUDA STREQUAL "none")
+    string(REGEX MATCH "^[0-9]+" _torch_cuda_major "${SHARDCAST_TORCH_CUDA}")
+    if(NOT _torch_cuda_major STREQUAL CUDAToolkit_VERSION_MAJOR)
+      set(_cuda_mismatch "torch ${SHARDCAST_TORCH_VERSION} is built for CUDA ${SHARDCAST_TORCH_CUDA}, the toolkit is ${CUDAToolkit_VERSION}")
+    endif()
+  endif()
+  if(_cuda_mismatch)
+    if(SHARDCAST_CUDA STREQUAL "ON")
+      message(FATAL_ERROR "shardcast: SHARDCAST_CUDA=ON but ${_cuda_mismatch}: point CUDAToolkit_ROOT at a CUDA ${SHARDCAST_TORCH_CUDA} toolkit")
+    endif()
+    message(STATUS "shardcast: building without CUDA (${_cuda_mismatch})")
+  elseif(CUDAToolkit_FOUND AND TARGET torch_cuda AND SHARDCAST_NCCL_INCLUDE AND SHARDCAST_NCCL_LIBRARY)
     set(SHARDCAST_HAVE_CUDA 1)
     add_library(shardcast_cuda_deps INTERFACE)
     target_link_libraries(shardcast_cuda_deps INTERFACE torch_cuda c10_cuda CUDA::cudart ${SHARDCAST_NCCL_LIBRARY})

@@ -1,15 +1,17 @@
 # Finds the PyTorch wheel's libtorch through torch.utils.cmake_prefix_path.
 execute_process(
-  COMMAND ${SHARDCAST_PYTHON} -c "import torch,os;print(torch.utils.cmake_prefix_path);print(torch.__version__);print(os.path.dirname(os.path.dirname(torch.__file__)))"
-  OUTPUT_VARIABLE _torch_out RESULT_VARIABLE _torch_rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+  COMMAND ${SHARDCAST_PYTHON} -c "import torch,os;print(torch.utils.cmake_prefix_path);print(torch.__version__);print(os.path.dirname(os.path.dirname(torch.__file__)));print(torch.version.cuda or 'none')"
+  OUTPUT_VARIABLE _torch_out ERROR_VARIABLE _torch_err RESULT_VARIABLE _torch_rc OUTPUT_STRIP_TRAILING_WHITESPACE)
 if(NOT _torch_rc EQUAL 0)
-  message(FATAL_ERROR "shardcast: cannot import torch with ${SHARDCAST_PYTHON}. Run tools/setup.sh first, "
-                      "or pass -DSHARDCAST_PYTHON=/path/to/python with torch>=2.4 installed.")
+  message(FATAL_ERROR "shardcast needs torch in the Python it builds for: ${SHARDCAST_PYTHON} cannot import it.\n"
+                      "pip install torch (>= 2.6) into that environment first (tools/setup.sh does, for .venv), "
+                      "or pass -DSHARDCAST_PYTHON=/path/to/python of an environment that has it.")
 endif()
 string(REPLACE "\n" ";" _torch_out "${_torch_out}")
 list(GET _torch_out 0 _torch_prefix)
 list(GET _torch_out 1 SHARDCAST_TORCH_VERSION)
 list(GET _torch_out 2 SHARDCAST_SITE_PACKAGES)
+list(GET _torch_out 3 SHARDCAST_TORCH_CUDA)   # the CUDA the wheel was built for, or "none"
 list(APPEND CMAKE_PREFIX_PATH ${_torch_prefix})
 
 # The wheel's libtorch_cuda needs the NCCL/CUDA libraries of the nvidia-* wheels, which are newer than
@@ -22,15 +24,32 @@ endforeach()
 # TorchConfig probes CUDA for CUDA wheels; keep its chatter but not its failure when no toolkit exists.
 find_package(Torch REQUIRED)
 message(STATUS "shardcast: torch ${SHARDCAST_TORCH_VERSION} from ${_torch_prefix}")
+# torch <= 2.6 wheels are built with the pre-C++11 libstdc++ ABI (TorchConfig puts
+# -D_GLIBCXX_USE_CXX11_ABI=0 in TORCH_CXX_FLAGS, on the `torch` target only): every object that passes a
+# std::string to libtorch, or to another of our libraries, must use the same one.
+if(TORCH_CXX_FLAGS MATCHES "_GLIBCXX_USE_CXX11_ABI=0")
+  add_compile_definitions(_GLIBCXX_USE_CXX11_ABI=0)
+  message(STATUS "shardcast: torch ${SHARDCAST_TORCH_VERSION} uses the pre-C++11 std::string ABI; building everything with it")
+  if(SHARDCAST_BUILD_TESTS OR SHARDCAST_BUILD_BENCH)
+    message(WARNING "shardcast: Debian's GoogleTest and Google Benchmark use the C++11 ABI, which this torch "
+                    "does not: building without the C++ tests and micro-benchmarks")
+    set(SHARDCAST_BUILD_TESTS OFF)
+    set(SHARDCAST_BUILD_BENCH OFF)
+  endif()
+endif()
 if(SHARDCAST_TORCH_VERSION VERSION_LESS 2.4)
-  message(FATAL_ERROR "shardcast needs torch >= 2.4, found ${SHARDCAST_TORCH_VERSION}")
+  message(FATAL_ERROR "shardcast needs torch >= 2.4, found ${SHARDCAST_TORCH_VERSION} in ${SHARDCAST_PYTHON}")
+elseif(SHARDCAST_TORCH_VERSION VERSION_LESS 2.6)
+  message(WARNING "shardcast: torch ${SHARDCAST_TORCH_VERSION} is older than the tested range (2.6, whose "
+                  "torch.distributed.fsdp.fully_shard is public, to 2.15): the command line may work, the "
+                  "Python API's FSDP2 flow is untested")
 endif()
 
 # Gloo's headers are not in the wheel; ProcessGroupGloo.hpp only holds gloo types by shared_ptr, so the
 # system's gloo headers declare them without touching the layout of anything we construct.
 find_path(SHARDCAST_GLOO_INCLUDE gloo/algorithm.h PATHS /usr/include /usr/local/include)
 if(NOT SHARDCAST_GLOO_INCLUDE)
-  message(FATAL_ERROR "shardcast: gloo headers not found (Debian: apt-get install libgloo-dev; tools/setup.sh does this)")
+  shardcast_fail_missing("gloo's headers (the torch wheel ships none)" libgloo-dev)
 endif()
 
 # One interface target for "the CPU part of libtorch".

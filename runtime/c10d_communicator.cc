@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/version.h>
 
 #include <cstdlib>
 #include <mutex>
@@ -102,10 +103,12 @@ class C10dCommunicator : public Communicator {
     std::lock_guard<std::mutex> lock(mu_);
     if (!finished_) finished_ = "aborted";
     if (backend_ && owns_) {
-      try {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 7)
+      try {  // c10d::Backend::abort() exists from torch 2.7; before it, the reset below is the abort
         backend_->abort();
       } catch (...) {
       }
+#endif
       backend_.reset();  // closes the pairs: peers blocked on us see "connection closed" at once
     }
   }

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# Installs whatever shardcast needs and is missing; safe to run again (it then does nothing).
+# Installs whatever shardcast needs and is missing; safe to run again (it then does next to nothing).
 #   Debian packages: compilers, CMake, GoogleTest, Google Benchmark, mimalloc, nlohmann-json, CLI11,
 #                    xxHash, gloo headers (the torch wheel ships none), clang (fuzzing), ccache.
-#   .venv/:          torch (the PyPI wheel users have), numpy, pytest, safetensors, transformers, accelerate.
-# Environment: SHARDCAST_PYTHON picks the interpreter that creates .venv (default python3).
+#   .venv/:          the pinned Python stack of tools/constraints.txt (torch, transformers, accelerate,
+#                    safetensors, huggingface_hub, numpy, pytest, scikit-build-core), then shardcast itself
+#                    with `pip install --no-build-isolation .` (built in build/, the directory
+#                    tools/build.sh uses, so the tests' build reuses every object the install compiled).
+# shardcast is reinstalled when HEAD moved since the last install (or with SHARDCAST_REINSTALL=1); the
+# tests never use the install: they test build/ and the working tree.
+# Environment: SHARDCAST_PYTHON picks the interpreter that creates .venv (default python3);
+#              SHARDCAST_JOBS the build's parallelism (default: the number of cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,9 +33,50 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $($py --version)"
   "$py" -m venv .venv
 fi
-if ! .venv/bin/python -c "import torch, numpy, pytest, safetensors, transformers, accelerate" 2>/dev/null; then
-  echo "setup: installing torch, numpy, pytest, safetensors, transformers, accelerate into .venv"
+
+# The pinned stack: pip runs only when an installed version differs from tools/constraints.txt.
+wanted=(torch transformers accelerate safetensors huggingface_hub numpy pytest scikit-build-core)
+if ! .venv/bin/python - "${wanted[@]}" <<'EOF'
+import re, sys
+from importlib.metadata import PackageNotFoundError, version
+pins = {}
+for line in open("tools/constraints.txt"):
+    m = re.match(r"^([A-Za-z0-9_.\-]+)==([^\s#;]+)", line)
+    if m:
+        pins[re.sub(r"[-_.]+", "-", m[1]).lower()] = m[2]
+for name in sys.argv[1:]:
+    try:
+        have = version(name)
+    except PackageNotFoundError:
+        sys.exit(f"setup: {name} is missing")
+    want = pins.get(re.sub(r"[-_.]+", "-", name).lower())
+    if want and have.split("+")[0] != want.split("+")[0]:
+        sys.exit(f"setup: {name} {have} is installed, tools/constraints.txt pins {want}")
+EOF
+then
+  echo "setup: installing ${wanted[*]} into .venv (pinned by tools/constraints.txt)"
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q "torch>=2.4" numpy pytest safetensors transformers accelerate
+  .venv/bin/pip install -q -c tools/constraints.txt "${wanted[@]}"
 fi
-.venv/bin/python -c "import torch; print('setup: ok, torch', torch.__version__)"
+
+# shardcast itself, the way PyTorch extensions are installed: against the torch just installed.
+head=$(git rev-parse HEAD 2>/dev/null || echo none)
+stamp=.venv/.shardcast-installed
+if [ "${SHARDCAST_REINSTALL:-0}" = 1 ] || [ "$(cat "$stamp" 2>/dev/null)" != "$head" ] \
+   || ! (cd / && "$OLDPWD/.venv/bin/python" -c "import shardcast" 2>/dev/null); then
+  echo "setup: pip install --no-build-isolation . (into .venv, built in build/)"
+  [ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+  log=$(mktemp)
+  if ! CMAKE_BUILD_PARALLEL_LEVEL=${SHARDCAST_JOBS:-$(nproc)} \
+       .venv/bin/pip install --no-build-isolation --no-deps . >"$log" 2>&1; then
+    # The first error (a missing package is one line naming what to apt install), then the tail.
+    grep -m1 -A3 -E "shardcast needs|CMake Error|error:" "$log" || true
+    tail -n 30 "$log"
+    rm -f "$log"
+    exit 1
+  fi
+  rm -f "$log"
+  echo "$head" >"$stamp"
+fi
+.venv/bin/python -c "import torch, shardcast; print('setup: ok, torch', torch.__version__, '+ shardcast', shardcast.__file__)"

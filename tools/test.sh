@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh >/dev/null
 jobs=${SHARDCAST_JOBS:-$(nproc)}
+# ccache hits across build dirs at the same depth (build/, build-install/ of the install test) and clones.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 
 echo "== sanitizer build (clang, ASan+UBSan) of loaders and allocators, with the fuzzer"
 CC=clang CXX=clang++ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDCAST_SANITIZE=ON \
@@ -37,6 +39,6 @@ for t in "${fuzz_targets[@]}"; do
   printf '%-18s %s\n' "$t" "$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -n 1)"
 done
 
-echo "== full build"
+echo "== full build (build/, shared with the set-up's pip install), then unit, multi-process, Python and install tests"
 tools/build.sh
 ctest --test-dir build --output-on-failure -j"$jobs"

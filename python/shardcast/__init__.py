@@ -33,10 +33,12 @@ from ._shardcast import (  # noqa: F401  (re-exported)
     Unsupported,
 )
 from ._mapping import checkpoint_keys, compositions
+from ._pretrained import from_pretrained
 
 __all__ = [
     "prepare", "load", "ShardcastError", "ManifestMismatch", "CheckpointError", "CommTimeout", "CommError",
     "ConfigError", "InvalidArgument", "IoError", "Unsupported", "InternalError",
+    "from_pretrained",
 ]
 
 BufferInit = Callable[[str, torch.Tensor], torch.Tensor]

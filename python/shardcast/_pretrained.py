@@ -1,0 +1,211 @@
+"""`shardcast.from_pretrained`: the common case in one call.
+
+    model = shardcast.from_pretrained("org/name" or "/path/to/checkpoint", mesh=mesh)
+
+is, on every rank,
+
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    shardcast.prepare(model, config=config)
+    for layer in <every module whose class is in model._no_split_modules>:   # the decoder layers
+        fully_shard(layer, mesh=mesh, **fsdp_kwargs)
+    fully_shard(model, mesh=mesh, **fsdp_kwargs)
+    model.shardcast_report = shardcast.load(model, path, source=source, target=target)
+
+A repo id is looked up in the local Hugging Face cache only (HF_HUB_CACHE / HF_HOME); nothing is
+downloaded, so every rank resolves the same snapshot without touching the network.
+"""
+from __future__ import annotations
+
+import datetime
+import fnmatch
+import os
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+
+import torch
+
+from ._shardcast import CheckpointError, InvalidArgument
+
+__all__ = ["from_pretrained", "resolve_checkpoint", "shard_units"]
+
+
+def resolve_checkpoint(path_or_repo_id: Union[str, os.PathLike], revision: Optional[str] = None) -> str:
+    """A checkpoint directory: the path itself, or a repo id's snapshot in the local Hugging Face cache.
+
+    Raises CheckpointError naming the cache it looked in when a repo id is not there (no download is
+    attempted), InvalidArgument for a path that is a file.
+    """
+    name = os.fspath(path_or_repo_id)
+    if os.path.isdir(name):
+        return name
+    if os.path.exists(name):
+        raise InvalidArgument(f"'{name}' is a file: pass the checkpoint's directory (config.json and *.safetensors)")
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub import constants
+    except ImportError as e:
+        raise CheckpointError(f"'{name}' is not a directory, and huggingface_hub, which resolves repo ids from "
+                              f"the local cache, is not installed: {e}") from None
+    try:
+        return snapshot_download(name, revision=revision, local_files_only=True)
+    except Exception as e:  # invalid id, not cached, revision not cached: all the same to the caller
+        cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"'{name}' is neither a checkpoint directory nor a model in the local Hugging Face cache "
+            f"({constants.HF_HUB_CACHE}); shardcast does not download: fetch it first "
+            f"(`hf download {name}`) or pass a directory. ({type(e).__name__}: {cause})") from None
+
+
+def _dist_ready(device_type: str) -> None:
+    """Initializes the default process group from torchrun's environment, or as a world of one."""
+    import torch.distributed as dist
+    if dist.is_initialized():
+        return
+    backend = "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
+    timeout = datetime.timedelta(minutes=10)
+    if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    # A single process with no launcher: a world of one over a loopback store.
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timeout)
+
+
+def _default_mesh(target: Optional[str]):
+    from torch.distributed.device_mesh import init_device_mesh
+    import torch.distributed as dist
+    device_type = "cuda" if target == "cuda" else "cpu"
+    _dist_ready(device_type)
+    return init_device_mesh(device_type, (dist.get_world_size(),))
+
+
+def _fully_shard():
+    try:
+        from torch.distributed.fsdp import fully_shard  # public from torch 2.6
+    except ImportError:  # torch 2.4 / 2.5
+        from torch.distributed._composable.fsdp import fully_shard
+    return fully_shard
+
+
+def shard_units(model: torch.nn.Module, shard: Sequence[str] = ("layers",)) -> List[torch.nn.Module]:
+    """The modules `from_pretrained` gives their own `fully_shard`, in module order (the root excluded).
+
+    Each entry of `shard` is "layers" (every module whose class name is in the model's own
+    `_no_split_modules`: the decoder layers), a class name, or a pattern over module names
+    ("model.embed_tokens", "model.layers.*.mlp").
+    """
+    if isinstance(shard, str):
+        shard = (shard,)
+    no_split = set(getattr(model, "_no_split_modules", None) or ())
+    units, seen = [], set()
+    for name, module in model.named_modules():
+        if module is model:
+            continue
+        cls = type(module).__name__
+        for sel in shard:
+            if (sel == "layers" and cls in no_split) or sel == cls or fnmatch.fnmatchcase(name, sel):
+                break
+        else:
+            continue
+        # Keep the outermost match: a pattern like "model.layers.*" also matches each layer's children.
+        if any(name.startswith(p + ".") for p in seen):
+            continue
+        seen.add(name)
+        units.append(module)
+    if "layers" in shard and not units:
+        layers = getattr(getattr(model, "model", None), "layers", None)
+        if layers is None:
+            raise InvalidArgument(f"{type(model).__name__} declares no _no_split_modules and has no model.layers: "
+                                  "pass shard=(class names or module-name patterns)")
+        units = list(layers)
+    return units
+
+
+def _fp32_plan(model, dtype: Optional[torch.dtype]) -> List[str]:
+    """The names transformers' from_pretrained keeps in float32 at this dtype (`_keep_in_fp32_modules`
+    for fp16, `_keep_in_fp32_modules_strict` for fp16 and bf16: DeepSeek's e_score_correction_bias)."""
+    if hasattr(model, "_get_dtype_plan"):  # transformers 5
+        return [k for k, v in model._get_dtype_plan(dtype).items() if v == torch.float32]
+    keep = []
+    if dtype == torch.float16:
+        keep += list(getattr(model, "_keep_in_fp32_modules", None) or ())
+    if dtype in (torch.float16, torch.bfloat16):
+        keep += list(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
+    return keep
+
+
+def _keep_in_fp32(model, dtype: Optional[torch.dtype]) -> None:
+    """Casts (on meta: no memory) what from_pretrained would keep in float32, so both load the same dtypes."""
+    keep = _fp32_plan(model, dtype)
+    if not keep:
+        return
+    for name, module in model.named_modules():
+        for leaf, p in list(module._parameters.items()):
+            full = f"{name}.{leaf}" if name else leaf
+            if p is not None and p.is_floating_point() and any(fnmatch.fnmatchcase(full, f"*{k}*") for k in keep):
+                module._parameters[leaf] = torch.nn.Parameter(p.to(torch.float32), requires_grad=p.requires_grad)
+        for leaf, b in list(module._buffers.items()):
+            full = f"{name}.{leaf}" if name else leaf
+            if b is not None and b.is_floating_point() and any(fnmatch.fnmatchcase(full, f"*{k}*") for k in keep):
+                module._buffers[leaf] = b.to(torch.float32)
+
+
+def _build_meta(config, dtype: Optional[torch.dtype], trust_remote_code: bool):
+    from transformers import AutoModelForCausalLM
+    kwargs: Dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    # Import the modeling module before entering the meta device context: with torch 2.6, importing
+    # e.g. DeepSeek-V3's under it fails (module-level code calls .item() on what is then a meta tensor).
+    try:
+        from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+        MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except Exception:  # remote code or an unmapped config: from_config below says what is wrong
+        pass
+    with torch.device("meta"):
+        try:  # transformers >= 4.56 names it dtype; older releases torch_dtype
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
+        except TypeError:
+            model = AutoModelForCausalLM.from_config(config, torch_dtype=dtype, **kwargs)
+    _keep_in_fp32(model, dtype)
+    return model
+
+
+def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
+                    dtype: Optional[torch.dtype] = torch.bfloat16, shard: Sequence[str] = ("layers",),
+                    fsdp_kwargs: Optional[Dict[str, Any]] = None, source: str = "rank0",
+                    target: Optional[str] = None, *, revision: Optional[str] = None,
+                    trust_remote_code: bool = False, **load_kwargs) -> torch.nn.Module:
+    """An FSDP2 model with its checkpoint loaded, each rank holding only its own rows.
+
+    Every rank calls it together (under torchrun; a single process with no launcher is a world of one).
+
+    path_or_local_repo_id: a checkpoint directory (config.json + safetensors), or a repo id already in
+        the local Hugging Face cache (never downloaded).
+    mesh: a 1-d DeviceMesh; default: all ranks, on CPU (or CUDA with target="cuda").
+    dtype: the model's parameter dtype; checkpoint tensors are converted while streamed.
+    shard: which submodules get their own fully_shard before the root's (see `shard_units`).
+    fsdp_kwargs: passed to every fully_shard (mp_policy, reshard_after_forward, offload_policy, ...).
+    source, target, **load_kwargs: passed to shardcast.load (verify, chunk_bytes, timeout, strict_keys).
+
+    Returns the FSDP2 model; `model.shardcast_report` is the load's report. Raises a ShardcastError
+    subclass, the same on every rank.
+    """
+    from transformers import AutoConfig
+    from . import load, prepare
+
+    path = resolve_checkpoint(path_or_local_repo_id, revision=revision)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if mesh is None:
+        mesh = _default_mesh(target)
+    model = _build_meta(config, dtype, trust_remote_code)
+    prepare(model, config=config, target=target or "cpu")
+    fully_shard = _fully_shard()
+    kwargs = dict(fsdp_kwargs or {})
+    for unit in shard_units(model, shard):
+        fully_shard(unit, mesh=mesh, **kwargs)
+    fully_shard(model, mesh=mesh, **kwargs)
+    model.shardcast_report = load(model, path, source=source, target=target, config=config, **load_kwargs)
+    return model
