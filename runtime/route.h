@@ -5,6 +5,14 @@
 //               (point to point) and broadcasts replicated entries.
 //   each-rank   every rank reads the messages it holds itself; nothing crosses the wire.
 //
+// Saves run the same schedule with the data flowing the other way: a rank "reads" its rows out of
+// its own shards (ShardSource) and "keeps" them by writing them into the output files (FileSink).
+//
+//   save-rank0      each rank reads its own rows and sends them to rank 0, which writes every byte
+//                   (node-local disks); rank 0 reads and writes its own rows and every replicated entry
+//   save-each-rank  each rank writes its own rows into the shared files; nothing crosses the wire;
+//                   replicated entries are written by rank 0 alone
+//
 // With verify, a message's bytes are also hashed by a verifier: the reader for rank0 (it hashes what
 // it sends); for each-rank the next rank, which reads the same bytes a second time from its own view
 // of the files, so a rank whose files differ is caught. Every rank derives all of this from the
@@ -45,6 +53,9 @@ class Route {
   virtual std::vector<int> VerifiersOf(int dest) const = 0;
 
   static std::unique_ptr<Route> Make(Source source, int world_size);
+  // The load routes by source, and the save routes.
+  enum class Kind { kRank0, kEachRank, kSaveRank0, kSaveEachRank };
+  static std::unique_ptr<Route> Make(Kind kind, int world_size);
 };
 
 }  // namespace shardcast
