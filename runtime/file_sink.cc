@@ -22,14 +22,16 @@ std::string Range(uint64_t offset, uint64_t n) {
 }
 
 // Writes all of [data, data + n) at `offset`, through EINTR and short writes.
-void PwriteAll(int fd, const unsigned char* data, uint64_t n, uint64_t offset, const std::string& path) {
+// `key`, when given, names the tensor in the error.
+void PwriteAll(int fd, const unsigned char* data, uint64_t n, uint64_t offset, const std::string& path,
+               const std::string& key = "") {
   uint64_t done = 0;
   while (done < n) {
     const ssize_t w = ::pwrite(fd, data + done, n - done, static_cast<off_t>(offset + done));
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
       const int err = w < 0 ? errno : EIO;
-      throw Error(ErrorKind::kIo, "writing " + path,
+      throw Error(ErrorKind::kIo, "writing " + path + (key.empty() ? "" : " (tensor '" + key + "')"),
                   "cannot write " + Range(offset + done, n - done) + ": " + ErrnoText(err));
     }
     done += static_cast<uint64_t>(w);
@@ -63,13 +65,17 @@ void Allocate(int fd, uint64_t size, const std::string& path) {
   if (err != EOPNOTSUPP && err != ENOSYS && err != EINVAL) {
     Fail(path, "cannot allocate " + std::to_string(size) + " bytes (the final size)", err);
   }
-  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) Fail(path, "cannot extend to " + std::to_string(size) + " bytes", errno);
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    Fail(path, "cannot extend to " + std::to_string(size) + " bytes", errno);
+  }
 }
 
 }  // namespace
 
-FileSink::FileSink(const Manifest& m, std::string dir, int rank)
-    : m_(m), dir_(std::move(dir)), rank_(rank), fds_(m.files.size(), -1), written_(m.files.size(), false) {}
+FileSink::FileSink(const Manifest& m, const std::string& dir, int rank)
+    : m_(m), rank_(rank), fds_(m.files.size(), -1), written_(m.files.size(), false) {
+  for (const ManifestFile& f : m.files) paths_.push_back(dir + "/" + f.name);
+}
 
 FileSink::~FileSink() {
   for (int fd : fds_) {
@@ -77,11 +83,9 @@ FileSink::~FileSink() {
   }
 }
 
-std::string FileSink::PathOf(uint32_t file) const { return dir_ + "/" + m_.files[file].name; }
-
 void FileSink::Open() {
   for (uint32_t i = 0; i < m_.files.size(); ++i) {
-    const std::string path = PathOf(i);
+    const std::string& path = PathOf(i);
     const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
       const int err = errno;
@@ -113,7 +117,7 @@ void FileSink::Store(const Segment& s, const unsigned char* data) {
     bytes = out;
   }
   if (fds_[p.file] < 0) throw Error(ErrorKind::kInternal, PathOf(p.file), "written before it was opened");
-  PwriteAll(fds_[p.file], bytes, s.source_bytes, s.source_offset, PathOf(p.file) + " (tensor '" + p.checkpoint_key + "')");
+  PwriteAll(fds_[p.file], bytes, s.source_bytes, s.source_offset, PathOf(p.file), p.checkpoint_key);
   written_[p.file] = true;
   bytes_written_ += s.source_bytes;
 }
@@ -140,16 +144,35 @@ namespace output_dir {
 std::vector<std::string> Leftovers(const std::string& out_dir) {
   std::vector<std::string> out;
   const std::filesystem::path p(out_dir);
-  const std::string prefix = p.filename().string() + ".tmp-";
-  DIR* d = ::opendir(Parent(out_dir).c_str());
+  const std::string prefix = p.filename().string() + ".tmp-", parent = Parent(out_dir);
+  DIR* d = ::opendir(parent.c_str());
   if (d == nullptr) return out;
   while (const dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
-    if (name.compare(0, prefix.size(), prefix) == 0) out.push_back((std::filesystem::path(Parent(out_dir)) / name).string());
+    if (name.compare(0, prefix.size(), prefix) == 0) out.push_back(parent + "/" + name);
   }
   ::closedir(d);
   std::sort(out.begin(), out.end());
   return out;
+}
+
+std::vector<std::string> Check(const std::string& out_dir, bool overwrite) {
+  struct stat st {};
+  const bool exists = ::stat(out_dir.c_str(), &st) == 0;
+  if (exists && !S_ISDIR(st.st_mode)) {
+    throw Error(ErrorKind::kInvalidArgument, out_dir, "exists and is not a directory");
+  }
+  std::vector<std::string> left = Leftovers(out_dir);
+  if (!overwrite && (exists || !left.empty())) {  // both named at once, if both are there
+    std::string why = exists ? out_dir + ": exists (pass overwrite=True to replace it)" : "";
+    if (!left.empty()) {
+      why += (exists ? "; and " : "") + left.front() +
+             (left.size() > 1 ? " (and " + std::to_string(left.size() - 1) + " more)" : "") +
+             ": left by a save that did not finish (a rank died or was killed); remove it, or pass overwrite=True";
+    }
+    throw Error(ErrorKind::kInvalidArgument, "", why);
+  }
+  return left;
 }
 
 void RemoveTree(const std::string& path) {

@@ -26,7 +26,7 @@ namespace shardcast {
 class FileSink : public Sink {
  public:
   // `dir` holds the manifest's files (by their names). Nothing is opened until Open.
-  FileSink(const Manifest& m, std::string dir, int rank);
+  FileSink(const Manifest& m, const std::string& dir, int rank);
   ~FileSink() override;
   FileSink(const FileSink&) = delete;
   FileSink& operator=(const FileSink&) = delete;
@@ -43,9 +43,9 @@ class FileSink : public Sink {
   uint64_t files_written() const;
 
  private:
-  std::string PathOf(uint32_t file) const;
+  const std::string& PathOf(uint32_t file) const { return paths_[file]; }
   const Manifest& m_;
-  std::string dir_;
+  std::vector<std::string> paths_;  // dir/name, by manifest file index
   int rank_;
   std::vector<int> fds_;
   std::vector<bool> written_;
@@ -57,6 +57,9 @@ namespace output_dir {
 
 // "<parent>/<name>.tmp-*" entries beside out_dir, left by saves that did not finish.
 std::vector<std::string> Leftovers(const std::string& out_dir);
+// Rank 0's check before a save: an out_dir that exists (a directory) or leftovers are a kInvalidArgument
+// naming them all, unless overwrite; returns the leftovers (for overwrite to remove).
+std::vector<std::string> Check(const std::string& out_dir, bool overwrite);
 // Removes a directory tree; best effort, never throws.
 void RemoveTree(const std::string& path);
 // Creates `dir` (and missing parents of it), then each file with its header, allocated at its final

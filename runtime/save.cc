@@ -1,6 +1,5 @@
 #include "runtime/save.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -176,20 +175,10 @@ void Files(const SaveRequest& rq, Agreed* a) {
 Agreed Decide(const Plan& plan, const SaveRequest& rq, int world) {
   Agreed a;
   a.out_dir = Absolute(rq.out_dir);
-  if (a.out_dir == "/" || rq.out_dir.empty()) throw Error(ErrorKind::kInvalidArgument, "out_dir", "'" + rq.out_dir + "' is not a directory to save into");
-  struct stat st {};
-  const bool exists = ::stat(a.out_dir.c_str(), &st) == 0;
-  if (exists && !S_ISDIR(st.st_mode)) throw Error(ErrorKind::kInvalidArgument, a.out_dir, "exists and is not a directory");
-  a.leftovers = output_dir::Leftovers(a.out_dir);
-  if (!rq.overwrite && (exists || !a.leftovers.empty())) {  // both named at once, if both are there
-    std::string why = exists ? a.out_dir + ": exists (pass overwrite=True to replace it)" : "";
-    if (!a.leftovers.empty()) {
-      why += (exists ? "; and " : "") + a.leftovers.front() +
-             (a.leftovers.size() > 1 ? " (and " + std::to_string(a.leftovers.size() - 1) + " more)" : "") +
-             ": left by a save that did not finish (a rank died or was killed); remove it, or pass overwrite=True";
-    }
-    throw Error(ErrorKind::kInvalidArgument, "", why);
+  if (a.out_dir == "/" || rq.out_dir.empty()) {
+    throw Error(ErrorKind::kInvalidArgument, "out_dir", "'" + rq.out_dir + "' is not a directory to save into");
   }
+  a.leftovers = output_dir::Check(a.out_dir, rq.overwrite);
   std::random_device rd;
   char id[40];
   std::snprintf(id, sizeof(id), "%d-%08x", static_cast<int>(::getpid()), rd());
@@ -367,7 +356,7 @@ std::vector<SaveRankReport> Gather(Communicator& comm, const SaveRankReport& m) 
 
 void FailSave(Communicator& comm, ErrorKind kind, const std::string& problem) {
   Plan none;
-  Layout(comm, none, nullptr, Problem{kind, problem});
+  Together(comm, [&] { return Layout(comm, none, nullptr, Problem{kind, problem}); });
   throw Error(kind, "save layout", problem);  // not reached: the verdict throws for a problem
 }
 
@@ -383,7 +372,7 @@ SaveReport Save(Communicator& comm, RankState* state, const SaveRequest& rq) {
   SaveRankReport mine;
   mine.rank = comm.rank();
 
-  Agreed a = Layout(comm, state->plan(), &rq, {});
+  Agreed a = Together(comm, [&] { return Layout(comm, state->plan(), &rq, {}); });
   mine.layout_seconds = Since(t0);
   StreamStats stats;
   try {
