@@ -165,8 +165,8 @@ def _saved(obj, name: str) -> str:
 
 
 def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], mode: str = "each-rank",
-         max_shard_size: Union[int, str] = "5GB", dtype: Optional[torch.dtype] = None, overwrite: bool = False,
-         config=None, process_group=None, timeout: Optional[float] = None, *,
+         max_shard_size: Union[int, str] = "5GB", dtype: Optional[Union[torch.dtype, str]] = None,
+         overwrite: bool = False, config=None, process_group=None, timeout: Optional[float] = None, *,
          chunk_bytes: Optional[Union[int, str]] = None, staging_slots: Optional[int] = None, progress=None) -> dict:
     """Writes an FSDP2-sharded model as a Hugging Face checkpoint (safetensors files, index, config.json,
     generation_config.json), with no gather: every rank calls it together after training.
@@ -200,6 +200,8 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], mode: str = "
         progress = None
     problem, entries, config_json, generation_json, dtype_name = None, [], "", "", None
     try:  # anything that fails on this rank is agreed in the save's first verdict: every rank raises it
+        if isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype):
+            dtype = getattr(torch, dtype)  # "bfloat16"
         if dtype is not None:
             dtype_name = _DTYPES.get(dtype, str(dtype))
         entries = plan_entries(model, rank, world)
