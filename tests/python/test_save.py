@@ -115,6 +115,8 @@ def test_saved_checkpoint_equals_save_pretrained_bit_for_bit(run, checkpoints, n
         index = json.loads((out / "model.safetensors.index.json").read_text())
         assert sorted(index["weight_map"]) == sorted(want_files)
         assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in got.values())
+        want_index = json.loads((checkpoints / name / "model.safetensors.index.json").read_text())
+        assert index["metadata"]["total_parameters"] == want_index["metadata"]["total_parameters"]
         assert not [n for n in os.listdir(out.parent) if ".tmp-" in n]
         for rank, r in enumerate(per_rank[:world]):
             s = r["roundtrip"][f"w{world}/{name}-{mode}"]
