@@ -10,7 +10,9 @@
 #include "runtime/buffer_init.h"
 #include "runtime/c10d_communicator.h"
 #include "runtime/load.h"
+#include "runtime/save.h"
 #include "runtime/torch_dtype.h"
+#include "allocators/units.h"
 
 namespace py = pybind11;
 
@@ -130,6 +132,102 @@ py::dict LoadEntries(py::list entries, const std::string& checkpoint, py::dict o
   return py::module_::import("json").attr("loads")(report.ToJson()).cast<py::dict>();
 }
 
+// The save: entries as for load_entries, but each with its output tensors [(key, shape)] in
+// concatenation order (None: one tensor, its own key and shape). dtype: a safetensors dtype name or
+// None; max_shard_size: text for the one size parser ("5GB"). A problem, or an argument that fails to
+// parse, is agreed in the save's first verdict, so every rank raises it.
+py::dict SaveEntries(py::list entries, const std::string& out_dir, py::dict opts, py::object dtype,
+                     const std::string& max_shard_size, bool overwrite, const std::string& config_json,
+                     const std::string& generation_config_json, py::object backend_obj, py::object store_obj, int rank,
+                     int world_size, py::object progress, py::object problem, const std::string& store_host) {
+  c10::intrusive_ptr<c10d::Backend> backend;
+  c10::intrusive_ptr<c10d::Store> store;
+  if (!backend_obj.is_none()) backend = backend_obj.cast<c10::intrusive_ptr<c10d::Backend>>();
+  if (!store_obj.is_none()) store = store_obj.cast<c10::intrusive_ptr<c10d::Store>>();
+  if (world_size > 1 && !backend) {
+    throw Error(ErrorKind::kInvalidArgument, "process group", "no CPU backend for a world of " + std::to_string(world_size));
+  }
+  std::optional<Error> failed;
+  if (!problem.is_none()) {
+    auto p = problem.cast<std::pair<std::string, std::string>>();
+    failed = Error(ErrorKindFromName(p.first), "", p.second);
+  }
+  SaveRequest rq;
+  rq.out_dir = out_dir;
+  rq.overwrite = overwrite;
+  rq.config_json = config_json;
+  rq.generation_config_json = generation_config_json;
+  try {
+    LoadOptionsBuilder b;
+    b.FromEnvironment();
+    for (auto [k, v] : opts) {
+      const std::string name = k.cast<std::string>();
+      b.Set(OptionNamed(name), v.cast<std::string>(), name == "source" ? "mode=" : name + "=");
+    }
+    rq.options = b.Build();
+    rq.max_shard_bytes = ParseBytes(max_shard_size, "max_shard_size=");
+    if (rq.max_shard_bytes == 0) throw Error(ErrorKind::kInvalidArgument, "max_shard_size=", "must be more than 0 bytes");
+    if (!dtype.is_none()) {
+      const std::string name = dtype.cast<std::string>();
+      auto d = ParseDType(name);
+      if (!d || (*d != DType::kF16 && *d != DType::kBF16 && *d != DType::kF32)) {
+        throw Error(ErrorKind::kInvalidArgument, "dtype=", "'" + name + "': a save converts to float16, bfloat16 or "
+                                                               "float32 only (it never quantizes)");
+      }
+      rq.dtype = *d;
+    }
+  } catch (const Error& e) {
+    if (!failed) failed = e;
+  }
+  rq.progress = PythonProgress(progress);
+  ModelSpec spec;
+  spec.source = "<python model>";
+  spec.model_type = "python";
+  spec.config_json = "{}";
+  std::vector<at::Tensor> tensors;
+  for (py::handle h : entries) {
+    auto t = h.cast<py::tuple>();
+    SpecEntry e;
+    e.key = t[0].cast<std::string>();
+    at::Tensor x = t[1].cast<at::Tensor>();
+    for (auto d : t[2].cast<std::vector<int64_t>>()) e.shape.push_back(static_cast<uint64_t>(d));
+    auto dt = FromScalarType(x.scalar_type());
+    if (!dt && !failed) failed = Error(ErrorKind::kUnsupported, e.key, "dtype has no safetensors equivalent");
+    e.dtype = dt.value_or(DType::kU8);
+    e.role = t[3].cast<std::string>() == "persistent_buffer" ? Role::kPersistentBuffer : Role::kParameter;
+    e.replicated = t[4].cast<bool>();
+    if (!t[5].is_none()) {
+      auto& outs = rq.outputs[e.key];
+      for (auto o : t[5].cast<py::list>()) {
+        auto pair = o.cast<py::tuple>();
+        SaveOutput out{pair[0].cast<std::string>(), {}};
+        for (auto d : pair[1].cast<std::vector<int64_t>>()) out.shape.push_back(static_cast<uint64_t>(d));
+        outs.push_back(std::move(out));
+      }
+    }
+    spec.entries.push_back(std::move(e));
+    tensors.push_back(x);
+  }
+
+  SaveReport report;
+  {
+    py::gil_scoped_release nogil;
+    std::unique_ptr<Communicator> comm =
+        world_size == 1 ? CreateLocalCommunicator()
+                        : WrapC10dBackend(backend, rq.options.timeout, store, c10::Device(c10::kCPU), store_host);
+    Plan plan = Plan::Build(std::move(spec), world_size);
+    std::optional<RankState> state;
+    try {
+      if (failed) throw *failed;
+      state.emplace(RankState::Adopt(plan, rank, std::move(tensors)));
+    } catch (const Error& e) {
+      FailSave(*comm, e.kind(), e.what());
+    }
+    report = Save(*comm, &*state, rq);
+  }
+  return py::module_::import("json").attr("loads")(report.ToJson()).cast<py::dict>();
+}
+
 }  // namespace
 }  // namespace shardcast
 
@@ -176,5 +274,10 @@ PYBIND11_MODULE(_shardcast, m) {
   m.def("load_entries", &LoadEntries, py::arg("entries"), py::arg("checkpoint"), py::arg("options"), py::arg("tied"),
         py::arg("backend"), py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("progress") = py::none(),
         py::arg("problem") = py::none(), py::arg("replicas") = 1,
+        py::arg("store_host") = "the process group's store");
+  m.def("save_entries", &SaveEntries, py::arg("entries"), py::arg("out_dir"), py::arg("options"), py::arg("dtype"),
+        py::arg("max_shard_size"), py::arg("overwrite"), py::arg("config_json"), py::arg("generation_config_json"),
+        py::arg("backend"), py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("progress") = py::none(),
+        py::arg("problem") = py::none(),
         py::arg("store_host") = "the process group's store");
 }

@@ -144,6 +144,35 @@ class StripedRoute : public Route {
   }
 };
 
+// A save: the holder of a message's rows reads them from its shards. save-rank0 sends them to rank 0,
+// which writes everything; save-each-rank writes them where they are. Replicated entries (kBroadcast)
+// are read and written by rank 0 alone, once. Verify is not part of a save: no verifiers.
+class SaveRoute : public Route {
+ public:
+  SaveRoute(bool each_rank, const Mesh& mesh) : Route(mesh, NodeMap{}), each_rank_(each_rank) {}
+  const char* name() const override { return each_rank_ ? "save-each-rank" : "save-rank0"; }
+  bool Reads(int, bool) const override { return true; }  // every rank may hold rows
+  bool Communicates() const override { return !each_rank_; }
+  std::vector<int> VerifiersOf(int) const override { return {}; }
+  Task For(const Message& msg, int rank, bool) const override {
+    Task t;
+    const int holder = msg.dest == kBroadcast ? 0 : msg.dest;
+    t.peer = holder;
+    if (rank == holder) {
+      t.read = true;
+      t.keep = each_rank_ || holder == 0;
+      if (!t.keep) t.send_to = {0};
+    } else if (rank == 0 && !each_rank_) {
+      t.receive = true;
+      t.keep = true;
+    }
+    return t;
+  }
+
+ private:
+  bool each_rank_;
+};
+
 }  // namespace
 
 std::vector<int> Route::Holders(const Message& msg) const {
@@ -159,6 +188,10 @@ std::unique_ptr<Route> Route::Make(Source source, const Mesh& mesh, const NodeMa
     case Source::kStriped: return std::make_unique<StripedRoute>(mesh, nodes);
   }
   throw Error(ErrorKind::kInternal, "route", "unknown source");
+}
+
+std::unique_ptr<Route> Route::MakeSave(bool each_rank, int world_size) {
+  return std::make_unique<SaveRoute>(each_rank, Mesh{1, world_size});
 }
 
 }  // namespace shardcast

@@ -12,6 +12,14 @@
 //                sends them to the other replicas; replicated entries are read by rank 0 and broadcast.
 //                Reads: 1x, spread over every rank.
 //
+// Saves run the same schedule with the data flowing the other way: a rank "reads" its rows out of
+// its own shards (ShardSource) and "keeps" them by writing them into the output files (FileSink).
+//
+//   save-rank0      each rank reads its own rows and sends them to rank 0, which writes every byte
+//                   (node-local disks); rank 0 reads and writes its own rows and every replicated entry
+//   save-each-rank  each rank writes its own rows into the shared files; nothing crosses the wire;
+//                   replicated entries are written by rank 0 alone
+//
 // With verify, the rank that reads a message also hashes it as the expected digests of the holders it
 // serves (`verify_for`). each-rank has no sender, so there the next rank reads each rank's rows a
 // second time, from its own view of the files. Everything is derived from the agreed manifest, mesh
@@ -58,6 +66,8 @@ class Route {
   const Mesh& mesh() const { return mesh_; }
 
   static std::unique_ptr<Route> Make(Source source, const Mesh& mesh, const NodeMap& nodes);
+  // save-each-rank (each_rank) or save-rank0, over a 1-D mesh of `world_size` ranks.
+  static std::unique_ptr<Route> MakeSave(bool each_rank, int world_size);
 
  protected:
   Mesh mesh_;

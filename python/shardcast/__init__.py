@@ -34,9 +34,10 @@ from ._shardcast import (  # noqa: F401  (re-exported)
 )
 from ._mapping import checkpoint_keys, compositions
 from ._pretrained import from_pretrained
+from ._save import save
 
 __all__ = [
-    "prepare", "load", "ShardcastError", "ManifestMismatch", "CheckpointError", "CommTimeout", "CommError",
+    "prepare", "load", "save", "ShardcastError", "ManifestMismatch", "CheckpointError", "CommTimeout", "CommError",
     "ConfigError", "InvalidArgument", "IoError", "Unsupported", "InternalError",
     "from_pretrained",
 ]

@@ -1,0 +1,219 @@
+"""shardcast.save: FSDP2 shards back to a Hugging Face checkpoint, with no gather.
+
+The output's keys and shapes come from transformers itself, computed on meta tensors the way
+`save_pretrained` computes them: the model's state dict (parameters' global shapes and persistent
+buffers), tied duplicates dropped (`remove_tied_weights_from_state_dict`), and the model type's
+conversion mapping reverted (`revert_weight_conversion`: fused experts split back into per-expert
+tensors, renamed modules restored). `_mapping.compositions` then says which output tensors each model
+entry becomes and in which order, exactly as a load of the finished checkpoint would resolve them;
+the C++ core lays the files out and streams every rank's rows to their final offsets.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Dict, List, Optional, Tuple, Union
+
+import torch
+
+from . import _shardcast
+from ._mapping import compositions
+
+_DTYPES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32"}
+
+
+def _meta_state_dict(model) -> Dict[str, torch.Tensor]:
+    """The model's state dict as meta tensors of the global shapes (DTensor shapes are global)."""
+    return {k: torch.empty(tuple(v.shape), dtype=v.dtype, device="meta")
+            for k, v in model.state_dict(keep_vars=True).items()}
+
+
+def output_tensors(model) -> Dict[str, Tuple[Tuple[int, ...], torch.dtype]]:
+    """{key: (shape, dtype)} of the tensors `save_pretrained` would write for this model, in its order."""
+    sd = _meta_state_dict(model)
+    for key in getattr(model, "_keys_to_ignore_on_save", None) or []:
+        sd.pop(key, None)
+    try:
+        from transformers import PreTrainedModel
+        from transformers.core_model_loading import revert_weight_conversion
+        from transformers.modeling_utils import remove_tied_weights_from_state_dict
+    except ImportError:
+        PreTrainedModel = None
+    if PreTrainedModel is not None and isinstance(model, PreTrainedModel):
+        sd = remove_tied_weights_from_state_dict(sd, model)
+        sd = revert_weight_conversion(model, sd)
+    else:  # a plain module: tied parameters are one object under several names; keep the first
+        names = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(p), name)
+        sd = {k: v for k, v in sd.items() if names.get(id(_tensor(model, k)), k) == k}
+    return {k: (tuple(v.shape), v.dtype) for k, v in sd.items()}
+
+
+def _tensor(model, name):
+    path, _, leaf = name.rpartition(".")
+    owner = model.get_submodule(path) if path else model
+    return getattr(owner, leaf, None)
+
+
+def _aliases(model) -> Dict[str, List[str]]:
+    """{name: every name of the same parameter} (tied weights)."""
+    by_id: Dict[int, List[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(p), []).append(name)
+    return {n: names for names in by_id.values() for n in names}
+
+
+def plan_entries(model, rank: int, world: int):
+    """[(key, local tensor, global shape, role, replicated, [(output key, shape)] or None)] in the model's
+    order, for every entry that goes into the checkpoint. Raises Unsupported for an output tensor no
+    entry explains, or a placement that is not Shard(0) on a 1-d mesh or Replicate."""
+    from . import Unsupported, _local, _non_persistent
+    outputs = output_tensors(model)
+    shapes = {k: s for k, (s, _) in outputs.items()}
+    comp = compositions(model, shapes)
+    aliases = _aliases(model)
+    covered: Dict[str, str] = {}
+    entries = []
+
+    def parts_of(name):
+        for alias in aliases.get(name, [name]):  # the name save_pretrained kept for a tied weight
+            if alias in outputs:
+                return [alias]
+            if alias in comp:
+                return comp[alias]
+        return None
+
+    non_persistent = {n for n, *_ in _non_persistent(model)}
+    candidates = [(n, p, "parameter") for n, p in model.named_parameters()]
+    candidates += [(n, b, "persistent_buffer") for n, b in model.named_buffers() if n not in non_persistent]
+    for name, t, role in candidates:
+        parts = parts_of(name)
+        if parts is None:
+            continue  # not written by save_pretrained either (_keys_to_ignore_on_save)
+        for key in parts:
+            if key in covered:
+                raise Unsupported(f"output tensor '{key}' would be written from both '{covered[key]}' and '{name}'")
+            covered[key] = name
+        if role == "parameter":
+            try:
+                local, shape, replicated, replicas = _local(t, rank, world)
+            except Unsupported as e:
+                raise Unsupported(f"'{name}': {e}") from None
+            if replicas not in (None, 1):
+                raise Unsupported(f"'{name}': saving from an HSDP mesh ({replicas} replicas) is not supported yet; "
+                                  "save from a 1-d FSDP mesh")
+        else:
+            local, shape, replicated = t, tuple(t.shape), True
+        own = parts == [name]
+        entries.append((name, local.detach(), list(shape), role, replicated,
+                        None if own else [(k, list(shapes[k])) for k in parts]))
+    missing = [k for k in outputs if k not in covered]
+    if missing:
+        model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+        raise Unsupported(f"{len(missing)} tensor(s) save_pretrained writes for {model_type} come from a conversion "
+                          f"shardcast cannot stream (only renames and expert merges are), e.g. '{missing[0]}'")
+    return entries
+
+
+def _written_dtype(model, dtype) -> Optional[torch.dtype]:
+    if dtype is not None:
+        return dtype
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return None
+
+
+def config_texts(model, config, dtype) -> Tuple[str, str]:
+    """(config.json, generation_config.json) as save_pretrained writes them, with dtype set to what is
+    written; "" where there is none."""
+    written = _written_dtype(model, dtype)
+    name = str(written).split(".")[1] if written is not None else None
+    cfg = config if config is not None else getattr(model, "config", None)
+    if cfg is None:
+        return "", ""
+    if isinstance(cfg, (str, os.PathLike)):
+        with open(cfg) as f:
+            cfg = json.load(f)
+    if isinstance(cfg, dict):
+        cfg = dict(cfg)
+        if name is not None:
+            cfg["dtype"] = name
+            if "torch_dtype" in cfg:
+                cfg["torch_dtype"] = name
+        config_text = json.dumps(cfg, indent=2, sort_keys=True) + "\n"
+    else:
+        import copy
+        cfg = copy.deepcopy(cfg)
+        if name is not None:
+            cfg.dtype = name
+        cfg.architectures = [type(model).__name__.removeprefix("FSDP")]
+        config_text = _saved(cfg, "config.json")
+    generation = ""
+    gen = getattr(model, "generation_config", None)
+    can_generate = getattr(model, "can_generate", lambda: False)
+    if gen is not None and can_generate():
+        generation = _saved(gen, "generation_config.json")
+    return config_text, generation
+
+
+def _saved(obj, name: str) -> str:
+    """The text transformers' own save_pretrained writes for a config object."""
+    with tempfile.TemporaryDirectory(prefix="shardcast-config-") as d:
+        obj.save_pretrained(d)
+        with open(os.path.join(d, name)) as f:
+            return f.read()
+
+
+def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], mode: str = "each-rank",
+         max_shard_size: Union[int, str] = "5GB", dtype: Optional[Union[torch.dtype, str]] = None,
+         overwrite: bool = False, config=None, process_group=None, timeout: Optional[float] = None, *,
+         chunk_bytes: Optional[Union[int, str]] = None, staging_slots: Optional[int] = None, progress=None) -> dict:
+    """Writes an FSDP2-sharded model as a Hugging Face checkpoint (safetensors files, index, config.json,
+    generation_config.json), with no gather: every rank calls it together after training.
+
+    mode "each-rank" (default; a filesystem every rank sees at the same path): rank 0 creates every file
+    at its final size with its header and every rank writes its own rows at their offsets, in parallel.
+    mode "rank0" (node-local disks): the other ranks stream their rows to rank 0, which writes. No rank
+    holds more than its shard plus the staging ring (chunk_bytes x staging_slots).
+
+    The keys, shapes and files are those save_pretrained writes (per-expert tensors, restored module
+    names, tied weights once, persistent buffers in, non-persistent out), split by max_shard_size
+    ("5GB", decimal as in transformers; or bytes). dtype: None keeps each tensor's dtype; float16,
+    bfloat16 or float32 converts floating tensors on the way out. config: what to write as config.json
+    (default model.config; a PretrainedConfig, a dict or a path), its dtype set to the written one.
+
+    Atomic: everything is written into out_dir.tmp-<id>, and renamed into place only once every rank
+    synced its bytes; a kill -9 of any rank leaves the previous out_dir intact or no out_dir at all.
+    An existing out_dir, or a leftover out_dir.tmp-* of a save that died, is an error unless
+    overwrite=True (which replaces the one and removes the other). timeout: seconds per collective.
+
+    Returns the per-rank report; raises a ShardcastError subclass, the same on every rank, on any failure.
+    """
+    from . import ShardcastError, _group, _options, _progress_printer, _store_host
+    out_dir = os.fspath(out_dir)
+    pg, rank, world, backend, store = _group(process_group)
+    options = _options(source=mode, chunk_bytes=chunk_bytes, staging_slots=staging_slots,
+                       timeout_ms=None if timeout is None else max(1, int(timeout * 1000)))
+    if progress is True:
+        progress = _progress_printer() if rank == 0 else None
+    elif progress is False:
+        progress = None
+    problem, entries, config_json, generation_json, dtype_name = None, [], "", "", None
+    try:  # anything that fails on this rank is agreed in the save's first verdict: every rank raises it
+        if isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype):
+            dtype = getattr(torch, dtype)  # "bfloat16"
+        if dtype is not None:
+            dtype_name = _DTYPES.get(dtype, str(dtype))
+        entries = plan_entries(model, rank, world)
+        if rank == 0:
+            config_json, generation_json = config_texts(model, config, dtype)
+    except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
+        kind = type(e).__name__ if isinstance(e, ShardcastError) else "InternalError"
+        problem = (kind, str(e) if isinstance(e, ShardcastError) else f"{type(e).__name__}: {e}")
+        entries = []
+    return _shardcast.save_entries(entries, out_dir, options, dtype_name, str(max_shard_size), bool(overwrite),
+                                   config_json, generation_json, backend, store, rank, world, progress, problem,
+                                   _store_host(store) if store is not None else "")

@@ -1,0 +1,444 @@
+#include "runtime/save.h"
+
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <unordered_set>
+
+#include "allocators/error.h"
+#include "allocators/memory_probe.h"
+#include "loaders/writer.h"
+#include "runtime/failure.h"
+#include "runtime/fault.h"
+#include "runtime/file_sink.h"
+#include "runtime/verdict.h"
+
+namespace shardcast {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+Problem AsProblem(const std::exception& e) {
+  if (auto* se = dynamic_cast<const Error*>(&e)) return Problem{se->kind(), se->what()};
+  return Problem{ErrorKind::kInternal, e.what()};
+}
+
+// As in load.cc: a communication failure in a phase's collectives becomes the one agreed error.
+template <typename F>
+auto Together(Communicator& comm, F&& phase) -> decltype(phase()) {
+  try {
+    return phase();
+  } catch (const Error& e) {
+    if (IsCommFailure(e)) FailTogether(comm, e, "save");
+    throw;
+  }
+}
+
+void AgreeTogether(Communicator& comm, const char* phase, const Problem& local) {
+  Together(comm, [&] {
+    Agree(comm, phase, local);
+    return 0;
+  });
+}
+
+// Runs a rank-local step and returns its failure as a Problem (empty on success).
+template <typename F>
+Problem Try(F&& step) {
+  try {
+    step();
+  } catch (const std::exception& e) {
+    return AsProblem(e);
+  }
+  return {};
+}
+
+uint64_t Numel(const std::vector<uint64_t>& s) {
+  uint64_t n = 1;
+  for (uint64_t d : s) n *= d;
+  return n;
+}
+
+std::string Absolute(const std::string& path) {
+  std::filesystem::path p = std::filesystem::absolute(path).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // "dir/" -> "dir"
+  return p.string();
+}
+
+// What every rank must ask for the same (rank 0's governs the layout; a difference is an error).
+nlohmann::json Params(const SaveRequest& rq) {
+  return {{"out_dir", Absolute(rq.out_dir)}, {"mode", SourceName(rq.options.source)},
+          {"dtype", rq.dtype ? std::string(DTypeName(*rq.dtype)) : "as held"}, {"overwrite", rq.overwrite},
+          {"max_shard_bytes", rq.max_shard_bytes}};
+}
+
+// What rank 0 decided and every rank agreed on.
+struct Agreed {
+  Manifest manifest;
+  std::string out_dir, tmp_dir;
+  std::vector<std::string> headers, leftovers;  // rank 0 only
+  std::string index;                            // rank 0 only; "" for a single file
+};
+
+DType FileDType(DType held, const std::optional<DType>& asked) {
+  const bool floating = held == DType::kF16 || held == DType::kBF16 || held == DType::kF32;
+  return asked && floating ? *asked : held;
+}
+
+// The manifest's entries, with their parts (the output tensors) in order but not yet in files.
+void Entries(const Plan& plan, const SaveRequest& rq, Manifest* m) {
+  std::unordered_set<std::string> seen;
+  for (const PlanEntry& e : plan.entries()) {
+    if (e.role == Role::kNonPersistentBuffer) continue;
+    ManifestEntry me{e.key, e.dtype, e.shape, e.role, e.placement.kind, {}};
+    const DType file_dtype = FileDType(e.dtype, rq.dtype);
+    auto it = rq.outputs.find(e.key);
+    const std::vector<SaveOutput> own{{e.key, e.shape}};
+    uint64_t numel = 0;
+    for (const SaveOutput& o : it == rq.outputs.end() ? own : it->second) {
+      if (!seen.insert(o.key).second) {
+        throw Error(ErrorKind::kInvalidArgument, "key '" + o.key + "'", "two model entries write this output tensor");
+      }
+      me.parts.push_back(ManifestPart{o.key, file_dtype, 0, 0, Numel(o.shape), o.shape});
+      numel += Numel(o.shape);
+    }
+    if (numel != Numel(e.shape)) {
+      throw Error(ErrorKind::kInvalidArgument, "key '" + e.key + "'",
+                  "its output tensors hold " + std::to_string(numel) + " elements but the entry has " +
+                      std::to_string(Numel(e.shape)));
+    }
+    m->entries.push_back(std::move(me));
+  }
+}
+
+std::string FileName(size_t i, size_t n) {
+  if (n == 1) return "model.safetensors";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", i + 1, n);
+  return buf;
+}
+
+// Output tensors to files in model order, greedily up to max_shard_bytes (a larger tensor gets a file
+// of its own), as transformers' split_torch_state_dict_into_shards does; within a file, wider dtypes
+// first so that every tensor stays aligned; headers, absolute offsets, and the index.
+void Files(const SaveRequest& rq, Agreed* a) {
+  Manifest& m = a->manifest;
+  std::vector<std::vector<ManifestPart*>> files(1);
+  uint64_t in_file = 0, total = 0, parameters = 0;
+  for (ManifestEntry& e : m.entries) {
+    if (e.role == Role::kParameter) parameters += Numel(e.shape);
+    for (ManifestPart& p : e.parts) {
+      const uint64_t bytes = p.numel * DTypeSize(p.source_dtype);
+      if (!files.back().empty() && (bytes > rq.max_shard_bytes || in_file + bytes > rq.max_shard_bytes)) {
+        files.emplace_back();
+        in_file = 0;
+      }
+      files.back().push_back(&p);
+      in_file += bytes;
+      total += bytes;
+    }
+  }
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (size_t f = 0; f < files.size(); ++f) {
+    auto& parts = files[f];
+    std::stable_sort(parts.begin(), parts.end(), [](const ManifestPart* x, const ManifestPart* y) {
+      return DTypeSize(x->source_dtype) > DTypeSize(y->source_dtype);
+    });
+    std::vector<WriteEntry> entries;
+    for (const ManifestPart* p : parts) entries.push_back(WriteEntry{p->checkpoint_key, p->source_dtype, p->shape});
+    std::string header = BuildHeader(entries, {{"format", "pt"}});
+    uint64_t offset = header.size();
+    const std::string name = FileName(f, files.size());
+    for (ManifestPart* p : parts) {
+      p->file = static_cast<uint32_t>(f);
+      p->offset = offset;
+      offset += p->numel * DTypeSize(p->source_dtype);
+      weight_map[p->checkpoint_key] = name;
+    }
+    m.files.push_back(ManifestFile{name, offset, XXH3_64bits(header.data(), header.size())});
+    a->headers.push_back(std::move(header));
+  }
+  if (files.size() > 1) {
+    nlohmann::json index = {{"metadata", {{"total_parameters", parameters}, {"total_size", total}}},
+                            {"weight_map", weight_map}};
+    a->index = index.dump(2) + "\n";
+  }
+}
+
+// Rank 0's checks of the directory, and the layout.
+Agreed Decide(const Plan& plan, const SaveRequest& rq, int world) {
+  Agreed a;
+  a.out_dir = Absolute(rq.out_dir);
+  if (a.out_dir == "/" || rq.out_dir.empty()) {
+    throw Error(ErrorKind::kInvalidArgument, "out_dir", "'" + rq.out_dir + "' is not a directory to save into");
+  }
+  a.leftovers = output_dir::Check(a.out_dir, rq.overwrite);
+  std::random_device rd;
+  char id[40];
+  std::snprintf(id, sizeof(id), "%d-%08x", static_cast<int>(::getpid()), rd());
+  a.tmp_dir = a.out_dir + ".tmp-" + id;
+  a.manifest.world_size = world;
+  a.manifest.params = StreamParamsFrom(rq.options);
+  a.manifest.params.verify = a.manifest.params.strict_keys = false;
+  Entries(plan, rq, &a.manifest);
+  Files(rq, &a);
+  return a;
+}
+
+std::string CheckParams(const nlohmann::json& theirs, const SaveRequest& rq, int rank) {
+  const nlohmann::json mine = Params(rq);
+  for (const auto& [k, v] : theirs.items()) {
+    if (mine.contains(k) && mine[k] != v) {
+      return k + " is " + v.dump() + " on rank 0 but " + mine[k].dump() + " on rank " + std::to_string(rank) +
+             " (every rank must ask for the same save)";
+    }
+  }
+  return {};
+}
+
+// Step 1: rank 0 decides, broadcasts (nothing, if it failed: every rank runs the same collectives),
+// every rank checks; one verdict.
+Agreed Layout(Communicator& comm, const Plan& plan, const SaveRequest* rq, Problem local) {
+  Agreed a;
+  std::string blob;
+  const int me = comm.rank();
+  if (me == 0 && local.message.empty()) {
+    local = Try([&] {
+      a = Decide(plan, *rq, comm.world_size());
+      nlohmann::json h = Params(*rq);
+      h["tmp_dir"] = a.tmp_dir;
+      blob = h.dump() + '\0' + EncodeManifest(a.manifest);
+    });
+    if (!local.message.empty()) blob.clear();
+  }
+  int64_t size = static_cast<int64_t>(blob.size());
+  comm.Broadcast(&size, sizeof(size), 0);
+  if (me != 0) blob.resize(static_cast<size_t>(size));
+  comm.Broadcast(blob.data(), blob.size(), 0);
+  if (local.message.empty() && size > 0) {
+    local = Try([&] {
+      const size_t nul = blob.find('\0');
+      if (nul == std::string::npos) throw Error(ErrorKind::kComm, "save layout", "malformed layout from rank 0");
+      const nlohmann::json h = nlohmann::json::parse(blob.substr(0, nul));
+      if (me != 0) {
+        a.manifest = DecodeManifest(blob.substr(nul + 1));
+        a.out_dir = h.at("out_dir").get<std::string>();
+        a.tmp_dir = h.at("tmp_dir").get<std::string>();
+      }
+      std::string diff = CheckManifest(a.manifest, plan, me, comm.world_size());
+      if (!diff.empty()) throw Error(ErrorKind::kManifestMismatch, "", diff);
+      diff = CheckParams(h, *rq, me);
+      if (!diff.empty()) throw Error(ErrorKind::kInvalidArgument, "", diff);
+    });
+  }
+  AgreeTogether(comm, "save layout", local);
+  return a;
+}
+
+// As load.cc's Stream: one error on every rank, through the store for a route with data on the wire,
+// by verdict for one without.
+StreamResult Stream(Communicator& comm, const Route& route, const StreamContext& ctx) {
+  Problem local;
+  std::optional<StreamResult> r;
+  try {
+    r = RunStream(ctx);
+    if (route.Communicates()) comm.Barrier();
+  } catch (const std::exception& e) {
+    if (route.Communicates()) FailTogether(comm, e, "save");
+    local = AsProblem(e);  // the verdict names the rank
+  }
+  if (!route.Communicates()) AgreeTogether(comm, "save stream", local);
+  return std::move(*r);
+}
+
+std::vector<at::Tensor> Shards(const Manifest& m, RankState* state) {
+  std::vector<at::Tensor> out(m.entries.size());
+  for (size_t i = 0; i < m.entries.size(); ++i) {
+    LocalTensor* t = state->Find(m.entries[i].key);
+    if (t == nullptr || t->is_meta()) throw Error(ErrorKind::kInternal, m.entries[i].key, "agreed but has no storage");
+    out[i] = t->tensor;
+  }
+  return out;
+}
+
+// Steps 2-5, after the layout was agreed. Rank 0 removes its tmp directory if any of them fails.
+void Write(Communicator& comm, RankState* state, const SaveRequest& rq, const Agreed& a, SaveRankReport* mine,
+           StreamStats* stats) {
+  const Manifest& m = a.manifest;
+  const int me = comm.rank();
+  const bool each_rank = m.params.source == Source::kEachRank;
+  auto t = Clock::now();
+  AgreeTogether(comm, "save create", me != 0 ? Problem{} : Try([&] {
+    for (const std::string& old : a.leftovers) output_dir::RemoveTree(old);
+    output_dir::Create(a.tmp_dir, m.files, a.headers);
+  }));
+  FileSink sink(m, a.tmp_dir, me);
+  std::optional<ShardSource> source;
+  AgreeTogether(comm, "save open", Try([&] {
+    if (me == 0 || each_rank) sink.Open();
+    source.emplace(Shards(m, state));
+  }));
+  mine->create_seconds = Since(t);
+
+  t = Clock::now();
+  const auto route = Route::MakeSave(each_rank, comm.world_size());
+  StreamContext ctx;
+  ctx.comm = &comm;
+  ctx.manifest = &m;
+  ctx.route = route.get();
+  ctx.source = &*source;
+  ctx.sink = &sink;
+  ctx.readahead_bytes = 0;  // the source is memory
+  ctx.progress = rq.progress;
+  *stats = Stream(comm, *route, ctx).stats;
+  mine->stream_seconds = Since(t);
+
+  t = Clock::now();
+  AgreeTogether(comm, "save write", Try([&] { sink.Sync(); }));
+  mine->bytes_written = sink.bytes_written(), mine->files_written = sink.files_written();
+  mine->sync_seconds = Since(t);
+
+  t = Clock::now();
+  FaultPoint("save-commit", me);
+  bool committed = false;
+  const Problem local = me != 0 ? Problem{} : Try([&] {
+    if (!a.index.empty()) output_dir::WriteText(a.tmp_dir, "model.safetensors.index.json", a.index);
+    if (!rq.config_json.empty()) output_dir::WriteText(a.tmp_dir, "config.json", rq.config_json);
+    if (!rq.generation_config_json.empty()) {
+      output_dir::WriteText(a.tmp_dir, "generation_config.json", rq.generation_config_json);
+    }
+    output_dir::Commit(a.tmp_dir, a.out_dir);
+    committed = true;
+  });
+  try {
+    Agree(comm, "save commit", local);
+  } catch (const Error& e) {
+    if (!IsCommFailure(e)) throw;
+    // A rank lost after every byte was synced: rank 0 (which publishes first) says whether it had
+    // already put the complete checkpoint in place, so every rank raises that.
+    if (!committed) FailTogether(comm, e, "save");
+    FailTogether(comm, Error(e.kind(), "", std::string(e.what()) + " (after every rank synced its bytes; rank 0 had "
+                                               "committed " + a.out_dir + ", which is complete)"),
+                 "save");
+  }
+  mine->commit_seconds = Since(t);
+}
+
+std::vector<SaveRankReport> Gather(Communicator& comm, const SaveRankReport& m) {
+  auto us = [](double s) { return static_cast<int64_t>(s * 1e6); };
+  auto all = AllGather(comm, {static_cast<int64_t>(m.bytes_written), static_cast<int64_t>(m.bytes_sent),
+                              static_cast<int64_t>(m.bytes_received), static_cast<int64_t>(m.bytes_read),
+                              static_cast<int64_t>(m.files_written), us(m.seconds), us(m.layout_seconds),
+                              us(m.create_seconds), us(m.stream_seconds), us(m.sync_seconds), us(m.commit_seconds),
+                              static_cast<int64_t>(m.peak_rss_anon), static_cast<int64_t>(m.peak_rss_file),
+                              static_cast<int64_t>(m.baseline_rss_anon), static_cast<int64_t>(m.baseline_rss_file)});
+  std::vector<SaveRankReport> out;
+  for (int i = 0; i < comm.world_size(); ++i) {
+    const auto& v = all[i];
+    SaveRankReport r;
+    r.rank = i;
+    r.bytes_written = v[0], r.bytes_sent = v[1], r.bytes_received = v[2], r.bytes_read = v[3], r.files_written = v[4];
+    r.seconds = v[5] / 1e6, r.layout_seconds = v[6] / 1e6, r.create_seconds = v[7] / 1e6;
+    r.stream_seconds = v[8] / 1e6, r.sync_seconds = v[9] / 1e6, r.commit_seconds = v[10] / 1e6;
+    r.peak_rss_anon = v[11], r.peak_rss_file = v[12], r.baseline_rss_anon = v[13], r.baseline_rss_file = v[14];
+    out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace
+
+void FailSave(Communicator& comm, ErrorKind kind, const std::string& problem) {
+  Plan none;
+  Together(comm, [&] { return Layout(comm, none, nullptr, Problem{kind, problem}); });
+  throw Error(kind, "save layout", problem);  // not reached: the verdict throws for a problem
+}
+
+SaveReport Save(Communicator& comm, RankState* state, const SaveRequest& rq) {
+  if (state->rank() != comm.rank()) {
+    FailSave(comm, ErrorKind::kInvalidArgument,
+             "state prepared for rank " + std::to_string(state->rank()) + " but this is rank " +
+                 std::to_string(comm.rank()));
+  }
+  const auto t0 = Clock::now();
+  const MemorySnapshot base = ReadMemory();
+  PeakSampler sampler;
+  SaveRankReport mine;
+  mine.rank = comm.rank();
+
+  Agreed a = Together(comm, [&] { return Layout(comm, state->plan(), &rq, {}); });
+  mine.layout_seconds = Since(t0);
+  StreamStats stats;
+  try {
+    Write(comm, state, rq, a, &mine, &stats);
+  } catch (...) {
+    // Rank 0 removes what it created (after a commit: the old tree, if any), then, where the failure
+    // was an agreed verdict (the communicator still works), every rank waits for that, so nothing is
+    // left once any rank raises. A failed communicator fails the barrier at once.
+    if (comm.rank() == 0) output_dir::RemoveTree(a.tmp_dir);
+    try {
+      comm.Barrier();
+    } catch (...) {
+    }
+    throw;
+  }
+  const Manifest& m = a.manifest;
+  const MemoryPeaks peaks = sampler.Stop();
+  auto above = [](uint64_t v, uint64_t b) { return v > b ? v - b : 0; };
+  mine.bytes_sent = stats.bytes_sent, mine.bytes_received = stats.bytes_received, mine.bytes_read = stats.bytes_read;
+  mine.seconds = Since(t0);
+  mine.peak_rss_anon = above(peaks.rss_anon, base.rss_anon), mine.peak_rss_file = above(peaks.rss_file, base.rss_file);
+  mine.baseline_rss_anon = base.rss_anon, mine.baseline_rss_file = base.rss_file;
+
+  SaveReport report;
+  report.out_dir = a.out_dir;
+  report.mode = SourceName(m.params.source);
+  report.backend = comm.backend();
+  report.world_size = comm.world_size();
+  report.entries = m.entries.size();
+  for (const ManifestEntry& e : m.entries) {
+    report.tensors += e.parts.size();
+    for (const ManifestPart& p : e.parts) report.total_bytes += p.numel * DTypeSize(p.source_dtype);
+  }
+  for (const ManifestFile& f : m.files) report.files.push_back(f.name);
+  report.chunk_bytes = m.params.chunk_bytes;
+  report.staging_slots = static_cast<int>(m.params.staging_slots);
+  report.seconds = mine.seconds;
+  report.ranks = Together(comm, [&] { return Gather(comm, mine); });
+  return report;
+}
+
+std::string SaveReport::ToJson() const {
+  nlohmann::ordered_json j;
+  j["out_dir"] = out_dir;
+  j["mode"] = mode;
+  j["backend"] = backend;
+  j["world_size"] = world_size;
+  j["entries"] = entries;
+  j["tensors"] = tensors;
+  j["total_bytes"] = total_bytes;
+  j["files"] = files;
+  j["chunk_bytes"] = chunk_bytes;
+  j["staging_slots"] = staging_slots;
+  j["seconds"] = seconds;
+  j["ranks"] = nlohmann::json::array();
+  for (const auto& r : ranks) {
+    j["ranks"].push_back({{"rank", r.rank}, {"seconds", r.seconds}, {"layout_seconds", r.layout_seconds},
+                          {"create_seconds", r.create_seconds}, {"stream_seconds", r.stream_seconds},
+                          {"sync_seconds", r.sync_seconds}, {"commit_seconds", r.commit_seconds},
+                          {"bytes_written", r.bytes_written}, {"files_written", r.files_written},
+                          {"bytes_sent", r.bytes_sent}, {"bytes_received", r.bytes_received},
+                          {"bytes_read", r.bytes_read}, {"peak_rss_anon_above_baseline", r.peak_rss_anon},
+                          {"peak_rss_file_above_baseline", r.peak_rss_file},
+                          {"baseline_rss_anon", r.baseline_rss_anon}, {"baseline_rss_file", r.baseline_rss_file}});
+  }
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace shardcast

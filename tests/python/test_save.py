@@ -1,0 +1,194 @@
+"""shardcast.save against transformers' own save_pretrained: checkpoints of tiny real models (MoE experts
+fused in the model, Mixtral's renamed modules, Llama's tied embeddings, DeepSeek-V3's fp32 routing bias)
+are loaded with shardcast into FSDP2 at world sizes 1-4, saved back with shardcast in both modes, and
+must equal the originals bit for bit: same keys, per-expert layout, shapes and dtypes as save_pretrained
+writes, read by from_pretrained, the safetensors package and `shardcast inspect`. Then the failures:
+an existing out_dir, a leftover tmp dir, an unsupported placement, a full disk, a rank killed mid-write."""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+import ranks
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+MODELS = ["qwen3_moe", "mixtral", "llama", "deepseek_v3"]
+MODES = ["each-rank", "rank0"]
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    from transformers import AutoModelForCausalLM, DeepseekV3Config, LlamaConfig, MixtralConfig, Qwen3MoeConfig
+    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=37,
+                  max_position_embeddings=512, tie_word_embeddings=False)
+    configs = {
+        "qwen3_moe": Qwen3MoeConfig(intermediate_size=48, moe_intermediate_size=16, head_dim=8, num_experts=5,
+                                    num_experts_per_tok=2, **common),
+        "mixtral": MixtralConfig(intermediate_size=40, num_local_experts=3, num_experts_per_tok=2, **common),
+        "llama": LlamaConfig(intermediate_size=40, **{**common, "tie_word_embeddings": True}),
+        "deepseek_v3": DeepseekV3Config(intermediate_size=48, moe_intermediate_size=16, first_k_dense_replace=1,
+                                        n_routed_experts=3, n_shared_experts=1, num_experts_per_tok=2, n_group=1,
+                                        topk_group=1, q_lora_rank=16, kv_lora_rank=8, qk_nope_head_dim=8,
+                                        qk_rope_head_dim=4, v_head_dim=8,
+                                        rope_scaling={"type": "yarn", "factor": 4.0,
+                                                      "original_max_position_embeddings": 128},
+                                        **{**common, "num_key_value_heads": 4}),
+    }
+    root = tmp_path_factory.mktemp("save")
+    torch.manual_seed(2)
+    for name, cfg in configs.items():
+        model = AutoModelForCausalLM.from_config(cfg)
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                if "e_score_correction_bias" in n:  # a persistent buffer with visible values
+                    b.copy_(torch.randn_like(b))
+        model.save_pretrained(root / name, max_shard_size="40KB")
+    shutil.copytree(root / "qwen3_moe", root / "earlier")  # the out_dir a killed save must leave intact
+    return root
+
+
+@pytest.fixture(scope="module")
+def run(checkpoints, tmp_path_factory):
+    """One set of 4 ranks for everything (Python start-up dominates): the round trips at world sizes 1-4
+    (sub-groups), then the failure scenarios, then a kill. Returns (per-rank results, saved dir, earlier
+    out_dir's digest before the run)."""
+    tmp = tmp_path_factory.mktemp("save-run")
+    before = _tree(checkpoints / "earlier")
+    per_rank = ranks.run("save_worker.py", "all", checkpoints, 4, tmp, allow_fail=True)
+    return per_rank, tmp / "all-4-saved", before
+
+
+def tensors(d):
+    """{key: tensor} of every safetensors file in d, read with the safetensors package."""
+    from safetensors import safe_open
+    out = {}
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".safetensors"):
+            with safe_open(os.path.join(d, f), framework="pt") as st:
+                for k in st.keys():
+                    out[k] = st.get_tensor(k)
+    return out
+
+
+_originals = {}
+
+
+def original(checkpoints, name):
+    if name not in _originals:
+        from transformers import AutoModelForCausalLM
+        ckpt = checkpoints / name
+        _originals[name] = (tensors(ckpt), AutoModelForCausalLM.from_pretrained(ckpt).state_dict(),
+                            json.loads((ckpt / "config.json").read_text()))
+    return _originals[name]
+
+
+def same_bits(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(-1).view(torch.uint8),
+                                                                     b.view(-1).view(torch.uint8))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("name", MODELS)
+def test_saved_checkpoint_equals_save_pretrained_bit_for_bit(run, checkpoints, name, world):
+    from transformers import AutoModelForCausalLM
+    per_rank, saved, _ = run
+    want_files, want_state, want_config = original(checkpoints, name)
+    for mode in MODES:
+        out = saved / f"w{world}" / f"{name}-{mode}"
+        got = tensors(out)
+        # the keys, per-expert layout, shapes and dtypes save_pretrained writes, and the same bytes
+        assert sorted(got) == sorted(want_files), (mode, set(got) ^ set(want_files))
+        bad = [k for k in want_files if not same_bits(got[k], want_files[k])]
+        assert bad == [], (mode, bad)
+        state = AutoModelForCausalLM.from_pretrained(out).state_dict()
+        assert sorted(state) == sorted(want_state)
+        bad = [k for k in want_state if not same_bits(state[k], want_state[k])]
+        assert bad == [], (mode, bad)
+        config = json.loads((out / "config.json").read_text())
+        assert config["dtype"] == want_config["dtype"] and config["architectures"] == want_config["architectures"]
+        assert (out / "generation_config.json").exists() == (checkpoints / name / "generation_config.json").exists()
+        index = json.loads((out / "model.safetensors.index.json").read_text())
+        assert sorted(index["weight_map"]) == sorted(want_files)
+        assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in got.values())
+        want_index = json.loads((checkpoints / name / "model.safetensors.index.json").read_text())
+        assert index["metadata"]["total_parameters"] == want_index["metadata"]["total_parameters"]
+        assert not [n for n in os.listdir(out.parent) if ".tmp-" in n]
+        for rank, r in enumerate(per_rank[:world]):
+            s = r["roundtrip"][f"w{world}/{name}-{mode}"]
+            assert s["written_by_all"] == s["total_bytes"], (rank, s)  # every byte written once: 1.0x
+            if mode == "rank0" and rank > 0:
+                assert s["written"] == 0 and s["received"] == 0, (rank, s)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_output_passes_shardcast_inspect(run, shardcast_bin, mode):
+    _, saved, _ = run
+    for name in MODELS:
+        r = subprocess.run([str(shardcast_bin), "inspect", str(saved / "w3" / f"{name}-{mode}")], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+
+
+def errors(run):
+    per_rank, saved, _ = run
+    return {k: [r["errors"][k] for r in per_rank] for k in per_rank[0]["errors"]}, saved
+
+
+def same(rs, kind, *parts):
+    """Every rank raised `kind` with one message containing every part."""
+    assert {r["type"] for r in rs} == {kind}, rs
+    assert len({r["message"] for r in rs}) == 1, rs
+    for p in parts:
+        assert p in rs[0]["message"], rs[0]["message"]
+
+
+def test_an_existing_out_dir_needs_overwrite(run):
+    rs, _ = errors(run)
+    same(rs["exists"], "InvalidArgument", "save layout", "w4/qwen3_moe-each-rank", "exists (pass overwrite=True")
+
+
+def test_a_leftover_tmp_dir_is_named_then_removed_with_overwrite(run, checkpoints):
+    rs, saved = errors(run)
+    same(rs["leftover"], "InvalidArgument", "fresh.tmp-1234-dead", "did not finish", "overwrite=True")
+    assert {r["type"] for r in rs["overwrite_f32"]} == {None}, rs["overwrite_f32"]
+    assert not any(rs["leftover_exists"])
+    # dtype=float32 on the way out: every floating tensor upcast, exactly as torch's .to()
+    want, _, _ = original(checkpoints, "qwen3_moe")
+    got = tensors(saved / "fresh")
+    assert sorted(got) == sorted(want)
+    assert all(got[k].dtype == torch.float32 and torch.equal(got[k], want[k].float()) for k in want)
+    assert json.loads((saved / "fresh" / "config.json").read_text())["dtype"] == "float32"
+
+
+def test_an_unsupported_placement_is_one_error_naming_it(run):
+    rs, _ = errors(run)
+    same(rs["placement"], "Unsupported", "save layout", "'weight': placement", "Shard(dim=1)", "only Shard(0) on a 1-d mesh")
+    assert not any(rs["placement_left"])
+
+
+def test_a_full_disk_is_one_io_error_and_leaves_nothing(run):
+    rs, _ = errors(run)
+    same(rs["disk_full"], "IoError", "save stream", "[rank 1] writing", "File too large")
+    assert rs["disk_full_left"] == [[]] * 4
+
+
+def test_a_rank_killed_mid_write_leaves_the_earlier_out_dir_intact(run, checkpoints):
+    per_rank, _, before = run
+    assert "kill" not in per_rank[1], per_rank[1].get("kill")  # killed mid-save
+    for rank in (0, 2, 3):
+        assert per_rank[rank]["kill"]["type"] in ("CommError", "CommTimeout"), per_rank[rank]["kill"]
+    assert len({per_rank[r]["kill"]["message"] for r in (0, 2, 3)}) == 1, [per_rank[r]["kill"] for r in (0, 2, 3)]
+    assert _tree(checkpoints / "earlier") == before
+    assert not [n for n in os.listdir(checkpoints) if n.startswith("earlier.tmp-")]
+
+
+def _tree(d):
+    h = hashlib.sha256()
+    for f in sorted(os.listdir(d)):
+        h.update(f.encode() + (d / f).read_bytes())
+    return h.hexdigest()
