@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -254,10 +255,37 @@ std::unique_ptr<Communicator> WrapC10dBackend(c10::intrusive_ptr<c10d::Backend> 
 
 std::unique_ptr<Communicator> CreateLocalCommunicator() { return std::make_unique<LocalCommunicator>(); }
 
-std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::chrono::milliseconds timeout) {
-  const std::string where = "rank " + std::to_string(rv.rank) + " rendezvous at " + rv.master_addr + ":" +
-                            std::to_string(rv.master_port);
-  try {
+void IgnoreBrokenPipes() {
+  struct sigaction now {};
+  if (sigaction(SIGPIPE, nullptr, &now) == 0 && now.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
+}
+
+std::chrono::milliseconds RendezvousDeadline(std::chrono::milliseconds timeout) {
+  return timeout + timeout / 4 + std::chrono::milliseconds(3000);
+}
+
+Error RendezvousError(const Rendezvous& rv, const char* phase, const std::exception& e) {
+  std::string m = Clean(e.what());
+  if (auto* c = dynamic_cast<const c10::Error*>(&e)) m = Clean(c->what_without_backtrace());
+  // A worker whose connection to the store broke, or never came up, has lost rank 0: the same
+  // words as a rank that lost it later, mid-load.
+  if (rv.rank != 0 && dynamic_cast<const c10::DistNetworkError*>(&e) != nullptr) {
+    const FailureNote n = LooksLikeTimeout(m) ? StoreSilent(StoreHost(rv)) : StoreLost(StoreHost(rv));
+    return Error(n.kind, phase, n.message);
+  }
+  return Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm,
+               "rank " + std::to_string(rv.rank) + " rendezvous at " + rv.master_addr + ":" +
+                   std::to_string(rv.master_port),
+               m);
+}
+
+std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::chrono::milliseconds timeout,
+                                                     const char* phase) {
+  IgnoreBrokenPipes();
+  using Made = std::pair<c10::intrusive_ptr<c10d::Backend>, c10::intrusive_ptr<c10d::Store>>;
+  // The TCPStore client and gloo's rendezvous read the store with no deadline of their own: against a
+  // frozen rank 0 they would wait forever. So the whole rendezvous runs under one deadline.
+  std::function<Made()> make = [rv, timeout]() -> Made {
     c10d::TCPStoreOptions so;
     so.port = static_cast<uint16_t>(rv.master_port);
     so.isServer = rv.rank == 0;
@@ -275,16 +303,24 @@ std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::
     } else {
       options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
     }
-    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rv.rank, rv.world_size, options);
-    return std::make_unique<C10dCommunicator>(pg, prefixed, StoreHost(rv), timeout, c10::Device(c10::kCPU),
-                                              /*owns=*/true);
-  } catch (const c10::Error& e) {
-    std::string m = Clean(e.what_without_backtrace());
-    throw Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, m);
+    return {c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rv.rank, rv.world_size, options), prefixed};
+  };
+  std::optional<Made> made;
+  try {
+    made = WithDeadline(std::move(make), RendezvousDeadline(timeout));
   } catch (const std::exception& e) {
-    std::string m = Clean(e.what());
-    throw Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, m);
+    throw RendezvousError(rv, phase, e);
   }
+  if (!made) {
+    if (rv.rank != 0) {
+      const FailureNote n = StoreSilent(StoreHost(rv));
+      throw Error(n.kind, phase, n.message);
+    }
+    throw Error(ErrorKind::kCommTimeout, "rank 0 rendezvous at " + rv.master_addr + ":" + std::to_string(rv.master_port),
+                "did not complete within " + std::to_string(RendezvousDeadline(timeout).count()) + " ms");
+  }
+  return std::make_unique<C10dCommunicator>(made->first, made->second, StoreHost(rv), timeout, c10::Device(c10::kCPU),
+                                            /*owns=*/true);
 }
 
 }  // namespace shardcast

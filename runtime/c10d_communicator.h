@@ -21,4 +21,18 @@ std::unique_ptr<Communicator> WrapC10dBackend(c10::intrusive_ptr<c10d::Backend> 
 // "rank 0 (the store host at ADDR:PORT)": the store a Rendezvous makes, for failure messages.
 std::string StoreHost(const Rendezvous& rv);
 
+// A write to a socket whose peer died raises SIGPIPE, whose default action ends the process with no
+// report (c10d's store client and gloo do not all pass MSG_NOSIGNAL). Where SIGPIPE still has its
+// default action, it is ignored, so the write fails with EPIPE and becomes the error every rank
+// agrees on. Python already ignores it; a handler the program installed is left alone.
+void IgnoreBrokenPipes();
+
+// How long a rendezvous may take before its store host counts as frozen: a little past `timeout`,
+// the longest any one store read waits for a late peer.
+std::chrono::milliseconds RendezvousDeadline(std::chrono::milliseconds timeout);
+
+// The error for an exception out of a rendezvous: on a worker, a broken or refused connection to the
+// store is rank 0 lost (StoreLost/StoreSilent, under `phase`); anything else names the rendezvous.
+Error RendezvousError(const Rendezvous& rv, const char* phase, const std::exception& e);
+
 }  // namespace shardcast

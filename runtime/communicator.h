@@ -83,8 +83,11 @@ class Communicator {
   virtual void Abort() = 0;
 };
 
-// Gloo through libtorch's c10d, rendezvous over a TCPStore at master_addr:master_port.
-std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::chrono::milliseconds timeout);
+// Gloo through libtorch's c10d, rendezvous over a TCPStore at master_addr:master_port, within a
+// deadline a little past `timeout`. `phase` names the operation in the error a worker raises when rank
+// 0 is lost or frozen during the rendezvous: the same error as a peer that lost it later in that phase.
+std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::chrono::milliseconds timeout,
+                                                     const char* phase = "load");
 
 // A single-process communicator for world size 1: every operation is local.
 std::unique_ptr<Communicator> CreateLocalCommunicator();

@@ -27,22 +27,44 @@ class NcclCommunicator : public Communicator {
   NcclCommunicator(const Rendezvous& rv, std::chrono::milliseconds timeout, int device)
       : rank_(rv.rank), size_(rv.world_size), timeout_(timeout), device_(device) {
     Cuda(cudaSetDevice(device_), "cudaSetDevice");
+    IgnoreBrokenPipes();
     c10d::TCPStoreOptions so;
     so.port = static_cast<uint16_t>(rv.master_port);
     so.isServer = rv.rank == 0;
     so.numWorkers = rv.world_size;
     so.timeout = timeout;
     if (rv.rank == 0 && rv.listen_fd >= 0) so.masterListenFd = rv.listen_fd;
-    store_ = c10::make_intrusive<c10d::PrefixStore>("shardcast-nccl", c10::make_intrusive<c10d::TCPStore>(rv.master_addr, so));
+    // The TCPStore client reads with no deadline of its own: a frozen rank 0 would hold us forever.
+    const std::string addr = rv.master_addr;
+    using Met = std::pair<c10::intrusive_ptr<c10d::Store>, std::vector<uint8_t>>;
+    std::function<Met()> rendezvous = [so, addr, rank = rank_]() -> Met {  // owns all it touches
+      auto store = c10::make_intrusive<c10d::PrefixStore>("shardcast-nccl", c10::make_intrusive<c10d::TCPStore>(addr, so));
+      std::vector<uint8_t> v;
+      if (rank == 0) {
+        ncclUniqueId id;
+        const ncclResult_t rc = ncclGetUniqueId(&id);
+        if (rc != ncclSuccess) throw Error(ErrorKind::kComm, "ncclGetUniqueId", ncclGetErrorString(rc));
+        v.assign(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof(id));
+        store->set("id", v);
+      } else {
+        v = store->get("id");  // waits up to the store's timeout for rank 0
+      }
+      return Met{store, std::move(v)};
+    };
+    std::optional<Met> met;
+    try {
+      met = WithDeadline(std::move(rendezvous), RendezvousDeadline(timeout));
+    } catch (const std::exception& e) {
+      throw RendezvousError(rv, "load", e);
+    }
+    if (!met) {
+      const FailureNote n = StoreSilent(StoreHost(rv));
+      throw Error(n.kind, "load", n.message);
+    }
+    store_ = met->first;
     channel_ = std::make_unique<StoreChannel>(store_, StoreHost(rv));
     ncclUniqueId id;
-    if (rank_ == 0) {
-      Nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
-      store_->set("id", std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof(id)));
-    } else {
-      std::vector<uint8_t> v = store_->get("id");  // waits up to the store's timeout
-      std::memcpy(&id, v.data(), std::min(v.size(), sizeof(id)));
-    }
+    std::memcpy(&id, met->second.data(), std::min(met->second.size(), sizeof(id)));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     Nccl(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config), "ncclCommInitRankConfig");

@@ -105,7 +105,12 @@ void Entries(const Plan& plan, const SaveRequest& rq, Manifest* m) {
       if (!seen.insert(o.key).second) {
         throw Error(ErrorKind::kInvalidArgument, "key '" + o.key + "'", "two model entries write this output tensor");
       }
-      me.parts.push_back(ManifestPart{o.key, file_dtype, 0, 0, Numel(o.shape), o.shape});
+      ManifestPart part;
+      part.checkpoint_key = o.key;
+      part.source_dtype = file_dtype;
+      part.numel = Numel(o.shape);
+      part.shape = o.shape;
+      me.parts.push_back(std::move(part));
       numel += Numel(o.shape);
     }
     if (numel != Numel(e.shape)) {

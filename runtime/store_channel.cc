@@ -12,12 +12,6 @@ constexpr const char* kAcksKey = "shardcast/failure_acks";
 
 std::vector<uint8_t> Bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
-std::string FirstLine(const std::string& m) {
-  std::string s = m.substr(0, m.find('\n'));
-  if (s.rfind("[", 0) == 0 && s.find("] ") != std::string::npos) s = s.substr(s.find("] ") + 2);
-  return s.substr(0, 200);
-}
-
 }  // namespace
 
 std::string EncodeFailure(const FailureNote& note) {
@@ -39,23 +33,23 @@ FailureNote DecodeFailure(const std::string& value) {
 StoreChannel::StoreChannel(c10::intrusive_ptr<c10d::Store> store, std::string host, std::chrono::milliseconds op_deadline)
     : store_(std::move(store)), host_(std::move(host)), deadline_(op_deadline) {}
 
+FailureNote StoreSilent(const std::string& host) {
+  return FailureNote{ErrorKind::kCommTimeout, host + " did not answer: it is frozen or unreachable"};
+}
+
+FailureNote StoreLost(const std::string& host) {
+  return FailureNote{ErrorKind::kComm, host + " is lost: its connection closed"};
+}
+
 template <typename T>
 std::optional<T> StoreChannel::Call(std::function<T(c10d::Store&)> op) {
   if (!store_ || loss_) return std::nullopt;
-  auto task = std::make_shared<std::packaged_task<T()>>([store = store_, op = std::move(op)] { return op(*store); });
-  std::future<T> done = task->get_future();
-  std::thread([task] { (*task)(); }).detach();  // owns the store reference it uses
-  if (done.wait_for(deadline_) != std::future_status::ready) {
-    loss_ = FailureNote{ErrorKind::kCommTimeout, host_ + " did not answer within " + std::to_string(deadline_.count()) +
-                                                     " ms: it is frozen or unreachable"};
-    return std::nullopt;
-  }
   try {
-    return done.get();
-  } catch (const std::exception& e) {
-    loss_ = FailureNote{ErrorKind::kComm, host_ + " is lost: " + FirstLine(e.what())};
+    std::optional<T> r = WithDeadline<T>([store = store_, op = std::move(op)] { return op(*store); }, deadline_);
+    if (!r) loss_ = StoreSilent(host_);
+    return r;
   } catch (...) {
-    loss_ = FailureNote{ErrorKind::kComm, host_ + " is lost"};
+    loss_ = StoreLost(host_);  // the cause differs from rank to rank (reset, closed, refused): not quoted
   }
   return std::nullopt;
 }

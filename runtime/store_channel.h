@@ -15,8 +15,11 @@
 
 #include <chrono>
 #include <functional>
+#include <future>
+#include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "runtime/communicator.h"
 
@@ -48,6 +51,23 @@ class StoreChannel {
   std::chrono::milliseconds deadline_;
   std::optional<FailureNote> loss_;
 };
+
+// Runs `op` on a helper thread and waits at most `deadline`: its value, or its exception rethrown, or
+// nullopt when it is late. A late thread is abandoned, so `op` must own (by value or reference count)
+// everything it touches.
+template <typename T>
+std::optional<T> WithDeadline(std::function<T()> op, std::chrono::milliseconds deadline) {
+  auto task = std::make_shared<std::packaged_task<T()>>(std::move(op));
+  std::future<T> done = task->get_future();
+  std::thread([task] { (*task)(); }).detach();
+  if (done.wait_for(deadline) != std::future_status::ready) return std::nullopt;
+  return done.get();
+}
+
+// The two ways a store host fails, worded once so every survivor raises the same kind and message
+// whatever its own socket saw (a reset, a closed connection, a late reply).
+FailureNote StoreSilent(const std::string& host);  // kCommTimeout: frozen or unreachable
+FailureNote StoreLost(const std::string& host);    // kComm: its process or node went away
 
 // "<kind>|<message>" and back; a malformed value becomes a kComm note quoting it.
 std::string EncodeFailure(const FailureNote& note);

@@ -41,7 +41,7 @@ int RunScatter(const ScatterArgs& a) {
     return LaunchLocalRanks(a.nproc, argv, o.timeout + std::chrono::seconds(10));
   }
   const Rendezvous rv = RendezvousFromEnvironment();
-  auto comm = rv.world_size == 1 ? CreateLocalCommunicator() : CreateGlooCommunicator(rv, o.timeout);
+  auto comm = rv.world_size == 1 ? CreateLocalCommunicator() : CreateGlooCommunicator(rv, o.timeout, "bench-scatter");
   const bench::ScatterResult r = bench::RawScatter(*comm, total, o.chunk_bytes, o.staging_slots);
   if (r.checksum != 0) throw Error(ErrorKind::kInternal, "bench-scatter", std::to_string(r.checksum) + " bytes wrong");
   if (rv.rank == 0) {

@@ -214,7 +214,7 @@ def _local(param, rank: int, world: int):
                               f"shardcast takes the layout init_device_mesh gives the whole world of {world} "
                               "(rank = replica x shards + shard)")
         return param.to_local(), tuple(param.shape), False, r
-    raise Unsupported(f"placement {placements} on a {mesh.ndim}-d mesh: shardcast loads Shard(0) on a 1-d mesh, "
+    raise Unsupported(f"placement {placements} on a {mesh.ndim}-d mesh: shardcast handles Shard(0) on a 1-d mesh, "
                       "(Replicate(), Shard(0)) on a 2-d mesh, and Replicate")
 
 

@@ -167,7 +167,7 @@ def test_a_leftover_tmp_dir_is_named_then_removed_with_overwrite(run, checkpoint
 
 def test_an_unsupported_placement_is_one_error_naming_it(run):
     rs, _ = errors(run)
-    same(rs["placement"], "Unsupported", "save layout", "'weight': placement", "Shard(dim=1)", "only Shard(0) on a 1-d mesh")
+    same(rs["placement"], "Unsupported", "save layout", "'weight': placement", "Shard(dim=1)", "handles Shard(0) on a 1-d mesh")
     assert not any(rs["placement_left"])
 
 

@@ -33,7 +33,7 @@ TEST_P(Faults, EverySurvivorEndsWithTheSameErrorWithinTheTimeout) {
   const Result* first = nullptr;
   for (int r = 0; r < 3; ++r) {
     if (r == faulted) continue;
-    ASSERT_TRUE(rs[r].reported) << "rank " << r << " reported nothing";
+    ASSERT_TRUE(rs[r].reported) << "rank " << r << " reported nothing; exit status " << rs[r].exit_status;
     EXPECT_FALSE(rs[r].ok) << "rank " << r << " succeeded";
     EXPECT_LT(rs[r].seconds, kTimeoutMs / 1000.0 + kSlackSeconds) << "rank " << r << ": " << rs[r].message;
     if (first == nullptr) first = &rs[r];

@@ -47,6 +47,7 @@ struct Result {
   int nodes = 0;
   std::string mesh;
   bool reported = false;
+  int exit_status = -1;  // the worker's exit code, or 128 + signal
   bool frozen = false;  // a faulted rank still running after the others ended (then killed)
 };
 
@@ -163,7 +164,7 @@ class LoadTest : public ::testing::Test {
           x.dequantized = j.value("dequantized", uint64_t{0});
           x.mesh = j.value("mesh", "");
         }
-        ranks[r].Wait(std::chrono::seconds(30));
+        out[r].exit_status = ranks[r].Wait(std::chrono::seconds(30));
       } catch (const Error& e) {
         ADD_FAILURE() << "rank " << r << " did not finish: " << e.what();
       }

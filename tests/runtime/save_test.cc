@@ -88,7 +88,7 @@ int SaveWorkerMain(char** argv) {
     cs << cf.rdbuf();
     rq.config_json = cs.str();
     std::unique_ptr<Communicator> comm =
-        rv.world_size == 1 ? CreateLocalCommunicator() : CreateGlooCommunicator(rv, rq.options.timeout);
+        rv.world_size == 1 ? CreateLocalCommunicator() : CreateGlooCommunicator(rv, rq.options.timeout, "save");
     Plan plan = Plan::Build(BuildModelSpec(config), rv.world_size);
     RankState state = RankState::Prepare(plan, rv.rank);
     Fill(&state);
