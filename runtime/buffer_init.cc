@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -20,6 +21,22 @@ std::string RotaryInvFreq(const BufferInitContext& ctx, at::Tensor& out) {
   char note[96];
   std::snprintf(note, sizeof(note), "%s, attention scaling %.6g", r.rope_type.c_str(), r.attention_scaling);
   return note;
+}
+
+// Gemma's scaled embedding (gemma, gemma2, gemma3): the embeddings are multiplied by sqrt(hidden_size),
+// kept as a 0-d buffer in the model's dtype. fill_ rounds the double as torch.tensor(double) does.
+std::string EmbedScale(const BufferInitContext& ctx, at::Tensor& out) {
+  if (out.dim() != 0 || !at::isFloatingType(out.scalar_type())) {
+    throw Error(ErrorKind::kConfig, ctx.source, "buffer '" + ctx.key + "' must be a 0-d floating tensor for embed_scale");
+  }
+  const nlohmann::json* c = &ctx.config;
+  if (!c->contains("hidden_size") && c->contains("text_config")) c = &(*c)["text_config"];
+  if (!c->contains("hidden_size") || !(*c)["hidden_size"].is_number_unsigned()) {
+    throw Error(ErrorKind::kConfig, ctx.source, "buffer '" + ctx.key + "' needs hidden_size, a positive integer");
+  }
+  const double hidden = static_cast<double>((*c)["hidden_size"].get<uint64_t>());
+  out.fill_(std::sqrt(hidden));
+  return "sqrt(hidden_size " + std::to_string(static_cast<uint64_t>(hidden)) + ")";
 }
 
 }  // namespace
@@ -50,6 +67,7 @@ BufferInitRegistry& BufferInitRegistry::Global() {
     r->Register("rotary_inv_freq", "*rotary_emb.inv_freq", RotaryInvFreq);
     // transformers >= 5 keeps the unscaled-at-init copy that dynamic RoPE resets to: the same values.
     r->Register("rotary_original_inv_freq", "*rotary_emb.original_inv_freq", RotaryInvFreq);
+    r->Register("embed_scale", "*embed_tokens.embed_scale", EmbedScale);
     return r;
   }();
   return *registry;

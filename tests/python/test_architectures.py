@@ -1,0 +1,51 @@
+"""More real architectures than the ones shardcast was built around: tiny random configs of each,
+written by transformers' own save_pretrained (several files), loaded through the user flow (meta model,
+prepare, fully_shard, load) at world size 3, where no hidden size, vocabulary or expert count divides
+evenly, and compared bit for bit with transformers' own from_pretrained on every rank."""
+import os
+
+import pytest
+
+import ranks
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+def configs():
+    import transformers as t
+    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=37,
+                  max_position_embeddings=512, tie_word_embeddings=False)
+    out = {
+        "llama_tied": t.LlamaConfig(intermediate_size=40, **{**common, "tie_word_embeddings": True}),
+        "qwen2": t.Qwen2Config(intermediate_size=40, **common),
+        "qwen2_moe": t.Qwen2MoeConfig(intermediate_size=40, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+                                      num_experts=5, num_experts_per_tok=2, **common),
+        "phi3": t.Phi3Config(intermediate_size=40, pad_token_id=0, **common),
+        "olmoe": t.OlmoeConfig(intermediate_size=16, num_experts=5, num_experts_per_tok=2, **common),
+        "gpt_oss": t.GptOssConfig(intermediate_size=16, num_local_experts=5, num_experts_per_tok=2, head_dim=8,
+                                  sliding_window=16, **common),
+        "gemma2": t.Gemma2Config(intermediate_size=40, head_dim=8, **common),
+    }
+    return out
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+    root = tmp_path_factory.mktemp("arch")
+    torch.manual_seed(0)
+    for name, cfg in configs().items():
+        model = AutoModelForCausalLM.from_config(cfg)
+        model.save_pretrained(root / name, max_shard_size="40KB")
+        assert len([f for f in os.listdir(root / name) if f.endswith(".safetensors")]) > 1, name
+    return root
+
+
+def test_every_architecture_is_bit_exact_at_world_size_3(checkpoints, tmp_path):
+    results = ranks.run("fsdp2_worker.py", "flow", checkpoints, 3, tmp_path)
+    for rank, result in enumerate(results):
+        assert set(result) == set(configs()), result.keys()
+        for model, r in result.items():
+            assert r["bad"] == [], f"rank {rank} {model}: {r['bad']}"
+            assert r["checked"] > 10 and r["verify"] == "ok", (model, r)
