@@ -225,6 +225,8 @@ std::unique_ptr<Checkpoint> Checkpoint::Open(const std::string& path, const Open
     auto weight_map = ParseWeightMap(index, ReadIndex(*index_node, index));
     index_node.reset();
     std::unordered_map<std::string, size_t> file_pos;
+    ckpt->entries_.reserve(weight_map.size());  // one allocation: DeepSeek-V3 lists 92k keys
+    ckpt->keys_.reserve(weight_map.size());
     for (const auto& [key, name] : weight_map) {
       if (file_pos.count(name)) continue;
       const std::string full = path + "/" + name;

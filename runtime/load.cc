@@ -1,5 +1,7 @@
 #include "runtime/load.h"
 
+#include <sys/resource.h>
+
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -16,6 +18,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// User + system CPU seconds of the whole process so far.
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+  return s(u.ru_utime) + s(u.ru_stime);
+}
 
 Problem AsProblem(const std::exception& e) {
   if (auto* se = dynamic_cast<const Error*>(&e)) return Problem{se->kind(), se->what()};
@@ -100,6 +110,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
     if (!bad.empty()) FailHandshake(comm, ErrorKind::kInvalidArgument, bad);
   }
   const auto t0 = Clock::now();
+  const double cpu0 = CpuSeconds();
   const MemorySnapshot base = ReadMemory();
   PeakSampler sampler;
   RankReport mine;
@@ -154,6 +165,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   mine.bytes_received = r.stats.bytes_received, mine.bytes_stored = r.stats.bytes_stored;
   mine.bytes_sent = r.stats.bytes_sent, mine.bytes_read = r.stats.bytes_read, mine.messages = r.stats.messages;
   mine.seconds = seconds;
+  mine.cpu_seconds = CpuSeconds() - cpu0;
   mine.peak_rss_anon = above(peaks.rss_anon, base.rss_anon), mine.peak_rss_file = above(peaks.rss_file, base.rss_file);
   mine.baseline_rss_anon = base.rss_anon, mine.baseline_rss_file = base.rss_file;
   mine.verified = m.params.verify && !rq.setup_only ? 1 : -1;
@@ -187,7 +199,7 @@ std::vector<RankReport> GatherReports(Communicator& comm, const RankReport& m) {
                               us(m.allocate_seconds), us(m.stream_seconds), us(m.verify_seconds),
                               static_cast<int64_t>(m.peak_rss_anon), static_cast<int64_t>(m.peak_rss_file),
                               static_cast<int64_t>(m.baseline_rss_anon), static_cast<int64_t>(m.baseline_rss_file),
-                              m.verified});
+                              m.verified, us(m.cpu_seconds)});
   std::vector<RankReport> out;
   for (int i = 0; i < comm.world_size(); ++i) {
     const auto& v = all[i];
@@ -198,6 +210,7 @@ std::vector<RankReport> GatherReports(Communicator& comm, const RankReport& m) {
     rr.stream_seconds = v[8] / 1e6, rr.verify_seconds = v[9] / 1e6;
     rr.peak_rss_anon = v[10], rr.peak_rss_file = v[11], rr.baseline_rss_anon = v[12], rr.baseline_rss_file = v[13];
     rr.verified = static_cast<int>(v[14]);
+    rr.cpu_seconds = v[15] / 1e6;
     out.push_back(rr);
   }
   return out;
@@ -225,7 +238,8 @@ std::string LoadReport::ToJson() const {
   for (const auto& rr : ranks) {
     j["ranks"].push_back({{"rank", rr.rank}, {"seconds", rr.seconds}, {"handshake_seconds", rr.handshake_seconds},
                           {"allocate_seconds", rr.allocate_seconds}, {"stream_seconds", rr.stream_seconds},
-                          {"verify_seconds", rr.verify_seconds}, {"messages", rr.messages},
+                          {"verify_seconds", rr.verify_seconds}, {"cpu_seconds", rr.cpu_seconds},
+                          {"messages", rr.messages},
                           {"bytes_received", rr.bytes_received}, {"bytes_stored", rr.bytes_stored},
                           {"bytes_sent", rr.bytes_sent}, {"bytes_read", rr.bytes_read},
                           {"peak_rss_anon_above_baseline", rr.peak_rss_anon},
