@@ -55,8 +55,17 @@ def transformers_flow(root, rank, world):
         if full.dtype != want[name].dtype or not torch.equal(full.detach().view(torch.uint8),
                                                                 want[name].detach().view(torch.uint8)):
             bad.append(name)
+    # The one call: from_pretrained of the fp8 checkpoint gives the same bf16 model.
+    one = shardcast.from_pretrained(ckpt, dtype=torch.bfloat16)
+    bad_one = []
+    for name, p in one.named_parameters():
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        if full.dtype != want[name].dtype or not torch.equal(full.detach().view(torch.uint8),
+                                                                want[name].detach().view(torch.uint8)):
+            bad_one.append(name)
     return {"bad": bad, "dequantized": report["dequantized"], "verify": report["ranks"][rank]["verify"],
-            "fused": [n for n, _ in model.named_parameters() if "experts.gate_up_proj" in n]}
+            "fused": [n for n, _ in model.named_parameters() if "experts.gate_up_proj" in n],
+            "from_pretrained_bad": bad_one, "from_pretrained_dequantized": one.shardcast_report["dequantized"]}
 
 
 def mapping(root, rank, world):

@@ -66,3 +66,6 @@ def test_every_rank_equals_torch_and_transformers(checkpoints, tmp_path, world):
         assert t["bad"] == [], (rank, t["bad"])
         assert t["fused"], "the model has fused experts (one part per expert, each with its own scale)"
         assert t["dequantized"] > 10 and t["verify"] == "ok", t
+        # shardcast.from_pretrained of the fp8 checkpoint: the same bf16 parameters.
+        assert t["from_pretrained_bad"] == [], (rank, t["from_pretrained_bad"])
+        assert t["from_pretrained_dequantized"] == t["dequantized"], t
