@@ -9,6 +9,7 @@ Run with PYTHONPATH=build/python after tools/build.sh.
 """
 import argparse
 import datetime
+import gc
 import os
 import tempfile
 
@@ -62,6 +63,12 @@ def main():
         logits = model(ids).logits
     if rank == 0:
         print(f"forward: logits {tuple(logits.shape)}, finite: {bool(torch.isfinite(logits).all())}")
+    # Release the model before the process group: otherwise a gloo worker thread can drop the forward's
+    # last all-gather (and a Python tensor with it) while Python is finalizing, which aborts the process
+    # ("terminate called without an active exception"; a torch/gloo race at exit, seen under load).
+    del model, logits
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -76,6 +76,13 @@ SCRIPT = textwrap.dedent("""
         logits = model(input_ids=torch.arange(9).view(1, 9)).logits
     assert torch.isfinite(logits.float()).all()
     print(f"rank {rank} of {dist.get_world_size()}: from_pretrained ok from {os.path.dirname(shardcast.__file__)}")
+    # torch/gloo race at exit (a core dump showed it): a gloo worker thread destroys the forward's last
+    # all-gather work, and with it a Python tensor, after Py_Finalize began; taking the GIL then exits
+    # the thread through a noexcept frame: "terminate called without an active exception". Dropping the
+    # model and passing a barrier first lets the workers finish with every Python tensor.
+    del model, logits
+    import gc; gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
 """)
 
