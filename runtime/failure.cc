@@ -20,6 +20,11 @@ bool IsCommFailure(const std::exception& e) {
   return se != nullptr && (se->kind() == ErrorKind::kComm || se->kind() == ErrorKind::kCommTimeout);
 }
 
+Problem AsProblem(const std::exception& e) {
+  if (auto* se = dynamic_cast<const Error*>(&e)) return Problem{se->kind(), se->what()};
+  return Problem{ErrorKind::kInternal, e.what()};
+}
+
 void FailTogether(Communicator& comm, const std::exception& e, const char* phase) {
   FailureNote mine = NoteOf(e);
   const bool comm_failure = IsCommFailure(e);

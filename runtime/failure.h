@@ -11,7 +11,9 @@
 
 #include <exception>
 
+#include "allocators/error.h"
 #include "runtime/communicator.h"
+#include "runtime/verdict.h"
 
 namespace shardcast {
 
@@ -20,5 +22,20 @@ namespace shardcast {
 
 // Whether an exception is a communication failure (kComm / kCommTimeout).
 bool IsCommFailure(const std::exception& e);
+
+// An exception as a verdict's problem: its kind and message (kInternal for one not shardcast's).
+Problem AsProblem(const std::exception& e);
+
+// Runs a step whose collectives may fail: a communication failure becomes the one agreed error
+// (context `phase`); anything else (an agreed verdict) passes through unchanged.
+template <typename F>
+auto Together(Communicator& comm, F&& step, const char* phase = "load") -> decltype(step()) {
+  try {
+    return step();
+  } catch (const Error& e) {
+    if (IsCommFailure(e)) FailTogether(comm, e, phase);
+    throw;
+  }
+}
 
 }  // namespace shardcast

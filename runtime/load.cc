@@ -27,23 +27,6 @@ double CpuSeconds() {
   return s(u.ru_utime) + s(u.ru_stime);
 }
 
-Problem AsProblem(const std::exception& e) {
-  if (auto* se = dynamic_cast<const Error*>(&e)) return Problem{se->kind(), se->what()};
-  return Problem{ErrorKind::kInternal, e.what()};
-}
-
-// Runs a phase whose collectives may fail: a communication failure becomes the one agreed error;
-// anything else (an agreed verdict) passes through unchanged.
-template <typename F>
-auto Together(Communicator& comm, F&& phase) -> decltype(phase()) {
-  try {
-    return phase();
-  } catch (const Error& e) {
-    if (IsCommFailure(e)) FailTogether(comm, e);
-    throw;
-  }
-}
-
 // Shard storage for this rank's rows, or the same error on every rank.
 void Allocate(Communicator& comm, RankState* state, bool checksum_only) {
   Problem local;

@@ -1,14 +1,8 @@
 #include "runtime/save.h"
 
-#include <unistd.h>
-#include <xxhash.h>
-
 #include <chrono>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <random>
-#include <unordered_set>
 
 #include "allocators/error.h"
 #include "allocators/memory_probe.h"
@@ -16,6 +10,7 @@
 #include "runtime/failure.h"
 #include "runtime/fault.h"
 #include "runtime/file_sink.h"
+#include "runtime/save_layout.h"
 #include "runtime/verdict.h"
 
 namespace shardcast {
@@ -25,27 +20,14 @@ using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-Problem AsProblem(const std::exception& e) {
-  if (auto* se = dynamic_cast<const Error*>(&e)) return Problem{se->kind(), se->what()};
-  return Problem{ErrorKind::kInternal, e.what()};
-}
-
-// As in load.cc: a communication failure in a phase's collectives becomes the one agreed error.
-template <typename F>
-auto Together(Communicator& comm, F&& phase) -> decltype(phase()) {
-  try {
-    return phase();
-  } catch (const Error& e) {
-    if (IsCommFailure(e)) FailTogether(comm, e, "save");
-    throw;
-  }
-}
-
 void AgreeTogether(Communicator& comm, const char* phase, const Problem& local) {
-  Together(comm, [&] {
-    Agree(comm, phase, local);
-    return 0;
-  });
+  Together(
+      comm,
+      [&] {
+        Agree(comm, phase, local);
+        return 0;
+      },
+      "save");
 }
 
 // Runs a rank-local step and returns its failure as a Problem (empty on success).
@@ -55,154 +37,6 @@ Problem Try(F&& step) {
     step();
   } catch (const std::exception& e) {
     return AsProblem(e);
-  }
-  return {};
-}
-
-uint64_t Numel(const std::vector<uint64_t>& s) {
-  uint64_t n = 1;
-  for (uint64_t d : s) n *= d;
-  return n;
-}
-
-std::string Absolute(const std::string& path) {
-  std::filesystem::path p = std::filesystem::absolute(path).lexically_normal();
-  if (p.filename().empty()) p = p.parent_path();  // "dir/" -> "dir"
-  return p.string();
-}
-
-// What every rank must ask for the same (rank 0's governs the layout; a difference is an error).
-nlohmann::json Params(const SaveRequest& rq) {
-  return {{"out_dir", Absolute(rq.out_dir)}, {"mode", SourceName(rq.options.source)},
-          {"dtype", rq.dtype ? std::string(DTypeName(*rq.dtype)) : "as held"}, {"overwrite", rq.overwrite},
-          {"max_shard_bytes", rq.max_shard_bytes}};
-}
-
-// What rank 0 decided and every rank agreed on.
-struct Agreed {
-  Manifest manifest;
-  std::string out_dir, tmp_dir;
-  std::vector<std::string> headers, leftovers;  // rank 0 only
-  std::string index;                            // rank 0 only; "" for a single file
-};
-
-DType FileDType(DType held, const std::optional<DType>& asked) {
-  const bool floating = held == DType::kF16 || held == DType::kBF16 || held == DType::kF32;
-  return asked && floating ? *asked : held;
-}
-
-// The manifest's entries, with their parts (the output tensors) in order but not yet in files.
-void Entries(const Plan& plan, const SaveRequest& rq, Manifest* m) {
-  std::unordered_set<std::string> seen;
-  for (const PlanEntry& e : plan.entries()) {
-    if (e.role == Role::kNonPersistentBuffer) continue;
-    ManifestEntry me{e.key, e.dtype, e.shape, e.role, e.placement.kind, {}};
-    const DType file_dtype = FileDType(e.dtype, rq.dtype);
-    auto it = rq.outputs.find(e.key);
-    const std::vector<SaveOutput> own{{e.key, e.shape}};
-    uint64_t numel = 0;
-    for (const SaveOutput& o : it == rq.outputs.end() ? own : it->second) {
-      if (!seen.insert(o.key).second) {
-        throw Error(ErrorKind::kInvalidArgument, "key '" + o.key + "'", "two model entries write this output tensor");
-      }
-      ManifestPart part;
-      part.checkpoint_key = o.key;
-      part.source_dtype = file_dtype;
-      part.numel = Numel(o.shape);
-      part.shape = o.shape;
-      me.parts.push_back(std::move(part));
-      numel += Numel(o.shape);
-    }
-    if (numel != Numel(e.shape)) {
-      throw Error(ErrorKind::kInvalidArgument, "key '" + e.key + "'",
-                  "its output tensors hold " + std::to_string(numel) + " elements but the entry has " +
-                      std::to_string(Numel(e.shape)));
-    }
-    m->entries.push_back(std::move(me));
-  }
-}
-
-std::string FileName(size_t i, size_t n) {
-  if (n == 1) return "model.safetensors";
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", i + 1, n);
-  return buf;
-}
-
-// Output tensors to files in model order, greedily up to max_shard_bytes (a larger tensor gets a file
-// of its own), as transformers' split_torch_state_dict_into_shards does; within a file, wider dtypes
-// first so that every tensor stays aligned; headers, absolute offsets, and the index.
-void Files(const SaveRequest& rq, Agreed* a) {
-  Manifest& m = a->manifest;
-  std::vector<std::vector<ManifestPart*>> files(1);
-  uint64_t in_file = 0, total = 0, parameters = 0;
-  for (ManifestEntry& e : m.entries) {
-    if (e.role == Role::kParameter) parameters += Numel(e.shape);
-    for (ManifestPart& p : e.parts) {
-      const uint64_t bytes = p.numel * DTypeSize(p.source_dtype);
-      if (!files.back().empty() && (bytes > rq.max_shard_bytes || in_file + bytes > rq.max_shard_bytes)) {
-        files.emplace_back();
-        in_file = 0;
-      }
-      files.back().push_back(&p);
-      in_file += bytes;
-      total += bytes;
-    }
-  }
-  nlohmann::json weight_map = nlohmann::json::object();
-  for (size_t f = 0; f < files.size(); ++f) {
-    auto& parts = files[f];
-    std::stable_sort(parts.begin(), parts.end(), [](const ManifestPart* x, const ManifestPart* y) {
-      return DTypeSize(x->source_dtype) > DTypeSize(y->source_dtype);
-    });
-    std::vector<WriteEntry> entries;
-    for (const ManifestPart* p : parts) entries.push_back(WriteEntry{p->checkpoint_key, p->source_dtype, p->shape});
-    std::string header = BuildHeader(entries, {{"format", "pt"}});
-    uint64_t offset = header.size();
-    const std::string name = FileName(f, files.size());
-    for (ManifestPart* p : parts) {
-      p->file = static_cast<uint32_t>(f);
-      p->offset = offset;
-      offset += p->numel * DTypeSize(p->source_dtype);
-      weight_map[p->checkpoint_key] = name;
-    }
-    m.files.push_back(ManifestFile{name, offset, XXH3_64bits(header.data(), header.size())});
-    a->headers.push_back(std::move(header));
-  }
-  if (files.size() > 1) {
-    nlohmann::json index = {{"metadata", {{"total_parameters", parameters}, {"total_size", total}}},
-                            {"weight_map", weight_map}};
-    a->index = index.dump(2) + "\n";
-  }
-}
-
-// Rank 0's checks of the directory, and the layout.
-Agreed Decide(const Plan& plan, const SaveRequest& rq, int world) {
-  Agreed a;
-  a.out_dir = Absolute(rq.out_dir);
-  if (a.out_dir == "/" || rq.out_dir.empty()) {
-    throw Error(ErrorKind::kInvalidArgument, "out_dir", "'" + rq.out_dir + "' is not a directory to save into");
-  }
-  a.leftovers = output_dir::Check(a.out_dir, rq.overwrite);
-  std::random_device rd;
-  char id[40];
-  std::snprintf(id, sizeof(id), "%d-%08x", static_cast<int>(::getpid()), rd());
-  a.tmp_dir = a.out_dir + ".tmp-" + id;
-  a.manifest.world_size = world;
-  a.manifest.params = StreamParamsFrom(rq.options);
-  a.manifest.params.verify = a.manifest.params.strict_keys = false;
-  Entries(plan, rq, &a.manifest);
-  Files(rq, &a);
-  return a;
-}
-
-std::string CheckParams(const nlohmann::json& theirs, const SaveRequest& rq, int rank) {
-  const nlohmann::json mine = Params(rq);
-  for (const auto& [k, v] : theirs.items()) {
-    if (mine.contains(k) && mine[k] != v) {
-      return k + " is " + v.dump() + " on rank 0 but " + mine[k].dump() + " on rank " + std::to_string(rank) +
-             " (every rank must ask for the same save)";
-    }
   }
   return {};
 }
