@@ -50,9 +50,12 @@ LoadReport BaselineLoad(Communicator& comm, RankState* state, const std::string&
     comm.Broadcast(full[i].data_ptr(), e.nbytes(), 0);  // the whole tensor to every rank
     if (me != 0) received += e.nbytes();
     LocalTensor* local = state->Find(e.key);
-    RowRange rows = e.Local(world, me);
-    const uint64_t n = rows.rows() * e.row_bytes();
-    std::memcpy(local->tensor.data_ptr(), static_cast<const char*>(full[i].data_ptr()) + rows.begin * e.row_bytes(), n);
+    // The baseline broadcasts FSDP2's dim-0 layout only: this rank's rows are one span of dim 0.
+    const Piece piece = e.PieceOf(me);
+    const uint64_t n = piece.numel() * DTypeSize(e.dtype);
+    const uint64_t row_bytes = e.shape.empty() || e.shape[0] == 0 ? 0 : e.nbytes() / e.shape[0];
+    const uint64_t begin = piece.dims.empty() || piece.dims[0].empty() ? 0 : piece.dims[0][0].begin;
+    std::memcpy(local->tensor.data_ptr(), static_cast<const char*>(full[i].data_ptr()) + begin * row_bytes, n);
     stored += n;
   }
   comm.Barrier();

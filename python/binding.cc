@@ -49,14 +49,39 @@ Progress PythonProgress(py::object callback) {
   };
 }
 
-// entries: [(key, local tensor, global shape, role, replicated, compose or None)], one per entry, in an
+// layouts: [(mesh shape, ranks, [(kind, dim, split factor)])], kind 0 Replicate, 1 Shard, 2 _StridedShard
+// (a DTensor's mesh and placements, ranks numbered in the process group). An entry's layout index
+// refers into it; -1 is Replicate on every rank, -2 FSDP2's Shard(0) over the whole group.
+PlanOptions LayoutsFrom(py::list layouts, const std::vector<std::pair<std::string, int64_t>>& index) {
+  PlanOptions o;
+  for (py::handle h : layouts) {
+    auto t = h.cast<py::tuple>();
+    Layout l;
+    for (auto d : t[0].cast<std::vector<int64_t>>()) l.mesh_shape.push_back(static_cast<uint32_t>(d));
+    for (auto r : t[1].cast<std::vector<int64_t>>()) l.ranks.push_back(static_cast<int>(r));
+    for (py::handle ph : t[2].cast<py::list>()) {
+      auto pt = ph.cast<std::tuple<int, int, int64_t>>();
+      const int kind = std::get<0>(pt);
+      if (kind < 0 || kind > 2) throw Error(ErrorKind::kInternal, "layout", "placement kind " + std::to_string(kind));
+      l.placements.push_back(Placement{static_cast<Placement::Kind>(kind), std::get<1>(pt),
+                                       static_cast<uint32_t>(std::get<2>(pt))});
+    }
+    o.layouts.push_back(std::move(l));
+  }
+  for (const auto& [key, i] : index) {
+    if (i >= 0) o.layout_of[key] = static_cast<uint32_t>(i);
+  }
+  return o;
+}
+
+// entries: [(key, local tensor, global shape, role, layout index, compose or None)], one per entry, in an
 // order every rank shares (the model's named_parameters/named_buffers order). options: {name: text},
 // only those the caller gave (the environment fills the rest; given ones win). problem: (kind name,
 // message) when the caller already failed on this rank: it is agreed in the handshake, so every rank
 // raises it instead of waiting.
-py::dict LoadEntries(py::list entries, const std::string& checkpoint, py::dict opts, py::dict tied,
+py::dict LoadEntries(py::list entries, py::list layouts, const std::string& checkpoint, py::dict opts, py::dict tied,
                      py::object backend_obj, py::object store_obj, int rank, int world_size, py::object progress,
-                     py::object problem, int replicas, const std::string& store_host) {
+                     py::object problem, const std::string& store_host) {
   c10::intrusive_ptr<c10d::Backend> backend;
   c10::intrusive_ptr<c10d::Store> store;
   if (!backend_obj.is_none()) backend = backend_obj.cast<c10::intrusive_ptr<c10d::Backend>>();
@@ -88,6 +113,7 @@ py::dict LoadEntries(py::list entries, const std::string& checkpoint, py::dict o
   spec.model_type = "python";
   spec.config_json = "{}";
   std::vector<at::Tensor> tensors;
+  std::vector<std::pair<std::string, int64_t>> layout_index;
   for (py::handle h : entries) {
     auto t = h.cast<py::tuple>();
     SpecEntry e;
@@ -99,16 +125,17 @@ py::dict LoadEntries(py::list entries, const std::string& checkpoint, py::dict o
     e.dtype = dtype.value_or(DType::kU8);
     std::string role = t[3].cast<std::string>();
     e.role = role == "persistent_buffer" ? Role::kPersistentBuffer : Role::kParameter;
-    e.replicated = t[4].cast<bool>();
+    const int64_t layout = t[4].cast<int64_t>();
+    e.replicated = layout == -1;
+    layout_index.emplace_back(e.key, layout);
     if (!t[5].is_none()) rq.mapping.compose[e.key] = t[5].cast<std::vector<std::string>>();
     spec.entries.push_back(std::move(e));
     tensors.push_back(x);
   }
   rq.mapping.tied = tied.cast<std::map<std::string, std::string>>();
-  rq.replicas = replicas;
-  Mesh mesh{1, world_size};
+  PlanOptions plan_options;
   try {
-    mesh = MakeMesh(world_size, replicas);
+    plan_options = LayoutsFrom(layouts, layout_index);
   } catch (const Error& e) {
     if (!failed) failed = e;
   }
@@ -119,11 +146,12 @@ py::dict LoadEntries(py::list entries, const std::string& checkpoint, py::dict o
     std::unique_ptr<Communicator> comm =
         world_size == 1 ? CreateLocalCommunicator()
                         : WrapC10dBackend(backend, rq.options.timeout, store, c10::Device(c10::kCPU), store_host);
-    Plan plan = Plan::Build(std::move(spec), mesh.shards);
+    std::optional<Plan> plan;
     std::optional<RankState> state;
     try {
       if (failed) throw *failed;
-      state.emplace(RankState::Adopt(plan, mesh.ShardOf(rank), std::move(tensors)));
+      plan.emplace(Plan::Build(std::move(spec), world_size, plan_options));
+      state.emplace(RankState::Adopt(*plan, rank, std::move(tensors)));
     } catch (const Error& e) {
       FailHandshake(*comm, e.kind(), e.what());
     }
@@ -136,7 +164,7 @@ py::dict LoadEntries(py::list entries, const std::string& checkpoint, py::dict o
 // concatenation order (None: one tensor, its own key and shape). dtype: a safetensors dtype name or
 // None; max_shard_size: text for the one size parser ("5GB"). A problem, or an argument that fails to
 // parse, is agreed in the save's first verdict, so every rank raises it.
-py::dict SaveEntries(py::list entries, const std::string& out_dir, py::dict opts, py::object dtype,
+py::dict SaveEntries(py::list entries, py::list layouts, const std::string& out_dir, py::dict opts, py::object dtype,
                      const std::string& max_shard_size, bool overwrite, const std::string& config_json,
                      const std::string& generation_config_json, py::object backend_obj, py::object store_obj, int rank,
                      int world_size, py::object progress, py::object problem, const std::string& store_host) {
@@ -185,6 +213,7 @@ py::dict SaveEntries(py::list entries, const std::string& out_dir, py::dict opts
   spec.model_type = "python";
   spec.config_json = "{}";
   std::vector<at::Tensor> tensors;
+  std::vector<std::pair<std::string, int64_t>> layout_index;
   for (py::handle h : entries) {
     auto t = h.cast<py::tuple>();
     SpecEntry e;
@@ -195,7 +224,9 @@ py::dict SaveEntries(py::list entries, const std::string& out_dir, py::dict opts
     if (!dt && !failed) failed = Error(ErrorKind::kUnsupported, e.key, "dtype has no safetensors equivalent");
     e.dtype = dt.value_or(DType::kU8);
     e.role = t[3].cast<std::string>() == "persistent_buffer" ? Role::kPersistentBuffer : Role::kParameter;
-    e.replicated = t[4].cast<bool>();
+    const int64_t layout = t[4].cast<int64_t>();
+    e.replicated = layout == -1;
+    layout_index.emplace_back(e.key, layout);
     if (!t[5].is_none()) {
       auto& outs = rq.outputs[e.key];
       for (auto o : t[5].cast<py::list>()) {
@@ -208,6 +239,12 @@ py::dict SaveEntries(py::list entries, const std::string& out_dir, py::dict opts
     spec.entries.push_back(std::move(e));
     tensors.push_back(x);
   }
+  PlanOptions plan_options;
+  try {
+    plan_options = LayoutsFrom(layouts, layout_index);
+  } catch (const Error& e) {
+    if (!failed) failed = e;
+  }
 
   SaveReport report;
   {
@@ -215,11 +252,12 @@ py::dict SaveEntries(py::list entries, const std::string& out_dir, py::dict opts
     std::unique_ptr<Communicator> comm =
         world_size == 1 ? CreateLocalCommunicator()
                         : WrapC10dBackend(backend, rq.options.timeout, store, c10::Device(c10::kCPU), store_host);
-    Plan plan = Plan::Build(std::move(spec), world_size);
+    std::optional<Plan> plan;
     std::optional<RankState> state;
     try {
       if (failed) throw *failed;
-      state.emplace(RankState::Adopt(plan, rank, std::move(tensors)));
+      plan.emplace(Plan::Build(std::move(spec), world_size, plan_options));
+      state.emplace(RankState::Adopt(*plan, rank, std::move(tensors)));
     } catch (const Error& e) {
       FailSave(*comm, e.kind(), e.what());
     }
@@ -271,11 +309,29 @@ PYBIND11_MODULE(_shardcast, m) {
       },
       py::arg("config_json"), py::arg("source"), py::arg("key"), py::arg("out"),
       "Fills `out` (zeroed, the buffer's shape and dtype) with the buffer's locally computed values.");
-  m.def("load_entries", &LoadEntries, py::arg("entries"), py::arg("checkpoint"), py::arg("options"), py::arg("tied"),
-        py::arg("backend"), py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("progress") = py::none(),
-        py::arg("problem") = py::none(), py::arg("replicas") = 1,
+  m.def(
+      "layout_piece",
+      [](std::vector<uint64_t> shape, py::list layouts, int rank) {
+        PlanOptions o = LayoutsFrom(layouts, {});
+        const Layout& l = o.layouts.at(0);
+        l.Check(shape.size(), "layout_piece");
+        const Piece p = PieceOf(shape, l, rank);
+        py::list dims;
+        for (const auto& spans : p.dims) {
+          py::list d;
+          for (const Span& s : spans) d.append(py::make_tuple(s.begin, s.end));
+          dims.append(d);
+        }
+        return py::make_tuple(p.held, dims);
+      },
+      py::arg("shape"), py::arg("layouts"), py::arg("rank"),
+      "(held, [[(begin, end)] per dim]): the global spans `rank` holds of a tensor under layouts[0], as the "
+      "load and save stream them.");
+  m.def("load_entries", &LoadEntries, py::arg("entries"), py::arg("layouts"), py::arg("checkpoint"), py::arg("options"),
+        py::arg("tied"), py::arg("backend"), py::arg("store"), py::arg("rank"), py::arg("world_size"),
+        py::arg("progress") = py::none(), py::arg("problem") = py::none(),
         py::arg("store_host") = "the process group's store");
-  m.def("save_entries", &SaveEntries, py::arg("entries"), py::arg("out_dir"), py::arg("options"), py::arg("dtype"),
+  m.def("save_entries", &SaveEntries, py::arg("entries"), py::arg("layouts"), py::arg("out_dir"), py::arg("options"), py::arg("dtype"),
         py::arg("max_shard_size"), py::arg("overwrite"), py::arg("config_json"), py::arg("generation_config_json"),
         py::arg("backend"), py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("progress") = py::none(),
         py::arg("problem") = py::none(),

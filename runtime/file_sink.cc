@@ -113,11 +113,19 @@ void FileSink::Store(const Segment& s, const unsigned char* data) {
   const unsigned char* bytes = data;
   if (p.source_dtype != e.target_dtype) {  // the file's dtype differs from the shard's: convert
     unsigned char* out = scratch_.Get(s.source_bytes);
-    ConvertElements(e.target_dtype, p.source_dtype, data, out, s.count);
+    ConvertElements(e.target_dtype, p.source_dtype, data, out, s.runs * s.count);
     bytes = out;
   }
   if (fds_[p.file] < 0) throw Error(ErrorKind::kInternal, PathOf(p.file), "written before it was opened");
-  PwriteAll(fds_[p.file], bytes, s.source_bytes, s.source_offset, PathOf(p.file), p.checkpoint_key);
+  if (s.source_contiguous()) {
+    PwriteAll(fds_[p.file], bytes, s.source_bytes, s.source_offset, PathOf(p.file), p.checkpoint_key);
+  } else {  // a strided window: each run at its place in the tensor
+    const uint64_t ss = DTypeSize(p.source_dtype), run = s.count * ss;
+    for (uint64_t i = 0; i < s.runs; ++i) {
+      PwriteAll(fds_[p.file], bytes + i * run, run, s.source_offset + i * s.stride * ss, PathOf(p.file),
+                p.checkpoint_key);
+    }
+  }
   written_[p.file] = true;
   bytes_written_ += s.source_bytes;
 }

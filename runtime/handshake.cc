@@ -82,8 +82,8 @@ Agreement Handshake(Communicator& comm, const Plan& plan, const HandshakeRequest
   if (coordinator) {
     try {
       a.ckpt = OpenCheckpoint(rq);
-      a.manifest = Resolve(plan, *a.ckpt, rq.mapping, StreamParamsFrom(rq.options), rq.replicas,
-                           WeightBlock(rq.checkpoint, plan.spec()));
+      a.manifest =
+          Resolve(plan, *a.ckpt, rq.mapping, StreamParamsFrom(rq.options), WeightBlock(rq.checkpoint, plan.spec()));
       blob = EncodeManifest(a.manifest);
     } catch (const std::exception& e) {
       local = AsProblem(e);
@@ -97,11 +97,10 @@ Agreement Handshake(Communicator& comm, const Plan& plan, const HandshakeRequest
   if (local.message.empty() && size > 0) {
     try {
       if (!coordinator) a.manifest = DecodeManifest(blob);
-      std::string diff = CheckManifest(a.manifest, plan, comm.rank(), comm.world_size(), rq.replicas);
+      std::string diff = CheckManifest(a.manifest, plan, comm.rank(), comm.world_size());
       if (diff.empty()) diff = CheckParams(a.manifest.params, rq.options, comm.rank());
       if (!diff.empty()) local = Problem{ErrorKind::kManifestMismatch, diff};
-      a.mesh = Mesh{a.manifest.replicas, a.manifest.world_size};
-      const auto route = Route::Make(a.manifest.params.source, a.mesh, a.nodes);
+      const auto route = Route::Make(a.manifest.params.source, a.manifest.world_size, a.nodes);
       if (local.message.empty() && route->Reads(comm.rank(), a.manifest.params.verify)) {
         if (!a.ckpt) a.ckpt = OpenCheckpoint(rq);
         diff = MatchFiles(a.manifest, *a.ckpt, rq.checkpoint, comm.rank(), &a.files);

@@ -27,12 +27,10 @@ struct HandshakeRequest {
   std::string checkpoint;
   LoadOptions options;  // this rank's; rank 0's become the stream's parameters
   KeyMapping mapping;
-  int replicas = 1;     // this rank's mesh: R x (world / R)
 };
 
 struct Agreement {
   Manifest manifest;
-  Mesh mesh;
   NodeMap nodes;                     // every rank's node, gathered
   std::unique_ptr<Checkpoint> ckpt;  // this rank's view, when the route has it read
   FileTable files;                   // by manifest file index, into ckpt

@@ -78,19 +78,10 @@ StreamResult Stream(Communicator& comm, const Route& route, const StreamContext&
 }  // namespace
 
 LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
-  {
-    std::string bad;
-    try {
-      const Mesh mine = MakeMesh(comm.world_size(), rq.replicas);
-      if (state->rank() != mine.ShardOf(comm.rank())) {
-        bad = "state prepared for shard index " + std::to_string(state->rank()) + " but rank " +
-              std::to_string(comm.rank()) + " of a " + mine.Text() + " mesh holds shard index " +
-              std::to_string(mine.ShardOf(comm.rank()));
-      }
-    } catch (const Error& e) {
-      bad = e.what();
-    }
-    if (!bad.empty()) FailHandshake(comm, ErrorKind::kInvalidArgument, bad);
+  if (state->rank() != comm.rank()) {
+    FailHandshake(comm, ErrorKind::kInvalidArgument,
+                  "state prepared for rank " + std::to_string(state->rank()) + " but this is rank " +
+                      std::to_string(comm.rank()));
   }
   const auto t0 = Clock::now();
   const double cpu0 = CpuSeconds();
@@ -100,7 +91,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
 
   auto t = Clock::now();
   Agreement a = Together(
-      comm, [&] { return Handshake(comm, state->plan(), {rq.checkpoint, rq.options, rq.mapping, rq.replicas}); });
+      comm, [&] { return Handshake(comm, state->plan(), {rq.checkpoint, rq.options, rq.mapping}); });
   const Manifest& m = a.manifest;
   mine.handshake_seconds = Since(t);
 
@@ -108,7 +99,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   Allocate(comm, state, rq.checksum_only || rq.setup_only);
   mine.allocate_seconds = Since(t);
 
-  const auto route = Route::Make(m.params.source, a.mesh, a.nodes);
+  const auto route = Route::Make(m.params.source, m.world_size, a.nodes);
   std::unique_ptr<Sink> sink;
   if (rq.checksum_only || rq.setup_only) {
     sink = std::make_unique<ChecksumSink>(m.entries.size());
@@ -157,7 +148,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   report.target = rq.checksum_only ? "checksum-only" : TargetName(rq.options.target);
   report.backend = comm.backend();
   report.world_size = comm.world_size();
-  report.mesh = a.mesh.Text();
+  report.mesh = m.MeshText();
   report.nodes = a.nodes.nodes();
   report.checkpoint_bytes = SourceBytes(m);
   report.entries = m.entries.size();

@@ -55,7 +55,6 @@ struct LoadRequest {
   std::string checkpoint;
   LoadOptions options;         // from LoadOptionsBuilder
   KeyMapping mapping;
-  int replicas = 1;            // default 1 (FSDP). R > 1: an HSDP mesh of R x (world / R), rank g = (g / S, g % S)
   bool checksum_only = false;  // default false. true: receive and hash, keep nothing (benchmarks)
   bool setup_only = false;     // default false. true: handshake, allocation and schedule; move no bytes
   Progress progress;           // default none: called on every rank as its messages complete
@@ -64,8 +63,8 @@ struct LoadRequest {
 // Every rank's report on every rank (one small all-reduce). `mine` is this rank's; rank ignored.
 std::vector<RankReport> GatherReports(Communicator& comm, const RankReport& mine);
 
-// REQUIRES: state prepared from a plan of S = comm.world_size() / replicas ranks, for this rank's shard
-// index comm.rank() % S (checked). Allocates the state's shards unless checksum_only.
+// REQUIRES: state prepared from a plan of comm.world_size() ranks (its layouts: FSDP, HSDP, TP, ...),
+// for comm.rank() (checked). Allocates the state's shards unless checksum_only.
 LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& request);
 
 }  // namespace shardcast

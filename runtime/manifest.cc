@@ -39,7 +39,7 @@ class Resolver {
     me.target_dtype = e.dtype;
     me.shape = e.shape;
     me.role = e.role;
-    me.placement = e.placement.kind;
+    me.layout = e.layout_index;
     if (auto c = mapping_.compose.find(e.key); c != mapping_.compose.end()) {
       uint64_t numel = 0;
       for (const std::string& ck : c->second) {
@@ -167,11 +167,11 @@ std::string RelativeName(const Checkpoint& ckpt, size_t i) {
 }
 
 Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& mapping, const StreamParams& params,
-                 int replicas, BlockSize block) {
+                 BlockSize block) {
   Manifest m;
   m.world_size = plan.world_size();
-  m.replicas = replicas;
   m.params = params;
+  m.layouts = plan.layouts();
   for (size_t i = 0; i < ckpt.num_files(); ++i) {
     const SafetensorsFile& f = ckpt.file(i);
     m.files.push_back(ManifestFile{RelativeName(ckpt, i), f.file_size(), FileDigest(f)});
@@ -193,15 +193,11 @@ Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& map
   return m;
 }
 
-std::string CheckManifest(const Manifest& m, const Plan& plan, int rank, int world_size, int replicas) {
+std::string CheckManifest(const Manifest& m, const Plan& plan, int rank, int world_size) {
   const std::string me = "rank " + std::to_string(rank);
-  auto layout = [](int r, int s) {
-    return r == 1 ? std::to_string(s) : std::to_string(r) + " x " + std::to_string(s) + " (replicate x shard)";
-  };
-  if (m.world_size != plan.world_size() || m.replicas != replicas ||
-      static_cast<int64_t>(m.world_size) * m.replicas != world_size) {
-    return "world size: rank 0 planned for " + layout(m.replicas, m.world_size) + ", " + me + " for " +
-           layout(replicas, plan.world_size()) + ", and the communicator has " + std::to_string(world_size);
+  if (m.world_size != plan.world_size() || m.world_size != world_size) {
+    return "world size: rank 0 planned for " + std::to_string(m.world_size) + " ranks, " + me + " for " +
+           std::to_string(plan.world_size()) + ", and the communicator has " + std::to_string(world_size);
   }
   size_t from_ckpt = 0;
   for (const PlanEntry& e : plan.entries()) from_ckpt += FromCheckpoint(e.role);
@@ -215,9 +211,12 @@ std::string CheckManifest(const Manifest& m, const Plan& plan, int rank, int wor
       return "key '" + e.key + "': dtype " + std::string(DTypeName(e.target_dtype)) + " on rank 0 but " +
              std::string(DTypeName(p->dtype)) + " on " + me;
     }
-    if (p->role != e.role || p->placement.kind != e.placement) {
-      return "key '" + e.key + "': role/placement " + std::string(RoleName(e.role)) + " on rank 0 but " +
+    if (p->role != e.role) {
+      return "key '" + e.key + "': role " + std::string(RoleName(e.role)) + " on rank 0 but " +
              std::string(RoleName(p->role)) + " on " + me;
+    }
+    if (!(*p->layout == m.LayoutOf(e))) {
+      return "key '" + e.key + "': layout " + m.LayoutOf(e).Text() + " on rank 0 but " + p->layout->Text() + " on " + me;
     }
   }
   if (from_ckpt != m.entries.size()) {
@@ -230,6 +229,20 @@ std::string CheckManifest(const Manifest& m, const Plan& plan, int rank, int wor
     }
   }
   return {};
+}
+
+std::string Manifest::MeshText() const {
+  std::vector<const Layout*> used(layouts.size(), nullptr);
+  for (const ManifestEntry& e : entries) used[e.layout] = &layouts[e.layout];
+  std::string out;
+  for (const Layout* l : used) {
+    if (l == nullptr || l->mesh_shape.empty()) continue;
+    std::string text = "(";
+    for (size_t i = 0; i < l->mesh_shape.size(); ++i) text += (i ? " x " : "") + std::to_string(l->mesh_shape[i]);
+    text += ")";
+    if (out.find(text) == std::string::npos) out += (out.empty() ? "" : ", ") + text;
+  }
+  return out.empty() ? "replicated" : "mesh " + out;
 }
 
 uint64_t SourceBytes(const Manifest& m) {

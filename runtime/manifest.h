@@ -3,7 +3,8 @@
 //
 //   StreamParams   chunk, coalescing, staging, source, verify, strict keys: the reader's values
 //   files          by name (relative to the checkpoint), size and header digest
-//   entries        key, target dtype, global shape, role, placement, and the checkpoint parts that
+//   layouts        rank 0's layout table (runtime/layout.h): each entry's mesh and placements
+//   entries        key, target dtype, global shape, role, layout, and the checkpoint parts that
 //                  supply its elements (key, dtype, file, offset, element count, shape)
 //
 // Resolve (rank 0): every plan entry that comes from the checkpoint (parameters, sidecars, persistent
@@ -11,7 +12,7 @@
 // composed experts). Keys the model does not own are skipped and counted, or rejected when
 // strict_keys; either way they never shift anything, because nothing is paired by position.
 //
-// Check (every rank): same world size, keys, shapes, dtypes and roles as its own plan; the options
+// Check (every rank): same world size, keys, shapes, dtypes, roles and layouts as its own plan; the options
 // that change results (verify, strict_keys) equal its own. The first difference is the rank's
 // problem for the verdict. Everything else in StreamParams is adopted from rank 0.
 //
@@ -84,14 +85,16 @@ struct ManifestEntry {
   DType target_dtype = DType::kBF16;  // rank 0's plan
   std::vector<uint64_t> shape;
   Role role = Role::kParameter;
-  Placement::Kind placement = Placement::kShard;
+  uint32_t layout = 0;                // index into Manifest::layouts
   std::vector<ManifestPart> parts;    // one, or several concatenated (KeyMapping::compose)
 };
 
 struct Manifest {
-  int world_size = 1;  // S: the ranks each entry's rows are split over (the shard dimension of the mesh)
-  int replicas = 1;    // R: copies of every shard (HSDP); the communicator has R x S ranks
+  int world_size = 1;  // every rank of the communicator
   StreamParams params;
+  std::vector<Layout> layouts;  // rank 0's plan's layout table
+  const Layout& LayoutOf(const ManifestEntry& e) const { return layouts[e.layout]; }
+  std::string MeshText() const;  // the meshes the entries use, for the report
   std::vector<ManifestFile> files;
   std::vector<ManifestEntry> entries;
   uint64_t skipped = 0;                       // checkpoint keys the model does not own
@@ -112,13 +115,13 @@ std::string RelativeName(const Checkpoint& ckpt, size_t file);
 // `block` (the checkpoint config's quantization_config.weight_block_size); one without a scale, or
 // with a scale that is not its block grid, is a kCheckpoint error naming the key, never a raw cast.
 Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& mapping, const StreamParams& params,
-                 int replicas = 1, BlockSize block = {});
+                 BlockSize block = {});
 // Entries with at least one dequantized part.
 uint64_t DequantizedEntries(const Manifest& m);
 
-// Returns this rank's first difference from rank 0's manifest, or "" when it agrees. world_size: the
-// communicator's (R x S).
-std::string CheckManifest(const Manifest& m, const Plan& plan, int rank, int world_size, int replicas = 1);
+// Returns this rank's first difference from rank 0's manifest, or "" when it agrees (a layout differs:
+// the key, both ranks and both layouts). world_size: the communicator's.
+std::string CheckManifest(const Manifest& m, const Plan& plan, int rank, int world_size);
 // The checkpoint bytes the manifest's entries read once (their parts' source bytes).
 uint64_t SourceBytes(const Manifest& m);
 // Returns the options this rank asked for that change results and differ from the reader's, or "".

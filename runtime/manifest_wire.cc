@@ -1,9 +1,11 @@
 // The manifest on the wire: little-endian, length-prefixed, versioned. One encoder, one decoder; a
 // blob of another version or one cut short is a kComm error, never a misread.
 //
-//   "shardcast-manifest-2" | shards | replicas | params | files[name, size, digest] | entries[...] | skipped
-//   entry: key | dtype | role | placement | shape | parts[key ("" = the entry's), dtype, file, offset,
+//   "shardcast-manifest-3" | world | params | files[name, size, digest]
+//   | layouts[mesh shape, ranks, placements[kind, dim, split factor]] | entries[...] | skipped
+//   entry: key | dtype | role | layout index | shape | parts[key ("" = the entry's), dtype, file, offset,
 //          numel, shape, dequantize, (scale key, dtype, file, offset, grid rows, cols, block rows, cols)]
+#include <algorithm>
 #include <cstring>
 
 #include "allocators/error.h"
@@ -12,7 +14,7 @@
 namespace shardcast {
 namespace {
 
-constexpr const char* kVersion = "shardcast-manifest-2";
+constexpr const char* kVersion = "shardcast-manifest-3";
 
 class Writer {
  public:
@@ -86,7 +88,6 @@ std::string EncodeManifest(const Manifest& m) {
   Writer w;
   w.Str(kVersion);
   w.U64(static_cast<uint64_t>(m.world_size));
-  w.U64(static_cast<uint64_t>(m.replicas));
   const StreamParams& p = m.params;
   w.U64(static_cast<uint64_t>(p.source));
   w.U64(p.chunk_bytes);
@@ -100,12 +101,25 @@ std::string EncodeManifest(const Manifest& m) {
     w.U64(f.size);
     w.U64(f.digest);
   }
+  w.U64(m.layouts.size());
+  for (const Layout& l : m.layouts) {
+    w.U64(l.mesh_shape.size());
+    for (uint32_t d : l.mesh_shape) w.U64(d);
+    w.U64(l.ranks.size());
+    for (int r : l.ranks) w.U64(static_cast<uint64_t>(r));
+    w.U64(l.placements.size());
+    for (const Placement& p : l.placements) {
+      w.U64(p.kind);
+      w.U64(static_cast<uint64_t>(p.dim));
+      w.U64(p.split_factor);
+    }
+  }
   w.U64(m.entries.size());
   for (const ManifestEntry& e : m.entries) {
     w.Str(e.key);
     w.U64(static_cast<uint64_t>(e.target_dtype));
     w.U64(static_cast<uint64_t>(e.role));
-    w.U64(static_cast<uint64_t>(e.placement));
+    w.U64(e.layout);
     w.Dims(e.shape);
     w.U64(e.parts.size());
     for (const ManifestPart& part : e.parts) {
@@ -144,7 +158,7 @@ Manifest DecodeManifest(const std::string& bytes) {
   }
   Manifest m;
   m.world_size = static_cast<int>(r.U64());
-  m.replicas = static_cast<int>(r.U64());
+  if (m.world_size < 1 || m.world_size > (1 << 24)) throw Error(ErrorKind::kComm, "manifest", "a world size out of range");
   StreamParams& p = m.params;
   p.source = r.Enum<Source>(kNumSources);
   p.chunk_bytes = r.U64();
@@ -158,13 +172,35 @@ Manifest DecodeManifest(const std::string& bytes) {
     f.size = r.U64();
     f.digest = r.U64();
   }
+  m.layouts.resize(r.Count(24));
+  for (Layout& l : m.layouts) {
+    l.mesh_shape.resize(r.Count(8));
+    for (uint32_t& d : l.mesh_shape) d = static_cast<uint32_t>(std::min<uint64_t>(r.U64(), 1u << 24));
+    l.ranks.resize(r.Count(8));
+    for (int& x : l.ranks) {
+      x = static_cast<int>(r.U64());
+      if (x < 0 || x >= m.world_size) throw Error(ErrorKind::kComm, "manifest", "a layout names a rank past the world");
+    }
+    l.placements.resize(r.Count(24));
+    for (Placement& p : l.placements) {
+      p.kind = r.Enum<Placement::Kind>(3);
+      p.dim = static_cast<int>(std::min<uint64_t>(r.U64(), 64));
+      p.split_factor = static_cast<uint32_t>(std::min<uint64_t>(r.U64(), 1u << 24));
+    }
+  }
   m.entries.resize(r.Count(48));
   for (ManifestEntry& e : m.entries) {
     e.key = r.Str();
     e.target_dtype = r.Enum<DType>(kNumDTypes);
     e.role = r.Enum<Role>(4);
-    e.placement = r.Enum<Placement::Kind>(2);
+    e.layout = static_cast<uint32_t>(r.U64());
+    if (e.layout >= m.layouts.size()) throw Error(ErrorKind::kComm, "manifest", "an entry names a layout past the list");
     e.shape = r.Dims();
+    try {
+      m.layouts[e.layout].Check(e.shape.size(), "key '" + e.key + "'");
+    } catch (const Error& bad) {
+      throw Error(ErrorKind::kComm, "manifest", std::string("the manifest received from rank 0 is malformed: ") + bad.what());
+    }
     e.parts.resize(r.Count(48));
     for (ManifestPart& part : e.parts) {
       part.checkpoint_key = r.Str();

@@ -72,20 +72,21 @@ RankState RankState::Prepare(const Plan& plan, int rank, const PrepareOptions& o
   s.report_.world_size = plan.world_size();
   s.report_.target = options.target;
   const nlohmann::json config = nlohmann::json::parse(spec.config_json);
-  const int world = plan.world_size();
   s.tensors_.reserve(plan.entries().size());
   for (const PlanEntry& e : plan.entries()) {
     LocalTensor t;
     t.entry = &e;
-    t.rows = e.Local(world, rank);
+    t.local_shape = e.LocalShape(rank);
     switch (e.role) {
       case Role::kParameter:
-      case Role::kSidecar:
+      case Role::kSidecar: {
         t.from_checkpoint = true;  // t.tensor stays undefined: meta without a TensorImpl per entry
         ++s.report_.meta_entries;
-        s.report_.shard_bytes += t.rows.rows() * e.row_bytes();
-        if (e.placement.kind == Placement::kShard && t.rows.empty()) ++s.report_.entries_without_rows;
+        const uint64_t n = e.PieceOf(rank).numel();
+        s.report_.shard_bytes += n * DTypeSize(e.dtype);
+        if (!e.replicated() && n == 0) ++s.report_.entries_without_rows;
         break;
+      }
       case Role::kPersistentBuffer:
         t.tensor = AllocateZeroed(Sizes(e.shape), ToScalarType(e.dtype), options.target, options);
         t.from_checkpoint = true;
@@ -127,11 +128,11 @@ RankState RankState::Adopt(const Plan& plan, int rank, std::vector<at::Tensor> t
   s.rank_ = rank;
   s.report_.rank = rank;
   s.report_.world_size = plan.world_size();
-  const int world = plan.world_size();
   for (size_t i = 0; i < tensors.size(); ++i) {
     const PlanEntry& e = plan.entries()[i];
     at::Tensor& x = tensors[i];
-    std::vector<int64_t> want = Sizes(e.LocalShape(world, rank));
+    const std::vector<uint64_t> local_shape = e.LocalShape(rank);
+    std::vector<int64_t> want = Sizes(local_shape);
     const std::string where = "key '" + e.key + "' on rank " + std::to_string(rank);
     if (!x.defined() || x.is_meta()) {
       throw Error(ErrorKind::kInvalidArgument, where, "has no storage (still on meta: call to_empty first)");
@@ -143,8 +144,8 @@ RankState RankState::Adopt(const Plan& plan, int rank, std::vector<at::Tensor> t
         return "[" + out + "]";
       };
       throw Error(ErrorKind::kInvalidArgument, where,
-                  "local tensor has shape " + text(x.sizes()) + " but FSDP2's dim-0 rule gives " + text(want) +
-                      " (" + std::to_string(e.rows()) + " rows over " + std::to_string(world) + " ranks)");
+                  "local tensor has shape " + text(x.sizes()) + " but its layout gives " + text(want) + " (" +
+                      e.layout->Text() + ")");
     }
     if (x.scalar_type() != ToScalarType(e.dtype)) {
       throw Error(ErrorKind::kInvalidArgument, where, "local tensor dtype differs from the plan's");
@@ -152,7 +153,7 @@ RankState RankState::Adopt(const Plan& plan, int rank, std::vector<at::Tensor> t
     if (!x.is_contiguous()) throw Error(ErrorKind::kInvalidArgument, where, "local tensor is not contiguous");
     LocalTensor t;
     t.entry = &e;
-    t.rows = e.Local(world, rank);
+    t.local_shape = local_shape;
     t.tensor = x;
     t.from_checkpoint = e.role != Role::kNonPersistentBuffer;
     s.tensors_.push_back(std::move(t));
@@ -161,17 +162,15 @@ RankState RankState::Adopt(const Plan& plan, int rank, std::vector<at::Tensor> t
 }
 
 void RankState::AllocateShards() {
-  const int world = plan_->world_size();
   for (LocalTensor& t : tensors_) {
     if (!t.is_meta()) continue;
-    t.tensor = AllocateZeroed(Sizes(t.entry->LocalShape(world, rank_)), ToScalarType(t.entry->dtype), options_.target,
+    t.tensor = AllocateZeroed(Sizes(t.local_shape), ToScalarType(t.entry->dtype), options_.target,
                               options_);
   }
 }
 
 at::Tensor LocalTensor::MetaTensor() const {
-  std::vector<int64_t> sizes = Sizes(entry->shape);
-  if (!sizes.empty()) sizes[0] = static_cast<int64_t>(rows.rows());
+  std::vector<int64_t> sizes = Sizes(local_shape);
   return at::empty(sizes, at::TensorOptions().dtype(ToScalarType(entry->dtype)).device(at::kMeta));
 }
 

@@ -42,7 +42,7 @@ at::Tensor AllocateZeroed(at::IntArrayRef sizes, at::ScalarType dtype, Target ta
 
 struct LocalTensor {
   const PlanEntry* entry = nullptr;
-  RowRange rows;               // this rank's rows, in global row indices
+  std::vector<uint64_t> local_shape;  // this rank's piece (runtime/layout.h), as a local tensor
   at::Tensor tensor;           // undefined until allocated (parameters, sidecars); real for buffers
   bool is_meta() const { return !tensor.defined() || tensor.is_meta(); }
   at::Tensor MetaTensor() const;  // a meta tensor of the local shape, for callers that want one

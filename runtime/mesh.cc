@@ -10,26 +10,6 @@
 
 namespace shardcast {
 
-std::vector<int> Mesh::Holders(int shard) const {
-  std::vector<int> out;
-  for (int r = 0; r < replicas; ++r) out.push_back(RankOf(r, shard));
-  return out;
-}
-
-std::string Mesh::Text() const {
-  if (replicas == 1) return "1-D, " + std::to_string(shards) + " rank(s)";
-  return std::to_string(replicas) + " x " + std::to_string(shards) + " (replicate x shard)";
-}
-
-Mesh MakeMesh(int world_size, int replicas) {
-  if (replicas < 1 || world_size % replicas != 0) {
-    throw Error(ErrorKind::kInvalidArgument, "mesh",
-                std::to_string(replicas) + " replicas do not divide a world of " + std::to_string(world_size) +
-                    " ranks");
-  }
-  return Mesh{replicas, world_size / replicas};
-}
-
 int NodeMap::nodes() const {
   int n = 0;
   for (int x : node_of_rank) n = std::max(n, x + 1);
@@ -41,14 +21,6 @@ int NodeMap::LeaderOf(int node) const {
     if (node_of_rank[r] == node) return static_cast<int>(r);
   }
   return -1;
-}
-
-std::vector<int> NodeMap::RanksOn(int node) const {
-  std::vector<int> out;
-  for (size_t r = 0; r < node_of_rank.size(); ++r) {
-    if (node_of_rank[r] == node) out.push_back(static_cast<int>(r));
-  }
-  return out;
 }
 
 long long LocalNodeKey() {

@@ -15,43 +15,50 @@ RowRange ShardRows(uint64_t n, int world, int rank) {
   return range;
 }
 
-uint64_t PlanEntry::row_bytes() const {
-  uint64_t b = DTypeSize(dtype);
-  for (size_t i = 1; i < shape.size(); ++i) b *= shape[i];
-  return b;
-}
-
-RowRange PlanEntry::Local(int world, int rank) const {
-  if (placement.kind == Placement::kReplicate) return RowRange{0, rows()};
-  return ShardRows(rows(), world, rank);
-}
-
-std::vector<uint64_t> PlanEntry::LocalShape(int world, int rank) const {
-  std::vector<uint64_t> s = shape;
-  if (!s.empty()) s[0] = Local(world, rank).rows();
-  return s;
+uint64_t PlanEntry::numel() const {
+  uint64_t n = 1;
+  for (uint64_t d : shape) n *= d;
+  return n;
 }
 
 Plan Plan::Build(ModelSpec spec, int world_size, const PlanOptions& options) {
   if (world_size < 1) {
     throw Error(ErrorKind::kInvalidArgument, "plan", "world size must be at least 1, got " + std::to_string(world_size));
   }
+  if (options.replicas < 1 || world_size % options.replicas != 0) {
+    throw Error(ErrorKind::kInvalidArgument, "mesh",
+                std::to_string(options.replicas) + " replicas do not divide a world of " +
+                    std::to_string(world_size) + " ranks");
+  }
   Plan plan;
   plan.world_size_ = world_size;
   plan.spec_ = std::move(spec);
+  plan.layouts_ = {ReplicatedLayout(), DimZeroLayout(world_size, options.replicas)};
+  plan.layouts_.insert(plan.layouts_.end(), options.layouts.begin(), options.layouts.end());
   plan.entries_.reserve(plan.spec_.entries.size());
   for (const SpecEntry& e : plan.spec_.entries) {
     PlanEntry p(e);
     const bool buffer = e.role == Role::kPersistentBuffer || e.role == Role::kNonPersistentBuffer;
-    if (e.shape.empty() || e.replicated || buffer) {
-      p.placement.kind = Placement::kReplicate;
-    } else if (auto it = options.shard_dims.find(e.key); it != options.shard_dims.end() && it->second != 0) {
-      throw Error(ErrorKind::kUnsupported, e.key,
-                  "Shard(" + std::to_string(it->second) + ") is not supported: its rows are not contiguous; "
-                  "only Shard(0) and Replicate are");
+    if (auto it = options.layout_of.find(e.key); it != options.layout_of.end()) {
+      if (it->second >= options.layouts.size()) {
+        throw Error(ErrorKind::kInternal, e.key, "layout index out of range");
+      }
+      p.layout_index = 2 + it->second;
+      const Layout& l = plan.layouts_[p.layout_index];
+      l.Check(e.shape.size(), "key '" + e.key + "'");
+      for (int r : l.ranks) {
+        if (r >= world_size) {
+          throw Error(ErrorKind::kInvalidArgument, "key '" + e.key + "'",
+                      l.Text() + " names rank " + std::to_string(r) + " outside a world of " +
+                          std::to_string(world_size));
+        }
+      }
+    } else {
+      p.layout_index = e.shape.empty() || e.replicated || buffer ? 0 : 1;
     }
     plan.entries_.push_back(std::move(p));
   }
+  for (PlanEntry& p : plan.entries_) p.layout = &plan.layouts_[p.layout_index];
   plan.index_.reserve(plan.entries_.size());
   for (size_t i = 0; i < plan.entries_.size(); ++i) plan.index_.emplace(plan.entries_[i].key, i);
   return plan;
@@ -72,7 +79,7 @@ void Plan::CheckRank(int rank) const {
 Plan::RankBytes Plan::LocalBytes(int rank) const {
   CheckRank(rank);
   RankBytes b;
-  for (const auto& e : entries_) b.by_role[static_cast<int>(e.role)] += e.Local(world_size_, rank).rows() * e.row_bytes();
+  for (const auto& e : entries_) b.by_role[static_cast<int>(e.role)] += e.PieceOf(rank).numel() * DTypeSize(e.dtype);
   return b;
 }
 
@@ -80,7 +87,7 @@ std::vector<const PlanEntry*> Plan::EntriesWithoutRows(int rank) const {
   CheckRank(rank);
   std::vector<const PlanEntry*> out;
   for (const auto& e : entries_) {
-    if (e.placement.kind == Placement::kShard && e.Local(world_size_, rank).empty()) out.push_back(&e);
+    if (!e.replicated() && e.PieceOf(rank).numel() == 0) out.push_back(&e);
   }
   return out;
 }

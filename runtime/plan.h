@@ -1,16 +1,19 @@
-// runtime/plan: which rows of which entry each rank holds, by FSDP2's rule.
+// runtime/plan: the entries of a model and how each is laid out over the ranks (runtime/layout.h).
 //
-// Shard(0) splits dim 0 the way torch.chunk does: chunks of ceil(n / W) rows, so trailing ranks get
-// fewer rows or none (n=5, W=4: 2, 2, 1, 0; n=3, W=8: 1, 1, 1 and five empty ranks). 0-dim entries,
-// buffers, and entries the spec declares replicated are Replicate: every rank holds all of it. The
-// global shape is always kept explicitly, never derived as local x world.
+// Every entry has a Layout: its DTensor's mesh and placements. By default a sharded entry gets FSDP2's
+// dim-0 layout over the whole world (or HSDP's (Replicate(), Shard(0)) on (R, W / R)), and 0-dim
+// entries, buffers and entries the spec declares replicated are Replicate on every rank. A caller with
+// real DTensors (the Python binding) gives each entry its own layout: TP, EP, 2-D and 3-D meshes,
+// _StridedShard, different meshes for different entries. Shard(0) is one layout among these:
 //
 //   entry [n rows]   rank 0      rank 1      ...   rank W-1
 //   Shard(0)         [0, c)      [c, 2c)           [min((W-1)c, n), n)     c = ceil(n / W)
 //   Replicate        [0, n)      [0, n)            [0, n)
 //
-// Thread safety: immutable after Build. Failure: kInvalidArgument (world size, rank),
-// kUnsupported (Shard(d) for d != 0, naming the key).
+// The global shape is always kept explicitly, never derived as local x world.
+//
+// Thread safety: immutable after Build. Failure: kInvalidArgument (world size, rank, a layout that does
+// not fit its entry, naming the key).
 #pragma once
 
 #include <cstdint>
@@ -21,13 +24,9 @@
 #include <vector>
 
 #include "loaders/model_spec.h"
+#include "runtime/layout.h"
 
 namespace shardcast {
-
-struct Placement {
-  enum Kind { kShard, kReplicate } kind = kShard;
-  int dim = 0;  // for kShard
-};
 
 struct RowRange {
   uint64_t begin = 0, end = 0;
@@ -35,7 +34,7 @@ struct RowRange {
   bool empty() const { return begin == end; }
 };
 
-// FSDP2's dim-0 rule for n rows over `world` ranks. REQUIRES: 0 <= rank < world.
+// FSDP2's dim-0 rule for n rows over `world` ranks (torch.chunk's). REQUIRES: 0 <= rank < world.
 RowRange ShardRows(uint64_t n, int world, int rank);
 
 // Refers into the ModelSpec its Plan owns: a plan of 100k entries adds no copy of keys or shapes.
@@ -47,20 +46,22 @@ struct PlanEntry {
   const std::vector<uint64_t>& shape;  // global
   DType dtype;
   Role role;
-  Placement placement;
   const std::string& init_rule;  // non-persistent buffers
+  const Layout* layout = nullptr;  // into the plan's layout table
+  uint32_t layout_index = 0;
 
-  uint64_t rows() const { return shape.empty() ? 1 : shape[0]; }
-  uint64_t row_bytes() const;          // bytes of one dim-0 row (all of a 0-dim entry)
-  uint64_t nbytes() const { return rows() * row_bytes(); }
-  RowRange Local(int world, int rank) const;
-  std::vector<uint64_t> LocalShape(int world, int rank) const;
+  uint64_t numel() const;
+  uint64_t nbytes() const { return numel() * DTypeSize(dtype); }
+  bool replicated() const { return layout->replicated(); }
+  Piece PieceOf(int rank) const { return shardcast::PieceOf(shape, *layout, rank); }
+  std::vector<uint64_t> LocalShape(int rank) const { return PieceOf(rank).LocalShape(); }
 };
 
 struct PlanOptions {
-  // key -> shard dim, for entries a model shards on a dim other than 0 (default: none). Non-zero dims
-  // are not supported yet and are rejected by name.
-  std::map<std::string, int> shard_dims;
+  int replicas = 1;  // default 1 (FSDP2). R > 1: HSDP's (Replicate(), Shard(0)) on (R, W / R)
+  // Per-entry layouts (default: none, every entry gets the default above): layouts[layout_of[key]].
+  std::vector<Layout> layouts;
+  std::map<std::string, uint32_t> layout_of;
 };
 
 class Plan {
@@ -71,12 +72,14 @@ class Plan {
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
 
-  // Takes the spec (move it in where the caller is done with it); entries refer into it.
+  // Takes the spec (move it in where the caller is done with it); entries refer into it. world_size:
+  // every rank of the communicator.
   static Plan Build(ModelSpec spec, int world_size, const PlanOptions& options = {});
 
   const ModelSpec& spec() const { return spec_; }
   int world_size() const { return world_size_; }
   const std::vector<PlanEntry>& entries() const { return entries_; }
+  const std::vector<Layout>& layouts() const { return layouts_; }
   const PlanEntry* Find(const std::string& key) const;
 
   struct RankBytes {
@@ -84,12 +87,13 @@ class Plan {
     uint64_t total() const { return by_role[0] + by_role[1] + by_role[2] + by_role[3]; }
   };
   RankBytes LocalBytes(int rank) const;
-  std::vector<const PlanEntry*> EntriesWithoutRows(int rank) const;  // sharded entries this rank holds none of
+  std::vector<const PlanEntry*> EntriesWithoutRows(int rank) const;  // sharded entries this rank holds nothing of
   void CheckRank(int rank) const;  // throws kInvalidArgument naming rank and world size
 
  private:
   int world_size_ = 1;
   ModelSpec spec_;
+  std::vector<Layout> layouts_;  // [0] replicated, [1] the default sharded layout, then the caller's
   std::vector<PlanEntry> entries_;
   std::unordered_map<std::string_view, size_t> index_;
 };

@@ -15,13 +15,15 @@ std::vector<int> AllRanks(int world) {
   return out;
 }
 
-// Replicated entries, in every route but each-rank: rank 0 reads and broadcasts.
-Task BroadcastFromRank0(int rank, int world, bool verify) {
+constexpr int kCoordinator = 0;  // reads broadcast entries in read-once routes; collects save-rank0
+
+// Broadcast entries, in every route but each-rank: the coordinator reads and broadcasts.
+Task BroadcastFromCoordinator(int rank, int world, bool verify) {
   Task t;
   t.keep = t.broadcast = true;
-  t.peer = 0;
-  t.read = rank == 0;
-  if (verify && rank == 0) t.verify_for = AllRanks(world);
+  t.peer = kCoordinator;
+  t.read = rank == kCoordinator;
+  if (verify && rank == kCoordinator) t.verify_for = AllRanks(world);
   return t;
 }
 
@@ -29,20 +31,19 @@ class Rank0Route : public Route {
  public:
   using Route::Route;
   const char* name() const override { return "rank0"; }
-  bool Reads(int rank, bool) const override { return rank == 0; }
+  bool Reads(int rank, bool) const override { return rank == kCoordinator; }
   bool Communicates() const override { return true; }
-  std::vector<int> VerifiersOf(int) const override { return {0}; }
   Task For(const Message& msg, int rank, bool verify) const override {
-    if (msg.dest == kBroadcast) return BroadcastFromRank0(rank, mesh_.world(), verify);
+    if (msg.dest == kBroadcast) return BroadcastFromCoordinator(rank, world_, verify);
     const std::vector<int> holders = Holders(msg);
-    std::vector<int> chain;  // the holders other than rank 0, each forwarding to the next
+    std::vector<int> chain;  // the holders other than the reader, each forwarding to the next
     for (int h : holders) {
-      if (h != 0) chain.push_back(h);
+      if (h != kCoordinator) chain.push_back(h);
     }
     Task t;
-    if (rank == 0) {
+    if (rank == kCoordinator) {
       t.read = true;
-      t.keep = Contains(holders, 0);
+      t.keep = Contains(holders, kCoordinator);
       if (!chain.empty()) t.send_to = {chain[0]};
       if (verify) t.verify_for = holders;
       return t;
@@ -50,7 +51,7 @@ class Rank0Route : public Route {
     for (size_t i = 0; i < chain.size(); ++i) {
       if (chain[i] != rank) continue;
       t.receive = t.keep = true;
-      t.peer = i == 0 ? 0 : chain[i - 1];
+      t.peer = i == 0 ? kCoordinator : chain[i - 1];
       if (i + 1 < chain.size()) t.send_to = {chain[i + 1]};
     }
     return t;
@@ -63,17 +64,13 @@ class EachRankRoute : public Route {
   const char* name() const override { return "each-rank"; }
   bool Reads(int, bool) const override { return true; }
   bool Communicates() const override { return false; }
-  std::vector<int> VerifiersOf(int rank) const override {
-    const int next = (rank + 1) % mesh_.world();
-    return next == 0 ? std::vector<int>{0} : std::vector<int>{0, next};  // rank 0 verifies broadcasts
-  }
   Task For(const Message& msg, int rank, bool verify) const override {
-    const int world = mesh_.world();
+    const int world = world_;
     const std::vector<int> holders = Holders(msg);
     Task t;
     t.peer = rank;
     t.keep = Contains(holders, rank);
-    if (verify && msg.dest == kBroadcast && rank == 0) t.verify_for = holders;
+    if (verify && msg.dest == kBroadcast && rank == kCoordinator) t.verify_for = holders;
     if (verify && msg.dest != kBroadcast) {
       for (int h : holders) {
         if ((h + 1) % world == rank) t.verify_for.push_back(h);
@@ -90,7 +87,6 @@ class NodeLeaderRoute : public Route {
   const char* name() const override { return "node-leader"; }
   bool Reads(int rank, bool) const override { return nodes_.LeaderOf(nodes_.node_of_rank[rank]) == rank; }
   bool Communicates() const override { return true; }
-  std::vector<int> VerifiersOf(int rank) const override { return {nodes_.LeaderOf(nodes_.node_of_rank[rank])}; }
   Task For(const Message& msg, int rank, bool verify) const override {
     const int node = nodes_.node_of_rank[rank], leader = nodes_.LeaderOf(node);
     std::vector<int> local;  // the holders on this node
@@ -120,13 +116,8 @@ class StripedRoute : public Route {
   const char* name() const override { return "striped"; }
   bool Reads(int, bool) const override { return true; }
   bool Communicates() const override { return true; }
-  std::vector<int> VerifiersOf(int rank) const override {
-    std::vector<int> out = mesh_.Holders(mesh_.ShardOf(rank));
-    if (!Contains(out, 0)) out.insert(out.begin(), 0);  // rank 0 reads the replicated entries
-    return out;
-  }
   Task For(const Message& msg, int rank, bool verify) const override {
-    if (msg.dest == kBroadcast) return BroadcastFromRank0(rank, mesh_.world(), verify);
+    if (msg.dest == kBroadcast) return BroadcastFromCoordinator(rank, world_, verify);
     const std::vector<int> holders = Holders(msg);
     const int reader = holders[msg.seq % holders.size()];
     Task t;
@@ -144,25 +135,25 @@ class StripedRoute : public Route {
   }
 };
 
-// A save: the holder of a message's rows reads them from its shards. save-rank0 sends them to rank 0,
-// which writes everything; save-each-rank writes them where they are. Replicated entries (kBroadcast)
-// are read and written by rank 0 alone, once. Verify is not part of a save: no verifiers.
+// A save: a piece's writer is its lowest holder, which reads it from its shards. save-rank0 sends it
+// to the collector, which writes everything; save-each-rank writes it where it is. Broadcast entries
+// are read and written by the collector alone, once. Verify is not part of a save.
 class SaveRoute : public Route {
  public:
-  SaveRoute(bool each_rank, const Mesh& mesh) : Route(mesh, NodeMap{}), each_rank_(each_rank) {}
-  const char* name() const override { return each_rank_ ? "save-each-rank" : "save-rank0"; }
-  bool Reads(int, bool) const override { return true; }  // every rank may hold rows
-  bool Communicates() const override { return !each_rank_; }
-  std::vector<int> VerifiersOf(int) const override { return {}; }
+  SaveRoute(SaveMode mode, int world) : Route(world, NodeMap{}), mode_(mode) {}
+  const char* name() const override { return mode_ == SaveMode::kEachWriter ? "save-each-rank" : "save-rank0"; }
+  bool Reads(int, bool) const override { return true; }  // every rank may hold pieces
+  bool Communicates() const override { return mode_ == SaveMode::kCollector; }
   Task For(const Message& msg, int rank, bool) const override {
     Task t;
-    const int holder = msg.dest == kBroadcast ? 0 : msg.dest;
-    t.peer = holder;
-    if (rank == holder) {
+    const int writer = msg.dest == kBroadcast ? kCoordinator : msg.dest;  // dest: the lowest holder
+    const bool each = mode_ == SaveMode::kEachWriter;
+    t.peer = writer;
+    if (rank == writer) {
       t.read = true;
-      t.keep = each_rank_ || holder == 0;
-      if (!t.keep) t.send_to = {0};
-    } else if (rank == 0 && !each_rank_) {
+      t.keep = each || writer == kCoordinator;
+      if (!t.keep) t.send_to = {kCoordinator};
+    } else if (rank == kCoordinator && !each) {
       t.receive = true;
       t.keep = true;
     }
@@ -170,28 +161,28 @@ class SaveRoute : public Route {
   }
 
  private:
-  bool each_rank_;
+  SaveMode mode_;
 };
 
 }  // namespace
 
 std::vector<int> Route::Holders(const Message& msg) const {
-  if (msg.dest == kBroadcast) return AllRanks(mesh_.world());
-  return mesh_.Holders(msg.dest);
+  if (msg.dest == kBroadcast) return AllRanks(world_);
+  return *msg.holders;
 }
 
-std::unique_ptr<Route> Route::Make(Source source, const Mesh& mesh, const NodeMap& nodes) {
+std::unique_ptr<Route> Route::Make(Source source, int world, const NodeMap& nodes) {
   switch (source) {
-    case Source::kRank0: return std::make_unique<Rank0Route>(mesh, nodes);
-    case Source::kEachRank: return std::make_unique<EachRankRoute>(mesh, nodes);
-    case Source::kNodeLeader: return std::make_unique<NodeLeaderRoute>(mesh, nodes);
-    case Source::kStriped: return std::make_unique<StripedRoute>(mesh, nodes);
+    case Source::kRank0: return std::make_unique<Rank0Route>(world, nodes);
+    case Source::kEachRank: return std::make_unique<EachRankRoute>(world, nodes);
+    case Source::kNodeLeader: return std::make_unique<NodeLeaderRoute>(world, nodes);
+    case Source::kStriped: return std::make_unique<StripedRoute>(world, nodes);
   }
   throw Error(ErrorKind::kInternal, "route", "unknown source");
 }
 
-std::unique_ptr<Route> Route::MakeSave(bool each_rank, int world_size) {
-  return std::make_unique<SaveRoute>(each_rank, Mesh{1, world_size});
+std::unique_ptr<Route> Route::MakeSave(SaveMode mode, int world_size) {
+  return std::make_unique<SaveRoute>(mode, world_size);
 }
 
 }  // namespace shardcast

@@ -1,6 +1,6 @@
 // runtime/route: for every message of the schedule, which rank reads it from storage and how its
-// bytes reach the ranks that hold them (its holders: the R replicas of its shard index, or every rank
-// for a replicated entry). The stream has one loop; a source is a Route.
+// bytes reach the ranks that hold them (its holders: the replicas of its piece, from the entry's
+// layout, or every rank for a broadcast). The stream has one loop; a source is a Route.
 //
 //   rank0        global rank 0 reads everything. A shard's rows go to its first holder, which forwards
 //                them to the next replica, and so on: rank 0 never sends R copies. Replicated entries
@@ -12,18 +12,19 @@
 //                sends them to the other replicas; replicated entries are read by rank 0 and broadcast.
 //                Reads: 1x, spread over every rank.
 //
-// Saves run the same schedule with the data flowing the other way: a rank "reads" its rows out of
-// its own shards (ShardSource) and "keeps" them by writing them into the output files (FileSink).
+// Saves run the same schedule with the data flowing the other way: a piece's writer (its lowest
+// holder: one writer per byte, whatever the replicas) "reads" it out of its own shards (ShardSource)
+// and it is "kept" by writing it into the output files (FileSink).
 //
-//   save-rank0      each rank reads its own rows and sends them to rank 0, which writes every byte
-//                   (node-local disks); rank 0 reads and writes its own rows and every replicated entry
-//   save-each-rank  each rank writes its own rows into the shared files; nothing crosses the wire;
-//                   replicated entries are written by rank 0 alone
+//   save-rank0      each writer sends its pieces to the collector (rank 0), which writes every byte
+//                   (node-local disks); broadcast entries are read and written by rank 0
+//   save-each-rank  each writer writes its pieces into the shared files; nothing crosses the wire;
+//                   broadcast entries are written by rank 0 alone
 //
 // With verify, the rank that reads a message also hashes it as the expected digests of the holders it
 // serves (`verify_for`). each-rank has no sender, so there the next rank reads each rank's rows a
-// second time, from its own view of the files. Everything is derived from the agreed manifest, mesh
-// and node map alone.
+// second time, from its own view of the files. Everything is derived from the agreed manifest (its
+// layouts) and node map alone.
 //
 // Thread safety: immutable; safe from any thread.
 #pragma once
@@ -31,7 +32,7 @@
 #include <memory>
 #include <vector>
 
-#include "runtime/mesh.h"
+#include "runtime/mesh.h"  // NodeMap
 #include "runtime/schedule.h"
 
 namespace shardcast {
@@ -50,7 +51,7 @@ struct Task {
 
 class Route {
  public:
-  Route(const Mesh& mesh, const NodeMap& nodes) : mesh_(mesh), nodes_(nodes) {}
+  Route(int world_size, const NodeMap& nodes) : world_(world_size), nodes_(nodes) {}
   virtual ~Route() = default;
   virtual const char* name() const = 0;
   // Whether `rank` reads anything from storage (and so must open the checkpoint and agree on files).
@@ -58,19 +59,16 @@ class Route {
   virtual Task For(const Message& msg, int rank, bool verify) const = 0;
   // Whether data crosses the wire during the stream (a failure then needs the store to agree).
   virtual bool Communicates() const = 0;
-  // The ranks that hash expected digests for the rows `rank` holds (verify).
-  virtual std::vector<int> VerifiersOf(int rank) const = 0;
-
-  // The ranks that keep `msg`: its shard index's replicas, or every rank for a replicated entry.
+  // The ranks that keep `msg`: its piece's holders, or every rank for a broadcast.
   std::vector<int> Holders(const Message& msg) const;
-  const Mesh& mesh() const { return mesh_; }
+  int world_size() const { return world_; }
 
-  static std::unique_ptr<Route> Make(Source source, const Mesh& mesh, const NodeMap& nodes);
-  // save-each-rank (each_rank) or save-rank0, over a 1-D mesh of `world_size` ranks.
-  static std::unique_ptr<Route> MakeSave(bool each_rank, int world_size);
+  static std::unique_ptr<Route> Make(Source source, int world_size, const NodeMap& nodes);
+  enum class SaveMode { kCollector, kEachWriter };  // save-rank0 (rank 0 collects), save-each-rank
+  static std::unique_ptr<Route> MakeSave(SaveMode mode, int world_size);
 
  protected:
-  Mesh mesh_;
+  int world_;
   NodeMap nodes_;
 };
 

@@ -43,7 +43,7 @@ Problem Try(F&& step) {
 
 // Step 1: rank 0 decides, broadcasts (nothing, if it failed: every rank runs the same collectives),
 // every rank checks; one verdict.
-Agreed Layout(Communicator& comm, const Plan& plan, const SaveRequest* rq, Problem local) {
+Agreed DecideTogether(Communicator& comm, const Plan& plan, const SaveRequest* rq, Problem local) {
   Agreed a;
   std::string blob;
   const int me = comm.rank();
@@ -126,7 +126,8 @@ void Write(Communicator& comm, RankState* state, const SaveRequest& rq, const Ag
   mine->create_seconds = Since(t);
 
   t = Clock::now();
-  const auto route = Route::MakeSave(each_rank, comm.world_size());
+  const auto route =
+      Route::MakeSave(each_rank ? Route::SaveMode::kEachWriter : Route::SaveMode::kCollector, comm.world_size());
   StreamContext ctx;
   ctx.comm = &comm;
   ctx.manifest = &m;
@@ -195,7 +196,7 @@ std::vector<SaveRankReport> Gather(Communicator& comm, const SaveRankReport& m) 
 
 void FailSave(Communicator& comm, ErrorKind kind, const std::string& problem) {
   Plan none;
-  Together(comm, [&] { return Layout(comm, none, nullptr, Problem{kind, problem}); });
+  Together(comm, [&] { return DecideTogether(comm, none, nullptr, Problem{kind, problem}); });
   throw Error(kind, "save layout", problem);  // not reached: the verdict throws for a problem
 }
 
@@ -211,7 +212,7 @@ SaveReport Save(Communicator& comm, RankState* state, const SaveRequest& rq) {
   SaveRankReport mine;
   mine.rank = comm.rank();
 
-  Agreed a = Together(comm, [&] { return Layout(comm, state->plan(), &rq, {}); });
+  Agreed a = Together(comm, [&] { return DecideTogether(comm, state->plan(), &rq, {}); });
   mine.layout_seconds = Since(t0);
   StreamStats stats;
   try {

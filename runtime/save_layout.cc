@@ -38,7 +38,7 @@ void Entries(const Plan& plan, const SaveRequest& rq, Manifest* m) {
   std::unordered_set<std::string> seen;
   for (const PlanEntry& e : plan.entries()) {
     if (e.role == Role::kNonPersistentBuffer) continue;
-    ManifestEntry me{e.key, e.dtype, e.shape, e.role, e.placement.kind, {}};
+    ManifestEntry me{e.key, e.dtype, e.shape, e.role, e.layout_index, {}};
     const DType file_dtype = FileDType(e.dtype, rq.dtype);
     auto it = rq.outputs.find(e.key);
     const std::vector<SaveOutput> own{{e.key, e.shape}};
@@ -141,6 +141,7 @@ Agreed Decide(const Plan& plan, const SaveRequest& rq, int world) {
   std::snprintf(id, sizeof(id), "%d-%08x", static_cast<int>(::getpid()), rd());
   a.tmp_dir = a.out_dir + ".tmp-" + id;
   a.manifest.world_size = world;
+  a.manifest.layouts = plan.layouts();
   a.manifest.params = StreamParamsFrom(rq.options);
   a.manifest.params.verify = a.manifest.params.strict_keys = false;
   Entries(plan, rq, &a.manifest);

@@ -2,54 +2,41 @@
 
 #include <algorithm>
 
+#include "allocators/error.h"
+
 namespace shardcast {
-namespace {
-
-uint64_t Numel(const std::vector<uint64_t>& s) {
-  uint64_t n = 1;
-  for (uint64_t d : s) n *= d;
-  return n;
-}
-
-uint64_t Rows(const ManifestEntry& e) { return e.shape.empty() ? 1 : e.shape[0]; }
-
-// Calls fn(part, element offset within the part, count) for the parts that supply elements
-// [first, first + n) of an entry, in order.
-template <typename F>
-void ForEachPart(const ManifestEntry& e, uint64_t first, uint64_t n, F&& fn) {
-  uint64_t start = 0;  // the entry element at which the current part begins
-  for (uint32_t p = 0; p < e.parts.size() && n > 0; ++p) {
-    const uint64_t size = e.parts[p].numel;
-    if (first < start + size) {
-      const uint64_t within = first - start, k = std::min(n, size - within);
-      fn(p, within, k);
-      first += k;
-      n -= k;
-    }
-    start += size;
-  }
-}
-
-Segment MakeSegment(const ManifestEntry& e, uint32_t index, uint32_t part, uint64_t within, uint64_t k,
-                    uint64_t local_elem) {
-  const ManifestPart& p = e.parts[part];
-  const uint64_t ss = DTypeSize(p.source_dtype), ts = DTypeSize(e.target_dtype);
-  return Segment{index, part, within, k, p.offset + within * ss, k * ss, local_elem * ts, k * ts};
-}
-
-}  // namespace
 
 Schedule::Schedule(const Manifest& m)
-    : m_(m), world_(m.world_size), chunk_(m.params.chunk_bytes),
+    : m_(m), world_(m.world_size), chunk_(std::max<uint64_t>(1, m.params.chunk_bytes)),
       coalesce_(std::min(m.params.coalesce_bytes, m.params.chunk_bytes)) {}
+
+const Schedule::Pieces& Schedule::PiecesOf(uint32_t entry) {
+  const ManifestEntry& e = m_.entries[entry];
+  auto key = std::make_pair(e.layout, e.shape);
+  auto it = pieces_.find(key);
+  if (it != pieces_.end()) return it->second;
+  Pieces p;
+  p.holdings = Holdings(e.shape, m_.LayoutOf(e), world_);
+  for (const Holding& h : p.holdings) p.holders.push_back(std::make_shared<const std::vector<int>>(h.holders));
+  uint64_t numel = 1;
+  for (uint64_t d : e.shape) numel *= d;
+  p.broadcast = p.holdings.size() == 1 && p.holdings[0].holders.size() == static_cast<size_t>(world_) &&
+                p.holdings[0].piece.numel() == numel;
+  return pieces_.emplace(std::move(key), std::move(p)).first->second;
+}
 
 bool Schedule::Next(Message* out) {
   while (queue_.empty()) {
-    while (next_broadcast_ < m_.entries.size() && m_.entries[next_broadcast_].placement != Placement::kReplicate) {
-      ++next_broadcast_;
-    }
+    while (next_broadcast_ < m_.entries.size() && !PiecesOf(next_broadcast_).broadcast) ++next_broadcast_;
     if (next_broadcast_ < m_.entries.size()) {
-      FillBroadcast(next_broadcast_++);
+      const uint32_t e = next_broadcast_++;
+      const Pieces& p = PiecesOf(e);
+      ForEachRuns(m_.entries[e].shape, p.holdings[0].piece, [&](const StridedRuns& r) {
+        Cut(e, r, [&](Segment&& s) {
+          const uint64_t bytes = s.target_bytes;
+          Push(Message{0, kBroadcast, nullptr, {s}, bytes});
+        });
+      });
       continue;
     }
     if (next_shard_ >= m_.entries.size()) return false;
@@ -65,74 +52,128 @@ void Schedule::Push(Message&& m) {
   queue_.push_back(std::move(m));
 }
 
-// Elements [first, first + n) of an entry as single-segment messages to `dest`, each at most a chunk
-// (or one part row, if larger), cut on part rows where the range is row-aligned; local offsets count
-// from element `local_first`.
-void Schedule::Split(uint32_t entry, int dest, uint64_t first, uint64_t n, uint64_t local_first) {
-  const ManifestEntry& e = m_.entries[entry];
-  uint64_t at = first;
-  ForEachPart(e, first, n, [&](uint32_t part, uint64_t within, uint64_t count) {
-    const ManifestPart& p = e.parts[part];
-    const uint64_t widest = std::max(DTypeSize(p.source_dtype), DTypeSize(e.target_dtype));
-    const uint64_t row = std::max<uint64_t>(1, p.row_elems());
-    const uint64_t unit = within % row == 0 && count % row == 0 ? row : 1;
-    const uint64_t per = std::max(unit, chunk_ / widest / unit * unit);
-    for (uint64_t done = 0; done < count; done += per) {
-      const uint64_t k = std::min(per, count - done);
-      Segment s = MakeSegment(e, entry, part, within + done, k, at + done - local_first);
-      Push(Message{0, dest, {s}, s.target_bytes});
-    }
-    at += count;
-  });
-}
-
-void Schedule::FillBroadcast(uint32_t e) {
-  const uint64_t n = Numel(m_.entries[e].shape);
-  if (n > 0) Split(e, kBroadcast, 0, n, 0);
-}
-
+// Consecutive entries up to world x chunk bytes; their pieces grouped by holder set, each group's
+// pieces packed (small) or split into chunks (large).
 void Schedule::FillBatch() {
-  std::vector<uint32_t> batch;
+  struct Item {
+    uint32_t entry;
+    const Holding* holding;
+  };
+  std::vector<std::pair<std::shared_ptr<const std::vector<int>>, std::vector<Item>>> groups;
+  std::map<std::vector<int>, size_t> group_of;
   uint64_t bytes = 0;
   const uint64_t limit = chunk_ * static_cast<uint64_t>(world_);
-  while (next_shard_ < m_.entries.size() && (batch.empty() || bytes < limit)) {
-    const ManifestEntry& e = m_.entries[next_shard_];
-    if (e.placement == Placement::kShard) {
-      batch.push_back(next_shard_);
-      bytes += Numel(e.shape) * DTypeSize(e.target_dtype);
+  bool any = false;
+  while (next_shard_ < m_.entries.size() && (!any || bytes < limit)) {
+    const uint32_t i = next_shard_++;
+    const Pieces& p = PiecesOf(i);
+    if (p.broadcast) continue;
+    any = true;
+    const ManifestEntry& e = m_.entries[i];
+    uint64_t numel = 1;
+    for (uint64_t d : e.shape) numel *= d;
+    bytes += numel * DTypeSize(e.target_dtype);
+    for (size_t h = 0; h < p.holdings.size(); ++h) {
+      auto [it, fresh] = group_of.emplace(p.holdings[h].holders, groups.size());
+      if (fresh) groups.push_back({p.holders[h], {}});
+      groups[it->second].second.push_back(Item{i, &p.holdings[h]});
     }
-    ++next_shard_;
   }
-  for (int r = 0; r < world_; ++r) EmitRank(r, batch);
+  for (auto& [holders, items] : groups) {
+    const int dest = holders->front();
+    Message pack{0, dest, holders, {}, 0};
+    auto flush = [&] {
+      if (!pack.segments.empty()) Push(std::move(pack));
+      pack = Message{0, dest, holders, {}, 0};
+    };
+    for (const Item& item : items) {
+      const ManifestEntry& e = m_.entries[item.entry];
+      const uint64_t n = item.holding->piece.numel() * DTypeSize(e.target_dtype);
+      const bool large = n >= coalesce_;
+      if (large) flush();
+      if (!large && pack.target_bytes + n > coalesce_) flush();
+      ForEachRuns(e.shape, item.holding->piece, [&](const StridedRuns& r) {
+        Cut(item.entry, r, [&](Segment&& s) {
+          if (large) {
+            const uint64_t b = s.target_bytes;
+            Push(Message{0, dest, holders, {s}, b});
+          } else {
+            pack.target_bytes += s.target_bytes;
+            pack.segments.push_back(s);
+          }
+        });
+      });
+    }
+    flush();
+  }
 }
 
-void Schedule::EmitRank(int r, const std::vector<uint32_t>& batch) {
-  Message pack{0, r, {}, 0};
-  auto flush = [&] {
-    if (!pack.segments.empty()) Push(std::move(pack));
-    pack = Message{0, r, {}, 0};
+// The runs r of an entry, cut on its parts (a composed entry's parts are consecutive in its elements):
+// the runs that lie inside one part form one strided window; a run across a part boundary is cut.
+template <typename F>
+void Schedule::Cut(uint32_t entry, const StridedRuns& r, F&& fn) {
+  const ManifestEntry& e = m_.entries[entry];
+  if (part_starts_of_ != entry) {
+    part_starts_.assign(1, 0);
+    for (const ManifestPart& p : e.parts) part_starts_.push_back(part_starts_.back() + p.numel);
+    part_starts_of_ = entry;
+  }
+  const uint64_t ts = DTypeSize(e.target_dtype);
+  auto part_at = [&](uint64_t element) {
+    return static_cast<uint32_t>(std::upper_bound(part_starts_.begin(), part_starts_.end(), element) -
+                                 part_starts_.begin() - 1);
   };
-  for (uint32_t i : batch) {
-    const ManifestEntry& e = m_.entries[i];
-    const uint64_t rows = Rows(e), row_elems = rows ? Numel(e.shape) / rows : 0;
-    const RowRange mine = ShardRows(rows, world_, r);
-    const uint64_t first = mine.begin * row_elems, n = mine.rows() * row_elems;
-    if (n == 0) continue;
-    const uint64_t ts = DTypeSize(e.target_dtype);
-    if (n * ts >= coalesce_) {  // large: its own chunk-sized messages, received in place
-      flush();
-      Split(i, r, first, n, first);
+  uint64_t i = 0;
+  while (i < r.runs) {
+    const uint64_t s = r.first + i * r.stride;
+    const uint32_t p = part_at(s);
+    if (p >= e.parts.size()) throw Error(ErrorKind::kInternal, e.key, "a run past the entry's parts");
+    const uint64_t end = part_starts_[p + 1];
+    if (s + r.count <= end) {
+      uint64_t j = i;
+      if (r.runs > 1 && r.stride > 0) j = std::min(r.runs - 1, i + (end - r.count - s) / r.stride);
+      Chunks(entry, p, s - part_starts_[p], r.count, j - i + 1, r.stride, (r.local_first + i * r.local_stride) * ts,
+             r.local_stride * ts, fn);
+      i = j + 1;
       continue;
     }
-    if (pack.target_bytes + n * ts > coalesce_) flush();
-    uint64_t at = first;
-    ForEachPart(e, first, n, [&](uint32_t part, uint64_t within, uint64_t count) {
-      pack.segments.push_back(MakeSegment(e, i, part, within, count, at - first));
-      at += count;
-    });
-    pack.target_bytes += n * ts;
+    uint64_t at = s, left = r.count, local = r.local_first + i * r.local_stride;
+    while (left > 0) {
+      const uint32_t q = part_at(at);
+      const uint64_t k = std::min(left, part_starts_[q + 1] - at);
+      Chunks(entry, q, at - part_starts_[q], k, 1, k, local * ts, k * ts, fn);
+      at += k, local += k, left -= k;
+    }
+    ++i;
   }
-  flush();
+}
+
+// A strided window of one part as segments of at most a chunk: several runs per segment where a run is
+// smaller than a chunk, else each run alone, cut on the part's rows where the run is row-aligned.
+template <typename F>
+void Schedule::Chunks(uint32_t entry, uint32_t part, uint64_t within, uint64_t count, uint64_t runs, uint64_t stride,
+                      uint64_t local, uint64_t local_stride, F&& fn) {
+  const ManifestEntry& e = m_.entries[entry];
+  const ManifestPart& p = e.parts[part];
+  const uint64_t ss = DTypeSize(p.source_dtype), ts = DTypeSize(e.target_dtype), widest = std::max(ss, ts);
+  auto emit = [&](uint64_t first, uint64_t k, uint64_t n, uint64_t at) {
+    const uint64_t st = n > 1 ? stride : k, lst = n > 1 ? local_stride : k * ts;
+    fn(Segment{entry, part, first, k, n, st, p.offset + first * ss, n * k * ss, at, lst, n * k * ts});
+  };
+  if (runs > 1 && count * widest <= chunk_) {
+    const uint64_t per = std::max<uint64_t>(1, chunk_ / (count * widest));
+    for (uint64_t done = 0; done < runs; done += per) {
+      emit(within + done * stride, count, std::min(per, runs - done), local + done * local_stride);
+    }
+    return;
+  }
+  for (uint64_t run = 0; run < runs; ++run) {
+    const uint64_t first = within + run * stride, at = local + run * local_stride;
+    const uint64_t row = std::max<uint64_t>(1, p.row_elems());
+    const uint64_t unit = first % row == 0 && count % row == 0 ? row : 1;
+    const uint64_t per = std::max(unit, chunk_ / widest / unit * unit);
+    for (uint64_t done = 0; done < count; done += per) emit(first + done, std::min(per, count - done), 1, at + done * ts);
+  }
 }
 
 }  // namespace shardcast

@@ -1,20 +1,30 @@
 // runtime/schedule: the order in which a load moves bytes, derived by every rank from the agreed
-// manifest alone (world size, chunk and coalescing are in it), so readers and receivers agree
+// manifest alone (world size, layouts, chunk and coalescing are in it), so readers and receivers agree
 // without exchanging it.
 //
-// Phase 1, broadcasts: each replicated entry (buffers, 0-dim, declared replicated) in chunks.
-// Phase 2, scatter: consecutive sharded entries are batched up to world x chunk bytes; within a batch,
-// for rank 0..W-1, that rank's rows of each entry form segments. A segment larger than the coalescing
-// size is split into chunk-sized messages received straight into the destination; smaller ones are
-// packed into one message (at most coalesce bytes) that the receiver unpacks.
+// Every entry's layout gives its distinct pieces and their holders (runtime/layout.h: Holdings).
+// Phase 1, broadcasts: each entry that every rank holds whole, in chunks.
+// Phase 2, pieces: consecutive other entries are batched up to world x chunk bytes; within a batch the
+// pieces are grouped by holder set (one rank for FSDP, a replica group for HSDP, a TP x FSDP coordinate
+// ...), in order of first appearance, and for each group its pieces of each entry form segments. A
+// piece larger than the coalescing size is split into chunk-sized messages (received straight into
+// the destination where its local bytes are contiguous); smaller ones are packed into one message (at
+// most coalesce bytes) that the receiver unpacks.
 //
 //   entry A rows:  |-- r0 --|-- r1 --|-- r2 --|-r3-|     batch {A, B}: messages to r0: [A.r0, B.r0]
 //   entry B rows:  |- r0 -|- r1 -|- r2 -|- r3 -|                       to r1: [A.r1, B.r1] ...
 //
-// Cuts fall on row boundaries of the checkpoint part (its own dim-0 rows), so a reader-side
-// conversion (dtype, fp8 blocks) always sees whole rows: a part row larger than the chunk is one
-// message of its own. Within a composed entry whose rank boundary does not fall on a part row, cuts
-// fall on elements. Generated lazily, batch by batch: memory does not grow with the entry count.
+// A segment is a strided window of one checkpoint part: `runs` runs of `count` elements, `stride` apart
+// in the part, landing `local_stride` bytes apart in the local tensor and packed back to back on the
+// wire. A Shard(0) piece is one run; Shard(1) of a matrix is one run per row:
+//
+//   part [4 rows x 6 cols], rank 1 of Shard(1) over 3:   . . X X . .   segment: first 2, count 2,
+//                                                         . . X X . .            runs 4, stride 6
+//
+// Cuts fall on row boundaries of the checkpoint part (its own dim-0 rows) where a piece allows it, so
+// a reader-side conversion (dtype, fp8 blocks) mostly sees whole rows; a part row larger than the
+// chunk is one message of its own. Generated lazily, batch by batch: memory does not grow with the
+// entry count.
 //
 // Worked example, n = 5 rows of 3 bf16 elements, W = 2, chunk = 8 bytes (one row is 6 bytes):
 //   rank 0 holds rows [0, 3): messages rows {0}, {1}, {2};  rank 1 holds rows [3, 5): {3}, {4}
@@ -22,6 +32,8 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
+#include <memory>
 #include <vector>
 
 #include "allocators/host_allocator.h"
@@ -34,12 +46,18 @@ inline constexpr int kBroadcast = -1;
 struct Segment {
   uint32_t entry = 0;          // index into manifest entries
   uint32_t part = 0;           // index into that entry's parts
-  uint64_t first = 0;          // first element within the part
-  uint64_t count = 0;          // elements
+  uint64_t first = 0;          // first element within the part (of run 0)
+  uint64_t count = 0;          // elements per run
+  uint64_t runs = 1;           // runs of `count` elements
+  uint64_t stride = 0;         // elements between the starts of consecutive runs in the part
   uint64_t source_offset = 0;  // absolute file offset of element `first`
-  uint64_t source_bytes = 0;
-  uint64_t local_offset = 0;   // byte offset in the destination's local tensor
-  uint64_t target_bytes = 0;
+  uint64_t source_bytes = 0;   // runs x count in the part's dtype: what is read
+  uint64_t local_offset = 0;   // byte offset of run 0 in the destination's local tensor
+  uint64_t local_stride = 0;   // bytes between the starts of consecutive runs in the local tensor
+  uint64_t target_bytes = 0;   // runs x count in the entry's dtype: on the wire, back to back
+  uint64_t run_bytes() const { return target_bytes / runs; }
+  bool local_contiguous() const { return runs == 1 || local_stride == run_bytes(); }
+  bool source_contiguous() const { return runs == 1 || stride == count; }
 };
 
 // Staging descriptors are many and small: they come from the mimalloc host allocator.
@@ -47,10 +65,12 @@ using SegmentList = std::vector<Segment, HostStlAllocator<Segment>>;
 
 struct Message {
   uint64_t seq = 0;       // position in the schedule, from 0
-  int dest = kBroadcast;  // a rank (its rows), or kBroadcast (a replicated entry: every rank)
+  int dest = kBroadcast;  // kBroadcast (an entry every rank holds whole), or the lowest of its holders
+  std::shared_ptr<const std::vector<int>> holders;  // the ranks that keep it, ascending (not for broadcasts)
   SegmentList segments;
   uint64_t target_bytes = 0;  // sum over segments: the bytes on the wire
-  bool direct() const { return segments.size() == 1; }
+  // One segment whose bytes land contiguously: it can be received in place.
+  bool direct() const { return segments.size() == 1 && segments[0].local_contiguous(); }
 };
 
 class Schedule {
@@ -59,10 +79,18 @@ class Schedule {
   bool Next(Message* out);  // false when done
 
  private:
-  void FillBroadcast(uint32_t e);
+  struct Pieces {  // an entry's holdings, shared by every entry of the same shape and layout
+    std::vector<Holding> holdings;
+    std::vector<std::shared_ptr<const std::vector<int>>> holders;
+    bool broadcast = false;  // one piece, the whole entry, held by every rank
+  };
+  const Pieces& PiecesOf(uint32_t entry);
   void FillBatch();
-  void EmitRank(int r, const std::vector<uint32_t>& batch);
-  void Split(uint32_t entry, int dest, uint64_t first, uint64_t n, uint64_t local_first);
+  template <typename F>
+  void Cut(uint32_t entry, const StridedRuns& r, F&& fn);
+  template <typename F>
+  void Chunks(uint32_t entry, uint32_t part, uint64_t within, uint64_t count, uint64_t runs, uint64_t stride,
+              uint64_t local, uint64_t local_stride, F&& fn);
   void Push(Message&& m);
 
   const Manifest& m_;
@@ -71,6 +99,9 @@ class Schedule {
   uint32_t next_broadcast_ = 0, next_shard_ = 0;
   uint64_t seq_ = 0;
   std::deque<Message, HostStlAllocator<Message>> queue_;
+  std::map<std::pair<uint32_t, std::vector<uint64_t>>, Pieces> pieces_;  // by (layout, shape)
+  std::vector<uint64_t> part_starts_;  // of the entry being cut: element where each part begins
+  uint32_t part_starts_of_ = UINT32_MAX;
 };
 
 }  // namespace shardcast

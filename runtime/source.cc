@@ -57,43 +57,70 @@ void FileSource::Dequantize(const ManifestEntry& e, const ManifestPart& p, uint6
 void FileSource::Read(const Segment& s, unsigned char* out) {
   const ManifestEntry& e = m_.entries[s.entry];
   const ManifestPart& p = e.parts[s.part];
+  if (s.source_contiguous()) {
+    ReadRun(e, p, s.first, s.runs * s.count, release_, out);
+    return;
+  }
+  // A strided window (one run per row of a Shard(1) piece, say): the runs, then the span released once.
+  const uint64_t ts = DTypeSize(e.target_dtype), ss = DTypeSize(p.source_dtype);
+  for (uint64_t i = 0; i < s.runs; ++i) ReadRun(e, p, s.first + i * s.stride, s.count, false, out + i * s.count * ts);
+  if (release_) {
+    const uint64_t span = ((s.runs - 1) * s.stride + s.count) * ss;
+    files_[p.file]->ReleasePages(s.source_offset, span);
+  }
+}
+
+void FileSource::ReadRun(const ManifestEntry& e, const ManifestPart& p, uint64_t first, uint64_t count, bool release,
+                         unsigned char* out) {
+  const uint64_t ss = DTypeSize(p.source_dtype), ts = DTypeSize(e.target_dtype);
   if (p.dequantize) {
-    // The schedule cuts a part on its rows: whole rows, taken in steps of about kReleaseStep.
     const uint64_t cols = p.shape[1];
-    if (cols == 0 || s.first % cols != 0 || s.count % cols != 0) {
-      throw Error(ErrorKind::kInternal, "key '" + e.key + "'", "a segment of an fp8 part does not fall on its rows");
+    if (cols == 0) return;
+    if (first % cols == 0 && count % cols == 0) {  // whole rows, in steps of about kReleaseStep
+      const uint64_t r0 = first / cols, r1 = (first + count) / cols;
+      const uint64_t step = std::max<uint64_t>(1, kReleaseStep / cols);
+      for (uint64_t r = r0; r < r1; r += step) Dequantize(e, p, r, std::min(r1, r + step), out + (r - r0) * cols * ts);
+      return;
     }
-    const uint64_t r0 = s.first / cols, r1 = (s.first + s.count) / cols;
-    const uint64_t step = std::max<uint64_t>(1, kReleaseStep / cols), ts = DTypeSize(e.target_dtype);
-    for (uint64_t r = r0; r < r1; r += step) Dequantize(e, p, r, std::min(r1, r + step), out + (r - r0) * cols * ts);
+    // Part of a row or rows (a Shard(1) piece, a composed entry cut mid-row): each row it touches is
+    // dequantized whole (its blocks need whole block rows anyway) and the window copied out.
+    unsigned char* row = row_.Get(cols * ts);
+    for (uint64_t at = first, left = count; left > 0;) {
+      const uint64_t r = at / cols, c = at % cols, k = std::min(left, cols - c);
+      Dequantize(e, p, r, r + 1, row);
+      std::memcpy(out, row + c * ts, k * ts);
+      out += k * ts, at += k, left -= k;
+    }
     return;
   }
   const SafetensorsFile& f = *files_[p.file];
   const std::string what = "tensor '" + p.checkpoint_key + "'";
   // In steps of kReleaseStep, each released as soon as it is copied: the file pages mapped at once
   // stay a few MiB, not a whole chunk.
-  const uint64_t ss = DTypeSize(p.source_dtype), ts = DTypeSize(e.target_dtype);
+  const uint64_t offset = p.offset + first * ss, bytes = count * ss;
   const uint64_t step = std::max<uint64_t>(ss, kReleaseStep / ss * ss);
-  for (uint64_t done = 0; done < s.source_bytes; done += step) {
-    const uint64_t n = std::min(step, s.source_bytes - done);
+  for (uint64_t done = 0; done < bytes; done += step) {
+    const uint64_t n = std::min(step, bytes - done);
     unsigned char* dst = out + done / ss * ts;
     if (p.source_dtype == e.target_dtype) {
-      f.ReadBytes(s.source_offset + done, n, dst, what);
+      f.ReadBytes(offset + done, n, dst, what);
     } else {
       unsigned char* raw = scratch_.Get(n);
-      f.ReadBytes(s.source_offset + done, n, raw, what);
+      f.ReadBytes(offset + done, n, raw, what);
       ConvertElements(p.source_dtype, e.target_dtype, raw, dst, n / ss);
     }
-    if (release_) f.ReleasePages(s.source_offset + done, n);
+    if (release) f.ReleasePages(offset + done, n);
   }
 }
 
 void FileSource::Prefetch(const Segment& s) {
   const ManifestPart& p = m_.entries[s.entry].parts[s.part];
-  files_[p.file]->Prefetch(s.source_offset, s.source_bytes);
+  const uint64_t last = (s.runs - 1) * s.stride + s.count;  // elements from `first` to the end of the last run
+  files_[p.file]->Prefetch(s.source_offset, last * DTypeSize(p.source_dtype));
   if (p.dequantize && p.shape[1] > 0) {
     const ManifestScale& sc = p.scale;
-    const RowSpan rows = ScaleRowsFor({s.first / p.shape[1], (s.first + s.count) / p.shape[1]}, sc.block);
+    const uint64_t cols = p.shape[1];
+    const RowSpan rows = ScaleRowsFor({s.first / cols, (s.first + last + cols - 1) / cols}, sc.block);
     const uint64_t ss = DTypeSize(sc.dtype);
     files_[sc.file]->Prefetch(sc.offset + rows.begin * sc.grid_cols * ss, rows.size() * sc.grid_cols * ss);
   }
@@ -101,13 +128,24 @@ void FileSource::Prefetch(const Segment& s) {
 
 void ShardSource::Read(const Segment& s, unsigned char* out) {
   const at::Tensor& x = tensors_[s.entry];
+  const uint64_t run = s.run_bytes();
   if (x.device().is_cpu()) {
-    std::memcpy(out, static_cast<const unsigned char*>(x.data_ptr()) + s.local_offset, s.target_bytes);
+    const auto* base = static_cast<const unsigned char*>(x.data_ptr()) + s.local_offset;
+    if (s.local_contiguous()) {
+      std::memcpy(out, base, s.target_bytes);
+    } else {
+      for (uint64_t i = 0; i < s.runs; ++i) std::memcpy(out + i * run, base + i * s.local_stride, run);
+    }
     return;
   }
-  at::from_blob(out, {static_cast<int64_t>(s.target_bytes)}, at::kByte)
-      .copy_(x.view({-1}).view(at::kByte).narrow(0, static_cast<int64_t>(s.local_offset),
-                                                 static_cast<int64_t>(s.target_bytes)));
+  // A device shard: its runs as one strided view, copied to the host in one call.
+  at::Tensor bytes = x.view({-1}).view(at::kByte);
+  at::Tensor window = s.local_contiguous()
+                          ? bytes.narrow(0, static_cast<int64_t>(s.local_offset), static_cast<int64_t>(s.target_bytes))
+                          : bytes.as_strided({static_cast<int64_t>(s.runs), static_cast<int64_t>(run)},
+                                             {static_cast<int64_t>(s.local_stride), 1},
+                                             static_cast<int64_t>(s.local_offset));
+  at::from_blob(out, window.sizes(), at::kByte).copy_(window);
 }
 
 }  // namespace shardcast

@@ -137,7 +137,6 @@ int RunRank(const LoadArgs& a) {
   }
   rq.checksum_only = a.checksum_only;
   rq.setup_only = a.setup_only;
-  rq.replicas = a.replicas;
   const Target target = rq.options.target;
   ProgressPrinter printer;
   if (rv.rank == 0 && !a.quiet) rq.progress = [&printer](uint64_t d, uint64_t t) { printer(d, t); };
@@ -156,14 +155,15 @@ int RunRank(const LoadArgs& a) {
   std::unique_ptr<RankState> state;
   try {
     if (bad_options) throw *bad_options;
-    const Mesh mesh = MakeMesh(rv.world_size, a.replicas);
     ModelSpec spec = BuildModelSpec(ConfigFor(a), SpecOptions{a.layers});
     if (!a.dtype.empty()) spec = DequantizedSpec(spec, ParseFloatDType(a.dtype, "--dtype"));
-    plan = std::make_unique<Plan>(Plan::Build(std::move(spec), mesh.shards));
+    PlanOptions plan_options;
+    plan_options.replicas = a.replicas;  // HSDP's (Replicate(), Shard(0)) on (R, W / R), or FSDP's Shard(0)
+    plan = std::make_unique<Plan>(Plan::Build(std::move(spec), rv.world_size, plan_options));
     PrepareOptions po;
     po.target = target;
     po.device_index = rv.local_rank;
-    state = std::make_unique<RankState>(RankState::Prepare(*plan, mesh.ShardOf(rv.rank), po));
+    state = std::make_unique<RankState>(RankState::Prepare(*plan, rv.rank, po));
   } catch (const Error& e) {
     FailHandshake(*comm, e.kind(), e.what());
   }

@@ -195,27 +195,69 @@ def _store_host(store) -> str:
     return f"rank 0 (the store host{where})"
 
 
-def _local(param, rank: int, world: int):
-    """(local tensor, global shape, replicated, replicas) of a parameter, with FSDP2's placement checked:
-    Shard(0) on a 1-d mesh (FSDP), (Replicate(), Shard(0)) on a 2-d mesh (HSDP: R replicas x S shards,
-    laid out as init_device_mesh lays them: rank = replica * S + shard), or Replicate everywhere."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard
+def _placement(p, ndim: int, where: str):
+    """(kind, dim, split factor) of one DTensor placement: 0 Replicate, 1 Shard, 2 _StridedShard."""
+    from torch.distributed.tensor import Replicate, Shard
+    try:
+        from torch.distributed.tensor.placement_types import _StridedShard
+    except ImportError:  # older torch
+        _StridedShard = ()
+    if isinstance(p, Replicate):
+        return (0, 0, 1)
+    if _StridedShard and isinstance(p, _StridedShard):
+        return (2, p.dim % ndim if ndim else p.dim, int(p.split_factor))
+    if isinstance(p, Shard):
+        return (1, p.dim % ndim if ndim else p.dim, 1)
+    raise Unsupported(f"{where}: placement {p} (shardcast loads Shard, _StridedShard and Replicate; a Partial "
+                      "placement has no checkpoint value)")
+
+
+def _group_ranks(pg, world: int):
+    """{global rank: rank in pg} for the process group the load runs over."""
+    import torch.distributed as dist
+    if pg is None:
+        return None
+    try:
+        ranks = dist.get_process_group_ranks(pg)
+    except Exception:  # noqa: BLE001 -- the default group
+        return None
+    if ranks == list(range(world)):
+        return None
+    return {g: i for i, g in enumerate(ranks)}
+
+
+def _local(param, where: str = "", group_ranks=None):
+    """(local tensor, global shape, layout) of a parameter or buffer. layout: None for a plain tensor
+    (Replicate on every rank), else (mesh shape, ranks in the load's group, placements) of its DTensor:
+    any mesh of 1-3 dims, Shard(d), _StridedShard and Replicate, a mesh of its own per parameter."""
+    from torch.distributed.tensor import DTensor
     if not isinstance(param, DTensor):
-        return param.data if hasattr(param, "data") else param, tuple(param.shape), True, None
-    placements, mesh = tuple(param.placements), param.device_mesh
-    if all(isinstance(p, Replicate) for p in placements):
-        return param.to_local(), tuple(param.shape), True, None
-    if placements == (Shard(0),) and mesh.ndim == 1:
-        return param.to_local(), tuple(param.shape), False, 1
-    if mesh.ndim == 2 and isinstance(placements[0], Replicate) and placements[1] == Shard(0):
-        r, s = mesh.size(0), mesh.size(1)
-        if r * s != world or mesh.mesh.flatten().tolist() != list(range(world)):
-            raise Unsupported(f"an HSDP mesh {tuple(mesh.mesh.shape)} over ranks {mesh.mesh.flatten().tolist()}: "
-                              f"shardcast takes the layout init_device_mesh gives the whole world of {world} "
-                              "(rank = replica x shards + shard)")
-        return param.to_local(), tuple(param.shape), False, r
-    raise Unsupported(f"placement {placements} on a {mesh.ndim}-d mesh: shardcast handles Shard(0) on a 1-d mesh, "
-                      "(Replicate(), Shard(0)) on a 2-d mesh, and Replicate")
+        return param.data if hasattr(param, "data") else param, tuple(param.shape), None
+    mesh, shape = param.device_mesh, tuple(param.shape)
+    placements = tuple(_placement(p, len(shape), where or "a DTensor") for p in param.placements)
+    ranks = mesh.mesh.flatten().tolist()
+    if group_ranks is not None:
+        missing = [r for r in ranks if r not in group_ranks]
+        if missing:
+            raise Unsupported(f"{where}: its mesh holds ranks {missing} outside the process group of the load")
+        ranks = [group_ranks[r] for r in ranks]
+    return param.to_local(), shape, (tuple(mesh.mesh.shape), tuple(ranks), placements)
+
+
+class _Layouts:
+    """The layout table the C++ core takes: each distinct (mesh, ranks, placements) once."""
+
+    def __init__(self):
+        self.table, self._index = [], {}
+
+    def index(self, layout) -> int:
+        if layout is None:
+            return -1
+        i = self._index.get(layout)
+        if i is None:
+            i = self._index[layout] = len(self.table)
+            self.table.append((list(layout[0]), list(layout[1]), [tuple(p) for p in layout[2]]))
+        return i
 
 
 def _tied(model) -> Dict[str, str]:
@@ -274,14 +316,15 @@ def load(model: Union[torch.nn.Module, Mapping[str, Tuple[torch.Tensor, int, int
          timeout: Optional[float] = None, strict_keys: Optional[bool] = None, progress=None) -> dict:
     """The call after `fully_shard`: every rank receives only its own rows of every parameter.
 
-    `model` is an FSDP2-sharded module (DTensor parameters), or an explicit mapping
+    `model` is a module whose parameters are DTensors in any layout (FSDP2, HSDP, TP, EP, 2-D and 3-D
+    meshes, _StridedShard, a mesh per parameter), or an explicit mapping
     {key: (local_tensor, row_begin, row_end)} for users who shard without DTensor; the rows must follow
     FSDP2's dim-0 rule. Parameters still on meta are allocated first (`to_empty`, on `target`), which
     wipes buffers: non-persistent buffers then get back what `prepare` computed (or are computed here).
     Persistent buffers are filled from the checkpoint by broadcast.
 
-    HSDP: parameters on a 2-d mesh with (Replicate(), Shard(0)) are loaded over its R replicas x S shards,
-    each replica of a shard receiving the same rows.
+    Every rank receives exactly its DTensor's local tensor: Shard(d) on any dim, uneven and empty pieces,
+    _StridedShard (FSDP2 over TP), replicas of a piece (HSDP, TP replicas) each receiving the same bytes.
 
     Options (None: SHARDCAST_* from the environment, else the default): source "rank0" (default),
     "each-rank", "node-leader" (the first rank of each node reads its node's rows) or "striped" (each
@@ -302,18 +345,19 @@ def load(model: Union[torch.nn.Module, Mapping[str, Tuple[torch.Tensor, int, int
         progress = _progress_printer() if rank == 0 else None
     elif progress is False:
         progress = None
-    entries = []
+    entries, layouts = [], _Layouts()
     if isinstance(model, Mapping):
         for key, (tensor, begin, end) in model.items():
             shape = keys.get(key)
             if shape is None:
                 shape = (end,) + tuple(tensor.shape[1:])  # absent: the manifest check names it
-            entries.append((key, tensor, list(shape), "parameter", False, None))
-        return _shardcast.load_entries(entries, path, options, {}, backend, store, rank, world, progress)
+            entries.append((key, tensor, list(shape), "parameter", -2, None))
+        return _shardcast.load_entries(entries, layouts.table, path, options, {}, backend, store, rank, world,
+                                       progress)
 
     # Anything that fails on this rank from here on is carried into the handshake, so every rank
     # raises it instead of waiting for this one in a collective.
-    problem, replicas = None, 1
+    problem = None
     try:
         try:
             _materialize(model, target, config, buffer_init)
@@ -322,25 +366,21 @@ def load(model: Union[torch.nn.Module, Mapping[str, Tuple[torch.Tensor, int, int
         except Exception as e:  # noqa: BLE001 -- to_empty: the allocator, or a device this rank cannot use
             raise IoError(f"cannot allocate this rank's shards on {target or 'cpu'}: {type(e).__name__}: {e}") from e
         comp = compositions(model, keys)
-        meshes = set()
+        group_ranks = _group_ranks(pg, world)
         for name, param in model.named_parameters():
-            local, shape, replicated, replicas = _local(param, rank, world)
-            if replicas is not None:
-                meshes.add(replicas)
-            entries.append((name, local, list(shape), "parameter", replicated, comp.get(name)))
-        if len(meshes) > 1:
-            raise Unsupported(f"parameters sharded over meshes of {sorted(meshes)} replicas: one mesh per model")
-        replicas = meshes.pop() if meshes else 1
+            local, shape, layout = _local(param, f"'{name}'", group_ranks)
+            entries.append((name, local, list(shape), "parameter", layouts.index(layout), comp.get(name)))
         non_persistent = {n for n, *_ in _non_persistent(model)}
         for name, buf in model.named_buffers():
             if name not in non_persistent:
-                entries.append((name, buf, list(buf.shape), "persistent_buffer", True, comp.get(name)))
+                local, shape, layout = _local(buf, f"'{name}'", group_ranks)
+                entries.append((name, local, list(shape), "persistent_buffer", layouts.index(layout), comp.get(name)))
     except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
         kind = type(e).__name__ if isinstance(e, ShardcastError) else "InternalError"
         problem = (kind, str(e) if isinstance(e, ShardcastError) else f"{type(e).__name__}: {e}")
-        entries = []
-    return _shardcast.load_entries(entries, path, options, _tied(model), backend, store, rank, world, progress,
-                                   problem, replicas, _store_host(store) if store is not None else "")
+        entries, layouts = [], _Layouts()
+    return _shardcast.load_entries(entries, layouts.table, path, options, _tied(model), backend, store, rank, world,
+                                   progress, problem, _store_host(store) if store is not None else "")
 
 
 def _materialize(model: torch.nn.Module, target: Optional[str], config, buffer_init) -> None:

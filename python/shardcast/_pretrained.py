@@ -13,6 +13,12 @@ is, on every rank,
     fully_shard(model, mesh=mesh, **fsdp_kwargs)
     model.shardcast_report = shardcast.load(model, path, source=source, target=target)
 
+With `distributed_config=DistributedConfig(tp_size=..., fsdp_size=..., ep_size=..., dp_replicate_size=...)`
+(or those sizes as keywords), the model is laid out by transformers' own plans instead, exactly as
+transformers' `from_pretrained(distributed_config=...)` lays it out (its `tp_plan`, `ep_plan` and
+`fsdp_plan`, on its own meshes), and then loaded by shardcast: a script moving from transformers'
+native loading changes one word.
+
 A repo id is looked up in the local Hugging Face cache only (HF_HUB_CACHE / HF_HOME); nothing is
 downloaded, so every rank resolves the same snapshot without touching the network.
 """
@@ -173,10 +179,49 @@ def _build_meta(config, dtype: Optional[torch.dtype], trust_remote_code: bool):
     return model
 
 
+def _model_class(config, trust_remote_code: bool):
+    from transformers import AutoModelForCausalLM, MODEL_FOR_CAUSAL_LM_MAPPING
+    try:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError:
+        raise InvalidArgument(f"distributed_config: transformers maps no causal LM class to {type(config).__name__}"
+                              ) from None
+
+
+def _distributed_config(distributed_config, sizes: Dict[str, Optional[int]]):
+    """transformers' DistributedConfig from the argument or the size keywords; None when neither is given."""
+    given = {k: v for k, v in sizes.items() if v is not None}
+    if distributed_config is None and not given:
+        return None
+    try:
+        from transformers.distributed import DistributedConfig
+    except ImportError as e:
+        raise InvalidArgument(f"distributed_config needs transformers >= 5 with DistributedConfig: {e}") from None
+    if distributed_config is None:
+        return DistributedConfig(**given)
+    if given:
+        raise InvalidArgument(f"pass either distributed_config or {', '.join(sorted(given))}, not both")
+    if isinstance(distributed_config, dict):
+        return DistributedConfig.from_dict(distributed_config)
+    return distributed_config
+
+
+def _parallelize(model, config, dc, trust_remote_code: bool):
+    """Lays out the meta model with transformers' own plans (TP, EP, then FSDP2/HSDP), as its
+    from_pretrained(distributed_config=...) does between building the model and loading weights."""
+    cls = _model_class(config, trust_remote_code)
+    dc, _, mesh_manager = cls.prepare_distribute_model(dc, device_map=None)
+    if mesh_manager is None:  # every size 1: nothing to lay out
+        return model
+    return cls.maybe_distribute_model(model, dc, mesh_manager)
+
+
 def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
                     dtype: Optional[torch.dtype] = torch.bfloat16, shard: Sequence[str] = ("layers",),
-                    fsdp_kwargs: Optional[Dict[str, Any]] = None, source: str = "rank0",
-                    target: Optional[str] = None, *, revision: Optional[str] = None,
+                    fsdp_kwargs: Optional[Dict[str, Any]] = None, source: Optional[str] = None,
+                    target: Optional[str] = None, *, distributed_config=None, tp_size: Optional[int] = None,
+                    ep_size: Optional[int] = None, fsdp_size: Optional[int] = None,
+                    dp_replicate_size: Optional[int] = None, revision: Optional[str] = None,
                     trust_remote_code: bool = False, **load_kwargs) -> torch.nn.Module:
     """An FSDP2 model with its checkpoint loaded, each rank holding only its own rows.
 
@@ -185,10 +230,14 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
     path_or_local_repo_id: a checkpoint directory (config.json + safetensors), or a repo id already in
         the local Hugging Face cache (never downloaded).
     mesh: a 1-d DeviceMesh; default: all ranks, on CPU (or CUDA with target="cuda").
+    distributed_config: transformers' DistributedConfig (or a dict of it), or its sizes as keywords
+        (tp_size, ep_size, fsdp_size, dp_replicate_size): the model is laid out with transformers' own
+        TP, EP and FSDP2 plans and meshes instead of `mesh`/`shard`/`fsdp_kwargs`, then loaded.
     dtype: the model's parameter dtype; checkpoint tensors are converted while streamed.
     shard: which submodules get their own fully_shard before the root's (see `shard_units`).
     fsdp_kwargs: passed to every fully_shard (mp_policy, reshard_after_forward, offload_policy, ...).
-    source, target, **load_kwargs: passed to shardcast.load (verify, chunk_bytes, timeout, strict_keys).
+    source, target, **load_kwargs: passed to shardcast.load (verify, chunk_bytes, timeout, strict_keys);
+        source None: SHARDCAST_SOURCE, else the default.
 
     Returns the FSDP2 model; `model.shardcast_report` is the load's report. Raises a ShardcastError
     subclass, the same on every rank.
@@ -198,6 +247,17 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
 
     path = resolve_checkpoint(path_or_local_repo_id, revision=revision)
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    dc = _distributed_config(distributed_config, {"tp_size": tp_size, "ep_size": ep_size, "fsdp_size": fsdp_size,
+                                                  "dp_replicate_size": dp_replicate_size})
+    if dc is not None:
+        if mesh is not None:
+            raise InvalidArgument("pass either mesh or distributed_config: transformers' plans make their own meshes")
+        _dist_ready("cuda" if target == "cuda" else "cpu")
+        model = _build_meta(config, dtype, trust_remote_code)
+        prepare(model, config=config, target=target or "cpu")
+        model = _parallelize(model, config, dc, trust_remote_code)
+        model.shardcast_report = load(model, path, source=source, target=target, config=config, **load_kwargs)
+        return model
     if mesh is None:
         mesh = _default_mesh(target)
     model = _build_meta(config, dtype, trust_remote_code)

@@ -65,10 +65,11 @@ def _aliases(model) -> Dict[str, List[str]]:
     return {n: names for names in by_id.values() for n in names}
 
 
-def plan_entries(model, rank: int, world: int):
-    """[(key, local tensor, global shape, role, replicated, [(output key, shape)] or None)] in the model's
-    order, for every entry that goes into the checkpoint. Raises Unsupported for an output tensor no
-    entry explains, or a placement that is not Shard(0) on a 1-d mesh or Replicate."""
+def plan_entries(model, layouts, group_ranks=None):
+    """[(key, local tensor, global shape, role, layout index, [(output key, shape)] or None)] in the
+    model's order, for every entry that goes into the checkpoint; `layouts` (a _Layouts) collects the
+    DTensor layouts. Raises Unsupported for an output tensor no entry explains, or a placement shardcast
+    does not take (Partial)."""
     from . import Unsupported, _local, _non_persistent
     outputs = output_tensors(model)
     shapes = {k: s for k, (s, _) in outputs.items()}
@@ -96,18 +97,9 @@ def plan_entries(model, rank: int, world: int):
             if key in covered:
                 raise Unsupported(f"output tensor '{key}' would be written from both '{covered[key]}' and '{name}'")
             covered[key] = name
-        if role == "parameter":
-            try:
-                local, shape, replicated, replicas = _local(t, rank, world)
-            except Unsupported as e:
-                raise Unsupported(f"'{name}': {e}") from None
-            if replicas not in (None, 1):
-                raise Unsupported(f"'{name}': saving from an HSDP mesh ({replicas} replicas) is not supported yet; "
-                                  "save from a 1-d FSDP mesh")
-        else:
-            local, shape, replicated = t, tuple(t.shape), True
+        local, shape, layout = _local(t, f"'{name}'", group_ranks)
         own = parts == [name]
-        entries.append((name, local.detach(), list(shape), role, replicated,
+        entries.append((name, local.detach(), list(shape), role, layouts.index(layout),
                         None if own else [(k, list(shapes[k])) for k in parts]))
     missing = [k for k in outputs if k not in covered]
     if missing:
@@ -192,7 +184,7 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], mode: str = "
 
     Returns the per-rank report; raises a ShardcastError subclass, the same on every rank, on any failure.
     """
-    from . import ShardcastError, _group, _options, _progress_printer, _store_host
+    from . import ShardcastError, _Layouts, _group, _group_ranks, _options, _progress_printer, _store_host
     out_dir = os.fspath(out_dir)
     pg, rank, world, backend, store = _group(process_group)
     options = _options(source=mode, chunk_bytes=chunk_bytes, staging_slots=staging_slots,
@@ -202,18 +194,19 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], mode: str = "
     elif progress is False:
         progress = None
     problem, entries, config_json, generation_json, dtype_name = None, [], "", "", None
+    layouts = _Layouts()
     try:  # anything that fails on this rank is agreed in the save's first verdict: every rank raises it
         if isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype):
             dtype = getattr(torch, dtype)  # "bfloat16"
         if dtype is not None:
             dtype_name = _DTYPES.get(dtype, str(dtype))
-        entries = plan_entries(model, rank, world)
+        entries = plan_entries(model, layouts, _group_ranks(pg, world))
         if rank == 0:
             config_json, generation_json = config_texts(model, config, dtype)
     except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
         kind = type(e).__name__ if isinstance(e, ShardcastError) else "InternalError"
         problem = (kind, str(e) if isinstance(e, ShardcastError) else f"{type(e).__name__}: {e}")
-        entries = []
-    return _shardcast.save_entries(entries, out_dir, options, dtype_name, str(max_shard_size), bool(overwrite),
+        entries, layouts = [], _Layouts()
+    return _shardcast.save_entries(entries, layouts.table, out_dir, options, dtype_name, str(max_shard_size), bool(overwrite),
                                    config_json, generation_json, backend, store, rank, world, progress, problem,
                                    _store_host(store) if store is not None else "")

@@ -8,7 +8,7 @@ roundtrip: for world sizes 1-4 (sub-groups of the first W ranks; the others wait
            in both modes, each into its own out_dir (checked by the test).
 errors:    every failure here is agreed by verdict, so the process group stays in step: an existing
            out_dir without overwrite; a leftover tmp dir named, then removed with overwrite (with
-           dtype=float32 on the way out); a placement that is not Shard(0) on a 1-d mesh; a full disk
+           dtype=float32 on the way out); a Shard(1) weight saved and read back; a Partial placement; a full disk
            on rank 1 (RLIMIT_FSIZE) mid-write.
 kill:      last: rank 1 kills itself (SIGKILL) after its first rows were written, while the ranks save
            over ROOT/earlier with overwrite=True.
@@ -95,10 +95,18 @@ def errors(root, saved, rank, world, models):
     res["leftover_exists"] = os.path.exists(leftover)
 
     mesh = init_device_mesh("cpu", (world,))
-    odd = torch.nn.Linear(8, 6, bias=False)
-    odd.weight = torch.nn.Parameter(distribute_tensor(torch.ones(6, 8), mesh, [Shard(1)]))
-    res["placement"] = catch(lambda: shardcast.save(odd, os.path.join(saved, "odd"), timeout=60))
-    res["placement_left"] = os.path.exists(os.path.join(saved, "odd"))
+    from torch.distributed.tensor import DTensor, Partial
+    odd = torch.nn.Linear(8, 6, bias=False)  # Shard(1): one run per row, each written at its place
+    full_odd = torch.arange(48, dtype=torch.float32).reshape(6, 8)
+    odd.weight = torch.nn.Parameter(distribute_tensor(full_odd, mesh, [Shard(1)]))
+    res["shard1"] = catch(lambda: shardcast.save(odd, os.path.join(saved, "odd"), timeout=60))
+    dist.barrier()
+    from safetensors.torch import load_file
+    res["shard1_back"] = torch.equal(load_file(os.path.join(saved, "odd", "model.safetensors"))["weight"], full_odd)
+    partial = torch.nn.Linear(8, 6, bias=False)  # a Partial placement has no checkpoint value
+    partial.weight = torch.nn.Parameter(DTensor.from_local(torch.ones(6, 8), mesh, [Partial()]))
+    res["placement"] = catch(lambda: shardcast.save(partial, os.path.join(saved, "partial"), timeout=60))
+    res["placement_left"] = os.path.exists(os.path.join(saved, "partial"))
 
     full = os.path.join(saved, "full")
     old = resource.getrlimit(resource.RLIMIT_FSIZE)

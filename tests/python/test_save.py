@@ -165,9 +165,11 @@ def test_a_leftover_tmp_dir_is_named_then_removed_with_overwrite(run, checkpoint
     assert json.loads((saved / "fresh" / "config.json").read_text())["dtype"] == "float32"
 
 
-def test_an_unsupported_placement_is_one_error_naming_it(run):
+def test_a_shard1_weight_is_saved_in_place_and_a_partial_one_is_refused(run):
     rs, _ = errors(run)
-    same(rs["placement"], "Unsupported", "save layout", "'weight': placement", "Shard(dim=1)", "handles Shard(0) on a 1-d mesh")
+    assert {r["type"] for r in rs["shard1"]} == {None}, rs["shard1"]
+    assert all(rs["shard1_back"])
+    same(rs["placement"], "Unsupported", "save layout", "'weight': placement", "Partial", "no checkpoint value")
     assert not any(rs["placement_left"])
 
 

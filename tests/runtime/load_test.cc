@@ -77,6 +77,43 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndSources, Fp8Exact,
                            return "w" + std::to_string(std::get<0>(info.param)) + "_" + s;
                          });
 
+// Any DTensor layout (layout_cases.h): TP x FSDP with _StridedShard on a 2-d mesh, Shard(1) (a run per
+// row), experts on a mesh of their own in another rank order; bf16 and fp8 (dequantized in column
+// windows), every source, odd world sizes. Every rank holds exactly its DTensor's local tensor.
+using LayoutCase = std::tuple<const char* /*layout*/, const char* /*ckpt*/, int /*world*/, const char* /*source*/>;
+class LayoutExact : public LoadTest, public ::testing::WithParamInterface<LayoutCase> {};
+
+TEST_P(LayoutExact, EveryRankHoldsExactlyItsPiece) {
+  const auto [layout, ckpt, world, source] = GetParam();
+  const std::string scenario = std::string(ckpt) == "deepseek" ? "dequant" : "exact";
+  // Two "nodes" (GROUP_RANK), so node-leader has two readers.
+  auto rs = Run(world, scenario, ckpt, ckpt, source, nullptr, [&, w = world](int rank) {
+    return std::vector<std::string>{std::string("TEST_LAYOUT=") + layout,
+                                    "GROUP_RANK=" + std::to_string(rank * 2 / w)};
+  });
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(rs[r].ok) << "rank " << r << ": " << rs[r].kind << ": " << rs[r].message;
+    EXPECT_GT(rs[r].checked, 0);
+    EXPECT_EQ(rs[r].mismatches, 0) << "rank " << r;
+    EXPECT_EQ(rs[r].verified, 1) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, LayoutExact,
+    ::testing::Values(LayoutCase{"tp-fsdp", "qwen", 4, "rank0"}, LayoutCase{"tp-fsdp", "qwen", 4, "each-rank"},
+                      LayoutCase{"tp-fsdp", "qwen", 6, "striped"}, LayoutCase{"tp-fsdp", "qwen", 2, "node-leader"},
+                      LayoutCase{"shard1", "qwen", 3, "rank0"}, LayoutCase{"shard1", "qwen", 3, "each-rank"},
+                      LayoutCase{"ep", "qwen", 3, "striped"}, LayoutCase{"ep", "qwen", 4, "rank0"},
+                      LayoutCase{"shard1", "deepseek", 3, "rank0"}, LayoutCase{"tp-fsdp", "deepseek", 4, "each-rank"},
+                      LayoutCase{"ep", "deepseek", 2, "striped"}),
+    [](const auto& info) {
+      std::string s = std::string(std::get<0>(info.param)) + "_" + std::get<1>(info.param) + "_w" +
+                      std::to_string(std::get<2>(info.param)) + "_" + std::get<3>(info.param);
+      for (char& c : s) c = c == '-' ? '_' : c;
+      return s;
+    });
+
 // An fp8 weight is never cast without its scale: a missing scale, a scale of another grid, and a
 // scale of a dtype no kernel takes are each one error on every rank, before any data moves.
 TEST_F(LoadTest, Fp8WithoutAUsableScaleIsOneErrorEverywhere) {
@@ -102,6 +139,16 @@ TEST_F(LoadTest, Fp8WithoutAUsableScaleIsOneErrorEverywhere) {
   });
   ExpectSameError(Run(2, "dequant", "fp8_bad_dtype", "deepseek", "each-rank"), "Unsupported",
                   {"handshake", victim.c_str(), "I32"});
+}
+
+// A rank whose model was parallelized differently is one ManifestMismatch on every rank, naming the key,
+// both ranks and both layouts, before any data moves.
+TEST_F(LoadTest, ADifferentLayoutOnOneRankIsTheSameErrorEverywhere) {
+  ExpectSameError(Run(4, "layout_divergence", "qwen", "qwen", "rank0", nullptr,
+                      [](int) { return std::vector<std::string>{"TEST_LAYOUT=tp-fsdp"}; }),
+                  "ManifestMismatch",
+                  {"handshake", "rank 1", "layout mesh (2, 2) over ranks [0, 1, 2, 3]: (_StridedShard(dim=0, sf=2), "
+                   "Shard(dim=0)) on rank 0 but mesh (4,) over ranks [0, 1, 2, 3]: (Shard(dim=1)) on rank 1"});
 }
 
 TEST_F(LoadTest, MissingKeyIsTheSameErrorEverywhere) {

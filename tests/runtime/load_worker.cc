@@ -14,6 +14,7 @@
 #include "loaders/synth.h"
 #include "runtime/load.h"
 #include "runtime/rope.h"
+#include "tests/runtime/layout_cases.h"
 
 namespace shardcast {
 namespace {
@@ -24,7 +25,6 @@ constexpr uint64_t kSeed = 7;
 // the checkpoint's differs) for checkpoint entries, the RoPE rule for computed buffers.
 void Check(const RankState& state, const Checkpoint& ckpt, const std::vector<SynthQuantizedWeight>& dequantized,
            int64_t* checked, int64_t* mismatches) {
-  const int world = state.plan().world_size();
   std::map<std::string, const SynthQuantizedWeight*> fp8;
   for (const auto& q : dequantized) fp8[q.key] = &q;
   for (const LocalTensor& t : state.tensors()) {
@@ -37,16 +37,23 @@ void Check(const RankState& state, const Checkpoint& ckpt, const std::vector<Syn
       continue;
     }
     const Checkpoint::Entry& ce = ckpt.Get(e.key);
-    RowRange rows = e.Local(world, state.rank());
-    uint64_t row_elems = e.rows() ? ce.info->numel() / e.rows() : 0;
-    uint64_t first = rows.begin * row_elems, n = rows.rows() * row_elems;
-    std::vector<unsigned char> src(n * DTypeSize(ce.info->dtype)), want(n * DTypeSize(e.dtype));
-    if (auto q = fp8.find(e.key); q != fp8.end()) {  // what the kernel gives for these rows
-      SynthDequantizedElements(kSeed, *q->second, e.dtype, first, n, want.data());
-    } else {
-      SynthElements(kSeed, e.key, ce.info->dtype, first, n, src.data());
-      ConvertElements(ce.info->dtype, e.dtype, src.data(), want.data(), n);
-    }
+    // The piece's runs, each filled with what the checkpoint holds there, at its local place.
+    const Piece piece = e.PieceOf(state.rank());
+    const uint64_t n = piece.numel(), ts = DTypeSize(e.dtype);
+    std::vector<unsigned char> want(n * ts);
+    ForEachRuns(e.shape, piece, [&](const StridedRuns& r) {
+      for (uint64_t i = 0; i < r.runs; ++i) {
+        const uint64_t first = r.first + i * r.stride;
+        unsigned char* out = want.data() + (r.local_first + i * r.local_stride) * ts;
+        if (auto q = fp8.find(e.key); q != fp8.end()) {  // what the kernel gives for these elements
+          SynthDequantizedElements(kSeed, *q->second, e.dtype, first, r.count, out);
+        } else {
+          std::vector<unsigned char> src(r.count * DTypeSize(ce.info->dtype));
+          SynthElements(kSeed, e.key, ce.info->dtype, first, r.count, src.data());
+          ConvertElements(ce.info->dtype, e.dtype, src.data(), out, r.count);
+        }
+      }
+    });
     if (static_cast<uint64_t>(x.numel()) != n || std::memcmp(x.data_ptr(), want.data(), want.size()) != 0) {
       ++*mismatches;
       std::cerr << "rank " << state.rank() << ": mismatch in " << e.key << "\n";
@@ -111,11 +118,16 @@ int LoadWorkerMain(int argc, char** argv) {
       spec = std::move(twin.spec);
       dequantized = std::move(twin.dequantized);
     }
-    // The mesh: R x (W / R), R from the test (HSDP); this rank's plan is over S, for its shard index.
+    // The layouts: FSDP2's, HSDP's R x (W / R) with R from the test, or TEST_LAYOUT's (layout_cases.h).
+    PlanOptions plan_options;
     const char* replicas = std::getenv("TEST_REPLICAS");
-    rq.replicas = replicas ? std::atoi(replicas) : 1;
-    const Mesh mesh = MakeMesh(rv.world_size, rq.replicas);
-    int plan_world = mesh.shards;
+    plan_options.replicas = replicas ? std::atoi(replicas) : 1;
+    if (const char* layout = std::getenv("TEST_LAYOUT")) ApplyTestLayout(layout, rv.world_size, spec, &plan_options);
+    if (scenario == "layout_divergence" && rv.rank == 1) {  // this rank parallelized its model differently
+      plan_options = PlanOptions{};
+      ApplyTestLayout("shard1", rv.world_size, spec, &plan_options);
+    }
+    int plan_world = rv.world_size;
     if (scenario == "shape_divergence" && rv.rank == rv.world_size - 1) {
       for (auto& e : spec.entries) {
         if (e.key == "model.layers.1.mlp.gate.weight") e.shape[0] += 1;  // one replica disagrees
@@ -125,8 +137,8 @@ int LoadWorkerMain(int argc, char** argv) {
       for (auto& e : spec.entries) e.dtype = e.key == "model.norm.weight" ? DType::kF32 : e.dtype;
     }
     if (scenario == "world_size_mismatch" && rv.rank == 1) plan_world = rv.world_size + 1;
-    Plan plan = Plan::Build(std::move(spec), plan_world);
-    RankState state = RankState::Prepare(plan, mesh.ShardOf(rv.rank));
+    Plan plan = Plan::Build(std::move(spec), plan_world, plan_options);
+    RankState state = RankState::Prepare(plan, rv.rank);
     LoadReport report = Load(*comm, &state, rq);
     int64_t checked = 0, mismatches = 0;
     auto ckpt = Checkpoint::Open(ckpt_dir);

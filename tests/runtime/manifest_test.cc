@@ -22,6 +22,8 @@ void ExpectSame(const Manifest& a, const Manifest& b) {
     EXPECT_EQ(a.files[i].size, b.files[i].size);
     EXPECT_EQ(a.files[i].digest, b.files[i].digest);
   }
+  ASSERT_EQ(a.layouts.size(), b.layouts.size());
+  for (size_t i = 0; i < a.layouts.size(); ++i) EXPECT_TRUE(a.layouts[i] == b.layouts[i]) << a.layouts[i].Text();
   ASSERT_EQ(a.entries.size(), b.entries.size());
   for (size_t i = 0; i < a.entries.size(); ++i) {
     const ManifestEntry &x = a.entries[i], &y = b.entries[i];
@@ -29,7 +31,7 @@ void ExpectSame(const Manifest& a, const Manifest& b) {
     EXPECT_EQ(x.target_dtype, y.target_dtype);
     EXPECT_EQ(x.shape, y.shape);
     EXPECT_EQ(x.role, y.role);
-    EXPECT_EQ(x.placement, y.placement);
+    EXPECT_EQ(x.layout, y.layout);
     ASSERT_EQ(x.parts.size(), y.parts.size());
     for (size_t j = 0; j < x.parts.size(); ++j) {
       EXPECT_EQ(x.parts[j].checkpoint_key, y.parts[j].checkpoint_key);

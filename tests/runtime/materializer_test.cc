@@ -32,7 +32,7 @@ TEST(Materializer, ParametersStayMetaBuffersAreRealAndNothingIsGarbage) {
       case Role::kSidecar:
         EXPECT_TRUE(t.is_meta()) << t.entry->key;
         EXPECT_TRUE(t.MetaTensor().is_meta());
-        EXPECT_EQ(t.MetaTensor().size(0), static_cast<int64_t>(t.rows.rows())) << t.entry->key;
+        EXPECT_EQ(t.MetaTensor().size(0), static_cast<int64_t>(t.local_shape[0])) << t.entry->key;
         break;
       case Role::kPersistentBuffer:
         EXPECT_FALSE(t.tensor.is_meta());

@@ -61,17 +61,17 @@ TEST(Plan, PlacementsFollowRolesAndGlobalShapesStayExplicit) {
   Plan plan = Plan::Build(spec, 4);
   const PlanEntry* embed = plan.Find("model.embed_tokens.weight");
   ASSERT_NE(embed, nullptr);
-  EXPECT_EQ(embed->placement.kind, Placement::kShard);
-  EXPECT_EQ(embed->LocalShape(4, 3), (std::vector<uint64_t>{1, 24}));  // 7 rows: 2, 2, 2, 1
+  EXPECT_FALSE(embed->replicated());
+  EXPECT_EQ(embed->LocalShape(3), (std::vector<uint64_t>{1, 24}));  // 7 rows: 2, 2, 2, 1
   EXPECT_EQ(embed->shape, (std::vector<uint64_t>{7, 24}));
   const PlanEntry* bias = plan.Find("model.layers.1.mlp.gate.e_score_correction_bias");
   ASSERT_NE(bias, nullptr);
-  EXPECT_EQ(bias->placement.kind, Placement::kReplicate);
-  EXPECT_EQ(bias->Local(4, 3).rows(), 5u);
-  EXPECT_EQ(plan.Find("model.rotary_emb.inv_freq")->placement.kind, Placement::kReplicate);
+  EXPECT_TRUE(bias->replicated());
+  EXPECT_EQ(bias->LocalShape(3), (std::vector<uint64_t>{5}));
+  EXPECT_TRUE(plan.Find("model.rotary_emb.inv_freq")->replicated());
   // Every sharded byte lands on exactly one rank; replicated bytes on all.
   uint64_t sharded = 0, replicated = 0, summed = 0;
-  for (const auto& e : plan.entries()) (e.placement.kind == Placement::kShard ? sharded : replicated) += e.nbytes();
+  for (const auto& e : plan.entries()) (e.replicated() ? replicated : sharded) += e.nbytes();
   for (int r = 0; r < 4; ++r) summed += plan.LocalBytes(r).total();
   EXPECT_EQ(summed, sharded + 4 * replicated);
 }
@@ -91,10 +91,17 @@ TEST(Plan, BadInputNamesWhatIsWrong) {
   EXPECT_SC_ERROR(Plan::Build(spec, 0), ErrorKind::kInvalidArgument, "world size must be at least 1, got 0");
   Plan plan = Plan::Build(spec, 2);
   EXPECT_SC_ERROR(plan.LocalBytes(2), ErrorKind::kInvalidArgument, "rank 2 is outside world size 2");
-  PlanOptions opt;
-  opt.shard_dims["model.layers.0.mlp.up_proj.weight"] = 1;
-  EXPECT_SC_ERROR(Plan::Build(spec, 2, opt), ErrorKind::kUnsupported, "model.layers.0.mlp.up_proj.weight",
-                  "Shard(1) is not supported");
+  PlanOptions opt;  // a placement on a dim the tensor does not have, and a rank outside the world
+  opt.layouts = {Layout{{2}, {0, 1}, {Placement{Placement::kShard, 2, 1}}}, Layout{{2}, {0, 5}, {Placement{}}}};
+  opt.layout_of["model.layers.0.mlp.up_proj.weight"] = 0;
+  EXPECT_SC_ERROR(Plan::Build(spec, 2, opt), ErrorKind::kInvalidArgument, "model.layers.0.mlp.up_proj.weight",
+                  "Shard(dim=2) of a tensor with 2 dim(s)");
+  opt.layout_of["model.layers.0.mlp.up_proj.weight"] = 1;
+  EXPECT_SC_ERROR(Plan::Build(spec, 2, opt), ErrorKind::kInvalidArgument, "model.layers.0.mlp.up_proj.weight",
+                  "names rank 5 outside a world of 2");
+  PlanOptions hsdp;
+  hsdp.replicas = 3;
+  EXPECT_SC_ERROR(Plan::Build(spec, 4, hsdp), ErrorKind::kInvalidArgument, "3 replicas do not divide a world of 4");
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "loaders/checkpoint.h"
+#include "tests/runtime/layout_cases.h"
 #include "loaders/synth.h"
 #include "runtime/save.h"
 #include "tests/runtime/load_harness.h"
@@ -31,13 +32,17 @@ const char* Env(const char* name, const char* fallback) {
 // This rank's rows of every checkpoint entry, with the synthetic values a checkpoint would hold.
 void Fill(RankState* state) {
   state->AllocateShards();
-  const int world = state->plan().world_size();
   for (LocalTensor& t : state->tensors()) {
     const PlanEntry& e = *t.entry;
     if (e.role == Role::kNonPersistentBuffer) continue;
-    const RowRange rows = e.Local(world, state->rank());
-    const uint64_t row_elems = e.rows() ? e.nbytes() / e.rows() / DTypeSize(e.dtype) : 0;
-    SynthElements(kSeed, e.key, e.dtype, rows.begin * row_elems, rows.rows() * row_elems, t.tensor.data_ptr());
+    auto* base = static_cast<unsigned char*>(t.tensor.data_ptr());
+    const uint64_t ts = DTypeSize(e.dtype);
+    ForEachRuns(e.shape, e.PieceOf(state->rank()), [&](const StridedRuns& r) {
+      for (uint64_t i = 0; i < r.runs; ++i) {
+        SynthElements(kSeed, e.key, e.dtype, r.first + i * r.stride, r.count,
+                      base + (r.local_first + i * r.local_stride) * ts);
+      }
+    });
   }
 }
 
@@ -89,7 +94,11 @@ int SaveWorkerMain(char** argv) {
     rq.config_json = cs.str();
     std::unique_ptr<Communicator> comm =
         rv.world_size == 1 ? CreateLocalCommunicator() : CreateGlooCommunicator(rv, rq.options.timeout, "save");
-    Plan plan = Plan::Build(BuildModelSpec(config), rv.world_size);
+    ModelSpec spec = BuildModelSpec(config);
+    PlanOptions plan_options;  // FSDP2's, HSDP's (TEST_REPLICAS) or TEST_LAYOUT's layouts
+    if (const char* replicas = std::getenv("TEST_REPLICAS")) plan_options.replicas = std::atoi(replicas);
+    if (const char* layout = std::getenv("TEST_LAYOUT")) ApplyTestLayout(layout, rv.world_size, spec, &plan_options);
+    Plan plan = Plan::Build(std::move(spec), rv.world_size, plan_options);
     RankState state = RankState::Prepare(plan, rv.rank);
     Fill(&state);
     rlimit old{};

@@ -12,12 +12,12 @@ namespace {
 // An entry of `rows` x `cols` elements supplied by `parts` consecutive checkpoint tensors, laid out
 // back to back in file 0 from `*offset`.
 ManifestEntry Entry(const std::string& key, uint64_t rows, uint64_t cols, DType src, DType dst, int parts,
-                    uint64_t* offset, Placement::Kind placement = Placement::kShard) {
+                    uint64_t* offset, bool replicated = false) {
   ManifestEntry e;
   e.key = key;
   e.target_dtype = dst;
   e.shape = cols ? std::vector<uint64_t>{rows, cols} : std::vector<uint64_t>{rows};
-  e.placement = placement;
+  e.layout = replicated ? 0 : 1;  // Model's layouts: [Replicate, FSDP2's Shard(0)]
   const uint64_t per = rows / parts;  // each part is `per` rows (the last takes the rest)
   for (int p = 0; p < parts; ++p) {
     ManifestPart part;
@@ -38,14 +38,15 @@ Manifest Model(int world, uint64_t chunk, uint64_t coalesce) {
   m.world_size = world;
   m.params.chunk_bytes = chunk;
   m.params.coalesce_bytes = coalesce;
+  m.layouts = {ReplicatedLayout(), DimZeroLayout(world)};
   uint64_t off = 1000;
   m.entries.push_back(Entry("embed", 37, 24, DType::kBF16, DType::kBF16, 1, &off));
-  m.entries.push_back(Entry("norm", 24, 0, DType::kF32, DType::kBF16, 1, &off, Placement::kReplicate));
+  m.entries.push_back(Entry("norm", 24, 0, DType::kF32, DType::kBF16, 1, &off, true));
   m.entries.push_back(Entry("tiny", 5, 3, DType::kBF16, DType::kBF16, 1, &off));            // zero-row ranks
   m.entries.push_back(Entry("experts", 12, 40, DType::kBF16, DType::kBF16, 4, &off));       // composed
   m.entries.push_back(Entry("wide", 3, 4000, DType::kF16, DType::kF32, 1, &off));           // row > chunk
   m.entries.push_back(Entry("vec", 1001, 0, DType::kBF16, DType::kBF16, 1, &off));          // 1-d
-  m.entries.push_back(Entry("bias", 7, 0, DType::kF32, DType::kF32, 1, &off, Placement::kReplicate));
+  m.entries.push_back(Entry("bias", 7, 0, DType::kF32, DType::kF32, 1, &off, true));
   return m;
 }
 
@@ -91,7 +92,8 @@ TEST_P(ScheduleWorld, EveryRankGetsExactlyItsRowsOnceAtTheRightPlace) {
         const int dest = msg.dest == kBroadcast ? 0 : msg.dest;
         const uint64_t local_first = msg.dest == kBroadcast ? 0 : ShardRows(rows, world, dest).begin * row_elems;
         EXPECT_EQ(s.local_offset, (part_start + s.first - local_first) * ts) << e.key;
-        auto& cells = seen[{msg.dest, s.entry}];
+        // A world of one holds every entry whole: its shards arrive as broadcasts (to itself).
+        auto& cells = seen[{world == 1 ? 0 : msg.dest, s.entry}];
         if (cells.empty()) cells.resize(rows * row_elems * ts);
         for (uint64_t b = 0; b < s.target_bytes; ++b) ++cells[s.local_offset + b];
         sum += s.target_bytes;
@@ -105,8 +107,8 @@ TEST_P(ScheduleWorld, EveryRankGetsExactlyItsRowsOnceAtTheRightPlace) {
     for (uint32_t i = 0; i < m.entries.size(); ++i) {
       const ManifestEntry& e = m.entries[i];
       const uint64_t row_elems = e.shape.size() > 1 ? e.shape[1] : 1, ts = DTypeSize(e.target_dtype);
-      if (e.placement == Placement::kReplicate) {
-        const auto& cells = seen[{kBroadcast, i}];
+      if (e.layout == 0) {
+        const auto& cells = seen[{world == 1 ? 0 : kBroadcast, i}];
         ASSERT_EQ(cells.size(), e.shape[0] * row_elems * ts) << e.key;
         for (int c : cells) ASSERT_EQ(c, 1) << e.key;
         continue;

@@ -1,0 +1,158 @@
+"""One rank of the layout tests: `python layout_worker.py MODE ROOT OUT` with torchrun's variables set.
+
+MODE native:  for every model under ROOT and every layout in LAYOUTS (a JSON list of DistributedConfig
+              keyword dicts), shardcast.from_pretrained(distributed_config=...) against transformers' own
+              from_pretrained(distributed_config=...) on the same layout: every parameter's placements,
+              mesh and local tensor, bit for bit; SOURCE picks shardcast's source.
+MODE manual:  a hand-built 2-d mesh (dp, tp): parallelize_module (Colwise/Rowwise) then fully_shard, loaded
+              by shardcast.load and checked against transformers' full tensors split by DTensor's own
+              placement arithmetic; then shardcast.save from that layout, re-read by from_pretrained.
+"""
+import datetime
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import shardcast
+
+
+def _bits(t):
+    t = t.detach()
+    return t.contiguous().view(torch.uint8) if t.numel() and t.element_size() else t.contiguous()
+
+
+def _describe(p):
+    from torch.distributed.tensor import DTensor
+    if not isinstance(p, DTensor):
+        return "plain"
+    return f"{tuple(p.device_mesh.mesh.shape)} {p.device_mesh.mesh.flatten().tolist()} {tuple(p.placements)}"
+
+
+def _local(p):
+    return p.to_local() if hasattr(p, "to_local") else p
+
+
+def native(root, rank, world):
+    from transformers import AutoModelForCausalLM
+    from transformers.distributed import DistributedConfig
+    layouts = json.loads(os.environ["LAYOUTS"])
+    source = os.environ.get("SOURCE")
+    out = {}
+    for name in sorted(os.listdir(root)):
+        ckpt = os.path.join(root, name)
+        for spec in layouts:
+            key = f"{name} {spec}"
+            try:
+                ref = AutoModelForCausalLM.from_pretrained(ckpt, distributed_config=DistributedConfig(**spec),
+                                                           dtype=torch.bfloat16)
+            except Exception as e:  # noqa: BLE001 -- a layout transformers itself does not take for this model
+                out[key] = {"skipped": f"transformers: {type(e).__name__}: {str(e)[:200]}"}
+                continue
+            model = shardcast.from_pretrained(ckpt, distributed_config=DistributedConfig(**spec), source=source,
+                                              verify=True, chunk_bytes=4096)
+            ref_params = dict(ref.named_parameters())
+            bad, checked, layouts_seen = [], 0, set()
+            for pname, p in model.named_parameters():
+                r = ref_params.get(pname)
+                if r is None:
+                    bad.append(f"{pname}: not in transformers' model")
+                    continue
+                if _describe(p) != _describe(r):
+                    bad.append(f"{pname}: layout {_describe(p)} but transformers' {_describe(r)}")
+                    continue
+                layouts_seen.add(_describe(p))
+                a, b = _local(p), _local(r)
+                if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(_bits(a), _bits(b)):
+                    bad.append(f"{pname}: local {tuple(a.shape)} {a.dtype} differs from transformers' "
+                               f"{tuple(b.shape)} {b.dtype}")
+                checked += 1
+            report = model.shardcast_report
+            out[key] = {"checked": checked, "bad": bad, "layouts": sorted(layouts_seen),
+                        "verify": report["ranks"][rank]["verify"], "source": report["source"]}
+            del model, ref
+    return out
+
+
+def _split_reference(full, mesh_shape, placements, coord):
+    """The local tensor DTensor's placements give coordinate `coord`, by torch's own split functions."""
+    from torch.distributed.tensor import Replicate
+    local = full
+    for m, p in enumerate(placements):
+        if isinstance(p, Replicate):
+            continue
+        chunks, _ = p._split_tensor(local, mesh_shape[m], with_padding=False, contiguous=True)
+        local = chunks[coord[m]]
+    return local
+
+
+def manual(root, rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from transformers import AutoConfig, AutoModelForCausalLM
+    mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+    out = {}
+    for name in sorted(os.listdir(root)):
+        ckpt = os.path.join(root, name)
+        config = AutoConfig.from_pretrained(ckpt)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        shardcast.prepare(model, config=config)
+        plan = {}
+        for i, _ in enumerate(model.model.layers):
+            for proj in ("q_proj", "k_proj", "v_proj"):
+                plan[f"model.layers.{i}.self_attn.{proj}"] = ColwiseParallel()
+            plan[f"model.layers.{i}.self_attn.o_proj"] = RowwiseParallel()
+            plan[f"model.layers.{i}.mlp.gate_proj"] = ColwiseParallel()
+            plan[f"model.layers.{i}.mlp.up_proj"] = ColwiseParallel()
+            plan[f"model.layers.{i}.mlp.down_proj"] = RowwiseParallel()
+        parallelize_module(model, mesh["tp"], plan)
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+        report = shardcast.load(model, ckpt, verify=True, chunk_bytes=4096, source=os.environ.get("SOURCE"))
+        ref = dict(AutoModelForCausalLM.from_pretrained(ckpt).named_parameters())
+        bad, checked, layouts_seen = [], 0, set()
+        for pname, p in model.named_parameters():
+            full = ref[pname].detach()
+            if isinstance(p, DTensor):
+                layouts_seen.add(str(tuple(p.placements)))
+                coord = p.device_mesh.get_coordinate()
+                want = _split_reference(full, tuple(p.device_mesh.mesh.shape), p.placements, coord)
+                got = p.to_local()
+            else:
+                want, got = full, p
+            if got.shape != want.shape or not torch.equal(_bits(got), _bits(want)):
+                bad.append(f"{pname} {tuple(p.placements) if isinstance(p, DTensor) else ''}: "
+                           f"local {tuple(got.shape)} vs {tuple(want.shape)}")
+            checked += 1
+        saved = os.path.join(os.environ["SAVE_ROOT"], name)
+        shardcast.save(model, saved, mode=os.environ.get("SAVE_MODE", "each-rank"), overwrite=True)
+        dist.barrier()
+        back = dict(AutoModelForCausalLM.from_pretrained(saved).named_parameters())
+        resaved_bad = [k for k, v in ref.items() if not torch.equal(_bits(v), _bits(back[k]))]
+        out[name] = {"checked": checked, "bad": bad, "layouts": sorted(layouts_seen), "saved_bad": resaved_bad,
+                     "verify": report["ranks"][rank]["verify"]}
+        del model
+    return out
+
+
+def main():
+    mode, root, out_path = sys.argv[1], sys.argv[2], sys.argv[3]
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    try:
+        result = {"native": native, "manual": manual}[mode](root, rank, world)
+        with open(f"{out_path}.{rank}", "w") as f:
+            json.dump(result, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
