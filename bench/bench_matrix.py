@@ -10,10 +10,13 @@ orchestrates and tabulates):
   convert  `shardcast convert` of that fp8 checkpoint to bf16 files, 1 and 2 processes.
   sources  every source on HSDP meshes (R replicas x S shards): storage bytes read, bytes sent, wall
            time, busiest rank's peak RSS.
+  layouts  TP x FSDP (--tp 2: _StridedShard column-parallel, Shard(1) row-parallel) and HSDP x TP, W=4 and W=8:
+           per source, storage bytes read over the checkpoint (read-once must stay 1.00x), bytes sent,
+           each-rank's bytes read over the bytes it stores, wall time, busiest rank's peak RSS.
   minimax  MiniMax-M2's layout cut to N layers (sparse fp8 files), dequantized to bf16 in the stream
            at W=8 through a checksum sink: the reader's peak memory at scale.
 
-    bench/bench_matrix.py [--only setup,fp8,convert,sources,minimax] [--out bench/results/matrix.json]
+    bench/bench_matrix.py [--only setup,fp8,convert,sources,layouts,minimax] [--out bench/results/matrix.json]
 """
 import argparse
 import json
@@ -159,6 +162,29 @@ def bench_sources(exe, work):
     return rows
 
 
+def bench_layouts(exe, work):
+    ckpt = synth(exe, MODELS / "qwen3-30b-a3b.json", work / "qwen3-L1", "--layers", 1)
+    rows = []
+    for world, replicas, tp in ((4, 1, 2), (8, 1, 2), (8, 2, 2)):
+        for source in ("rank0", "each-rank", "node-leader", "striped"):
+            warm(ckpt)
+            r = load(exe, ckpt, world, work / "layouts.json", "--source", source, "--replicas", replicas, "--tp", tp,
+                     "--nodes", 2)
+            ranks = r["ranks"]
+            row = {"world_size": world, "replicas": replicas, "tp": tp, "nodes": 2, "source": source, "mesh": r["mesh"],
+                   "checkpoint_bytes": r["checkpoint_bytes"], "read": sum(x["bytes_read"] for x in ranks),
+                   "stored": sum(x["bytes_stored"] for x in ranks), "sent": sum(x["bytes_sent"] for x in ranks),
+                   "seconds": max(x["seconds"] for x in ranks),
+                   "busiest_peak": max(x["peak_rss_anon_above_baseline"] + x["peak_rss_file_above_baseline"]
+                                       for x in ranks)}
+            rows.append(row)
+            each = f", read/stored {row['read'] / row['stored']:.3f}" if source == "each-rank" else ""
+            print(f"layouts W={world} R={replicas} TP={tp} ({r['mesh']}, 2 nodes) {source:<12} read "
+                  f"{row['read'] / row['checkpoint_bytes']:.2f}x{each}, sent {row['sent'] / 1e9:.2f} GB, "
+                  f"{row['seconds']:.2f} s, busiest rank peak {mb(row['busiest_peak'])}", flush=True)
+    return rows
+
+
 def bench_minimax(exe, work, layers):
     ckpt = synth(exe, MODELS / "minimax-m2.json", work / f"minimax-L{layers}-sparse", "--layers", layers, "--sparse")
     r = load(exe, ckpt, 8, work / "minimax.json", "--checksum-only", "--dtype", "bf16")
@@ -195,6 +221,8 @@ def main():
             results["convert"] = bench_convert(args.exe, work, args.fp8_layers)
         elif part == "sources":
             results["sources"] = bench_sources(args.exe, work)
+        elif part == "layouts":
+            results["layouts"] = bench_layouts(args.exe, work)
         elif part == "minimax":
             results["minimax"] = bench_minimax(args.exe, work, args.minimax_layers)
         else:

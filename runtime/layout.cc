@@ -8,13 +8,6 @@
 namespace shardcast {
 namespace {
 
-// torch.chunk's piece c of n over L elements: [min(L, c * ceil(L/n)), min(L, that + ceil(L/n))).
-Span Chunk(uint64_t length, uint64_t n, uint64_t c) {
-  const uint64_t size = (length + n - 1) / n;
-  const uint64_t begin = std::min(length, c * size);
-  return Span{begin, std::min(length, begin + size)};
-}
-
 // The global spans behind local positions [a, b) of a dim whose local order is `spans`.
 void Select(const std::vector<Span>& spans, uint64_t a, uint64_t b, std::vector<Span>* out) {
   uint64_t at = 0;
@@ -45,6 +38,13 @@ std::string List(const std::vector<int>& v) {
 }
 
 }  // namespace
+
+// [min(L, c * ceil(L/n)), min(L, that + ceil(L/n))).
+Span ChunkSpan(uint64_t length, uint64_t n, uint64_t c) {
+  const uint64_t size = (length + n - 1) / n;
+  const uint64_t begin = std::min(length, c * size);
+  return Span{begin, std::min(length, begin + size)};
+}
 
 std::string Placement::Text() const {
   switch (kind) {
@@ -146,12 +146,12 @@ Piece PieceOf(const std::vector<uint64_t>& shape, const Layout& layout, int rank
     const uint64_t length = Total(spans), n = layout.mesh_shape[m], c = coord[m];
     std::vector<Span> next;
     if (pl.kind == Placement::kShard) {
-      const Span s = Chunk(length, n, c);
+      const Span s = ChunkSpan(length, n, c);
       Select(spans, s.begin, s.end, &next);
     } else {
       for (uint64_t j = 0; j < pl.split_factor; ++j) {
-        const Span outer = Chunk(length, pl.split_factor, j);
-        const Span inner = Chunk(outer.size(), n, c);
+        const Span outer = ChunkSpan(length, pl.split_factor, j);
+        const Span inner = ChunkSpan(outer.size(), n, c);
         Select(spans, outer.begin + inner.begin, outer.begin + inner.end, &next);
       }
     }

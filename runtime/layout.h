@@ -80,6 +80,10 @@ struct Piece {
   bool operator==(const Piece& o) const { return held == o.held && dims == o.dims; }
 };
 
+// torch.chunk's piece c of n over `length` elements: chunks of ceil(length / n), trailing ones smaller or
+// empty. REQUIRES: n > 0.
+Span ChunkSpan(uint64_t length, uint64_t n, uint64_t c);
+
 // The rank's piece of a tensor of global `shape`. REQUIRES: layout.Check(shape.size()) passed.
 Piece PieceOf(const std::vector<uint64_t>& shape, const Layout& layout, int rank);
 

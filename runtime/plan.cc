@@ -7,12 +7,8 @@
 namespace shardcast {
 
 RowRange ShardRows(uint64_t n, int world, int rank) {
-  const uint64_t w = static_cast<uint64_t>(world), r = static_cast<uint64_t>(rank);
-  const uint64_t chunk = (n + w - 1) / w;
-  RowRange range;
-  range.begin = std::min(n, r * chunk);
-  range.end = std::min(n, range.begin + chunk);
-  return range;
+  const Span s = ChunkSpan(n, static_cast<uint64_t>(world), static_cast<uint64_t>(rank));
+  return RowRange{s.begin, s.end};
 }
 
 uint64_t PlanEntry::numel() const {

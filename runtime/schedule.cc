@@ -11,10 +11,12 @@ Schedule::Schedule(const Manifest& m)
       coalesce_(std::min(m.params.coalesce_bytes, m.params.chunk_bytes)) {}
 
 const Schedule::Pieces& Schedule::PiecesOf(uint32_t entry) {
+  if (pieces_of_.empty()) pieces_of_.assign(m_.entries.size(), nullptr);
+  if (pieces_of_[entry] != nullptr) return *pieces_of_[entry];
   const ManifestEntry& e = m_.entries[entry];
   auto key = std::make_pair(e.layout, e.shape);
   auto it = pieces_.find(key);
-  if (it != pieces_.end()) return it->second;
+  if (it != pieces_.end()) return *(pieces_of_[entry] = &it->second);
   Pieces p;
   p.holdings = Holdings(e.shape, m_.LayoutOf(e), world_);
   for (const Holding& h : p.holdings) p.holders.push_back(std::make_shared<const std::vector<int>>(h.holders));
@@ -22,7 +24,7 @@ const Schedule::Pieces& Schedule::PiecesOf(uint32_t entry) {
   for (uint64_t d : e.shape) numel *= d;
   p.broadcast = p.holdings.size() == 1 && p.holdings[0].holders.size() == static_cast<size_t>(world_) &&
                 p.holdings[0].piece.numel() == numel;
-  return pieces_.emplace(std::move(key), std::move(p)).first->second;
+  return *(pieces_of_[entry] = &pieces_.emplace(std::move(key), std::move(p)).first->second);
 }
 
 bool Schedule::Next(Message* out) {

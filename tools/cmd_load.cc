@@ -13,6 +13,7 @@
 #include "bench/baseline_load.h"
 #include "loaders/synth.h"
 #include "runtime/load.h"
+#include "runtime/parallel_plan.h"
 #include "runtime/subprocess.h"
 #include "tools/cli_util.h"
 #include "tools/launcher.h"
@@ -24,7 +25,7 @@ struct LoadArgs {
   std::string checkpoint, config, json, backend = "gloo", dtype;
   // Load options as given (empty: not given), parsed by LoadOptionsBuilder with the environment.
   std::string source, target, chunk, staging_slots, readahead, timeout_ms;
-  int nproc = 0, layers = -1, nodes = 1, replicas = 1;
+  int nproc = 0, layers = -1, nodes = 1, replicas = 1, tp = 1;
   bool verify = false, checksum_only = false, strict_keys = false, quiet = false, setup_only = false;
   std::vector<std::string> argv;  // as given, for the launcher
 };
@@ -157,8 +158,8 @@ int RunRank(const LoadArgs& a) {
     if (bad_options) throw *bad_options;
     ModelSpec spec = BuildModelSpec(ConfigFor(a), SpecOptions{a.layers});
     if (!a.dtype.empty()) spec = DequantizedSpec(spec, ParseFloatDType(a.dtype, "--dtype"));
-    PlanOptions plan_options;
-    plan_options.replicas = a.replicas;  // HSDP's (Replicate(), Shard(0)) on (R, W / R), or FSDP's Shard(0)
+    // FSDP2's Shard(0), HSDP's (Replicate(), Shard(0)) on (R, W / R), and with --tp the TP x FSDP layouts.
+    const PlanOptions plan_options = ParallelPlan(spec, rv.world_size, ParallelSizes{a.replicas, a.tp});
     plan = std::make_unique<Plan>(Plan::Build(std::move(spec), rv.world_size, plan_options));
     PrepareOptions po;
     po.target = target;
@@ -211,6 +212,9 @@ void AddLoad(CLI::App& app, Runner* run, const std::vector<std::string>& argv) {
                   "bf16, f16 or f32: load block-quantized fp8 weights in this dtype, dequantized in the stream "
                   "(default: as the config declares them)");
   cmd->add_option("--replicas", args->replicas, "HSDP: R replicas x (world / R) shards (default 1: FSDP)");
+  cmd->add_option("--tp", args->tp,
+                  "tensor parallel: T ranks (column/row-parallel linears, experts over them), FSDP over the "
+                  "rest (default 1)");
   cmd->add_option("--nodes", args->nodes, "with --nproc: split the ranks into N nodes (LOCAL_RANK, GROUP_RANK)");
   cmd->add_option("--target", args->target, "cpu (default), pinned or cuda");
   cmd->add_option("--backend", args->backend, "gloo (default) or nccl (with --target cuda; CUDA builds)");

@@ -3,7 +3,9 @@
 MODE native:  for every model under ROOT and every layout in LAYOUTS (a JSON list of DistributedConfig
               keyword dicts), shardcast.from_pretrained(distributed_config=...) against transformers' own
               from_pretrained(distributed_config=...) on the same layout: every parameter's placements,
-              mesh and local tensor, bit for bit; SOURCE picks shardcast's source.
+              mesh and local tensor, bit for bit; SOURCE picks shardcast's source. Where transformers' own
+              loading fails on a layout, shardcast's local tensors are checked against the full tensors
+              split by DTensor's own placement arithmetic (and the result says why: "native").
 MODE manual:  a hand-built 2-d mesh (dp, tp): parallelize_module (Colwise/Rowwise) then fully_shard, loaded
               by shardcast.load and checked against transformers' full tensors split by DTensor's own
               placement arithmetic; then shardcast.save from that layout, re-read by from_pretrained.
@@ -45,14 +47,41 @@ def native(root, rank, world):
         ckpt = os.path.join(root, name)
         for spec in layouts:
             key = f"{name} {spec}"
+            ref, why = None, ""
             try:
                 ref = AutoModelForCausalLM.from_pretrained(ckpt, distributed_config=DistributedConfig(**spec),
                                                            dtype=torch.bfloat16)
             except Exception as e:  # noqa: BLE001 -- a layout transformers itself does not take for this model
-                out[key] = {"skipped": f"transformers: {type(e).__name__}: {str(e)[:200]}"}
+                why = f"transformers: {type(e).__name__}: {str(e)[:300]}"
+                print(f"rank {rank} {key}: {why}", flush=True)
+            ok = torch.tensor([0 if ref is None else 1])
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # every rank compares the same way
+            native_ok = bool(ok.item())
+            if not native_ok:  # a layout transformers' own loading fails on: against DTensor's split instead
+                why = why or "transformers failed on another rank"
+                try:
+                    model = shardcast.from_pretrained(ckpt, distributed_config=DistributedConfig(**spec),
+                                                      source=source, verify=True, chunk_bytes=4096, timeout=60)
+                except Exception as e:  # noqa: BLE001 -- the same layout transformers cannot build either
+                    out[key] = {"skipped": f"{why}; shardcast: {type(e).__name__}: {str(e)[:200]}"}
+                    continue
+                full = dict(AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16).named_parameters())
+                bad, checked, layouts_seen = [], 0, set()
+                for pname, p in model.named_parameters():
+                    layouts_seen.add(_describe(p))
+                    want = _split_reference(full[pname].detach(), tuple(p.device_mesh.mesh.shape), p.placements,
+                                            p.device_mesh.get_coordinate()) if hasattr(p, "device_mesh") else full[pname]
+                    got = _local(p)
+                    if got.shape != want.shape or not torch.equal(_bits(got), _bits(want)):
+                        bad.append(f"{pname}: local {tuple(got.shape)} differs from DTensor's split {tuple(want.shape)}")
+                    checked += 1
+                out[key] = {"checked": checked, "bad": bad, "layouts": sorted(layouts_seen), "native": why[:200],
+                            "verify": model.shardcast_report["ranks"][rank]["verify"],
+                            "source": model.shardcast_report["source"]}
+                del model
                 continue
             model = shardcast.from_pretrained(ckpt, distributed_config=DistributedConfig(**spec), source=source,
-                                              verify=True, chunk_bytes=4096)
+                                              verify=True, chunk_bytes=4096, timeout=60)
             ref_params = dict(ref.named_parameters())
             bad, checked, layouts_seen = [], 0, set()
             for pname, p in model.named_parameters():

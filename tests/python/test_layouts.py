@@ -146,30 +146,32 @@ def arch_checkpoints(tmp_path_factory):
     return root
 
 
-# The layouts transformers' DistributedConfig gives a world of 4: FSDP, TP x FSDP, EP x FSDP (experts on their
-# own mesh), HSDP x FSDP, HSDP x TP.
-LAYOUTS_W4 = [{"fsdp_size": 4}, {"tp_size": 2, "fsdp_size": 2}, {"ep_size": 2, "fsdp_size": 2},
-              {"dp_replicate_size": 2, "fsdp_size": 2}, {"dp_replicate_size": 2, "tp_size": 2}]
+# The layouts transformers' DistributedConfig gives a world of 4: FSDP, TP x FSDP (_StridedShard), EP x FSDP
+# (experts on their own mesh), TP x EP x FSDP, HSDP x FSDP, HSDP x TP.
+LAYOUTS_W4 = [{"fsdp_size": 4}, {"tp_size": 2, "fsdp_size": 2}, {"ep_size": 2, "fsdp_size": 4},
+              {"tp_size": 2, "ep_size": 2, "fsdp_size": 2}, {"dp_replicate_size": 2, "fsdp_size": 2},
+              {"dp_replicate_size": 2, "tp_size": 2}]
 
 
 @pytest.mark.parametrize("source", ["rank0", "each-rank", "striped"])
 def test_from_pretrained_distributed_config_equals_transformers_on_every_layout(arch_checkpoints, tmp_path, source):
     results = ranks.run("layout_worker.py", "native", arch_checkpoints, 4, tmp_path, timeout=600,
                         env={"LAYOUTS": json.dumps(LAYOUTS_W4), "SOURCE": source})
-    loaded = {}
+    native, split = set(), set()
     for rank, result in enumerate(results):
         for key, r in result.items():
-            if "skipped" in r:
-                continue
+            assert "skipped" not in r, f"rank {rank} {key}: {r['skipped']}"
             assert r["bad"] == [], f"rank {rank} {key}: {r['bad']}"
             assert r["checked"] > 5 and r["verify"] == "ok" and r["source"] == source, (key, r)
-            loaded.setdefault(key, set()).update(r["layouts"])
-    skipped = sorted(k for k, r in results[0].items() if "skipped" in r)
-    # Every layout kind is really loaded for the dense model and the MoE ones (not skipped into a pass).
+            (split if r.get("native") else native).add(key)
+    # Bit for bit against transformers' own loading on every layout, for every model; where transformers'
+    # own loading fails (6 experts over 4 FSDP ranks: its conversion breaks on the empty rank), shardcast
+    # still loads, checked against DTensor's own split of the full tensors.
     for spec in LAYOUTS_W4:
-        assert f"llama {spec}" in loaded, (spec, skipped)
-    assert any("_StridedShard" in lay or "S(" in lay for key, lays in loaded.items() for lay in lays if "tp_size" in key)
-    assert len(loaded) >= 12, skipped
+        assert f"llama {spec}" in native, (spec, sorted(native))
+        for moe in ("qwen3_moe", "deepseek_v3"):
+            assert f"{moe} {spec}" in native | split, (moe, spec)
+    assert len(native) >= 14, sorted(native)
 
 
 def test_hand_built_tp_x_fsdp_mesh_loads_and_saves_bit_exact(arch_checkpoints, tmp_path):

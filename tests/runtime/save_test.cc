@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 #include <xxhash.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -224,6 +225,33 @@ INSTANTIATE_TEST_SUITE_P(
       const std::string mode = std::get<2>(info.param);
       return std::string(c.config) + (*c.dtype ? std::string("_to_") + c.dtype : "") + "_w" + std::to_string(world) +
              (mode == "rank0" ? "_rank0" : "_each_rank");
+    });
+
+// Save takes every layout it loads: HSDP (each piece written once, by its lowest replica), TP x FSDP with
+// _StridedShard, Shard(1) (a strided window per row), experts on their own mesh; both modes.
+using LayoutSaveCase = std::tuple<const char* /*env*/, int /*world*/, const char* /*mode*/>;
+class SaveLayouts : public SaveTest, public ::testing::WithParamInterface<LayoutSaveCase> {};
+
+TEST_P(SaveLayouts, EveryEntryLandsBitExactOnceFromAnyLayout) {
+  const auto [env, world, mode] = GetParam();
+  std::string out = std::string("layout_") + env + "_w" + std::to_string(world) + "_" + mode;
+  for (char& c : out) c = c == '=' || c == '-' ? '_' : c;
+  auto rs = Save(world, "qwen", mode, out, {env});
+  ExpectOk(rs, Saved(Path("qwen") + "/config.json"));
+  EXPECT_TRUE(Leftovers(out).empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, SaveLayouts,
+    ::testing::Values(LayoutSaveCase{"TEST_REPLICAS=2", 4, "each-rank"}, LayoutSaveCase{"TEST_REPLICAS=2", 4, "rank0"},
+                      LayoutSaveCase{"TEST_LAYOUT=tp-fsdp", 4, "each-rank"},
+                      LayoutSaveCase{"TEST_LAYOUT=tp-fsdp", 4, "rank0"},
+                      LayoutSaveCase{"TEST_LAYOUT=shard1", 3, "each-rank"}, LayoutSaveCase{"TEST_LAYOUT=ep", 3, "rank0"}),
+    [](const auto& info) {
+      std::string s = std::string(std::get<0>(info.param)) + "_w" + std::to_string(std::get<1>(info.param)) + "_" +
+                      std::get<2>(info.param);
+      for (char& c : s) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+      return s;
     });
 
 // Faults: a rank killed while bytes are written, or at the commit. The earlier out_dir must stay as it
