@@ -389,13 +389,22 @@ def load(model: Union[torch.nn.Module, Mapping[str, Tuple[torch.Tensor, int, int
         progress = None
     entries, layouts = [], _Layouts()
     if isinstance(model, Mapping):
+        problem = None
         for key, (tensor, begin, end) in model.items():
             shape = keys.get(key)
             if shape is None:
                 shape = (end,) + tuple(tensor.shape[1:])  # absent: the manifest check names it
+            rows = shape[0] if shape else 1
+            chunk = -(-rows // world)  # FSDP2's dim-0 rule for this rank
+            want = (min(rows, rank * chunk), min(rows, rank * chunk + chunk))
+            if (begin, end) != want and problem is None:  # agreed in the handshake: every rank raises it
+                problem = ("InvalidArgument", f"key '{key}' on rank {rank}: rows [{begin}, {end}) given, but FSDP2's "
+                           f"dim-0 rule gives this rank [{want[0]}, {want[1]}) of {rows} over {world} ranks")
             entries.append((key, tensor, list(shape), "parameter", -2, None))
+        if problem is not None:
+            entries = []
         return _shardcast.load_entries(entries, layouts.table, path, options, {}, backend, store, rank, world,
-                                       progress)
+                                       progress, problem, _store_host(store) if store is not None else "")
 
     # Anything that fails on this rank from here on is carried into the handshake, so every rank
     # raises it instead of waiting for this one in a collective.

@@ -140,6 +140,26 @@ def mapping(root, rank, world):
     return {"checked": len(m), "bad": bad}
 
 
+def mapping_bad_rows(root, rank, world):
+    """Rank 1 names rows of the right length at the wrong place: refused on every rank, never loaded."""
+    from safetensors.torch import load_file
+    ckpt = os.path.join(root, sorted(os.listdir(root))[0])
+    files = [f for f in sorted(os.listdir(ckpt)) if f.endswith(".safetensors")]
+    full = {}
+    for f in files:
+        full.update(load_file(os.path.join(ckpt, f)))
+    key = sorted(full)[0]
+    b, e = rows(full[key].shape[0], world, rank)
+    if rank == 1:
+        b, e = b - 1, e - 1
+    m = {key: (torch.empty((e - b,) + tuple(full[key].shape[1:]), dtype=full[key].dtype), b, e)}
+    try:
+        shardcast.load(m, ckpt)
+    except shardcast.ShardcastError as err:
+        return {"type": type(err).__name__, "message": str(err), "key": key}
+    return {"type": None, "key": key}
+
+
 def mismatch(root, rank, world):
     from transformers import AutoConfig, AutoModelForCausalLM
     from torch.distributed.device_mesh import init_device_mesh
@@ -164,7 +184,7 @@ def main():
     mode, root, out_path = sys.argv[1:4]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
-    modes = {"flow": flow, "mapping": mapping, "mismatch": mismatch, "hsdp": hsdp, "fault": fault}
+    modes = {"flow": flow, "mapping": mapping, "mapping_bad_rows": mapping_bad_rows, "mismatch": mismatch, "hsdp": hsdp, "fault": fault}
     result = modes[mode](root, rank, world)
     with open(f"{out_path}.{rank}", "w") as f:
         json.dump(result, f)

@@ -61,6 +61,16 @@ def test_explicit_mapping(checkpoints, tmp_path):
         assert r["bad"] == [] and r["checked"] == 6, (rank, r)
 
 
+def test_explicit_mapping_rows_at_the_wrong_place_are_refused_on_every_rank(checkpoints, tmp_path):
+    # Regression: the mapping form's rows were checked by length only; rows of the right length at
+    # another place loaded the wrong rows, silently.
+    results = run("mapping_bad_rows", checkpoints, 3, tmp_path)
+    assert {r["type"] for r in results} == {"InvalidArgument"}, results
+    assert len({r["message"] for r in results}) == 1, results
+    msg = results[0]["message"]
+    assert f"key '{results[0]['key']}' on rank 1" in msg and "FSDP2's dim-0 rule" in msg, msg
+
+
 def test_mismatch_is_the_same_exception_on_every_rank(checkpoints, tmp_path):
     results = run("mismatch", checkpoints, 3, tmp_path)
     assert {r["type"] for r in results} == {"ManifestMismatch"}, results

@@ -160,6 +160,9 @@ def test_from_pretrained_distributed_config_equals_transformers_on_every_layout(
     native, split = set(), set()
     for rank, result in enumerate(results):
         for key, r in result.items():
+            if key.startswith("llama") and "ep_size" in key:  # a dense model has no ep_plan: both refuse it
+                assert "no `ep_plan`" in r.get("skipped", "") and "shardcast:" in r["skipped"], (key, r)
+                continue
             assert "skipped" not in r, f"rank {rank} {key}: {r['skipped']}"
             assert r["bad"] == [], f"rank {rank} {key}: {r['bad']}"
             assert r["checked"] > 5 and r["verify"] == "ok" and r["source"] == source, (key, r)
@@ -168,7 +171,7 @@ def test_from_pretrained_distributed_config_equals_transformers_on_every_layout(
     # own loading fails (6 experts over 4 FSDP ranks: its conversion breaks on the empty rank), shardcast
     # still loads, checked against DTensor's own split of the full tensors.
     for spec in LAYOUTS_W4:
-        assert f"llama {spec}" in native, (spec, sorted(native))
+        assert "ep_size" in spec or f"llama {spec}" in native, (spec, sorted(native))
         for moe in ("qwen3_moe", "deepseek_v3"):
             assert f"{moe} {spec}" in native | split, (moe, spec)
     assert len(native) >= 14, sorted(native)
