@@ -1,9 +1,10 @@
 // The manifest on the wire: little-endian, length-prefixed, versioned. One encoder, one decoder; a
 // blob of another version or one cut short is a kComm error, never a misread.
 //
-//   "shardcast-manifest-2" | shards | replicas | params | files[name, size, digest] | entries[...] | skipped
+//   "shardcast-manifest-3" | shards | replicas | params | files[name, size, digest] | entries[...] | skipped
 //   entry: key | dtype | role | placement | shape | parts[key ("" = the entry's), dtype, file, offset,
-//          numel, shape, dequantize, (scale key, dtype, file, offset, grid rows, cols, block rows, cols)]
+//          numel, shape, dequantize, (scale key, dtype, file, offset, grid rows, cols, block rows, cols,
+//          packing)]
 #include <cstring>
 
 #include "allocators/error.h"
@@ -12,7 +13,7 @@
 namespace shardcast {
 namespace {
 
-constexpr const char* kVersion = "shardcast-manifest-2";
+constexpr const char* kVersion = "shardcast-manifest-3";
 
 class Writer {
  public:
@@ -126,6 +127,7 @@ std::string EncodeManifest(const Manifest& m) {
         w.U64(sc.grid_cols);
         w.U64(sc.block.rows);
         w.U64(sc.block.cols);
+        w.U64(static_cast<uint64_t>(part.packing));
       }
     }
   }
@@ -187,6 +189,7 @@ Manifest DecodeManifest(const std::string& bytes) {
         sc.grid_cols = r.U64();
         sc.block.rows = r.U64();
         sc.block.cols = r.U64();
+        part.packing = r.Enum<Packing>(2);
       }
     }
   }

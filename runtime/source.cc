@@ -9,6 +9,7 @@
 #include "allocators/error.h"
 #include "allocators/lazy_zero.h"
 #include "loaders/dequant.h"
+#include "runtime/quant_parts.h"
 
 namespace shardcast {
 namespace {
@@ -57,6 +58,7 @@ void FileSource::Dequantize(const ManifestEntry& e, const ManifestPart& p, uint6
 void FileSource::Read(const Segment& s, unsigned char* out) {
   const ManifestEntry& e = m_.entries[s.entry];
   const ManifestPart& p = e.parts[s.part];
+  if (p.packing == Packing::kMxfp4) return ReadMxfp4(p, files_, s.first, s.count, e.target_dtype, &scratch_, release_, out);
   if (p.dequantize) {
     // The schedule cuts a part on its rows: whole rows, taken in steps of about kReleaseStep.
     const uint64_t cols = p.shape[1];
@@ -90,6 +92,7 @@ void FileSource::Read(const Segment& s, unsigned char* out) {
 
 void FileSource::Prefetch(const Segment& s) {
   const ManifestPart& p = m_.entries[s.entry].parts[s.part];
+  if (p.packing == Packing::kMxfp4) return PrefetchMxfp4(p, files_, s.first, s.count);
   files_[p.file]->Prefetch(s.source_offset, s.source_bytes);
   if (p.dequantize && p.shape[1] > 0) {
     const ManifestScale& sc = p.scale;
