@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "allocators/error.h"
@@ -314,7 +315,7 @@ dequant_internal::Isa BestIsa() {
 
 bool IsWeightDType(DType d) { return d == DType::kF8_E4M3 || d == DType::kF8_E5M2; }
 bool IsScaleDType(DType d) {
-  return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16 || d == DType::kF8_E8M0;
+  return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16 || d == DType::kF8_E8M0 || d == DType::kU8;
 }
 bool IsTargetDType(DType d) { return d == DType::kBF16 || d == DType::kF16 || d == DType::kF32; }
 
@@ -333,6 +334,8 @@ float DecodeScale(DType dtype, const unsigned char* p) {
       std::memcpy(&h, p, 2);
       return dtype == DType::kBF16 ? BFloat16BitsToFloat(h) : HalfBitsToFloat(h);
     }
+    case DType::kU8:  // E8M0 bytes as uint8: 255 is 2^128 (inf), as transformers reads them
+      return *p == 0xFF ? std::numeric_limits<float>::infinity() : Fp8E8M0BitsToFloat(*p);
     default:
       return Fp8E8M0BitsToFloat(*p);
   }
@@ -368,7 +371,7 @@ std::string BlockText(BlockSize b) { return std::to_string(b.rows) + " x " + std
 std::string UnsupportedText(DType weight, DType scale, DType target) {
   return "cannot dequantize " + std::string(DTypeName(weight)) + " weights with " +
          std::string(DTypeName(scale)) + " scales to " + std::string(DTypeName(target)) +
-         " (weights: F8_E4M3 or F8_E5M2; scales: F32, BF16, F16 or F8_E8M0; targets: BF16, F16 or F32)";
+         " (weights: F8_E4M3 or F8_E5M2; scales: F32, BF16, F16, F8_E8M0 or U8; targets: BF16, F16 or F32)";
 }
 
 }  // namespace

@@ -39,8 +39,12 @@
 // tensor without a scale sidecar is never raw-cast to a wider type (ConvertElements refuses it too):
 // it is either loaded as fp8 bytes unchanged or it is an error naming the key.
 //
-// Types: weights F8_E4M3 (e4m3fn) or F8_E5M2; scales F32, BF16, F16 or F8_E8M0; targets BF16, F16
-// or F32. Anything else is kUnsupported naming the dtypes.
+// Types: weights F8_E4M3 (e4m3fn) or F8_E5M2; scales F32, BF16, F16, F8_E8M0 or U8; targets BF16,
+// F16 or F32. Anything else is kUnsupported naming the dtypes.
+// E8M0 scales ("scale_fmt": "ue8m0") come two ways. F8_E8M0 tensors decode as torch's
+// float8_e8m0fnu does (0xFF is NaN). U8 tensors (MXFP8 checkpoints store the exponent bytes as
+// uint8) decode as transformers reads them, (float(b) - 127).exp2(): exactly 2^(b - 127), and 255 is
+// 2^128 = inf, not NaN.
 // Thread safety: pure functions. Dequantize is single-threaded; callers parallelize by splitting
 // rows, and any split gives the same bytes as one call over all rows.
 #pragma once

@@ -3,6 +3,7 @@
 #include <unordered_map>
 
 #include "allocators/error.h"
+#include "loaders/quantization.h"
 #include "runtime/fault.h"
 #include "runtime/route.h"
 #include "runtime/verdict.h"
@@ -59,9 +60,11 @@ std::vector<std::string> Adopted(const StreamParams& reader, const LoadOptions& 
 }
 
 // How the checkpoint was quantized: its own config.json says (quantization_config.weight_block_size),
-// else the model's config, else 128 x 128. Decided by rank 0 and carried in the manifest.
+// else the model's config, else 128 x 128. Decided by rank 0 and carried in the manifest. A
+// quant_method shardcast does not read is a kCheckpoint error (loaders/quantization.h).
 BlockSize WeightBlock(const std::string& checkpoint, const ModelSpec& spec) {
   if (auto config = ReadCheckpointConfig(checkpoint)) {
+    CheckQuantMethod(checkpoint + "/config.json", *config);
     if (auto b = ConfigWeightBlockSize(checkpoint + "/config.json", *config)) return *b;
   }
   if (auto b = ConfigWeightBlockSize(spec.source, spec.config_json)) return *b;

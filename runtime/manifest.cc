@@ -7,6 +7,7 @@
 
 #include "allocators/error.h"
 #include "loaders/dequant.h"
+#include "runtime/quant_parts.h"
 
 namespace shardcast {
 namespace {
@@ -58,6 +59,12 @@ class Resolver {
     std::string ck = CheckpointKey(e.key);
     const Checkpoint::Entry* found = ckpt_.Find(ck);
     if (found == nullptr) {
+      if (auto packed = ResolveMxfp4Part(ckpt_, file_index_, e.key, ck, e.shape, e.dtype)) {
+        used_.insert(packed->checkpoint_key);
+        used_.insert(packed->scale.key);
+        me.parts.push_back(std::move(*packed));
+        return me;
+      }
       if (auto t = mapping_.tied.find(e.key); t != mapping_.tied.end()) {
         ck = CheckpointKey(t->second);
         found = ckpt_.Find(ck);
@@ -132,7 +139,7 @@ class Resolver {
   const Checkpoint& ckpt_;
   const KeyMapping& mapping_;
   const BlockSize block_;
-  std::unordered_map<const SafetensorsFile*, uint32_t> file_index_;
+  FileIndex file_index_;
   std::unordered_set<std::string> used_;
 };
 
@@ -249,6 +256,10 @@ uint64_t SourceBytes(const Manifest& m) {
   uint64_t total = 0;
   for (const ManifestEntry& e : m.entries) {
     for (const ManifestPart& p : e.parts) {
+      if (p.packing == Packing::kMxfp4) {
+        total += Mxfp4SourceBytes(p);
+        continue;
+      }
       total += p.numel * DTypeSize(p.source_dtype);
       if (p.dequantize) total += p.scale.grid_rows * p.scale.grid_cols * DTypeSize(p.scale.dtype);
     }

@@ -60,11 +60,19 @@ struct ManifestFile {
 // rows [r0, r1) of the part need scale rows [r0 / block.rows, ceil(r1 / block.rows)).
 struct ManifestScale {
   std::string key;                  // "<weight key>_scale_inv"
-  DType dtype = DType::kF32;        // F32, BF16, F16 or F8_E8M0
+  DType dtype = DType::kF32;        // F32, BF16, F16, F8_E8M0 or U8 (E8M0 bytes)
   uint32_t file = 0;                // index into Manifest::files
   uint64_t offset = 0;              // absolute byte offset of the scale grid in that file
   uint64_t grid_rows = 0, grid_cols = 0;
   BlockSize block;
+};
+
+// How a part's checkpoint bytes are laid out, when not as the entry's elements (runtime/quant_parts.h).
+enum class Packing : uint8_t {
+  kNone = 0,   // source_dtype elements in the entry's order (fp8 rows with block scales included)
+  kMxfp4 = 1,  // an MXFP4 pair: checkpoint_key is "<key>_blocks" [..., out, in / 32, 16] at `offset`,
+               // `scale` its "<key>_scales" [..., out, in / 32] (grid rows = ... x out, cols = in / 32);
+               // numel and shape are the entry's (the transpose, [..., in, out]); dequantize is true
 };
 
 // One checkpoint tensor that supplies consecutive elements of an entry.
@@ -77,6 +85,7 @@ struct ManifestPart {
   std::vector<uint64_t> shape;        // the checkpoint tensor's own shape
   bool dequantize = false;            // fp8 with block scales, to the entry's floating dtype
   ManifestScale scale;                // when dequantize
+  Packing packing = Packing::kNone;
   uint64_t row_elems() const;         // elements of one dim-0 row of the part (1 for 0-dim and 1-d)
 };
 

@@ -1,10 +1,11 @@
 // The manifest on the wire: little-endian, length-prefixed, versioned. One encoder, one decoder; a
 // blob of another version or one cut short is a kComm error, never a misread.
 //
-//   "shardcast-manifest-3" | world | params | files[name, size, digest]
+//   "shardcast-manifest-4" | world | params | files[name, size, digest]
 //   | layouts[mesh shape, ranks, placements[kind, dim, split factor]] | entries[...] | skipped
 //   entry: key | dtype | role | layout index | shape | parts[key ("" = the entry's), dtype, file, offset,
-//          numel, shape, dequantize, (scale key, dtype, file, offset, grid rows, cols, block rows, cols)]
+//          numel, shape, dequantize, (scale key, dtype, file, offset, grid rows, cols, block rows, cols),
+//          packing]
 #include <algorithm>
 #include <cstring>
 
@@ -14,7 +15,7 @@
 namespace shardcast {
 namespace {
 
-constexpr const char* kVersion = "shardcast-manifest-3";
+constexpr const char* kVersion = "shardcast-manifest-4";
 
 class Writer {
  public:
@@ -140,6 +141,7 @@ std::string EncodeManifest(const Manifest& m) {
         w.U64(sc.grid_cols);
         w.U64(sc.block.rows);
         w.U64(sc.block.cols);
+        w.U64(static_cast<uint64_t>(part.packing));
       }
     }
   }
@@ -223,6 +225,7 @@ Manifest DecodeManifest(const std::string& bytes) {
         sc.grid_cols = r.U64();
         sc.block.rows = r.U64();
         sc.block.cols = r.U64();
+        part.packing = r.Enum<Packing>(2);
       }
     }
   }

@@ -9,6 +9,7 @@
 #include "allocators/error.h"
 #include "allocators/lazy_zero.h"
 #include "loaders/dequant.h"
+#include "runtime/quant_parts.h"
 
 namespace shardcast {
 namespace {
@@ -64,7 +65,7 @@ void FileSource::Read(const Segment& s, unsigned char* out) {
   // A strided window (one run per row of a Shard(1) piece, say): the runs, then the span released once.
   const uint64_t ts = DTypeSize(e.target_dtype), ss = DTypeSize(p.source_dtype);
   for (uint64_t i = 0; i < s.runs; ++i) ReadRun(e, p, s.first + i * s.stride, s.count, false, out + i * s.count * ts);
-  if (release_) {
+  if (release_ && p.packing == Packing::kNone) {  // a packed part releases its own bytes
     const uint64_t span = ((s.runs - 1) * s.stride + s.count) * ss;
     files_[p.file]->ReleasePages(s.source_offset, span);
   }
@@ -72,6 +73,7 @@ void FileSource::Read(const Segment& s, unsigned char* out) {
 
 void FileSource::ReadRun(const ManifestEntry& e, const ManifestPart& p, uint64_t first, uint64_t count, bool release,
                          unsigned char* out) {
+  if (p.packing == Packing::kMxfp4) return ReadMxfp4(p, files_, first, count, e.target_dtype, &scratch_, release, out);
   const uint64_t ss = DTypeSize(p.source_dtype), ts = DTypeSize(e.target_dtype);
   if (p.dequantize) {
     const uint64_t cols = p.shape[1];
@@ -116,6 +118,7 @@ void FileSource::ReadRun(const ManifestEntry& e, const ManifestPart& p, uint64_t
 void FileSource::Prefetch(const Segment& s) {
   const ManifestPart& p = m_.entries[s.entry].parts[s.part];
   const uint64_t last = (s.runs - 1) * s.stride + s.count;  // elements from `first` to the end of the last run
+  if (p.packing == Packing::kMxfp4) return PrefetchMxfp4(p, files_, s.first, last);
   files_[p.file]->Prefetch(s.source_offset, last * DTypeSize(p.source_dtype));
   if (p.dequantize && p.shape[1] > 0) {
     const ManifestScale& sc = p.scale;

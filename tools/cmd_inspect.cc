@@ -1,10 +1,12 @@
-// shardcast inspect PATH [--json]: validate a file or checkpoint directory and list its tensors.
+// shardcast inspect PATH [--json]: validate a file or checkpoint directory and list its tensors, each
+// with the quantized format it belongs to (loaders/quantization.h: fp8, mxfp4, nvfp4 and their scales).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "loaders/checkpoint.h"
+#include "loaders/quantization.h"
 #include "tools/cli_util.h"
 
 namespace shardcast::tools {
@@ -38,8 +40,10 @@ int Inspect(const InspectArgs& a) {
     auto& tensors = out["tensors"] = nlohmann::json::array();
     for (const auto& key : ckpt->keys()) {
       const auto& e = ckpt->Get(key);
+      const TensorQuant q = QuantOf(*ckpt, key);
       tensors.push_back({{"key", key}, {"dtype", std::string(DTypeName(e.info->dtype))}, {"shape", e.info->shape},
-                         {"bytes", e.info->nbytes()}, {"file", BaseName(e.file->path())}});
+                         {"bytes", e.info->nbytes()}, {"file", BaseName(e.file->path())},
+                         {"quant", std::string(QuantRoleName(q.role))}, {"quant_partner", q.partner}});
       total += e.info->nbytes();
     }
     out["total_tensors"] = ckpt->keys().size();
@@ -51,12 +55,14 @@ int Inspect(const InspectArgs& a) {
   size_t key_w = 3;
   for (const auto& key : ckpt->keys()) key_w = std::max(key_w, EscapeForTerminal(key).size());
   key_w = std::min<size_t>(key_w, 72);
-  std::printf("%-*s  %-8s  %-22s  %14s  %s\n", static_cast<int>(key_w), "key", "dtype", "shape", "bytes", "file");
+  std::printf("%-*s  %-8s  %-22s  %14s  %-12s  %s\n", static_cast<int>(key_w), "key", "dtype", "shape", "bytes",
+              "quant", "file");
   for (const auto& key : ckpt->keys()) {
     const auto& e = ckpt->Get(key);
-    std::printf("%-*s  %-8s  %-22s  %14llu  %s\n", static_cast<int>(key_w), EscapeForTerminal(key).c_str(),
+    const std::string quant(QuantRoleName(QuantOf(*ckpt, key).role));
+    std::printf("%-*s  %-8s  %-22s  %14llu  %-12s  %s\n", static_cast<int>(key_w), EscapeForTerminal(key).c_str(),
                 std::string(DTypeName(e.info->dtype)).c_str(), ShapeText(e.info->shape).c_str(),
-                static_cast<unsigned long long>(e.info->nbytes()),
+                static_cast<unsigned long long>(e.info->nbytes()), quant.empty() ? "-" : quant.c_str(),
                 EscapeForTerminal(BaseName(e.file->path())).c_str());
     total += e.info->nbytes();
   }

@@ -32,7 +32,7 @@ from ._shardcast import (  # noqa: F401  (re-exported)
     ShardcastError,
     Unsupported,
 )
-from ._mapping import checkpoint_keys, compositions
+from ._mapping import checkpoint_keys, compositions, entry_shape
 from ._pretrained import from_pretrained
 from ._save import save
 
@@ -391,7 +391,7 @@ def load(model: Union[torch.nn.Module, Mapping[str, Tuple[torch.Tensor, int, int
     if isinstance(model, Mapping):
         problem = None
         for key, (tensor, begin, end) in model.items():
-            shape = keys.get(key)
+            shape = entry_shape(keys, key)
             if shape is None:
                 shape = (end,) + tuple(tensor.shape[1:])  # absent: the manifest check names it
             rows = shape[0] if shape else 1

@@ -61,6 +61,18 @@ def checkpoint_keys(path: str) -> Dict[str, Tuple[int, ...]]:
     return keys
 
 
+def entry_shape(keys: Dict[str, Tuple[int, ...]], key: str) -> Optional[Tuple[int, ...]]:
+    """The shape checkpoint entry `key` loads as: its own, or for an MXFP4 pair ("<key>_blocks"
+    [..., out, in / 32, 16] with "<key>_scales") the transpose it dequantizes to, [..., in, out]. None
+    when the checkpoint has neither."""
+    if key in keys:
+        return keys[key]
+    blocks = keys.get(key + "_blocks")
+    if blocks is None or len(blocks) < 3:
+        return None
+    return tuple(blocks[:-3]) + (blocks[-2] * 32, blocks[-3])
+
+
 def _rules(model):
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)

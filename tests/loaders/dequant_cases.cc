@@ -21,6 +21,7 @@ float RefScale(DType d, const unsigned char* p) {
     }
     case DType::kBF16: std::memcpy(&h, p, 2); return BFloat16BitsToFloat(h);
     case DType::kF16: std::memcpy(&h, p, 2); return HalfBitsToFloat(h);
+    case DType::kU8: return *p == 0xFF ? BitsToFloat(0x7F800000u) : std::ldexp(1.0f, *p - 127);
     default: return Fp8E8M0BitsToFloat(*p);
   }
 }
@@ -101,7 +102,7 @@ std::vector<unsigned char> MakeScales(DType d, uint64_t n, uint32_t seed, ScaleR
   for (uint64_t i = 0; i < n; ++i) {
     unsigned char* p = out.data() + i * es;
     const uint32_t r = rng();
-    if (d == DType::kF8_E8M0) {  // 2^(e - 127): e < 135 is below 2^8
+    if (d == DType::kF8_E8M0 || d == DType::kU8) {  // 2^(e - 127): e < 135 is below 2^8
       static const uint8_t kWide[] = {0xFF, 0, 1, 2, 254, 127, 100, 150};
       static const uint8_t kBelow[] = {0, 1, 2, 134, 127, 100, 120, 113};
       *p = i < 8 ? (wide ? kWide : kBelow)[i] : static_cast<uint8_t>(wide ? r : r % 135);

@@ -12,7 +12,8 @@
 namespace shardcast::testing {
 
 inline constexpr DType kDequantWeights[] = {DType::kF8_E4M3, DType::kF8_E5M2};
-inline constexpr DType kDequantScales[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kF8_E8M0};
+// U8: E8M0 exponent bytes stored as uint8 (MXFP8 / ue8m0 checkpoints), 255 read as 2^128.
+inline constexpr DType kDequantScales[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kF8_E8M0, DType::kU8};
 inline constexpr DType kDequantTargets[] = {DType::kBF16, DType::kF16, DType::kF32};
 
 uint32_t FloatBits(float f);

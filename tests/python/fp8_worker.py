@@ -6,6 +6,8 @@ transformers: a bf16 DeepSeek-V3 built from the fp8 checkpoint's config without 
 mapping:      the explicit {key: (local, begin, end)} path over odd shapes (576 and 200 rows, 7168 and
               96 columns, every scale dtype), in both sources: each rank's rows equal torch's
               (w.float() * scale_expanded).to(bf16) rows.
+e8m0:         the transformers flow on the same DeepSeek-V3 with E8M0 scales ("scale_fmt": "ue8m0"),
+              stored as F8_E8M0 tensors and as uint8 exponent bytes.
 """
 import datetime
 import json
@@ -31,11 +33,11 @@ def reference(w, s, block=(128, 128)):
     return (w.float() * expanded).to(torch.bfloat16)
 
 
-def transformers_flow(root, rank, world):
+def transformers_flow(root, rank, world, name="deepseek_fp8"):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoConfig, AutoModelForCausalLM, FineGrainedFP8Config
-    ckpt = os.path.join(root, "deepseek_fp8")
+    ckpt = os.path.join(root, name)
     ref = AutoModelForCausalLM.from_pretrained(ckpt, quantization_config=FineGrainedFP8Config(dequantize=True),
                                                dtype=torch.bfloat16)
     config = AutoConfig.from_pretrained(ckpt)
@@ -91,7 +93,10 @@ def main():
     mode, root, out_path = sys.argv[1:4]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
-    modes = {"transformers": transformers_flow, "mapping": mapping}
+    modes = {"transformers": transformers_flow, "mapping": mapping,
+             # E8M0 scales ("scale_fmt": "ue8m0"): as F8_E8M0 tensors, and as uint8 exponent bytes
+             "e8m0": lambda root, rank, world: {name: transformers_flow(root, rank, world, name)
+                                                for name in ("deepseek_e8m0", "deepseek_u8")}}
     # all: the mapping check, and (at 2-3 ranks) the transformers one, in these same processes
     names = (["mapping"] + (["transformers"] if 2 <= world <= 3 else [])) if mode == "all" else [mode]
     result = {name: modes[name](root, rank, world) for name in names}

@@ -46,7 +46,30 @@ def checkpoints(tmp_path_factory, shardcast_bin):
         tensors[name], tensors[name + "_scale_inv"] = w, s.to(scale_dtype)
     (root / "odd").mkdir()
     save_file(tensors, str(root / "odd" / "model.safetensors"))
+    write_e8m0_twins(root / "deepseek_fp8", root)
     return root
+
+
+def write_e8m0_twins(src, root):
+    """The DeepSeek-V3 fp8 checkpoint with E8M0 scales ("scale_fmt": "ue8m0", as DeepSeek-V3.1 and
+    MXFP8 checkpoints ship): each scale grid replaced by powers of two 2^(b - 127), b in [112, 124],
+    stored as F8_E8M0 tensors (deepseek_e8m0) and as the uint8 bytes b (deepseek_u8)."""
+    import shutil
+    from safetensors.torch import load_file, save_file
+    g = torch.Generator().manual_seed(5)
+    for name, dtype in (("deepseek_e8m0", torch.float8_e8m0fnu), ("deepseek_u8", torch.uint8)):
+        dst = root / name
+        shutil.copytree(src, dst)
+        for f in sorted(dst.glob("*.safetensors")):
+            tensors = load_file(str(f))
+            for k, v in tensors.items():
+                if k.endswith("_scale_inv"):
+                    b = torch.randint(112, 125, v.shape, generator=g, dtype=torch.uint8)
+                    tensors[k] = b.view(torch.float8_e8m0fnu) if dtype != torch.uint8 else b
+            save_file(tensors, str(f), metadata={"format": "pt"})
+        config = json.loads((dst / "config.json").read_text())
+        config["quantization_config"]["scale_fmt"] = "ue8m0"
+        (dst / "config.json").write_text(json.dumps(config))
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -69,3 +92,14 @@ def test_every_rank_equals_torch_and_transformers(checkpoints, tmp_path, world):
         # shardcast.from_pretrained of the fp8 checkpoint: the same bf16 parameters.
         assert t["from_pretrained_bad"] == [], (rank, t["from_pretrained_bad"])
         assert t["from_pretrained_dequantized"] == t["dequantized"], t
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_e8m0_scales_equal_transformers(checkpoints, tmp_path, world):
+    """fp8 with E8M0 scales goes through the same path as F32 scales: F8_E8M0 tensors and uint8 exponent
+    bytes alike, every parameter bit-exact against transformers' own dequantized load."""
+    results = ranks.run("fp8_worker.py", "e8m0", checkpoints, world, tmp_path)
+    for rank, r in enumerate(results):
+        for name, t in r["e8m0"].items():
+            assert t["bad"] == [] and t["from_pretrained_bad"] == [], (rank, name, t["bad"], t["from_pretrained_bad"])
+            assert t["dequantized"] > 10 and t["verify"] == "ok", (name, t)

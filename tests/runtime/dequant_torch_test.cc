@@ -36,6 +36,7 @@ at::ScalarType TorchType(DType d) {
     case DType::kBF16: return at::kBFloat16;
     case DType::kF16: return at::kHalf;
     case DType::kF32: return at::kFloat;
+    case DType::kU8: return at::kByte;
     default: ADD_FAILURE() << "no torch type for " << DTypeName(d); return at::kByte;
   }
 }
@@ -64,7 +65,10 @@ std::vector<unsigned char> ToBytes(const at::Tensor& t) {
 // torch's decoding of the scales to float, as the reference formula does it (scale.float()).
 at::Tensor TorchScalesAsFloat(const DequantCase& c) {
   const ScaleGrid g = c.grid();
-  return FromBytes(c.s, c.scale, {static_cast<int64_t>(g.rows), static_cast<int64_t>(g.cols)}).to(at::kFloat);
+  at::Tensor s = FromBytes(c.s, c.scale, {static_cast<int64_t>(g.rows), static_cast<int64_t>(g.cols)});
+  // uint8 E8M0 bytes the way transformers' Fp8Dequantize reads them: (s.float() - 127).exp2()
+  if (c.scale == DType::kU8) return (s.to(at::kFloat) - 127.0).exp2();
+  return s.to(at::kFloat);
 }
 
 // The reference, given torch's float scales.
@@ -94,6 +98,7 @@ std::set<uint64_t> TorchOwnScaleDecoding(const DequantCase& c, const at::Tensor&
       case DType::kF32: std::memcpy(&ours, p, 4); break;
       case DType::kBF16: std::memcpy(&h, p, 2); ours = FloatBits(BFloat16BitsToFloat(h)); break;
       case DType::kF16: std::memcpy(&h, p, 2); ours = FloatBits(HalfBitsToFloat(h)); break;
+      case DType::kU8: ours = *p == 0xFF ? 0x7F800000u : FloatBits(Fp8E8M0BitsToFloat(*p)); break;  // 2^128 = inf
       default: ours = FloatBits(Fp8E8M0BitsToFloat(*p)); break;
     }
     if (torch_bits == ours) continue;

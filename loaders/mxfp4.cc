@@ -1,0 +1,346 @@
+#include "loaders/mxfp4.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "allocators/error.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define SHARDCAST_MXFP4_X86 1
+#define SHARDCAST_MXFP4_AVX2 __attribute__((target("avx2")))
+#else
+#define SHARDCAST_MXFP4_X86 0
+#endif
+
+// How the kernel is fast:
+//   - an output depends on (scale byte, nibble) only, so each 16-bit target has a 256 x 16 table of
+//     result bits built once from the rule; F32 results are the BF16 ones shifted up 16 bits (every
+//     result is exact in BF16: two significant bits, exponents 2^-128 .. 2^130, or inf);
+//   - a 32-value group (16 bytes) is four byte shuffles of the group's two 16-byte tables (the low
+//     and the high bytes of its 16 possible results) and an interleave, in registers;
+//   - the transpose goes through a 32 x 32 tile in L1: 32 stored rows of one group are decoded into
+//     it, then written as 32 output rows of 32 elements (one cache line of BF16) through 8 x 8
+//     register transposes.
+//
+//   stored rows ot .. ot+31, group g          tile[k][j] = stored[ot + k][32 g + j]
+//   +----+----+----+                          output row 32 g + j, columns ot .. ot+31
+//   |    | g  |    |  --decode-->  tile  --8x8 transposes-->  out[32 g + j - i0][ot - o0 ..]
+
+namespace shardcast {
+namespace {
+
+constexpr float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+enum TableIndex { kBF16Table = 0, kF16Table = 1 };
+
+struct Tables {
+  uint16_t bits[2][256][16];                 // [table][scale][nibble]: the result's bits
+  alignas(16) uint8_t split[2][256][2][16];  // the same, [.][.][0]: low bytes, [1]: high bytes
+};
+
+const Tables& GetTables() {
+  static const Tables* tables = [] {
+    auto* t = new Tables;
+    for (int s = 0; s < 256; ++s) {
+      for (int n = 0; n < 16; ++n) {
+        const float v = std::ldexp(kE2M1[n], s - 127);  // exact, or inf
+        const uint16_t b[2] = {FloatToBFloat16Bits(v), FloatToHalfBits(v)};
+        for (int k = 0; k < 2; ++k) {
+          t->bits[k][s][n] = b[k];
+          t->split[k][s][0][n] = static_cast<uint8_t>(b[k] & 0xFF);
+          t->split[k][s][1][n] = static_cast<uint8_t>(b[k] >> 8);
+        }
+      }
+    }
+    return t;
+  }();
+  return *tables;
+}
+
+// F32 results come from the BF16 table: its bits are the F32 result's top half.
+int TableFor(DType target) { return target == DType::kF16 ? kF16Table : kBF16Table; }
+
+void StoreBits(DType target, unsigned char* out, uint64_t i, uint16_t bits) {
+  if (target == DType::kF32) {
+    const uint32_t w = static_cast<uint32_t>(bits) << 16;
+    std::memcpy(out + 4 * i, &w, 4);
+  } else {
+    std::memcpy(out + 2 * i, &bits, 2);
+  }
+}
+
+// The stored matrix's rows as the kernels address them.
+struct Rows {
+  const uint8_t* blocks;
+  const uint8_t* scales;
+  uint64_t first_row, row_bytes, row_groups;
+
+  explicit Rows(const Mxfp4Matrix& m)
+      : blocks(m.blocks), scales(m.scales), first_row(m.first_row), row_bytes(m.cols / 2),
+        row_groups(m.cols / kMxfp4Group) {}
+  const uint8_t* Group(uint64_t r, uint64_t g) const { return blocks + (r - first_row) * row_bytes + g * 16; }
+  uint8_t Scale(uint64_t r, uint64_t g) const { return scales[(r - first_row) * row_groups + g]; }
+  uint16_t Bits(const Tables& t, int table, uint64_t r, uint64_t c) const {
+    const uint8_t b = Group(r, c / kMxfp4Group)[(c % kMxfp4Group) / 2];
+    return t.bits[table][Scale(r, c / kMxfp4Group)][c % 2 ? b >> 4 : b & 0x0F];
+  }
+};
+
+uint64_t Stride(const OutputWindow& w, const WindowOut& out) {
+  return out.row_stride ? out.row_stride : w.cols.size();
+}
+
+// --- baseline: one element at a time, any CPU -----------------------------------------------
+
+void StoredBaseline(const Rows& m, OutputWindow w, DType target, unsigned char* out, uint64_t stride) {
+  const Tables& t = GetTables();
+  const int table = TableFor(target);
+  const size_t ts = DTypeSize(target);
+  for (uint64_t r = w.rows.begin; r < w.rows.end; ++r) {
+    unsigned char* o = out + (r - w.rows.begin) * stride * ts;
+    for (uint64_t c = w.cols.begin; c < w.cols.end; ++c) StoreBits(target, o, c - w.cols.begin, m.Bits(t, table, r, c));
+  }
+}
+
+void TransposedBaseline(const Rows& m, OutputWindow w, DType target, unsigned char* out, uint64_t stride) {
+  const Tables& t = GetTables();
+  const int table = TableFor(target);
+  const size_t ts = DTypeSize(target);
+  for (uint64_t i = w.rows.begin; i < w.rows.end; ++i) {
+    unsigned char* o = out + (i - w.rows.begin) * stride * ts;
+    for (uint64_t r = w.cols.begin; r < w.cols.end; ++r) StoreBits(target, o, r - w.cols.begin, m.Bits(t, table, r, i));
+  }
+}
+
+#if SHARDCAST_MXFP4_X86
+
+// One group's 32 results as 16-bit bits, in four vectors of 8 (values 0-7, 8-15, 16-23, 24-31).
+struct Group16 {
+  __m128i v[4];
+};
+
+SHARDCAST_MXFP4_AVX2 inline Group16 DecodeGroup(const uint8_t* bytes, const uint8_t (*split)[16]) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes));
+  const __m128i nib = _mm_set1_epi8(0x0F);
+  const __m128i lo = _mm_and_si128(b, nib), hi = _mm_and_si128(_mm_srli_epi16(b, 4), nib);
+  const __m128i tl = _mm_load_si128(reinterpret_cast<const __m128i*>(split[0]));
+  const __m128i th = _mm_load_si128(reinterpret_cast<const __m128i*>(split[1]));
+  // value 2j is the low nibble of byte j, value 2j + 1 its high nibble
+  const __m128i even_l = _mm_shuffle_epi8(tl, lo), even_h = _mm_shuffle_epi8(th, lo);
+  const __m128i odd_l = _mm_shuffle_epi8(tl, hi), odd_h = _mm_shuffle_epi8(th, hi);
+  const __m128i even0 = _mm_unpacklo_epi8(even_l, even_h), even1 = _mm_unpackhi_epi8(even_l, even_h);
+  const __m128i odd0 = _mm_unpacklo_epi8(odd_l, odd_h), odd1 = _mm_unpackhi_epi8(odd_l, odd_h);
+  return Group16{{_mm_unpacklo_epi16(even0, odd0), _mm_unpackhi_epi16(even0, odd0), _mm_unpacklo_epi16(even1, odd1),
+                  _mm_unpackhi_epi16(even1, odd1)}};
+}
+
+// Eight 16-bit results to `out` (element i of the output row): as they are, or widened to F32.
+SHARDCAST_MXFP4_AVX2 inline void Store8(DType target, unsigned char* out, uint64_t i, __m128i v) {
+  if (target == DType::kF32) {
+    const __m128i zero = _mm_setzero_si128();
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 4 * i), _mm_unpacklo_epi16(zero, v));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 4 * i + 16), _mm_unpackhi_epi16(zero, v));
+  } else {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), v);
+  }
+}
+
+SHARDCAST_MXFP4_AVX2 void StoredAvx2(const Rows& m, OutputWindow w, DType target, unsigned char* out,
+                                     uint64_t stride) {
+  const Tables& t = GetTables();
+  const int table = TableFor(target);
+  const size_t ts = DTypeSize(target);
+  for (uint64_t r = w.rows.begin; r < w.rows.end; ++r) {
+    unsigned char* o = out + (r - w.rows.begin) * stride * ts;
+    uint64_t c = w.cols.begin;
+    for (; c < w.cols.end && c % kMxfp4Group != 0; ++c) StoreBits(target, o, c - w.cols.begin, m.Bits(t, table, r, c));
+    for (; c + kMxfp4Group <= w.cols.end; c += kMxfp4Group) {
+      const uint64_t g = c / kMxfp4Group;
+      const Group16 x = DecodeGroup(m.Group(r, g), t.split[table][m.Scale(r, g)]);
+      for (int k = 0; k < 4; ++k) Store8(target, o, c - w.cols.begin + 8 * k, x.v[k]);
+    }
+    for (; c < w.cols.end; ++c) StoreBits(target, o, c - w.cols.begin, m.Bits(t, table, r, c));
+  }
+}
+
+// rows a[0..7] (8 x 16-bit each) -> a[m] = column m.
+SHARDCAST_MXFP4_AVX2 inline void Transpose8x8(__m128i a[8]) {
+  const __m128i t0 = _mm_unpacklo_epi16(a[0], a[1]), t1 = _mm_unpackhi_epi16(a[0], a[1]);
+  const __m128i t2 = _mm_unpacklo_epi16(a[2], a[3]), t3 = _mm_unpackhi_epi16(a[2], a[3]);
+  const __m128i t4 = _mm_unpacklo_epi16(a[4], a[5]), t5 = _mm_unpackhi_epi16(a[4], a[5]);
+  const __m128i t6 = _mm_unpacklo_epi16(a[6], a[7]), t7 = _mm_unpackhi_epi16(a[6], a[7]);
+  const __m128i u0 = _mm_unpacklo_epi32(t0, t2), u1 = _mm_unpackhi_epi32(t0, t2);
+  const __m128i u2 = _mm_unpacklo_epi32(t1, t3), u3 = _mm_unpackhi_epi32(t1, t3);
+  const __m128i u4 = _mm_unpacklo_epi32(t4, t6), u5 = _mm_unpackhi_epi32(t4, t6);
+  const __m128i u6 = _mm_unpacklo_epi32(t5, t7), u7 = _mm_unpackhi_epi32(t5, t7);
+  a[0] = _mm_unpacklo_epi64(u0, u4);
+  a[1] = _mm_unpackhi_epi64(u0, u4);
+  a[2] = _mm_unpacklo_epi64(u1, u5);
+  a[3] = _mm_unpackhi_epi64(u1, u5);
+  a[4] = _mm_unpacklo_epi64(u2, u6);
+  a[5] = _mm_unpackhi_epi64(u2, u6);
+  a[6] = _mm_unpacklo_epi64(u3, u7);
+  a[7] = _mm_unpackhi_epi64(u3, u7);
+}
+
+constexpr uint64_t kTile = 32;  // stored rows per tile, = values per group
+
+// tile[k] holds stored row ot + k's group g; writes output rows i (32 g <= i < 32 g + 32, all of
+// them) columns ot .. ot + 31.
+SHARDCAST_MXFP4_AVX2 void WriteFullTile(const uint16_t (&tile)[kTile][kTile], DType target, unsigned char* out,
+                                        uint64_t stride, uint64_t out_row0, uint64_t out_col0) {
+  const size_t ts = DTypeSize(target);
+  for (uint64_t ib = 0; ib < 4; ++ib) {    // values 8 ib .. 8 ib + 7 of the group
+    for (uint64_t kb = 0; kb < 4; ++kb) {  // stored rows 8 kb .. 8 kb + 7 of the tile
+      __m128i a[8];
+      for (int k = 0; k < 8; ++k) a[k] = _mm_load_si128(reinterpret_cast<const __m128i*>(&tile[8 * kb + k][8 * ib]));
+      Transpose8x8(a);
+      for (int j = 0; j < 8; ++j) {
+        Store8(target, out + (out_row0 + 8 * ib + j) * stride * ts, out_col0 + 8 * kb, a[j]);
+      }
+    }
+  }
+}
+
+SHARDCAST_MXFP4_AVX2 void TransposedAvx2(const Rows& m, OutputWindow w, DType target, unsigned char* out,
+                                         uint64_t stride) {
+  const Tables& t = GetTables();
+  const int table = TableFor(target);
+  const size_t ts = DTypeSize(target);
+  alignas(64) uint16_t tile[kTile][kTile];
+  const uint64_t g0 = w.rows.begin / kMxfp4Group, g1 = (w.rows.end + kMxfp4Group - 1) / kMxfp4Group;
+  // Groups outer, stored rows inner: the 32 output rows of a group are written left to right (32
+  // sequential streams); the other order scatters every 64-byte store to another page (a TLB miss each).
+  for (uint64_t g = g0; g < g1; ++g) {
+    for (uint64_t ot = w.cols.begin; ot < w.cols.end; ot += kTile) {
+      const uint64_t rows = std::min(kTile, w.cols.end - ot);
+      for (uint64_t k = 0; k < rows; ++k) {
+        const Group16 x = DecodeGroup(m.Group(ot + k, g), t.split[table][m.Scale(ot + k, g)]);
+        for (int q = 0; q < 4; ++q) _mm_store_si128(reinterpret_cast<__m128i*>(&tile[k][8 * q]), x.v[q]);
+      }
+      const uint64_t ia = std::max(w.rows.begin, g * kMxfp4Group), ib = std::min(w.rows.end, (g + 1) * kMxfp4Group);
+      if (rows == kTile && ib - ia == kMxfp4Group) {
+        WriteFullTile(tile, target, out, stride, ia - w.rows.begin, ot - w.cols.begin);
+        continue;
+      }
+      // A partial tile (the window's last stored rows, or a group the window cuts): element by element.
+      for (uint64_t i = ia; i < ib; ++i) {
+        unsigned char* o = out + (i - w.rows.begin) * stride * ts;
+        for (uint64_t k = 0; k < rows; ++k) StoreBits(target, o, ot + k - w.cols.begin, tile[k][i - g * kMxfp4Group]);
+      }
+    }
+  }
+}
+
+#endif  // SHARDCAST_MXFP4_X86
+
+bool IsTarget(DType d) { return d == DType::kBF16 || d == DType::kF16 || d == DType::kF32; }
+
+std::string ShapeText(const std::vector<uint64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string SpanText(RowSpan s) { return "[" + std::to_string(s.begin) + ", " + std::to_string(s.end) + ")"; }
+
+// Throws unless the window lies within what the call may read: out_rows x out_cols of the output,
+// stored rows from first_row on.
+void CheckWindow(const Mxfp4Matrix& m, OutputWindow w, DType target, mxfp4_internal::Layout layout) {
+  if (!IsTarget(target)) {
+    throw Error(ErrorKind::kUnsupported, "mxfp4",
+                "cannot dequantize MXFP4 to " + std::string(DTypeName(target)) + " (targets: BF16, F16 or F32)");
+  }
+  if (m.cols % kMxfp4Group != 0) {
+    throw Error(ErrorKind::kInvalidArgument, "mxfp4",
+                std::to_string(m.cols) + " values per stored row is not a multiple of 32");
+  }
+  const bool stored = layout == mxfp4_internal::Layout::kStored;
+  const RowSpan stored_rows = stored ? w.rows : w.cols, values = stored ? w.cols : w.rows;
+  if (w.rows.end < w.rows.begin || w.cols.end < w.cols.begin || values.end > m.cols ||
+      (stored_rows.size() > 0 && stored_rows.begin < m.first_row)) {
+    throw Error(ErrorKind::kInvalidArgument, "mxfp4",
+                std::string(stored ? "stored" : "transposed") + " window rows " + SpanText(w.rows) + " x cols " +
+                    SpanText(w.cols) + " is not within " + std::to_string(m.cols) +
+                    " values per stored row and stored rows from " + std::to_string(m.first_row));
+  }
+}
+
+}  // namespace
+
+bool CanDequantizeMxfp4(DType blocks, DType scales, DType target) {
+  return blocks == DType::kU8 && (scales == DType::kU8 || scales == DType::kF8_E8M0) && IsTarget(target);
+}
+
+namespace mxfp4_internal {
+
+void DequantizeWithIsa(dequant_internal::Isa isa, const Mxfp4Matrix& m, OutputWindow w, DType target, WindowOut out,
+                       Layout layout) {
+  const auto supported = dequant_internal::SupportedIsas();
+  if (std::find(supported.begin(), supported.end(), isa) == supported.end()) {
+    throw Error(ErrorKind::kInvalidArgument, "mxfp4",
+                "this CPU cannot run the " + std::string(dequant_internal::IsaName(isa)) + " kernels");
+  }
+  CheckWindow(m, w, target, layout);
+  if (w.rows.size() == 0 || w.cols.size() == 0) return;
+  const Rows rows(m);
+  auto* o = static_cast<unsigned char*>(out.data);
+  const uint64_t stride = Stride(w, out);
+#if SHARDCAST_MXFP4_X86
+  if (isa != dequant_internal::Isa::kBaseline) {
+    if (layout == Layout::kStored) return StoredAvx2(rows, w, target, o, stride);
+    return TransposedAvx2(rows, w, target, o, stride);
+  }
+#endif
+  if (layout == Layout::kStored) return StoredBaseline(rows, w, target, o, stride);
+  TransposedBaseline(rows, w, target, o, stride);
+}
+
+}  // namespace mxfp4_internal
+
+void DequantizeMxfp4(const Mxfp4Matrix& m, OutputWindow w, DType target, WindowOut out) {
+  mxfp4_internal::DequantizeWithIsa(dequant_internal::SupportedIsas().back(), m, w, target, out,
+                                    mxfp4_internal::Layout::kStored);
+}
+
+void DequantizeMxfp4Transposed(const Mxfp4Matrix& m, OutputWindow w, DType target, WindowOut out) {
+  mxfp4_internal::DequantizeWithIsa(dequant_internal::SupportedIsas().back(), m, w, target, out,
+                                    mxfp4_internal::Layout::kTransposed);
+}
+
+std::string Mxfp4BlocksKey(std::string_view param_key) { return std::string(param_key) + "_blocks"; }
+std::string Mxfp4ScalesKey(std::string_view param_key) { return std::string(param_key) + "_scales"; }
+
+std::vector<uint64_t> Mxfp4ModelShape(const std::vector<uint64_t>& b) {
+  if (b.size() < 3 || b.back() != 16) return {};
+  std::vector<uint64_t> out(b.begin(), b.end() - 3);
+  out.push_back(b[b.size() - 2] * kMxfp4Group);
+  out.push_back(b[b.size() - 3]);
+  return out;
+}
+
+void CheckMxfp4Pair(std::string_view key, DType blocks_dtype, const std::vector<uint64_t>& blocks_shape,
+                    DType scales_dtype, const std::vector<uint64_t>& scales_shape,
+                    const std::vector<uint64_t>& model_shape, DType target) {
+  const std::string context = "key '" + std::string(key) + "'";
+  const std::vector<uint64_t> want = Mxfp4ModelShape(blocks_shape);
+  const bool paired = !want.empty() &&
+                      std::vector<uint64_t>(blocks_shape.begin(), blocks_shape.end() - 1) == scales_shape;
+  if (!paired || want != model_shape) {
+    throw Error(ErrorKind::kCheckpoint, context,
+                "MXFP4 pair '" + Mxfp4BlocksKey(key) + "' " + ShapeText(blocks_shape) + " and '" + Mxfp4ScalesKey(key) +
+                    "' " + ShapeText(scales_shape) + " does not make the model's " + ShapeText(model_shape) +
+                    " (blocks [..., out, in / 32, 16] and scales [..., out, in / 32] make [..., in, out])");
+  }
+  if (!CanDequantizeMxfp4(blocks_dtype, scales_dtype, target)) {
+    throw Error(ErrorKind::kUnsupported, context,
+                "cannot dequantize MXFP4 blocks " + std::string(DTypeName(blocks_dtype)) + " with scales " +
+                    std::string(DTypeName(scales_dtype)) + " to " + std::string(DTypeName(target)) +
+                    " (blocks: U8; scales: U8 or F8_E8M0; targets: BF16, F16 or F32)");
+  }
+}
+
+}  // namespace shardcast

@@ -1,0 +1,145 @@
+"""MXFP4 checkpoints (gpt-oss) into bf16 shards, against transformers (issue 18): the reader dequantizes
+each expert from its packed blocks and E8M0 scales and writes the model's transpose; every rank's rows
+are bit-identical to convert_moe_packed_tensors, and a FSDP2 / HSDP gpt-oss to transformers' own
+Mxfp4Config(dequantize=True) load, logits included."""
+import json
+import os
+
+import pytest
+
+import ranks
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+MODULES_NOT_CONVERTED = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+
+
+def write_pairs(path):
+    """Hand-made pairs over two files (the blocks in one, the scales in the other, with an index):
+    every scale byte 0..255 (2^-127 .. 2^128: subnormal, F16 underflow and overflow, BF16 inf), experts
+    that do not divide over 2..4 ranks, a pair with fewer experts than ranks, and a 2-D pair."""
+    from safetensors.torch import save_file
+    g = torch.Generator().manual_seed(0)
+    shapes = {"a.experts": (5, 96, 2), "b.linear": (40, 1), "c.experts": (3, 33, 3)}  # (E..., out, in / 32)
+    blocks, scales = {}, {}
+    for key, (*lead, groups) in shapes.items():
+        blocks[key + "_blocks"] = torch.randint(0, 256, (*lead, groups, 16), generator=g, dtype=torch.uint8)
+        scales[key + "_scales"] = torch.randint(0, 256, (*lead, groups), generator=g, dtype=torch.uint8)
+    scales["a.experts_scales"] = torch.arange(5 * 96 * 2, dtype=torch.int64).remainder(256).to(torch.uint8).reshape(5, 96, 2)
+    path.mkdir()
+    save_file(blocks, str(path / "model-00001-of-00002.safetensors"))
+    save_file(scales, str(path / "model-00002-of-00002.safetensors"))
+    weight_map = {k: "model-00001-of-00002.safetensors" for k in blocks}
+    weight_map.update({k: "model-00002-of-00002.safetensors" for k in scales})
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def write_gpt_oss(path):
+    """A tiny gpt-oss as the released checkpoints are: experts as MXFP4 pairs (random blocks, scales in
+    gpt-oss's range), their biases, attention, router, embeddings and norms in bf16, and
+    quantization_config {quant_method: mxfp4}. Five experts: no world size 2..4 divides them."""
+    from safetensors.torch import load_file, save_file
+    cfg = transformers.GptOssConfig(hidden_size=64, intermediate_size=96, num_local_experts=5, num_experts_per_tok=2,
+                                    head_dim=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                    vocab_size=37, max_position_embeddings=512, sliding_window=16,
+                                    tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(path)
+    state = load_file(str(path / "model.safetensors"))
+    g = torch.Generator().manual_seed(1)
+    out = {}
+    for key, value in state.items():
+        if key.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            experts, n_in, n_out = value.shape  # the model's [E, in, out]
+            out[key + "_blocks"] = torch.randint(0, 256, (experts, n_out, n_in // 32, 16), generator=g,
+                                                 dtype=torch.uint8)
+            out[key + "_scales"] = torch.randint(116, 130, (experts, n_out, n_in // 32), generator=g,
+                                                 dtype=torch.uint8)
+        else:
+            out[key] = value
+    os.remove(path / "model.safetensors")
+    save_file(out, str(path / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": MODULES_NOT_CONVERTED}
+    (path / "config.json").write_text(json.dumps(config))
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mxfp4")
+    write_pairs(root / "pairs")
+    write_gpt_oss(root / "gpt_oss_mxfp4")
+    return root
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_every_rank_equals_transformers(checkpoints, tmp_path, world):
+    results = ranks.run("mxfp4_worker.py", "all", checkpoints, world, tmp_path, timeout=600)
+    for rank, r in enumerate(results):
+        # Hand-made pairs, every target, both sources: each rank's rows equal convert_moe_packed_tensors.
+        assert len(r["mapping"]) == 6
+        for case, m in r["mapping"].items():
+            assert m["bad"] == [], (rank, case, m)
+            assert m["checked"] == 3 and m["dequantized"] == 3, (case, m)
+        # A FSDP2 (and at even W an HSDP) gpt-oss: every parameter, and the logits, equal transformers'.
+        t = r["transformers"]
+        assert len(t["experts"]) == 2
+        runs = [k for k in t if "/" in k]
+        assert len(runs) == (4 if world % 2 == 0 else 2), runs
+        for case in runs:
+            c = t[case]
+            assert c["bad"] == [], (rank, case, c["bad"])
+            assert c["dequantized"] == 4 and c["verify"] == "ok" and c["skipped"] == 0, (case, c)
+            assert c["logits"] in (True, None), (rank, case)
+        assert t["from_pretrained"]["bad"] == [] and t["from_pretrained"]["dequantized"] == 4, t["from_pretrained"]
+
+
+def write_malformed(root):
+    """One checkpoint per way an MXFP4 pair can be wrong (a model shape that is not the blocks'
+    transpose is the C++ test's: the explicit mapping takes its shape from the checkpoint)."""
+    from safetensors.torch import save_file
+    blocks = torch.zeros(5, 40, 2, 16, dtype=torch.uint8)
+    scales = torch.full((5, 40, 2), 127, dtype=torch.uint8)
+    cases = {
+        "no_scales": {"x.experts_blocks": blocks},
+        "scales_disagree": {"x.experts_blocks": blocks, "x.experts_scales": scales[:, :, :1].contiguous()},
+        "not_16_a_group": {"x.experts_blocks": torch.zeros(5, 40, 4, 8, dtype=torch.uint8),
+                           "x.experts_scales": torch.zeros(5, 40, 4, dtype=torch.uint8)},
+        "unknown_method": {"x.experts_blocks": blocks, "x.experts_scales": scales},
+    }
+    for name, tensors in cases.items():
+        (root / name).mkdir(parents=True)
+        save_file(tensors, str(root / name / "model.safetensors"))
+    (root / "unknown_method" / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "gptq"}}))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_malformed_pairs_are_one_checkpoint_error_on_every_rank(tmp_path, world):
+    write_malformed(tmp_path / "ck" / "malformed")
+    results = ranks.run("mxfp4_worker.py", "malformed", tmp_path / "ck", world, tmp_path)
+    says = {"no_scales": ["x.experts_blocks' [5, 40, 2, 16]", "has no 'x.experts_scales'"],
+            "scales_disagree": ["x.experts", "[5, 40, 2, 16]", "[5, 40, 1]", "[5, 64, 40]"],
+            "not_16_a_group": ["x.experts", "[5, 40, 4, 8]", "[5, 40, 4]"],
+            "unknown_method": ["config.json", "\"gptq\""]}
+    for name, words in says.items():
+        seen = [r["malformed"][name] for r in results]
+        assert all(s["type"] == "CheckpointError" for s in seen), (name, seen)
+        assert len({s["message"] for s in seen}) == 1, (name, seen)  # the same on every rank
+        for w in words:
+            assert w in seen[0]["message"], (name, w, seen[0]["message"])
+
+
+def test_inspect_names_each_entrys_quantization(checkpoints, shardcast_bin, tmp_path):
+    import subprocess
+    out = subprocess.run([str(shardcast_bin), "inspect", "--json", str(checkpoints / "gpt_oss_mxfp4")],
+                         check=True, capture_output=True, text=True, timeout=120).stdout
+    quant = {t["key"]: (t["quant"], t["quant_partner"]) for t in json.loads(out)["tensors"]}
+    key = "model.layers.0.mlp.experts.gate_up_proj"
+    assert quant[key + "_blocks"] == ("mxfp4", key + "_scales")
+    assert quant[key + "_scales"] == ("mxfp4 scales", key + "_blocks")
+    assert quant[key + "_bias"] == ("", "") and quant["lm_head.weight"] == ("", "")
+    table = subprocess.run([str(shardcast_bin), "inspect", str(checkpoints / "gpt_oss_mxfp4")], check=True,
+                           capture_output=True, text=True, timeout=120).stdout
+    assert "quant" in table.splitlines()[0] and "mxfp4 scales" in table
