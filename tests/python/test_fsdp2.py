@@ -88,7 +88,7 @@ def test_hsdp_2d_mesh_every_source(checkpoints, tmp_path):
     for rank, result in enumerate(results):
         for case, r in result.items():
             assert r["bad"] == [], (rank, case, r["bad"])
-            assert r["mesh"] == "2 x 2 (replicate x shard)" and r["nodes"] == 2 and r["verify"] == "ok", (case, r)
+            assert r["mesh"] == "mesh (2 x 2)" and r["nodes"] == 2 and r["verify"] == "ok", (case, r)
             assert abs(r["reads"] - want_reads[case.split("/")[1]]) < 1e-9, (case, r)
 
 
