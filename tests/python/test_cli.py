@@ -207,6 +207,28 @@ def test_load_a_hub_snapshot_of_symlinks_into_blobs(shardcast_bin, tmp_path):
     assert [x["verify"] for x in json.loads(report.read_text())["ranks"]] == ["ok", "ok"]
 
 
+# Regression (issue 20): a symlink in a checkpoint was followed wherever it pointed. One that escapes
+# the root, or a loop, is bad input: exit 2, naming the file, on inspect and on a multi-rank load.
+def test_a_symlink_out_of_the_checkpoint_or_a_loop_is_bad_input(shardcast_bin, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    assert sc(shardcast_bin, "synth", "--config", ROOT / "configs" / "tiny-moe.json", "--out", ckpt, "--layers", "1",
+              "--max-shard-size", "8M").returncode == 0
+    shards = sorted(p for p in ckpt.iterdir() if p.name.endswith(".safetensors"))
+    assert len(shards) >= 2
+    moved = tmp_path / "elsewhere.safetensors"
+    shards[-1].rename(moved)
+    shards[-1].symlink_to(moved)
+    for args in (["inspect", ckpt], ["load", "--checkpoint", ckpt, "--nproc", "2", "--quiet", "--source", "each-rank"]):
+        r = sc(shardcast_bin, *args)
+        assert r.returncode == 2, (args, r.returncode, r.stderr)
+        assert f"{ckpt}/{shards[-1].name}: resolves outside {ckpt}" in r.stderr, r.stderr
+    shards[-1].unlink()
+    shards[-1].symlink_to(shards[-1].name + ".loop")
+    (ckpt / (shards[-1].name + ".loop")).symlink_to(shards[-1].name)
+    r = sc(shardcast_bin, "inspect", ckpt)
+    assert r.returncode == 2 and f"{shards[-1]}: symlink loop" in r.stderr, r.stderr
+
+
 # Issue 10: a rank killed mid-stream leaves no report file, half-written or otherwise, and no rank
 # running; every survivor prints the same error.
 def test_a_killed_rank_leaves_no_output_and_no_process(shardcast_bin, tmp_path):
