@@ -145,7 +145,8 @@ def prepare(model: torch.nn.Module, config=None, target: str = "cpu",
     (`_keep_in_fp32_modules_strict`, e.g. DeepSeek-V3's `e_score_correction_bias`) are made fp32, as
     `from_pretrained` does. A ConfigError names every buffer that has no value, all at once.
     """
-    device = torch.device(target if target != "pinned" else "cpu")
+    pinned = _pinned_host(target)
+    device = torch.device("cpu" if pinned else target)
     source = str(config) if isinstance(config, (str, os.PathLike)) else "<config>"
     kept_fp32 = _keep_fp32(model)
     notes, missing = _compute_buffers(model, _config_json(config), source, device, buffer_init)
@@ -159,12 +160,32 @@ def prepare(model: torch.nn.Module, config=None, target: str = "cpu",
         if buf.device.type == "meta":
             owner._buffers[leaf] = torch.zeros(buf.shape, dtype=buf.dtype, device=device)
         persistent.append(name)
+    if pinned:
+        _pin_buffers(model)
     snapshot = {name: buf.detach().clone() for name, buf, _, _ in _non_persistent(model)}
     object.__setattr__(model, _PREPARED, {"buffers": snapshot, "buffer_init": dict(buffer_init or {})})
     meta = sum(1 for _, p in model.named_parameters() if p.device.type == "meta")
     buffer_bytes = sum(b.numel() * b.element_size() for _, b in model.named_buffers())
     return {"computed_buffers": notes, "persistent_buffers": persistent, "meta_parameters": meta,
             "buffer_bytes": buffer_bytes, "kept_fp32": kept_fp32, "target": target}
+
+
+def _pinned_host(target: Optional[str]) -> bool:
+    """Whether `target` asks for pinned host memory. Pinned (page-locked) memory is registered with the
+    CUDA driver, so where this rank has no CUDA it is Unsupported, never silently pageable."""
+    if target != "pinned":
+        return False
+    if not torch.cuda.is_available():
+        raise Unsupported('target="pinned": pinned host memory needs CUDA, and torch.cuda.is_available() is False '
+                          'on this rank; use target="cpu" (pageable) here')
+    return True
+
+
+def _pin_buffers(model: torch.nn.Module) -> None:
+    for name, buf in list(model.named_buffers()):
+        if buf.device.type == "cpu" and not buf.is_pinned():
+            owner, leaf = _owner(model, name)
+            owner._buffers[leaf] = buf.pin_memory()
 
 
 def _group(process_group):
@@ -347,7 +368,8 @@ def _materialize(model: torch.nn.Module, target: Optional[str], config, buffer_i
     """Gives meta parameters their local storage (to_empty), then restores the non-persistent buffers
     to_empty wiped: prepare's values, else buffer_init, else shardcast's rules. A buffer with none of
     these is a ConfigError naming every such buffer."""
-    device = torch.device(target) if target is not None and target != "pinned" else None
+    pinned = _pinned_host(target)
+    device = torch.device(target) if target is not None and not pinned else None
     prepared = getattr(model, _PREPARED, None) or {}
     keep = dict(prepared.get("buffers", {}))
     for name, buf, _, _ in _non_persistent(model):  # values set since prepare (or without it) win
@@ -360,8 +382,17 @@ def _materialize(model: torch.nn.Module, target: Optional[str], config, buffer_i
             del keep[name]
     if any(p.device.type == "meta" for p in model.parameters()) or any(
             b.device.type == "meta" for b in model.buffers()):
-        model.to_empty(device=device or torch.device("cpu"))
+        if pinned:  # to_empty, with every new tensor (a DTensor's local shard too) in pinned memory
+            model._apply(lambda t: torch.empty_like(t, device="cpu", pin_memory=True))
+        else:
+            model.to_empty(device=device or torch.device("cpu"))
     cfg = config if config is not None else getattr(model, "config", None)
     _, missing = _compute_buffers(model, _config_json(cfg), "<config>", None, inits, keep)
     if missing:
         raise _missing_buffers_error(missing)
+    if pinned:
+        _pin_buffers(model)
+        for name, p in model.named_parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            if not local.is_pinned():
+                raise Unsupported(f'target="pinned": parameter \'{name}\' was allocated in pageable memory')
