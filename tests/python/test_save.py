@@ -192,3 +192,14 @@ def _tree(d):
     for f in sorted(os.listdir(d)):
         h.update(f.encode() + (d / f).read_bytes())
     return h.hexdigest()
+
+
+# Regression (issue 20): mode="striped" or "node-leader" ran as rank0 and reported the mode asked for.
+@pytest.mark.parametrize("mode", ["striped", "node-leader"])
+def test_a_mode_save_does_not_have_is_invalid_argument(tmp_path, mode):
+    import shardcast
+    model = torch.nn.Linear(4, 3)
+    with pytest.raises(shardcast.InvalidArgument, match=f'mode "{mode}" is not a save mode'):
+        shardcast.save(model, tmp_path / "out", mode=mode)
+    assert not (tmp_path / "out").exists()
+    assert shardcast.save(model, tmp_path / "out", mode="rank0")["mode"] == "rank0"
