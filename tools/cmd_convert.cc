@@ -19,6 +19,7 @@
 #include "loaders/checkpoint.h"
 #include "loaders/convert.h"
 #include "loaders/model_spec.h"
+#include "runtime/file_sink.h"
 #include "runtime/subprocess.h"
 #include "tools/cli_util.h"
 #include "tools/launcher.h"
@@ -113,14 +114,12 @@ int RunConvert(const ConvertArgs& a) {
   }
   const fs::path parent = fs::absolute(a.dst).parent_path();
   const std::string base = fs::path(a.dst).filename();
-  for (const auto& e : fs::directory_iterator(parent)) {
-    const std::string name = e.path().filename();
-    if (name.rfind(base + ".tmp-", 0) != 0) continue;
+  for (const std::string& left : output_dir::Leftovers((parent / base).string())) {
     if (!a.overwrite) {
-      throw Error(ErrorKind::kInvalidArgument, e.path().string(),
-                  "is left over from an earlier convert that did not finish; remove it or pass --overwrite");
+      throw Error(ErrorKind::kInvalidArgument, left,
+                  "is left over from an earlier convert or save that did not finish; remove it or pass --overwrite");
     }
-    fs::remove_all(e.path());
+    output_dir::RemoveTree(left);
   }
   const std::string config = ReadCheckpointConfig(a.src).value_or("{}");
   auto in = Checkpoint::Open(a.src);
@@ -150,14 +149,7 @@ int RunConvert(const ConvertArgs& a) {
     if (plan.files.size() > 1) WriteCheckpointIndex(tmp, plan.files);
     WriteSmallFileAtomically(tmp + "/config.json", ConvertedConfig(config, o.target));
     CopySideFiles(a.src, tmp);
-    if (fs::exists(a.dst)) {
-      const std::string old = (parent / (base + ".old-" + std::to_string(getpid()))).string();
-      fs::rename(a.dst, old);
-      fs::rename(tmp, a.dst);
-      fs::remove_all(old);
-    } else {
-      fs::rename(tmp, a.dst);
-    }
+    output_dir::Commit(tmp, (parent / base).string());  // save's commit: atomic, the parent fsynced
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;

@@ -186,6 +186,28 @@ def test_convert_fp8_to_bf16_equals_the_twin(shardcast_bin, tmp_path, nproc):
     assert r.returncode == 2 and "exists; pass --overwrite" in r.stderr, r.stderr
 
 
+# Regression (issue 20): convert's swap renamed the old output to DST.old-<pid>, then the new one into
+# place; a kill between the two left no DST and an .old- directory that the leftover scan never
+# reported. The commit is now save's (an atomic exchange, the parent fsynced), and the scan reports
+# .old- debris of earlier versions as well as .tmp- ones.
+def test_convert_commits_atomically_and_reports_old_debris(shardcast_bin, tmp_path):
+    fp8, out = tmp_path / "fp8", tmp_path / "bf16"
+    assert sc(shardcast_bin, "synth", "--config", ROOT / "configs" / "tiny-moe.json", "--out", fp8, "--layers", "1",
+              "--max-shard-size", "8M").returncode == 0
+    # A fresh DST beside an .old- directory that a killed convert left: named, exit 2, nothing written.
+    (tmp_path / "bf16.old-777").mkdir()
+    r = sc(shardcast_bin, "convert", fp8, out)
+    assert r.returncode == 2 and f"{tmp_path}/bf16.old-777" in r.stderr and "did not finish" in r.stderr, r.stderr
+    assert not out.exists()
+    # --overwrite removes the debris; an existing DST is replaced in one step, with nothing left beside it.
+    out.mkdir()
+    (out / "stale.txt").write_text("from before")
+    r = sc(shardcast_bin, "convert", fp8, out, "--overwrite")
+    assert r.returncode == 0, r.stderr
+    assert not (out / "stale.txt").exists() and (out / "config.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bf16", "fp8"], "no .old- or .tmp- left"
+
+
 # Regression (issue 10): a Hugging Face hub snapshot (files are symlinks into ../../blobs) was refused
 # as "outside the checkpoint directory". It is the most common layout users have.
 def test_load_a_hub_snapshot_of_symlinks_into_blobs(shardcast_bin, tmp_path):
