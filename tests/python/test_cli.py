@@ -259,7 +259,7 @@ def test_a_killed_rank_leaves_no_output_and_no_process(shardcast_bin, tmp_path):
               "--max-shard-size", "8M").returncode == 0
     report = tmp_path / "report.json"
     r = sc(shardcast_bin, "load", "--checkpoint", ckpt, "--nproc", "3", "--quiet", "--json", report, "--timeout-ms",
-           "3000", env={"SHARDCAST_FAULT": "2:stream:kill:2"})
+           "3000", env={"SHARDCAST_FAULT": "2:stream:kill:2", "SHARDCAST_TEST_FAULTS": "1"})
     assert r.returncode != 0
     assert not list(tmp_path.glob("report.json*")), "no report, and no temp file"
     errors = [line.split("]: ", 1)[1] for line in r.stderr.splitlines() if line.startswith("shardcast load [rank")]
