@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the GPU path runs on a GPU machine")
