@@ -148,9 +148,10 @@ int RunRank(const LoadArgs& a) {
   if (a.backend == "nccl" && target != Target::kCuda) {
     throw Error(ErrorKind::kInvalidArgument, "--backend nccl", "needs --target cuda (NCCL moves device memory)");
   }
+  // --backend nccl is NCCL at every world size: one GPU checks the NCCL path with a one-rank communicator.
   std::unique_ptr<Communicator> comm =
-      rv.world_size == 1       ? CreateLocalCommunicator()
-      : a.backend == "nccl"    ? CreateNcclCommunicator(rv, rq.options.timeout, rv.local_rank)
+      a.backend == "nccl"      ? CreateNcclCommunicator(rv, rq.options.timeout, rv.local_rank)
+      : rv.world_size == 1     ? CreateLocalCommunicator()
                                : CreateGlooCommunicator(rv, rq.options.timeout);
   std::unique_ptr<Plan> plan;
   std::unique_ptr<RankState> state;
