@@ -22,6 +22,7 @@
 #include "runtime/file_sink.h"
 #include "runtime/subprocess.h"
 #include "tools/cli_util.h"
+#include "tools/commands.h"
 #include "tools/launcher.h"
 
 namespace shardcast::tools {

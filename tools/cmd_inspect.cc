@@ -6,6 +6,7 @@
 
 #include "loaders/checkpoint.h"
 #include "tools/cli_util.h"
+#include "tools/commands.h"
 
 namespace shardcast::tools {
 namespace {

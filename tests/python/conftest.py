@@ -19,6 +19,15 @@ def shardcast_bin(build_dir) -> pathlib.Path:
     return build_dir / "tools" / "shardcast"
 
 
+@pytest.fixture(scope="session")
+def shardcast_bench_bin(build_dir) -> pathlib.Path:
+    """The benchmarks' command (bench-rss, load --source baseline, ...), apart from the shipped one."""
+    exe = build_dir / "bench" / "shardcast-bench"
+    if not exe.exists():
+        pytest.fail(f"no {exe}; run tools/build.sh")
+    return exe
+
+
 def _tiny_configs(llama: str, models):
     """Tiny real transformers configs whose dims do not divide by world sizes 2-4. llama: "rope-scaled"
     (llama3 RoPE scaling, untied) or "tied" (tied embeddings)."""

@@ -27,8 +27,6 @@ def sc(shardcast_bin, *args, env=None):
     (["plan", "--config", CONFIGS / "llama-3.1-8b.json", "--world-size", "8", "--rank", "8"], "rank 8 is outside world size 8"),
     (["prepare", "--config", CONFIGS / "llama-3.1-8b.json", "--world-size", "2", "--rank", "0", "--target", "tpu"],
      "is not cpu, pinned or cuda"),
-    (["bench-rss", "--config", CONFIGS / "llama-3.1-8b.json", "--strategy", "zeros,meta"], "unknown strategy \"zeros\""),
-    (["bench-rss", "--config", CONFIGS / "llama-3.1-8b.json", "--ranks-per-node", "100000"], "beyond what this machine can spawn"),
     (["load", "--checkpoint", "/nonexistent", "--config", CONFIGS / "llama-3.1-8b.json"], "no such file or directory"),
     (["synth", "--config", CONFIGS / "llama-3.1-8b.json", "--out", "/tmp/x", "--max-shard-size", "12Q"], "unknown unit"),
 ])
@@ -40,15 +38,50 @@ def test_bad_input_is_one_line_and_exit_2(shardcast_bin, args, needle):
     assert len(r.stderr.strip().splitlines()) == (2 if args[0] == "load" else 1), r.stderr
 
 
-def test_unknown_model_type_and_unreadable_probe(shardcast_bin, tmp_path):
+@pytest.mark.parametrize("args,needle", [
+    (["bench-rss", "--config", CONFIGS / "llama-3.1-8b.json", "--strategy", "zeros,meta"], "unknown strategy \"zeros\""),
+    (["bench-rss", "--config", CONFIGS / "llama-3.1-8b.json", "--ranks-per-node", "100000"], "beyond what this machine can spawn"),
+])
+def test_bench_bad_input_is_one_line_and_exit_2(shardcast_bench_bin, args, needle):
+    r = sc(shardcast_bench_bin, *args)
+    assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+
+
+def test_unknown_model_type_and_unreadable_probe(shardcast_bin, shardcast_bench_bin, tmp_path):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"model_type": "gpt9", "num_hidden_layers": 1}))
-    for cmd in (["plan", "--config", cfg], ["prepare", "--config", cfg, "--world-size", "1", "--rank", "0"],
-                ["bench-rss", "--config", cfg]):
-        r = sc(shardcast_bin, *cmd)
+    for exe, cmd in ((shardcast_bin, ["plan", "--config", cfg]),
+                     (shardcast_bin, ["prepare", "--config", cfg, "--world-size", "1", "--rank", "0"]),
+                     (shardcast_bench_bin, ["bench-rss", "--config", cfg])):
+        r = sc(exe, *cmd)
         assert r.returncode == 2 and "unknown model_type \"gpt9\"" in r.stderr, (cmd, r.stderr)
-    r = sc(shardcast_bin, "bench-rss", "--config", CONFIGS / "llama-3.1-8b.json", env={"SHARDCAST_PROC_ROOT": "/nonexistent"})
+    r = sc(shardcast_bench_bin, "bench-rss", "--config", CONFIGS / "llama-3.1-8b.json",
+           env={"SHARDCAST_PROC_ROOT": "/nonexistent"})
     assert r.returncode == 2 and "memory probe" in r.stderr, r.stderr
+
+
+# Issue 20: the shipped command holds no benchmark code; shardcast-bench has the benchmarks and the
+# full-broadcast baseline, which loads the same rows as shardcast's own load.
+def test_benchmarks_are_shardcast_bench_only(shardcast_bin, shardcast_bench_bin, tmp_path):
+    listed = sc(shardcast_bin, "--help").stdout
+    for sub in ("bench-rss", "bench-pread", "bench-scatter"):
+        assert sub not in listed and sub in sc(shardcast_bench_bin, "--help").stdout, sub
+        assert sc(shardcast_bin, sub).returncode == 2, sub
+    ckpt = tmp_path / "ckpt"
+    assert sc(shardcast_bin, "synth", "--config", ROOT / "configs" / "tiny-moe.json", "--out", ckpt, "--layers", "1",
+              "--max-shard-size", "8M").returncode == 0
+    r = sc(shardcast_bin, "load", "--checkpoint", ckpt, "--nproc", "2", "--quiet", "--source", "baseline")
+    assert r.returncode == 2 and '"baseline" is not a source' in r.stderr, r.stderr
+    report = tmp_path / "baseline.json"
+    r = sc(shardcast_bench_bin, "load", "--checkpoint", ckpt, "--nproc", "2", "--quiet", "--source", "baseline",
+           "--json", report)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(report.read_text())["source"] == "baseline-broadcast"
+    r = sc(shardcast_bench_bin, "bench-pread", ckpt)
+    assert r.returncode == 0 and json.loads(r.stdout)["bytes"] > 0, r.stderr
+    nm = subprocess.run(["nm", "-C", str(shardcast_bin)], capture_output=True, text=True)
+    if nm.returncode == 0:
+        assert "BaselineLoad" not in nm.stdout and "RunRssBench" not in nm.stdout
 
 
 def test_inspect_corrupt_file_names_file_key_and_bytes(shardcast_bin, tmp_path):
