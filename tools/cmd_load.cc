@@ -8,9 +8,9 @@
 #include <cstdio>
 #include <map>
 #include <optional>
-#include <sys/stat.h>
 
 #include "allocators/error.h"
+#include "loaders/model_spec.h"
 #include "loaders/synth.h"
 #include "runtime/load.h"
 #include "runtime/subprocess.h"
@@ -78,12 +78,14 @@ class ProgressPrinter {
   std::chrono::steady_clock::time_point t0_, last_;
 };
 
-std::string ConfigFor(const LoadArgs& a) {
-  if (!a.config.empty()) return a.config;
-  std::string c = a.checkpoint + "/config.json";
-  struct stat st;
-  if (stat(c.c_str(), &st) == 0) return c;
-  throw Error(ErrorKind::kInvalidArgument, "--config", "not given, and " + c + " does not exist");
+// --config as given (the user named it), else the checkpoint's own config.json, resolved beneath the
+// checkpoint's root like its other files (a hub snapshot's is a symlink into blobs/; one out of the root
+// is a CheckpointError).
+ModelSpec SpecFor(const LoadArgs& a) {
+  if (!a.config.empty()) return BuildModelSpec(a.config, SpecOptions{a.layers});
+  std::optional<std::string> json = ReadCheckpointConfig(a.checkpoint);
+  if (!json) throw Error(ErrorKind::kInvalidArgument, "--config", "not given, and " + a.checkpoint + "/config.json does not exist");
+  return BuildModelSpecFromJson(a.checkpoint + "/config.json", *json, SpecOptions{a.layers});
 }
 
 void PrintReport(const LoadReport& r) {
@@ -166,7 +168,7 @@ int RunRank(const LoadArgs& a) {
   try {
     if (bad_options) throw *bad_options;
     const Mesh mesh = MakeMesh(rv.world_size, a.replicas);
-    ModelSpec spec = BuildModelSpec(ConfigFor(a), SpecOptions{a.layers});
+    ModelSpec spec = SpecFor(a);
     if (!a.dtype.empty()) spec = DequantizedSpec(spec, ParseFloatDType(a.dtype, "--dtype"));
     plan = std::make_unique<Plan>(Plan::Build(std::move(spec), mesh.shards));
     PrepareOptions po;

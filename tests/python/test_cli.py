@@ -282,6 +282,14 @@ def test_a_symlink_out_of_the_checkpoint_or_a_loop_is_bad_input(shardcast_bin, t
     (ckpt / (shards[-1].name + ".loop")).symlink_to(shards[-1].name)
     r = sc(shardcast_bin, "inspect", ckpt)
     assert r.returncode == 2 and f"{shards[-1]}: symlink loop" in r.stderr, r.stderr
+    # The checkpoint's own config.json, which load reads when --config is not given, too.
+    shards[-1].unlink()
+    (ckpt / (shards[-1].name + ".loop")).unlink()
+    moved.rename(shards[-1])
+    (ckpt / "config.json").rename(tmp_path / "config.json")
+    (ckpt / "config.json").symlink_to(tmp_path / "config.json")
+    r = sc(shardcast_bin, "load", "--checkpoint", ckpt, "--nproc", "2", "--quiet")
+    assert r.returncode == 2 and f"{ckpt}/config.json: resolves outside {ckpt}" in r.stderr, r.stderr
 
 
 # Issue 10: a rank killed mid-stream leaves no report file, half-written or otherwise, and no rank
