@@ -167,18 +167,28 @@ std::string WhichWholeFile(const SafetensorsFile& f, const TwoFiles& two) {
   return it->second;
 }
 
-TEST(OpenOnce, RepointingTheSymlinkAfterOpenChangesNothingRead) {
+// A hub repo whose index names one shard: a symlink to the blob holding image a. Blob "other", in the
+// same repo, holds image b.
+struct OneShard {
   HubRepo hub;
   TwoFiles two;
-  testing::WriteFile(hub.blob_path("other"), two.b_image);
   const std::string name = "model-00001-of-00001.safetensors";
-  const std::string blob = hub.Add(name, two.a_image);
-  hub.Add(kIndexFileName, R"({"weight_map":{"w":"model-00001-of-00001.safetensors"}})");
+  std::string blob;
+  OneShard() {
+    testing::WriteFile(hub.blob_path("other"), two.b_image);
+    blob = hub.Add(name, two.a_image);
+    hub.Add(kIndexFileName, R"({"weight_map":{"w":"model-00001-of-00001.safetensors"}})");
+  }
+  std::string link() const { return hub.snapshot() + "/" + name; }
+};
+
+TEST(OpenOnce, RepointingTheSymlinkAfterOpenChangesNothingRead) {
+  OneShard r;
   for (ReadMode mode : {ReadMode::kMmap, ReadMode::kPread}) {
-    Repoint(hub.snapshot() + "/" + name, "../../blobs/" + blob);
-    auto ckpt = Checkpoint::Open(hub.snapshot(), OpenOptions{mode});
-    Repoint(hub.snapshot() + "/" + name, "../../blobs/other");
-    EXPECT_EQ(WhichWholeFile(ckpt->file(0), two), "blob");
+    Repoint(r.link(), "../../blobs/" + r.blob);
+    auto ckpt = Checkpoint::Open(r.hub.snapshot(), OpenOptions{mode});
+    Repoint(r.link(), "../../blobs/other");
+    EXPECT_EQ(WhichWholeFile(ckpt->file(0), r.two), "blob");
   }
 }
 
@@ -231,13 +241,8 @@ RaceOutcome OpenWhileSwapping(const HubRepo& hub, const TwoFiles& two, const std
 // and is not asserted, so the test cannot flake on a correct loader; a loader that reads a name
 // twice shows a mix in some of the opens.
 TEST(OpenOnce, ASymlinkSwappedDuringOpensNeverMixesTwoFiles) {
-  HubRepo hub;
-  TwoFiles two;
-  testing::WriteFile(hub.blob_path("other"), two.b_image);
-  const std::string name = "model-00001-of-00001.safetensors";
-  const std::string blob = hub.Add(name, two.a_image);
-  hub.Add(kIndexFileName, R"({"weight_map":{"w":"model-00001-of-00001.safetensors"}})");
-  RaceOutcome o = OpenWhileSwapping(hub, two, hub.snapshot() + "/" + name, "../../blobs/" + blob, "../../blobs/other");
+  OneShard r;
+  RaceOutcome o = OpenWhileSwapping(r.hub, r.two, r.link(), "../../blobs/" + r.blob, "../../blobs/other");
   RecordProperty("summary", o.summary);
   int opens = 0;
   for (const auto& [k, v] : o.seen) opens += v;
@@ -249,15 +254,11 @@ TEST(OpenOnce, ASymlinkSwappedDuringOpensNeverMixesTwoFiles) {
 // between a blob and a file outside the repo, every open either holds the blob, whole, or is refused
 // as a CheckpointError naming the file; none ever reads the outside file.
 TEST(OpenOnce, ASymlinkSwappedToOutsideTheRepoIsRefusedNeverRead) {
-  HubRepo hub;
-  TwoFiles two;
+  OneShard r;
   testing::TempDir outside;
-  testing::WriteFile(outside / "b.safetensors", two.b_image);
-  const std::string name = "model-00001-of-00001.safetensors";
-  const std::string blob = hub.Add(name, two.a_image);
-  hub.Add(kIndexFileName, R"({"weight_map":{"w":"model-00001-of-00001.safetensors"}})");
-  const std::string link = hub.snapshot() + "/" + name;
-  RaceOutcome o = OpenWhileSwapping(hub, two, link, "../../blobs/" + blob, outside / "b.safetensors");
+  testing::WriteFile(outside / "b.safetensors", r.two.b_image);
+  const std::string link = r.link();
+  RaceOutcome o = OpenWhileSwapping(r.hub, r.two, link, "../../blobs/" + r.blob, outside / "b.safetensors");
   RecordProperty("summary", o.summary);
   const std::string refused = "CheckpointError: " + link + ": resolves outside ";
   int opens = 0;
