@@ -27,10 +27,14 @@ def parse_size(text: str) -> int:
 def cudart():
     """The CUDA runtime torch itself loaded (the wheel's own libcudart), found in this process's maps."""
     with open("/proc/self/maps") as f:
-        paths = {line.split()[-1] for line in f if "libcudart.so" in line}
-    if not paths:
-        raise RuntimeError("libcudart is not loaded in this process (torch.cuda not initialized?)")
-    lib = ctypes.CDLL(sorted(paths)[0])
+        paths = sorted({line.split()[-1] for line in f if "libcudart.so" in line})
+    if not paths:  # a torch that links the runtime statically: the system's, by its soname
+        import ctypes.util
+        found = ctypes.util.find_library("cudart")
+        if found is None:
+            raise RuntimeError("no libcudart in this process or on the library path")
+        paths = [found]
+    lib = ctypes.CDLL(paths[0])
     lib.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     lib.cudaMemcpy.restype = ctypes.c_int
     lib.cudaGetErrorString.argtypes = [ctypes.c_int]

@@ -16,7 +16,8 @@
 #
 # Runs unchanged on a fresh GPU box with the repo tree and a PyTorch (system or venv), no .venv needed.
 # Environment: SHARDCAST_PYTHON, SHARDCAST_JOBS (default: the number of cores), SHARDCAST_GPU_BUILD
-# (default build-gpu), SHARDCAST_GPU_LAYERS (layers of tiny-moe to load; default all).
+# (default build-gpu), SHARDCAST_GPU_LAYERS (layers of tiny-moe to load; default all), SHARDCAST_CMAKE_ARGS
+# (more -D, e.g. -DCUDAToolkit_ROOT=...).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$PWD
@@ -51,7 +52,11 @@ import torch
 if not torch.cuda.is_available():
     raise SystemExit(1)
 names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-nccl = ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else "?"
+try:
+    v = torch.cuda.nccl.version()  # a tuple in recent torch, an int in older ones
+    nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+except Exception:  # noqa: BLE001 -- a torch without NCCL: the build says so later
+    nccl = "none"
 print(len(names), nccl, "; ".join(names))
 EOF
 ); then
@@ -83,6 +88,9 @@ if command -v dpkg-query >/dev/null 2>&1; then
 fi
 command -v cmake >/dev/null 2>&1 || die "no cmake on PATH"
 [ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
+# The CUDA host code (pinned staging, device copies, the NCCL communicator) needs the toolkit's headers.
+[ -d /usr/local/cuda ] || command -v nvcc >/dev/null 2>&1 ||
+  die "no CUDA toolkit (/usr/local/cuda or nvcc on PATH): install CUDA $torch_cuda's toolkit, or set CUDAToolkit_ROOT through SHARDCAST_CMAKE_ARGS"
 
 wanted=(pytest safetensors numpy transformers accelerate huggingface_hub)
 lacking=$("$py" - "${wanted[@]}" <<'EOF'
@@ -111,8 +119,9 @@ fi
 say "building in $build (log: $log)"
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root}
 targets=(shardcast _shardcast shardcast_python_package allocators_test runtime_test)
+# shellcheck disable=SC2086
 if cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DSHARDCAST_PYTHON="$py" -DSHARDCAST_CUDA=ON \
-     -DSHARDCAST_BUILD_TESTS=ON -DSHARDCAST_BUILD_BENCH=OFF >>"$log" 2>&1 &&
+     -DSHARDCAST_BUILD_TESTS=ON -DSHARDCAST_BUILD_BENCH=OFF ${SHARDCAST_CMAKE_ARGS:-} >>"$log" 2>&1 &&
    cmake --build "$build" -j"$jobs" --target "${targets[@]}" >>"$log" 2>&1; then
   row "build (torch $torch_version, CUDA $torch_cuda, NCCL $nccl_version)" ok "$build"
 else
