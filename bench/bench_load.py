@@ -10,7 +10,7 @@ evicted with POSIX_FADV_DONTNEED first, which needs no root: real 229B loads are
 References, each measured in the same run on the same files:
   - pread into one reused 64 MiB buffer, and into fresh memory (warm);
   - a cold sequential read of the files (as `cat` does, 16 MiB reads after eviction): each-rank's bound;
-  - a raw c10d scatter of the same bytes into fresh memory (`shardcast bench-scatter`): rank0's
+  - a raw c10d scatter of the same bytes into fresh memory (`shardcast-bench bench-scatter`): rank0's
     communication alone, its bound.
 Cold loads run with the reader's read-ahead (default) and without it (SHARDCAST_READAHEAD_BYTES=0).
 Checkpoints are Qwen3-30B-A3B's config cut to N layers (N=0: 1.2 GB ... N=12: 16 GB). The baseline
@@ -120,6 +120,8 @@ def main():
     ap.add_argument("--work", default=str(ROOT / "out/bench-load"))
     ap.add_argument("--out", default=str(ROOT / "bench/results/load.json"))
     ap.add_argument("--exe", default=str(ROOT / "build/tools/shardcast"))
+    ap.add_argument("--bench-exe", default=str(ROOT / "build/bench/shardcast-bench"),
+                    help="the benchmarks' command: bench-pread, bench-scatter and load --source baseline")
     ap.add_argument("--cold", action="store_true", help="also run every method with a cold page cache")
     args = ap.parse_args()
     work = pathlib.Path(args.work)
@@ -135,14 +137,14 @@ def main():
                 "--max-shard-size", "2G", "--seed", "1"])
         size = sum(f.stat().st_size for f in ckpt.glob("*.safetensors"))
         warm(ckpt)
-        pread = json.loads(sh([args.exe, "bench-pread", ckpt]).stdout)
+        pread = json.loads(sh([args.bench_exe, "bench-pread", ckpt]).stdout)
         warm(ckpt)
-        fresh = json.loads(sh([args.exe, "bench-pread", "--fresh", ckpt]).stdout)
+        fresh = json.loads(sh([args.bench_exe, "bench-pread", "--fresh", ckpt]).stdout)
         result = {"layers": layers, "checkpoint_bytes": size, "pread_gbps": pread["gbps"],
                   "pread_fresh_gbps": fresh["gbps"], "methods": {}}
         print(f"{size/1e9:8.2f} {'pread (I/O reference)':<20} {pread['seconds']:8.2f} {pread['gbps']:6.2f}", flush=True)
         print(f"{size/1e9:8.2f} {'pread, fresh memory':<20} {fresh['seconds']:8.2f} {fresh['gbps']:6.2f}", flush=True)
-        scatter = json.loads(sh([args.exe, "bench-scatter", "--bytes", size, "--nproc", world]).stdout)
+        scatter = json.loads(sh([args.bench_exe, "bench-scatter", "--bytes", size, "--nproc", world]).stdout)
         result["scatter_gbps"] = scatter["gbps"]
         print(f"{size/1e9:8.2f} {'raw c10d scatter':<20} {scatter['seconds']:8.2f} {scatter['gbps']:6.2f}", flush=True)
         if args.cold:
@@ -168,7 +170,8 @@ def main():
                 frac = resident_fraction(ckpt)
                 if frac is not None and frac > 0.02:
                     print(f"warning: {frac:.0%} of the checkpoint still cached after eviction", flush=True)
-            s = summarize(run_load(args.exe, ckpt, m, world, work / f"{m}-L{layers}.json", env))
+            exe = args.bench_exe if m == "baseline" else args.exe
+            s = summarize(run_load(exe, ckpt, m, world, work / f"{m}-L{layers}.json", env))
             s["cache"] = cache
             if m == "rank0":
                 s["vs_scatter"] = s["gbps"] / scatter["gbps"]

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -52,8 +53,7 @@ std::string ReadIndex(const OpenNode& node, const std::string& index_path) {
 }
 
 // A file name from an index must be a plain relative path: not empty, no NUL, not absolute, and no
-// ".." component. Symlinks are not checked: the directory's owner made them (a hub snapshot's files
-// are symlinks into ../../blobs), and each file is opened once and read only through that descriptor.
+// ".." component. Symlinks are resolved when the file is opened, beneath the checkpoint's root.
 void CheckRelativeName(std::string_view index_path, const std::string& key, const std::string& name) {
   auto bad = [&](const std::string& why) {
     Fail(index_path, "weight_map['" + Printable(key) + "'] = \"" + Printable(name) + "\": " + why);
@@ -208,20 +208,100 @@ std::vector<std::pair<std::string, std::string>> ParseWeightMap(std::string_view
   return sax.Finish();
 }
 
-// Every file is opened exactly once, relative to the directory's descriptor, and read only through
-// its own descriptor from then on (see posix_file.h). The directory is opened once too: a path
-// that names a directory is used through that descriptor, one that names a regular file is the
-// checkpoint's only file, and anything else is rejected.
+namespace {
+
+// Where the names of a checkpoint directory resolve beneath (see checkpoint.h).
+//
+//   <cache>/models--org--name/          root of a hub snapshot   prefix "snapshots/<rev>/"
+//     blobs/<sha>
+//     snapshots/<rev>/  <- dir          root of any other dir    prefix ""
+struct NameRoot {
+  UniqueFd fd;
+  std::string path;    // the root, as messages name it
+  std::string prefix;  // the directory relative to the root
+};
+
+// The directory's path as the kernel sees it, or the path given where /proc is not mounted.
+std::string CanonicalPath(int fd, const std::string& given) {
+  std::string buf(4096, '\0');
+  const ssize_t n = readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), buf.data(), buf.size());
+  if (n <= 0 || static_cast<size_t>(n) == buf.size()) return given;
+  buf.resize(static_cast<size_t>(n));
+  return buf;
+}
+
+std::vector<std::string> Components(const std::string& path) {
+  std::vector<std::string> out;
+  std::stringstream ss(path);
+  std::string part;
+  while (std::getline(ss, part, '/')) {
+    if (!part.empty() && part != ".") out.push_back(part);
+  }
+  return out;
+}
+
+bool IsHubRepoName(const std::string& name) {
+  for (const char* kind : {"models--", "datasets--", "spaces--"}) {
+    if (name.rfind(kind, 0) == 0 && name.size() > std::string(kind).size()) return true;
+  }
+  return false;
+}
+
+// The root for the directory `dir` (opened from `path`): its hub repo folder when it is
+// <repo>/snapshots/<rev> and that folder's snapshots/<rev> is this very directory, else itself.
+NameRoot RootOf(OpenNode dir, const std::string& path) {
+  const std::string canonical = CanonicalPath(dir.fd.get(), path);
+  const std::vector<std::string> parts = Components(canonical);
+  const size_t n = parts.size();
+  if (n >= 3 && parts[n - 2] == "snapshots" && IsHubRepoName(parts[n - 3])) {
+    const std::string prefix = "snapshots/" + parts[n - 1];
+    UniqueFd repo(::openat(dir.fd.get(), "../..", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    std::string repo_path = canonical.substr(0, canonical.rfind("/snapshots/"));
+    if (repo.get() >= 0) {
+      std::optional<OpenNode> again = OpenNodeBeneath(repo.get(), repo_path, prefix, path);
+      if (again && again->st.st_dev == dir.st.st_dev && again->st.st_ino == dir.st.st_ino) {
+        return NameRoot{std::move(repo), std::move(repo_path), prefix + "/"};
+      }
+    }
+  }
+  return NameRoot{std::move(dir.fd), path, ""};
+}
+
+NameRoot RootOfDirectory(const std::string& dir) {
+  std::optional<OpenNode> node = OpenNodeAt(AT_FDCWD, dir, dir);
+  if (!node) Fail(dir, "no such file or directory");
+  if (!S_ISDIR(node->st.st_mode)) Fail(dir, "is " + std::string(FileKindText(node->st.st_mode)) + ", not a directory");
+  return RootOf(std::move(*node), dir);
+}
+
+std::optional<OpenNode> OpenBeneath(const NameRoot& root, const std::string& dir, const std::string& name) {
+  return OpenNodeBeneath(root.fd.get(), root.path, root.prefix + name, dir + "/" + name);
+}
+
+}  // namespace
+
+std::optional<OpenNode> OpenCheckpointName(const std::string& dir, const std::string& name) {
+  return OpenBeneath(RootOfDirectory(dir), dir, name);
+}
+
+// Every file is opened exactly once, beneath the root's descriptor, and read only through its own
+// descriptor from then on (see posix_file.h). The path itself is opened once too: one that names a
+// directory is used through that descriptor, one that names a regular file is the checkpoint's only
+// file (the user named it: it may be a symlink anywhere), and anything else is rejected.
 std::unique_ptr<Checkpoint> Checkpoint::Open(const std::string& path, const OpenOptions& options) {
   std::unique_ptr<Checkpoint> ckpt(new Checkpoint());
   ckpt->root_ = path;
-  std::optional<OpenNode> root = OpenNodeAt(AT_FDCWD, path, path);
-  if (!root) Fail(path, "no such file or directory");
-  if (!S_ISDIR(root->st.st_mode)) {
-    RequireRegularFile(root->st.st_mode, path);
-    ckpt->AddFile(SafetensorsFile::FromDescriptor(root->fd.release(), path, options));
-  } else if (const std::string index = path + "/" + kIndexFileName;
-             std::optional<OpenNode> index_node = OpenNodeAt(root->fd.get(), kIndexFileName, index)) {
+  std::optional<OpenNode> top = OpenNodeAt(AT_FDCWD, path, path);
+  if (!top) Fail(path, "no such file or directory");
+  if (!S_ISDIR(top->st.st_mode)) {
+    RequireRegularFile(top->st.st_mode, path);
+    ckpt->AddFile(SafetensorsFile::FromDescriptor(top->fd.release(), path, options));
+    std::sort(ckpt->keys_.begin(), ckpt->keys_.end());
+    return ckpt;
+  }
+  const NameRoot root = RootOf(std::move(*top), path);
+  if (const std::string index = path + "/" + kIndexFileName;
+      std::optional<OpenNode> index_node = OpenBeneath(root, path, kIndexFileName)) {
     auto weight_map = ParseWeightMap(index, ReadIndex(*index_node, index));
     index_node.reset();
     std::unordered_map<std::string, size_t> file_pos;
@@ -229,11 +309,10 @@ std::unique_ptr<Checkpoint> Checkpoint::Open(const std::string& path, const Open
     ckpt->keys_.reserve(weight_map.size());
     for (const auto& [key, name] : weight_map) {
       if (file_pos.count(name)) continue;
-      const std::string full = path + "/" + name;
-      std::optional<OpenNode> node = OpenNodeAt(root->fd.get(), name, full);
+      std::optional<OpenNode> node = OpenBeneath(root, path, name);
       if (!node) Fail(index, Names(key, name) + ", which does not exist");
       file_pos[name] = ckpt->files_.size();
-      ckpt->AddFile(SafetensorsFile::FromDescriptor(node->fd.release(), full, options));
+      ckpt->AddFile(SafetensorsFile::FromDescriptor(node->fd.release(), path + "/" + name, options));
     }
     for (const auto& [key, name] : weight_map) {
       const SafetensorsFile& f = *ckpt->files_[file_pos[name]];
@@ -241,9 +320,8 @@ std::unique_ptr<Checkpoint> Checkpoint::Open(const std::string& path, const Open
         Fail(index, Names(key, name) + ", which holds no tensor '" + Printable(key) + "'");
       }
     }
-  } else if (const std::string single = path + "/" + kSingleFileName;
-             std::optional<OpenNode> single_node = OpenNodeAt(root->fd.get(), kSingleFileName, single)) {
-    ckpt->AddFile(SafetensorsFile::FromDescriptor(single_node->fd.release(), single, options));
+  } else if (std::optional<OpenNode> single_node = OpenBeneath(root, path, kSingleFileName)) {
+    ckpt->AddFile(SafetensorsFile::FromDescriptor(single_node->fd.release(), path + "/" + kSingleFileName, options));
   } else {
     Fail(path, std::string("holds neither ") + kIndexFileName + " nor " + kSingleFileName);
   }

@@ -3,9 +3,13 @@
 // Accepts, in this order: a path to one .safetensors file; a directory holding
 // model.safetensors.index.json (its "weight_map" names the files); a directory holding
 // model.safetensors. Every file named by the index must exist and be a regular file, and its name
-// must be a plain relative path (not empty, no NUL, not absolute, no ".." component). Symlinks are
-// followed: the directory's owner made them, and a Hugging Face hub snapshot is a directory of
-// symlinks into ../../blobs. Every file (the directory and the index too) is opened exactly once,
+// must be a plain relative path (not empty, no NUL, not absolute, no ".." component). Every name in
+// the directory (the index and model.safetensors too) resolves beneath a root, race-free
+// (posix_file.h's OpenNodeBeneath): symlinks are followed only while they stay beneath it. The root is
+// the directory itself, or for a Hugging Face hub snapshot (<cache>/models--org--name/snapshots/<rev>,
+// a directory of symlinks into ../../blobs) its repo folder models--org--name. A name that resolves
+// outside the root, or a symlink loop, is kCheckpoint naming the file. A path that names one file is
+// the user's own choice and is opened as given. Every file (the directory and the index too) is opened exactly once,
 // without blocking on a FIFO, checked through its descriptor (a regular file, and its size), and
 // read only through that descriptor, so what is read is what was validated even if names change
 // meanwhile. Every key is unique across files, and every key of the weight_map is in the file it
@@ -16,11 +20,13 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "loaders/posix_file.h"
 #include "loaders/safetensors_file.h"
 
 namespace shardcast {
@@ -67,5 +73,10 @@ class Checkpoint {
 // index_path.
 std::vector<std::pair<std::string, std::string>> ParseWeightMap(std::string_view index_path,
                                                                  std::string_view json);
+
+// Opens `name` of the checkpoint directory `dir` beneath its root, as Checkpoint::Open opens the
+// directory's files (config.json, or a header read elsewhere). nullopt: no such name. Throws
+// kCheckpoint for a `dir` that is not a directory, a name that resolves outside the root or a loop.
+std::optional<OpenNode> OpenCheckpointName(const std::string& dir, const std::string& name);
 
 }  // namespace shardcast

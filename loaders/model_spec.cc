@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "allocators/error.h"
+#include "loaders/checkpoint.h"
 #include "loaders/posix_file.h"
 #include "loaders/spec_builder.h"
 
@@ -195,16 +196,12 @@ ModelSpec BuildModelSpecFromJson(std::string_view source, std::string_view confi
   return spec;
 }
 
-// Read like a checkpoint's files (posix_file.h): opened once without blocking on a FIFO, checked
-// to be a regular file of a sane size through its descriptor, read through it.
-std::string ReadConfigFile(const std::string& config_path) {
+namespace {
+
+// Read like a checkpoint's files (posix_file.h): `node` was opened once without blocking on a FIFO;
+// it must be a regular file of a sane size, and is read through its descriptor.
+std::string ReadConfigNode(const std::optional<OpenNode>& node, const std::string& config_path) {
   constexpr uint64_t kMaxConfigBytes = 64ull << 20;  // published configs are a few KB
-  std::optional<OpenNode> node;
-  try {
-    node = OpenNodeAt(AT_FDCWD, config_path, config_path);
-  } catch (const Error& e) {
-    throw Error(ErrorKind::kConfig, config_path, std::string("cannot open config file: ") + e.what());
-  }
   if (!node) throw Error(ErrorKind::kConfig, config_path, "cannot open config file: no such file");
   if (!S_ISREG(node->st.st_mode)) {
     throw Error(ErrorKind::kConfig, config_path,
@@ -218,19 +215,32 @@ std::string ReadConfigFile(const std::string& config_path) {
   return ReadWholeFile(node->fd.get(), size, config_path);
 }
 
+}  // namespace
+
+std::string ReadConfigFile(const std::string& config_path) {
+  std::optional<OpenNode> node;
+  try {
+    node = OpenNodeAt(AT_FDCWD, config_path, config_path);
+  } catch (const Error& e) {
+    throw Error(ErrorKind::kConfig, config_path, std::string("cannot open config file: ") + e.what());
+  }
+  return ReadConfigNode(node, config_path);
+}
+
 ModelSpec BuildModelSpec(const std::string& config_path, const SpecOptions& options) {
   return BuildModelSpecFromJson(config_path, ReadConfigFile(config_path), options);
 }
 
+// config.json of a checkpoint directory resolves beneath its root like the checkpoint's files.
 std::optional<std::string> ReadCheckpointConfig(const std::string& checkpoint) {
   struct stat st;
   if (stat(checkpoint.c_str(), &st) != 0) return std::nullopt;
   const std::string dir = S_ISDIR(st.st_mode) ? checkpoint
                           : checkpoint.find('/') == std::string::npos ? std::string(".")
                                                                       : checkpoint.substr(0, checkpoint.rfind('/'));
-  const std::string path = dir + "/config.json";
-  if (stat(path.c_str(), &st) != 0) return std::nullopt;
-  return ReadConfigFile(path);
+  std::optional<OpenNode> node = OpenCheckpointName(dir, "config.json");
+  if (!node) return std::nullopt;
+  return ReadConfigNode(node, dir + "/config.json");
 }
 
 std::optional<BlockSize> ConfigWeightBlockSize(std::string_view source, std::string_view config_json) {

@@ -1,6 +1,7 @@
 // loaders/posix_file: opening checkpoint files without trusting them. Internal to loaders/.
 //
-// Every file of a checkpoint is opened exactly once, by OpenNodeAt, and from then on is known only
+// Every file of a checkpoint is opened exactly once, by OpenNodeBeneath (or OpenNodeAt for a path the
+// user named), and from then on is known only
 // by its descriptor: what it is and how big it is come from fstat on that descriptor, never from a
 // second lookup of its name (which a concurrent rename or symlink swap could redirect).
 //
@@ -59,6 +60,33 @@ const char* FileKindText(mode_t mode);
 // component that is not a directory). A socket (which open refuses with ENXIO) is a kCheckpoint
 // error naming `display_path`; other refusals are kIo.
 std::optional<OpenNode> OpenNodeAt(int dirfd, const std::string& name, const std::string& display_path);
+
+// How OpenNodeBeneath resolves a name. kAuto: openat2 where the kernel has it, else the walk.
+enum class BeneathResolver {
+  kAuto,     // default
+  kOpenat2,  // openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS): the kernel refuses any escape (Linux >= 5.6)
+  kWalk,     // one component at a time: openat(O_NOFOLLOW), every symlink read and resolved here
+};
+
+// Whether this kernel has openat2 (checked once).
+bool KernelHasOpenat2();
+
+// Opens `name` (relative; "/"-separated; "." and ".." and symlinks allowed) beneath the directory
+// `rootfd`, without blocking on FIFOs, and fstats it, like OpenNodeAt. Every symlink on the way is
+// followed only as far as it stays beneath the root: an absolute target, or ".." out of the root, is
+// kCheckpoint "<display_path>: resolves outside <root_path>". More than 40 links in one lookup is
+// kCheckpoint "symlink loop". Race-free: no name is looked up twice, so a symlink swapped meanwhile
+// can change which file inside the root is opened, never let one outside be. Returns nullopt when the
+// name does not exist. Thread safety: safe from any thread.
+//
+//   kWalk, for "sub/link/x" with sub/link -> ../other:
+//     stack [root]           openat(root, "sub", O_DIRECTORY | O_NOFOLLOW)      push
+//     stack [root, sub]      openat(sub, "link", ...) fails ELOOP/ENOTDIR        readlinkat: "../other"
+//     pending "../other/x"   ".." pops (popping the root itself is an escape)    stack [root]
+//     stack [root, other]    openat(other, "x", O_NOFOLLOW): the file
+std::optional<OpenNode> OpenNodeBeneath(int rootfd, const std::string& root_path, const std::string& name,
+                                        const std::string& display_path,
+                                        BeneathResolver how = BeneathResolver::kAuto);
 
 // Throws kCheckpoint "<display_path>: is a FIFO, not a regular file" unless `mode` (from fstat) is
 // a regular file's.

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "loaders/checkpoint.h"
 #include "runtime/buffer_init.h"
 #include "runtime/c10d_communicator.h"
 #include "runtime/load.h"
@@ -309,6 +310,17 @@ PYBIND11_MODULE(_shardcast, m) {
       },
       py::arg("config_json"), py::arg("source"), py::arg("key"), py::arg("out"),
       "Fills `out` (zeroed, the buffer's shape and dtype) with the buffer's locally computed values.");
+  m.def(
+      "open_checkpoint_name",
+      [](const std::string& dir, const std::string& name) -> std::optional<int> {
+        std::optional<OpenNode> node = OpenCheckpointName(dir, name);
+        if (!node) return std::nullopt;
+        return node->fd.release();
+      },
+      py::arg("dir"), py::arg("name"),
+      "A descriptor (the caller closes it) for `name` of the checkpoint directory `dir`, resolved beneath its "
+      "root as the loader resolves it; None when there is no such name. CheckpointError when it resolves "
+      "outside the root or loops.");
   m.def(
       "layout_piece",
       [](std::vector<uint64_t> shape, py::list layouts, int rank) {

@@ -152,12 +152,13 @@ namespace output_dir {
 std::vector<std::string> Leftovers(const std::string& out_dir) {
   std::vector<std::string> out;
   const std::filesystem::path p(out_dir);
-  const std::string prefix = p.filename().string() + ".tmp-", parent = Parent(out_dir);
+  const std::string tmp = p.filename().string() + ".tmp-", old = p.filename().string() + ".old-",
+                    parent = Parent(out_dir);
   DIR* d = ::opendir(parent.c_str());
   if (d == nullptr) return out;
   while (const dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
-    if (name.compare(0, prefix.size(), prefix) == 0) out.push_back(parent + "/" + name);
+    if (name.compare(0, tmp.size(), tmp) == 0 || name.compare(0, old.size(), old) == 0) out.push_back(parent + "/" + name);
   }
   ::closedir(d);
   std::sort(out.begin(), out.end());
@@ -176,7 +177,7 @@ std::vector<std::string> Check(const std::string& out_dir, bool overwrite) {
     if (!left.empty()) {
       why += (exists ? "; and " : "") + left.front() +
              (left.size() > 1 ? " (and " + std::to_string(left.size() - 1) + " more)" : "") +
-             ": left by a save that did not finish (a rank died or was killed); remove it, or pass overwrite=True";
+             ": left by a save or convert that did not finish (a rank died or was killed); remove it, or pass overwrite=True";
     }
     throw Error(ErrorKind::kInvalidArgument, "", why);
   }

@@ -55,7 +55,8 @@ class FileSink : public Sink {
 
 namespace output_dir {
 
-// "<parent>/<name>.tmp-*" entries beside out_dir, left by saves that did not finish.
+// "<parent>/<name>.tmp-*" entries beside out_dir, left by saves and converts that did not finish, and
+// "<parent>/<name>.old-*" ones, left by a convert of an earlier version killed during its swap.
 std::vector<std::string> Leftovers(const std::string& out_dir);
 // Rank 0's check before a save: an out_dir that exists (a directory) or leftovers are a kInvalidArgument
 // naming them all, unless overwrite; returns the leftovers (for overwrite to remove).

@@ -4,6 +4,7 @@
 
 #include "allocators/error.h"
 #include "allocators/units.h"
+#include "runtime/fault.h"
 
 namespace shardcast {
 namespace {
@@ -61,6 +62,7 @@ LoadOptionsBuilder& LoadOptionsBuilder::Set(Option option, std::string value, st
 }
 
 LoadOptions LoadOptionsBuilder::Build() const {
+  CheckFaultEnvironment();  // a malformed SHARDCAST_FAULT in a test is a bad option like any other
   LoadOptions o;
   for (const auto& [option, v] : values_) {
     const std::string& t = v.text;

@@ -26,7 +26,7 @@ class NcclCommunicator : public Communicator {
  public:
   NcclCommunicator(const Rendezvous& rv, std::chrono::milliseconds timeout, int device)
       : rank_(rv.rank), size_(rv.world_size), timeout_(timeout), device_(device) {
-    Cuda(cudaSetDevice(device_), "cudaSetDevice");
+    Cuda(cudaSetDevice(device_), "cudaSetDevice(" + std::to_string(device_) + ")");
     IgnoreBrokenPipes();
     c10d::TCPStoreOptions so;
     so.port = static_cast<uint16_t>(rv.master_port);
@@ -92,14 +92,19 @@ class NcclCommunicator : public Communicator {
   void Recv(void* data, uint64_t bytes, int peer) override {
     Run("receive from rank " + std::to_string(peer), [&] { return ncclRecv(data, bytes, ncclUint8, peer, comm_, stream_); });
   }
+  // Verdicts are host values: staged through a device buffer kept for the communicator's life (grown
+  // as needed, freed by its destructor on every path). The copies are on the communicator's stream, so
+  // they are ordered with the all-reduce and waited for under the same deadline.
   void AllReduceSum(int64_t* values, uint64_t count) override {
-    // Verdicts are host values: stage them through the device.
-    void* d = nullptr;
-    Cuda(cudaMalloc(&d, count * sizeof(int64_t)), "cudaMalloc");
-    Cuda(cudaMemcpy(d, values, count * sizeof(int64_t), cudaMemcpyHostToDevice), "cudaMemcpy");
+    const uint64_t bytes = count * sizeof(int64_t);
+    int64_t* d = static_cast<int64_t*>(scratch_.Reserve(bytes, [&](cudaError_t rc) {
+      Fail(ErrorKind::kIo, "all-reduce: cannot allocate " + std::to_string(bytes) + " bytes of device memory (cudaMalloc): " +
+                               CudaText(rc));
+    }));
+    Cuda(cudaMemcpyAsync(d, values, bytes, cudaMemcpyHostToDevice, stream_), "all-reduce: copy to the device");
     Run("all-reduce", [&] { return ncclAllReduce(d, d, count, ncclInt64, ncclSum, comm_, stream_); });
-    Cuda(cudaMemcpy(values, d, count * sizeof(int64_t), cudaMemcpyDeviceToHost), "cudaMemcpy");
-    cudaFree(d);
+    Cuda(cudaMemcpyAsync(values, d, bytes, cudaMemcpyDeviceToHost, stream_), "all-reduce: copy back to the host");
+    Poll("all-reduce: copy back to the host");
   }
   void Barrier() override {
     int64_t one = 1;
@@ -119,14 +124,50 @@ class NcclCommunicator : public Communicator {
     void Wait() override {}
   };
 
+  // Device memory owned for the communicator's life: freed by the destructor, whatever threw.
+  class DeviceScratch {
+   public:
+    DeviceScratch() = default;
+    DeviceScratch(const DeviceScratch&) = delete;
+    DeviceScratch& operator=(const DeviceScratch&) = delete;
+    ~DeviceScratch() {
+      if (ptr_ != nullptr) cudaFree(ptr_);
+    }
+    // At least `bytes`; on a failed cudaMalloc calls fail(rc), which must throw.
+    template <typename OnFail>
+    void* Reserve(uint64_t bytes, OnFail&& fail) {
+      if (bytes <= bytes_) return ptr_;
+      if (ptr_ != nullptr) cudaFree(ptr_);
+      ptr_ = nullptr, bytes_ = 0;
+      const cudaError_t rc = cudaMalloc(&ptr_, bytes);
+      if (rc != cudaSuccess) {
+        ptr_ = nullptr;
+        cudaGetLastError();  // clear the sticky-free error state of the runtime
+        fail(rc);
+      }
+      bytes_ = bytes;
+      return ptr_;
+    }
+
+   private:
+    void* ptr_ = nullptr;
+    uint64_t bytes_ = 0;
+  };
+
+  static std::string CudaText(cudaError_t rc) {
+    return std::string(cudaGetErrorName(rc)) + ": " + cudaGetErrorString(rc);
+  }
+
   [[noreturn]] void Fail(ErrorKind kind, const std::string& what) {
     Abort();
     throw Error(kind, "rank " + std::to_string(rank_), "nccl " + what);
   }
-  void Cuda(cudaError_t rc, const char* what) {
+  // A CUDA runtime error in a collective: the communicator is aborted (peers fail fast) and the error is
+  // kComm, naming this rank, the step and CUDA's own words.
+  void Cuda(cudaError_t rc, const std::string& what) {
     if (rc != cudaSuccess) {
       cudaGetLastError();
-      throw Error(ErrorKind::kUnsupported, what, cudaGetErrorString(rc));
+      Fail(ErrorKind::kComm, what + ": " + CudaText(rc));
     }
   }
   void Nccl(ncclResult_t rc, const std::string& what) {
@@ -162,6 +203,7 @@ class NcclCommunicator : public Communicator {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   bool finished_ = false;
+  DeviceScratch scratch_;  // freed after the destructor ended comm_ and stream_
 };
 
 }  // namespace

@@ -41,6 +41,15 @@ Problem Try(F&& step) {
   return {};
 }
 
+// The modes save has. A load's other sources (node-leader, striped) are refused by every rank in the
+// layout's verdict, never run as another mode.
+Problem CheckMode(const SaveRequest& rq) {
+  const Source s = rq.options.source;
+  if (s == Source::kRank0 || s == Source::kEachRank) return {};
+  return {ErrorKind::kInvalidArgument, "mode \"" + std::string(SourceName(s)) +
+                                           "\" is not a save mode: save writes with \"each-rank\" or \"rank0\""};
+}
+
 // Step 1: rank 0 decides, broadcasts (nothing, if it failed: every rank runs the same collectives),
 // every rank checks; one verdict.
 Agreed DecideTogether(Communicator& comm, const Plan& plan, const SaveRequest* rq, Problem local) {
@@ -212,7 +221,7 @@ SaveReport Save(Communicator& comm, RankState* state, const SaveRequest& rq) {
   SaveRankReport mine;
   mine.rank = comm.rank();
 
-  Agreed a = Together(comm, [&] { return DecideTogether(comm, state->plan(), &rq, {}); });
+  Agreed a = Together(comm, [&] { return DecideTogether(comm, state->plan(), &rq, CheckMode(rq)); });
   mine.layout_seconds = Since(t0);
   StreamStats stats;
   try {

@@ -10,10 +10,6 @@
 
 #include "loaders/dtype.h"
 
-namespace CLI {
-class App;
-}
-
 namespace shardcast::tools {
 
 std::string HumanBytes(uint64_t bytes);    // "1.23 GiB"
@@ -38,17 +34,5 @@ std::string EscapeForTerminal(std::string_view text);
 // Runs body; an Error becomes "shardcast <command>: <message>" on stderr and exit code 2 for bad
 // input (checkpoint, config, argument, mismatch) or 1 for everything else.
 int RunCommand(const std::string& command, const std::function<int()>& body);
-
-// Subcommand registration: each adds itself to the app and sets *run to its body when chosen.
-using Runner = std::function<int()>;
-void AddInspect(CLI::App& app, Runner* run);
-void AddSynth(CLI::App& app, Runner* run);
-void AddPlan(CLI::App& app, Runner* run);
-void AddPrepare(CLI::App& app, Runner* run);
-void AddBenchRss(CLI::App& app, Runner* run);
-void AddLoad(CLI::App& app, Runner* run, const std::vector<std::string>& argv);
-void AddBenchPread(CLI::App& app, Runner* run);
-void AddConvert(CLI::App& app, Runner* run);
-void AddBenchScatter(CLI::App& app, Runner* run, const std::vector<std::string>& argv);
 
 }  // namespace shardcast::tools

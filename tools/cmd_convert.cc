@@ -2,6 +2,7 @@
 // An fp8 checkpoint as a bf16 (f16, f32) one, with bounded memory (loaders/convert.h). The output
 // appears at DST only once complete: it is written into DST.tmp-<id>, then renamed. With --nproc N,
 // N local processes each write their share of the output files.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,14 +11,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <vector>
 
 #include "allocators/error.h"
 #include "allocators/memory_probe.h"
 #include "allocators/units.h"
+#include "loaders/checkpoint.h"
 #include "loaders/convert.h"
 #include "loaders/model_spec.h"
+#include "runtime/file_sink.h"
 #include "runtime/subprocess.h"
 #include "tools/cli_util.h"
+#include "tools/commands.h"
 #include "tools/launcher.h"
 
 namespace shardcast::tools {
@@ -63,15 +68,37 @@ int WriteShare(const ConvertArgs& a, int rank, int world) {
   return 0;
 }
 
+// Copies the regular file `in` (its size from fstat) to a new file `path`, in 1 MiB pieces.
+void CopyOpenFile(const OpenNode& in, const std::string& src_path, const std::string& path) {
+  UniqueFd out(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (out.get() < 0) throw Error(ErrorKind::kIo, path, "cannot create: " + ErrnoText(errno));
+  std::vector<char> buf(1 << 20);
+  for (uint64_t done = 0, size = static_cast<uint64_t>(in.st.st_size); done < size;) {
+    const ssize_t got = ::pread(in.fd.get(), buf.data(), std::min<uint64_t>(buf.size(), size - done), static_cast<off_t>(done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) throw Error(ErrorKind::kIo, src_path, "read: " + (got < 0 ? ErrnoText(errno) : "file shrank"));
+    for (ssize_t put = 0; put < got;) {
+      const ssize_t n = ::write(out.get(), buf.data() + put, static_cast<size_t>(got - put));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw Error(ErrorKind::kIo, path, "write: " + ErrnoText(errno));
+      put += n;
+    }
+    done += static_cast<uint64_t>(got);
+  }
+  if (::fsync(out.get()) != 0) throw Error(ErrorKind::kIo, path, "fsync: " + ErrnoText(errno));
+}
+
 // The files beside the weights that a converted checkpoint keeps (tokenizer, generation config, code).
+// Each name resolves beneath the checkpoint's root, as the weights do: a symlink out of it is an error.
 void CopySideFiles(const std::string& src, const std::string& dst) {
   if (!fs::is_directory(src)) return;
   for (const auto& e : fs::directory_iterator(src)) {
     const std::string name = e.path().filename();
-    if (!e.is_regular_file() || name == "config.json" || name == kIndexFileName) continue;  // follows symlinks
+    if (name == "config.json" || name == kIndexFileName) continue;
     if (name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0) continue;
-    if (e.file_size() > (1ull << 30)) continue;
-    fs::copy_file(e.path(), dst + "/" + name);
+    std::optional<OpenNode> in = OpenCheckpointName(src, name);
+    if (!in || !S_ISREG(in->st.st_mode) || in->st.st_size > (1ll << 30)) continue;
+    CopyOpenFile(*in, e.path().string(), dst + "/" + name);
   }
 }
 
@@ -88,14 +115,12 @@ int RunConvert(const ConvertArgs& a) {
   }
   const fs::path parent = fs::absolute(a.dst).parent_path();
   const std::string base = fs::path(a.dst).filename();
-  for (const auto& e : fs::directory_iterator(parent)) {
-    const std::string name = e.path().filename();
-    if (name.rfind(base + ".tmp-", 0) != 0) continue;
+  for (const std::string& left : output_dir::Leftovers((parent / base).string())) {
     if (!a.overwrite) {
-      throw Error(ErrorKind::kInvalidArgument, e.path().string(),
-                  "is left over from an earlier convert that did not finish; remove it or pass --overwrite");
+      throw Error(ErrorKind::kInvalidArgument, left,
+                  "is left over from an earlier convert or save that did not finish; remove it or pass --overwrite");
     }
-    fs::remove_all(e.path());
+    output_dir::RemoveTree(left);
   }
   const std::string config = ReadCheckpointConfig(a.src).value_or("{}");
   auto in = Checkpoint::Open(a.src);
@@ -125,14 +150,7 @@ int RunConvert(const ConvertArgs& a) {
     if (plan.files.size() > 1) WriteCheckpointIndex(tmp, plan.files);
     WriteSmallFileAtomically(tmp + "/config.json", ConvertedConfig(config, o.target));
     CopySideFiles(a.src, tmp);
-    if (fs::exists(a.dst)) {
-      const std::string old = (parent / (base + ".old-" + std::to_string(getpid()))).string();
-      fs::rename(a.dst, old);
-      fs::rename(tmp, a.dst);
-      fs::remove_all(old);
-    } else {
-      fs::rename(tmp, a.dst);
-    }
+    output_dir::Commit(tmp, (parent / base).string());  // save's commit: atomic, the parent fsynced
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;

@@ -8,6 +8,7 @@
 #include "loaders/checkpoint.h"
 #include "loaders/quantization.h"
 #include "tools/cli_util.h"
+#include "tools/commands.h"
 
 namespace shardcast::tools {
 namespace {

@@ -5,23 +5,25 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
-#include <optional>
 #include <cstdio>
-#include <sys/stat.h>
+#include <map>
+#include <optional>
 
 #include "allocators/error.h"
-#include "bench/baseline_load.h"
+#include "loaders/model_spec.h"
 #include "loaders/synth.h"
 #include "runtime/load.h"
 #include "runtime/parallel_plan.h"
 #include "runtime/subprocess.h"
 #include "tools/cli_util.h"
+#include "tools/commands.h"
 #include "tools/launcher.h"
 
 namespace shardcast::tools {
 namespace {
 
 struct LoadArgs {
+  std::map<std::string, LoadAlgorithm> algorithms;  // --source names beyond the load options' own
   std::string checkpoint, config, json, backend = "gloo", dtype;
   // Load options as given (empty: not given), parsed by LoadOptionsBuilder with the environment.
   std::string source, target, chunk, staging_slots, readahead, timeout_ms;
@@ -77,12 +79,14 @@ class ProgressPrinter {
   std::chrono::steady_clock::time_point t0_, last_;
 };
 
-std::string ConfigFor(const LoadArgs& a) {
-  if (!a.config.empty()) return a.config;
-  std::string c = a.checkpoint + "/config.json";
-  struct stat st;
-  if (stat(c.c_str(), &st) == 0) return c;
-  throw Error(ErrorKind::kInvalidArgument, "--config", "not given, and " + c + " does not exist");
+// --config as given (the user named it), else the checkpoint's own config.json, resolved beneath the
+// checkpoint's root like its other files (a hub snapshot's is a symlink into blobs/; one out of the root
+// is a CheckpointError).
+ModelSpec SpecFor(const LoadArgs& a) {
+  if (!a.config.empty()) return BuildModelSpec(a.config, SpecOptions{a.layers});
+  std::optional<std::string> json = ReadCheckpointConfig(a.checkpoint);
+  if (!json) throw Error(ErrorKind::kInvalidArgument, "--config", "not given, and " + a.checkpoint + "/config.json does not exist");
+  return BuildModelSpecFromJson(a.checkpoint + "/config.json", *json, SpecOptions{a.layers});
 }
 
 void PrintReport(const LoadReport& r) {
@@ -122,11 +126,17 @@ void PrintReport(const LoadReport& r) {
   for (const auto& note : r.adopted) std::printf("rank 0 options adopted: %s\n", note.c_str());
 }
 
+// An algorithm named by --source (shardcast-bench's baseline), or none: shardcast's own Load.
+const LoadAlgorithm* AlgorithmOf(const LoadArgs& a) {
+  auto it = a.algorithms.find(a.source);
+  return it == a.algorithms.end() ? nullptr : &it->second;
+}
+
 int RunRank(const LoadArgs& a) {
   Rendezvous rv = RendezvousFromEnvironment();
-  const bool baseline = a.source == "baseline";  // benchmarks: the full-tensor broadcast algorithm
+  const LoadAlgorithm* algorithm = AlgorithmOf(a);
   LoadArgs parsed = a;
-  if (baseline) parsed.source.clear();
+  if (algorithm != nullptr) parsed.source.clear();
   LoadRequest rq;
   rq.checkpoint = a.checkpoint;
   // A rank whose options are bad still joins the handshake with that problem, so no rank waits for it.
@@ -148,15 +158,16 @@ int RunRank(const LoadArgs& a) {
   if (a.backend == "nccl" && target != Target::kCuda) {
     throw Error(ErrorKind::kInvalidArgument, "--backend nccl", "needs --target cuda (NCCL moves device memory)");
   }
+  // --backend nccl is NCCL at every world size: one GPU checks the NCCL path with a one-rank communicator.
   std::unique_ptr<Communicator> comm =
-      rv.world_size == 1       ? CreateLocalCommunicator()
-      : a.backend == "nccl"    ? CreateNcclCommunicator(rv, rq.options.timeout, rv.local_rank)
+      a.backend == "nccl"      ? CreateNcclCommunicator(rv, rq.options.timeout, rv.local_rank)
+      : rv.world_size == 1     ? CreateLocalCommunicator()
                                : CreateGlooCommunicator(rv, rq.options.timeout);
   std::unique_ptr<Plan> plan;
   std::unique_ptr<RankState> state;
   try {
     if (bad_options) throw *bad_options;
-    ModelSpec spec = BuildModelSpec(ConfigFor(a), SpecOptions{a.layers});
+    ModelSpec spec = SpecFor(a);
     if (!a.dtype.empty()) spec = DequantizedSpec(spec, ParseFloatDType(a.dtype, "--dtype"));
     // FSDP2's Shard(0), HSDP's (Replicate(), Shard(0)) on (R, W / R), and with --tp the TP x FSDP layouts.
     const PlanOptions plan_options = ParallelPlan(spec, rv.world_size, ParallelSizes{a.replicas, a.tp});
@@ -168,7 +179,7 @@ int RunRank(const LoadArgs& a) {
   } catch (const Error& e) {
     FailHandshake(*comm, e.kind(), e.what());
   }
-  LoadReport report = baseline ? bench::BaselineLoad(*comm, state.get(), rq.checkpoint) : Load(*comm, state.get(), rq);
+  LoadReport report = algorithm != nullptr ? (*algorithm)(*comm, state.get(), rq) : Load(*comm, state.get(), rq);
   if (rv.rank == 0) {
     PrintReport(report);
     if (!a.json.empty()) WriteTextFile(a.json, report.ToJson() + "\n");
@@ -189,7 +200,7 @@ int RunLoad(const LoadArgs& a) {
       argv.push_back(a.argv[i]);
     }
     LoadArgs parsed = a;
-    if (parsed.source == "baseline") parsed.source.clear();
+    if (AlgorithmOf(a) != nullptr) parsed.source.clear();
     const LoadOptions o = BuildOptions(parsed);  // a bad option fails here once, not in every rank
     return LaunchLocalRanks(a.nproc, argv, o.timeout + std::chrono::seconds(10), a.nodes);
   }
@@ -198,16 +209,18 @@ int RunLoad(const LoadArgs& a) {
 
 }  // namespace
 
-void AddLoad(CLI::App& app, Runner* run, const std::vector<std::string>& argv) {
+void AddLoad(CLI::App& app, Runner* run, const std::vector<std::string>& argv,
+             std::map<std::string, LoadAlgorithm> algorithms) {
   auto args = std::make_shared<LoadArgs>();
   args->argv = argv;
+  std::string extra;
+  for (const auto& [name, algorithm] : algorithms) extra += (extra.empty() ? "; " : ", ") + name;
+  args->algorithms = std::move(algorithms);
   auto* cmd = app.add_subcommand("load", "Load a checkpoint into this rank's shard (every rank receives only its rows)");
   cmd->add_option("--checkpoint", args->checkpoint, "checkpoint directory or .safetensors file")->required();
   cmd->add_option("--config", args->config, "HF config.json (default: DIR/config.json)");
   cmd->add_option("--nproc", args->nproc, "launch N local ranks (like torchrun --standalone)");
-  cmd->add_option("--source", args->source,
-                  "rank0 (default), each-rank, node-leader or striped (baseline: the full-broadcast algorithm, for "
-                  "benchmarks)");
+  cmd->add_option("--source", args->source, "rank0 (default), each-rank, node-leader or striped" + extra);
   cmd->add_option("--dtype", args->dtype,
                   "bf16, f16 or f32: load block-quantized fp8 weights in this dtype, dequantized in the stream "
                   "(default: as the config declares them)");
@@ -235,25 +248,3 @@ void AddLoad(CLI::App& app, Runner* run, const std::vector<std::string>& argv) {
 
 }  // namespace shardcast::tools
 
-namespace shardcast::tools {
-
-// shardcast bench-pread DIR: the raw I/O reference for the load benchmark (JSON on stdout).
-void AddBenchPread(CLI::App& app, Runner* run) {
-  auto dir = std::make_shared<std::string>();
-  auto fresh = std::make_shared<bool>(false);
-  auto* cmd = app.add_subcommand("bench-pread", "Read every data byte of a checkpoint with pread (I/O reference)");
-  cmd->add_option("checkpoint", *dir, "checkpoint directory")->required();
-  cmd->add_flag("--fresh", *fresh, "read into fresh memory (first touch zeroes it) rather than one reused buffer");
-  cmd->callback([dir, fresh, run] {
-    *run = [dir, fresh] {
-      return RunCommand("bench-pread", [&] {
-        bench::PreadResult r = bench::PreadCheckpoint(*dir, *fresh);
-        std::printf("{\"bytes\": %llu, \"seconds\": %.6f, \"gbps\": %.4f}\n", static_cast<unsigned long long>(r.bytes),
-                    r.seconds, r.seconds > 0 ? r.bytes / r.seconds / 1e9 : 0.0);
-        return 0;
-      });
-    };
-  });
-}
-
-}  // namespace shardcast::tools

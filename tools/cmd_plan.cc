@@ -10,6 +10,7 @@
 #include "loaders/synth.h"
 #include "runtime/forecast.h"
 #include "tools/cli_util.h"
+#include "tools/commands.h"
 
 namespace shardcast::tools {
 namespace {

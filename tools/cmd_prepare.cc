@@ -14,6 +14,7 @@
 #include "runtime/materializer.h"
 #include "runtime/torch_dtype.h"
 #include "tools/cli_util.h"
+#include "tools/commands.h"
 
 namespace shardcast::tools {
 namespace {

@@ -8,6 +8,7 @@
 #include "loaders/synth.h"
 #include "allocators/units.h"
 #include "tools/cli_util.h"
+#include "tools/commands.h"
 
 namespace shardcast::tools {
 namespace {

@@ -145,7 +145,8 @@ def prepare(model: torch.nn.Module, config=None, target: str = "cpu",
     (`_keep_in_fp32_modules_strict`, e.g. DeepSeek-V3's `e_score_correction_bias`) are made fp32, as
     `from_pretrained` does. A ConfigError names every buffer that has no value, all at once.
     """
-    device = torch.device(target if target != "pinned" else "cpu")
+    pinned = _pinned_host(target)
+    device = torch.device("cpu" if pinned else target)
     source = str(config) if isinstance(config, (str, os.PathLike)) else "<config>"
     kept_fp32 = _keep_fp32(model)
     notes, missing = _compute_buffers(model, _config_json(config), source, device, buffer_init)
@@ -159,6 +160,8 @@ def prepare(model: torch.nn.Module, config=None, target: str = "cpu",
         if buf.device.type == "meta":
             owner._buffers[leaf] = torch.zeros(buf.shape, dtype=buf.dtype, device=device)
         persistent.append(name)
+    if pinned:
+        _pin_buffers(model)
     snapshot = {name: buf.detach().clone() for name, buf, _, _ in _non_persistent(model)}
     object.__setattr__(model, _PREPARED, {"buffers": snapshot, "buffer_init": dict(buffer_init or {})})
     meta = sum(1 for _, p in model.named_parameters() if p.device.type == "meta")
@@ -167,18 +170,71 @@ def prepare(model: torch.nn.Module, config=None, target: str = "cpu",
             "buffer_bytes": buffer_bytes, "kept_fp32": kept_fp32, "target": target}
 
 
+def _pinned_host(target: Optional[str]) -> bool:
+    """Whether `target` asks for pinned host memory. Pinned (page-locked) memory is registered with the
+    CUDA driver, so where this rank has no CUDA it is Unsupported, never silently pageable."""
+    if target != "pinned":
+        return False
+    if not torch.cuda.is_available():
+        raise Unsupported('target="pinned": pinned host memory needs CUDA, and torch.cuda.is_available() is False '
+                          'on this rank; use target="cpu" (pageable) here')
+    return True
+
+
+def _pin_buffers(model: torch.nn.Module) -> None:
+    for name, buf in list(model.named_buffers()):
+        if buf.device.type == "cpu" and not buf.is_pinned():
+            owner, leaf = _owner(model, name)
+            owner._buffers[leaf] = buf.pin_memory()
+
+
+# Gloo twins of groups that have no CPU backend (NCCL-only), by the group's name: {name: (group, twin)}.
+_GLOO_TWINS: Dict[str, Tuple[object, object]] = {}
+_TWIN_TIMEOUT_S = 600  # shardcast's default collective timeout: how long a twin's members wait for each other
+
+
+def _release_gloo_twins(dist) -> None:
+    """Shuts down the twins of groups destroyed since (gone from c10d's registry, or their name now taken by
+    a group made after a re-init)."""
+    registry = dist.distributed_c10d._world.pg_map
+    for name, (pg, twin) in list(_GLOO_TWINS.items()):
+        if pg not in registry:
+            del _GLOO_TWINS[name]
+            twin.shutdown()
+
+
+def _cpu_backend(dist, pg):
+    """The group's CPU backend; for a group without one (NCCL-only), its Gloo twin: a ProcessGroupGloo made
+    once per group by the group's own ranks alone, over the group's own store. It is not a c10d group
+    (new_group is collective over the whole world, and even its local form moves the member ranks' group
+    counter out of step with the others'), so no rank outside the group takes part, and every rank's
+    later new_group calls stay in step. Shut down once the group is destroyed."""
+    try:
+        return pg._get_backend(torch.device("cpu"))
+    except Exception:  # noqa: BLE001 -- c10d raises RuntimeError or ValueError, by version
+        pass
+    import datetime
+    name = dist.distributed_c10d._get_process_group_name(pg)
+    entry = _GLOO_TWINS.get(name)
+    if entry is None or entry[0] is not pg:
+        store = dist.PrefixStore("shardcast-gloo-twin", dist.distributed_c10d._world.pg_map[pg][1])
+        twin = dist.ProcessGroupGloo(store, dist.get_rank(pg), dist.get_world_size(pg),
+                                     datetime.timedelta(seconds=_TWIN_TIMEOUT_S))
+        entry = _GLOO_TWINS[name] = (pg, twin)
+    return entry[1]
+
+
 def _group(process_group):
     import torch.distributed as dist
     if not dist.is_available() or not dist.is_initialized():
+        _GLOO_TWINS.clear()  # destroy_process_group() took them with every other group
         if process_group is not None:
             raise InvalidArgument("process_group given but torch.distributed is not initialized")
         return None, 0, 1, None, None
+    _release_gloo_twins(dist)
     pg = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
     rank, world = dist.get_rank(pg), dist.get_world_size(pg)
-    try:
-        backend = pg._get_backend(torch.device("cpu"))
-    except Exception:  # an NCCL-only group: shardcast stages through the host, so it needs a CPU one
-        backend = dist.new_group(ranks=dist.get_process_group_ranks(pg), backend="gloo")._get_backend(torch.device("cpu"))
+    backend = _cpu_backend(dist, pg)
     store = dist.distributed_c10d._get_default_store() if process_group is None else None
     return pg, rank, world, backend, store
 
@@ -438,7 +494,8 @@ def _materialize(model: torch.nn.Module, target: Optional[str], config, buffer_i
     """Gives meta parameters their local storage (to_empty), then restores the non-persistent buffers
     to_empty wiped: prepare's values, else buffer_init, else shardcast's rules. A buffer with none of
     these is a ConfigError naming every such buffer."""
-    device = torch.device(target) if target is not None and target != "pinned" else None
+    pinned = _pinned_host(target)
+    device = torch.device(target) if target is not None and not pinned else None
     prepared = getattr(model, _PREPARED, None) or {}
     keep = dict(prepared.get("buffers", {}))
     for name, buf, _, _ in _non_persistent(model):  # values set since prepare (or without it) win
@@ -451,8 +508,17 @@ def _materialize(model: torch.nn.Module, target: Optional[str], config, buffer_i
             del keep[name]
     if any(p.device.type == "meta" for p in model.parameters()) or any(
             b.device.type == "meta" for b in model.buffers()):
-        model.to_empty(device=device or torch.device("cpu"))
+        if pinned:  # to_empty, with every new tensor (a DTensor's local shard too) in pinned memory
+            model._apply(lambda t: torch.empty_like(t, device="cpu", pin_memory=True))
+        else:
+            model.to_empty(device=device or torch.device("cpu"))
     cfg = config if config is not None else getattr(model, "config", None)
     _, missing = _compute_buffers(model, _config_json(cfg), "<config>", None, inits, keep)
     if missing:
         raise _missing_buffers_error(missing)
+    if pinned:
+        _pin_buffers(model)
+        for name, p in model.named_parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            if not local.is_pinned():
+                raise Unsupported(f'target="pinned": parameter \'{name}\' was allocated in pageable memory')

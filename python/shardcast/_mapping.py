@@ -16,45 +16,71 @@ import struct
 from typing import Dict, List, Optional, Tuple
 
 
-def _header(path: str) -> dict:
-    # Opened without blocking and checked through the descriptor: a FIFO or device named by a hostile
-    # index must not hang this rank (the C++ reader then reports it properly).
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+def _header_of(fd: int) -> dict:
+    # Checked through the descriptor: a FIFO or device named by a hostile index must not hang this rank
+    # (the C++ reader then reports it properly).
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        return {}
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "rb", closefd=False) as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > 100_000_000:
+            return {}  # let the C++ reader report it properly
+        return json.loads(f.read(n))
+
+
+def _open(path: str, name: Optional[str]) -> Optional[int]:
+    """A descriptor for `name` of the checkpoint directory `path`, resolved beneath its root exactly as
+    the C++ loader resolves it (nothing outside the root is opened), or for the file `path` itself."""
+    if name is None:
+        return os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    from . import _shardcast
+
+    return _shardcast.open_checkpoint_name(path, name)
+
+
+def _read_header(path: str, name: Optional[str] = None) -> dict:
+    fd = _open(path, name)
+    if fd is None:
+        return {}
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return {}
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            if n > 100_000_000:
-                return {}  # let the C++ reader report it properly
-            return json.loads(f.read(n))
+        return _header_of(fd)
     finally:
         os.close(fd)
 
 
 def checkpoint_keys(path: str) -> Dict[str, Tuple[int, ...]]:
-    """{key: shape} of a checkpoint (a file, a dir with model.safetensors, or with an index)."""
-    if os.path.isfile(path):
-        files = [path]
-    elif os.path.exists(os.path.join(path, "model.safetensors.index.json")):
-        index = os.path.join(path, "model.safetensors.index.json")
-        if not stat.S_ISREG(os.stat(index).st_mode):
-            return {}  # the C++ reader rejects it by name
-        with open(index) as f:
-            try:
-                names = sorted({v for v in json.load(f).get("weight_map", {}).values() if isinstance(v, str)})
-            except (ValueError, AttributeError):
-                return {}
-        files = [os.path.join(path, n) for n in names]
-    else:
-        files = [os.path.join(path, "model.safetensors")]
+    """{key: shape} of a checkpoint (a file, a dir with model.safetensors, or with an index). Anything
+    missing, malformed or resolving outside the checkpoint's root is left out: the C++ core raises the
+    precise CheckpointError on every rank in its handshake."""
+    from . import _shardcast
+
+    try:
+        if os.path.isfile(path):
+            names: List[Optional[str]] = [None]
+        else:
+            fd = _open(path, "model.safetensors.index.json")
+            if fd is None:
+                names = ["model.safetensors"]
+            else:
+                try:
+                    if not stat.S_ISREG(os.fstat(fd).st_mode):
+                        return {}  # the C++ reader rejects it by name
+                    with os.fdopen(fd, "rb", closefd=False) as f:
+                        weight_map = json.load(f).get("weight_map", {})
+                    names = sorted({v for v in weight_map.values() if isinstance(v, str)})
+                except (ValueError, AttributeError):
+                    return {}
+                finally:
+                    os.close(fd)
+    except (OSError, _shardcast.ShardcastError):
+        return {}
     keys: Dict[str, Tuple[int, ...]] = {}
-    for file in files:
+    for name in names:
         try:
-            header = _header(file)
-        except (OSError, ValueError, struct.error):
-            continue  # missing or malformed: the C++ core raises the precise CheckpointError
+            header = _read_header(path, name)
+        except (OSError, ValueError, struct.error, _shardcast.ShardcastError):
+            continue  # missing, malformed or outside: the C++ core raises the precise CheckpointError
         for k, v in header.items():
             if k != "__metadata__" and isinstance(v, dict):
                 keys[k] = tuple(v.get("shape", ()))

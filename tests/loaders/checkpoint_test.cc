@@ -58,13 +58,15 @@ TEST(Checkpoint, RejectsBadIndexes) {
   EXPECT_SC_ERROR(ok->Get("nope"), ErrorKind::kCheckpoint, "no tensor 'nope'");
 }
 
-// The rule is on the name, not on where a symlink leads: the directory's owner made the symlinks.
-TEST(Checkpoint, FollowsSymlinksTheDirectoryOwnerMade) {
-  testing::TempDir dir, elsewhere;
-  Small(elsewhere / "real.safetensors", {"x"});
-  ASSERT_EQ(symlink((elsewhere / "real.safetensors").c_str(), (dir / "link.safetensors").c_str()), 0);
-  ASSERT_EQ(symlink(elsewhere.path().c_str(), (dir / "sub").c_str()), 0);
-  Small(elsewhere / "y.safetensors", {"y"});
+// Symlinks inside the directory are followed, a directory's too; where one leads outside is
+// symlink_root_test.cc's (issue 20: they were followed anywhere).
+TEST(Checkpoint, FollowsSymlinksThatStayInsideTheDirectory) {
+  testing::TempDir dir;
+  ASSERT_EQ(mkdir((dir / "real").c_str(), 0700), 0);
+  Small(dir / "real/x.safetensors", {"x"});
+  Small(dir / "real/y.safetensors", {"y"});
+  ASSERT_EQ(symlink("real/x.safetensors", (dir / "link.safetensors").c_str()), 0);
+  ASSERT_EQ(symlink("real", (dir / "sub").c_str()), 0);
   testing::WriteFile(dir / kIndexFileName, R"({"weight_map":{"x":"link.safetensors","y":"sub/y.safetensors"}})");
   auto ckpt = Checkpoint::Open(dir.path());
   EXPECT_EQ(ckpt->keys(), (std::vector<std::string>{"x", "y"}));

@@ -116,8 +116,9 @@ TEST(NonRegularFile, NamedByTheWeightMapIsRejectedSayingWhatItIs) {
   ::close(sock);
   ASSERT_EQ(unlink(b.c_str()), 0);
 
+  // A device outside the directory is not even opened: the symlink escapes the root.
   ASSERT_EQ(symlink("/dev/null", b.c_str()), 0);
-  ExpectPromptRejection(dir.path(), b, "is a character device");
+  ExpectPromptRejection(dir.path(), b, "resolves outside");
   ASSERT_EQ(unlink(b.c_str()), 0);
 
   ASSERT_EQ(mkdir(b.c_str(), 0700), 0);

@@ -36,7 +36,8 @@ def run(script, mode, root, world, tmp_path, env=None, timeout=300, allow_fail=F
 def _run_once(script, mode, root, world, tmp_path, env, timeout, allow_fail, rank_env, faulted):
     port, out = _free_port(), tmp_path / f"{mode}-{world}"
     base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
-                TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", **env)
+                TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1",
+                SHARDCAST_TEST_FAULTS="1", **env)  # SHARDCAST_FAULT acts only in tests
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, script), mode, str(root), str(out)],
                               env={**base, "RANK": str(r), "LOCAL_RANK": str(r), **(rank_env(r) if rank_env else {})},
                               stdout=subprocess.PIPE,

@@ -27,8 +27,6 @@ def sc(shardcast_bin, *args, env=None):
     (["plan", "--config", CONFIGS / "llama-3.1-8b.json", "--world-size", "8", "--rank", "8"], "rank 8 is outside world size 8"),
     (["prepare", "--config", CONFIGS / "llama-3.1-8b.json", "--world-size", "2", "--rank", "0", "--target", "tpu"],
      "is not cpu, pinned or cuda"),
-    (["bench-rss", "--config", CONFIGS / "llama-3.1-8b.json", "--strategy", "zeros,meta"], "unknown strategy \"zeros\""),
-    (["bench-rss", "--config", CONFIGS / "llama-3.1-8b.json", "--ranks-per-node", "100000"], "beyond what this machine can spawn"),
     (["load", "--checkpoint", "/nonexistent", "--config", CONFIGS / "llama-3.1-8b.json"], "no such file or directory"),
     (["synth", "--config", CONFIGS / "llama-3.1-8b.json", "--out", "/tmp/x", "--max-shard-size", "12Q"], "unknown unit"),
 ])
@@ -40,15 +38,50 @@ def test_bad_input_is_one_line_and_exit_2(shardcast_bin, args, needle):
     assert len(r.stderr.strip().splitlines()) == (2 if args[0] == "load" else 1), r.stderr
 
 
-def test_unknown_model_type_and_unreadable_probe(shardcast_bin, tmp_path):
+@pytest.mark.parametrize("args,needle", [
+    (["bench-rss", "--config", CONFIGS / "llama-3.1-8b.json", "--strategy", "zeros,meta"], "unknown strategy \"zeros\""),
+    (["bench-rss", "--config", CONFIGS / "llama-3.1-8b.json", "--ranks-per-node", "100000"], "beyond what this machine can spawn"),
+])
+def test_bench_bad_input_is_one_line_and_exit_2(shardcast_bench_bin, args, needle):
+    r = sc(shardcast_bench_bin, *args)
+    assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+
+
+def test_unknown_model_type_and_unreadable_probe(shardcast_bin, shardcast_bench_bin, tmp_path):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"model_type": "gpt9", "num_hidden_layers": 1}))
-    for cmd in (["plan", "--config", cfg], ["prepare", "--config", cfg, "--world-size", "1", "--rank", "0"],
-                ["bench-rss", "--config", cfg]):
-        r = sc(shardcast_bin, *cmd)
+    for exe, cmd in ((shardcast_bin, ["plan", "--config", cfg]),
+                     (shardcast_bin, ["prepare", "--config", cfg, "--world-size", "1", "--rank", "0"]),
+                     (shardcast_bench_bin, ["bench-rss", "--config", cfg])):
+        r = sc(exe, *cmd)
         assert r.returncode == 2 and "unknown model_type \"gpt9\"" in r.stderr, (cmd, r.stderr)
-    r = sc(shardcast_bin, "bench-rss", "--config", CONFIGS / "llama-3.1-8b.json", env={"SHARDCAST_PROC_ROOT": "/nonexistent"})
+    r = sc(shardcast_bench_bin, "bench-rss", "--config", CONFIGS / "llama-3.1-8b.json",
+           env={"SHARDCAST_PROC_ROOT": "/nonexistent"})
     assert r.returncode == 2 and "memory probe" in r.stderr, r.stderr
+
+
+# Issue 20: the shipped command holds no benchmark code; shardcast-bench has the benchmarks and the
+# full-broadcast baseline, which loads the same rows as shardcast's own load.
+def test_benchmarks_are_shardcast_bench_only(shardcast_bin, shardcast_bench_bin, tmp_path):
+    listed = sc(shardcast_bin, "--help").stdout
+    for sub in ("bench-rss", "bench-pread", "bench-scatter"):
+        assert sub not in listed and sub in sc(shardcast_bench_bin, "--help").stdout, sub
+        assert sc(shardcast_bin, sub).returncode == 2, sub
+    ckpt = tmp_path / "ckpt"
+    assert sc(shardcast_bin, "synth", "--config", ROOT / "configs" / "tiny-moe.json", "--out", ckpt, "--layers", "1",
+              "--max-shard-size", "8M").returncode == 0
+    r = sc(shardcast_bin, "load", "--checkpoint", ckpt, "--nproc", "2", "--quiet", "--source", "baseline")
+    assert r.returncode == 2 and '"baseline" is not a source' in r.stderr, r.stderr
+    report = tmp_path / "baseline.json"
+    r = sc(shardcast_bench_bin, "load", "--checkpoint", ckpt, "--nproc", "2", "--quiet", "--source", "baseline",
+           "--json", report)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(report.read_text())["source"] == "baseline-broadcast"
+    r = sc(shardcast_bench_bin, "bench-pread", ckpt)
+    assert r.returncode == 0 and json.loads(r.stdout)["bytes"] > 0, r.stderr
+    nm = subprocess.run(["nm", "-C", str(shardcast_bin)], capture_output=True, text=True)
+    if nm.returncode == 0:
+        assert "BaselineLoad" not in nm.stdout and "RunRssBench" not in nm.stdout
 
 
 def test_inspect_corrupt_file_names_file_key_and_bytes(shardcast_bin, tmp_path):
@@ -60,8 +93,8 @@ def test_inspect_corrupt_file_names_file_key_and_bytes(shardcast_bin, tmp_path):
 
 
 def test_prepare_dump_matches_transformers(shardcast_bin, tmp_path):
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
     for name in ("llama-3.1-8b.json", "deepseek-v3.json", "minimax-m2.json"):
@@ -155,7 +188,7 @@ def test_verify_keeps_file_pages_flat_on_every_rank(shardcast_bin, tmp_path, sou
 # (the same dequantization), without quantization_config, atomically, by one or three processes.
 @pytest.mark.parametrize("nproc", [1, 3])
 def test_convert_fp8_to_bf16_equals_the_twin(shardcast_bin, tmp_path, nproc):
-    torch = pytest.importorskip("torch")
+    import torch
     from safetensors.torch import load_file
     # DeepSeek-V3's published config, made small, with rows and columns that do not divide the block.
     raw = json.loads((ROOT / "configs" / "models" / "deepseek-v3.json").read_text())
@@ -186,6 +219,28 @@ def test_convert_fp8_to_bf16_equals_the_twin(shardcast_bin, tmp_path, nproc):
     assert r.returncode == 2 and "exists; pass --overwrite" in r.stderr, r.stderr
 
 
+# Regression (issue 20): convert's swap renamed the old output to DST.old-<pid>, then the new one into
+# place; a kill between the two left no DST and an .old- directory that the leftover scan never
+# reported. The commit is now save's (an atomic exchange, the parent fsynced), and the scan reports
+# .old- debris of earlier versions as well as .tmp- ones.
+def test_convert_commits_atomically_and_reports_old_debris(shardcast_bin, tmp_path):
+    fp8, out = tmp_path / "fp8", tmp_path / "bf16"
+    assert sc(shardcast_bin, "synth", "--config", ROOT / "configs" / "tiny-moe.json", "--out", fp8, "--layers", "1",
+              "--max-shard-size", "8M").returncode == 0
+    # A fresh DST beside an .old- directory that a killed convert left: named, exit 2, nothing written.
+    (tmp_path / "bf16.old-777").mkdir()
+    r = sc(shardcast_bin, "convert", fp8, out)
+    assert r.returncode == 2 and f"{tmp_path}/bf16.old-777" in r.stderr and "did not finish" in r.stderr, r.stderr
+    assert not out.exists()
+    # --overwrite removes the debris; an existing DST is replaced in one step, with nothing left beside it.
+    out.mkdir()
+    (out / "stale.txt").write_text("from before")
+    r = sc(shardcast_bin, "convert", fp8, out, "--overwrite")
+    assert r.returncode == 0, r.stderr
+    assert not (out / "stale.txt").exists() and (out / "config.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bf16", "fp8"], "no .old- or .tmp- left"
+
+
 # Regression (issue 10): a Hugging Face hub snapshot (files are symlinks into ../../blobs) was refused
 # as "outside the checkpoint directory". It is the most common layout users have.
 def test_load_a_hub_snapshot_of_symlinks_into_blobs(shardcast_bin, tmp_path):
@@ -207,6 +262,36 @@ def test_load_a_hub_snapshot_of_symlinks_into_blobs(shardcast_bin, tmp_path):
     assert [x["verify"] for x in json.loads(report.read_text())["ranks"]] == ["ok", "ok"]
 
 
+# Regression (issue 20): a symlink in a checkpoint was followed wherever it pointed. One that escapes
+# the root, or a loop, is bad input: exit 2, naming the file, on inspect and on a multi-rank load.
+def test_a_symlink_out_of_the_checkpoint_or_a_loop_is_bad_input(shardcast_bin, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    assert sc(shardcast_bin, "synth", "--config", ROOT / "configs" / "tiny-moe.json", "--out", ckpt, "--layers", "1",
+              "--max-shard-size", "8M").returncode == 0
+    shards = sorted(p for p in ckpt.iterdir() if p.name.endswith(".safetensors"))
+    assert len(shards) >= 2
+    moved = tmp_path / "elsewhere.safetensors"
+    shards[-1].rename(moved)
+    shards[-1].symlink_to(moved)
+    for args in (["inspect", ckpt], ["load", "--checkpoint", ckpt, "--nproc", "2", "--quiet", "--source", "each-rank"]):
+        r = sc(shardcast_bin, *args)
+        assert r.returncode == 2, (args, r.returncode, r.stderr)
+        assert f"{ckpt}/{shards[-1].name}: resolves outside {ckpt}" in r.stderr, r.stderr
+    shards[-1].unlink()
+    shards[-1].symlink_to(shards[-1].name + ".loop")
+    (ckpt / (shards[-1].name + ".loop")).symlink_to(shards[-1].name)
+    r = sc(shardcast_bin, "inspect", ckpt)
+    assert r.returncode == 2 and f"{shards[-1]}: symlink loop" in r.stderr, r.stderr
+    # The checkpoint's own config.json, which load reads when --config is not given, too.
+    shards[-1].unlink()
+    (ckpt / (shards[-1].name + ".loop")).unlink()
+    moved.rename(shards[-1])
+    (ckpt / "config.json").rename(tmp_path / "config.json")
+    (ckpt / "config.json").symlink_to(tmp_path / "config.json")
+    r = sc(shardcast_bin, "load", "--checkpoint", ckpt, "--nproc", "2", "--quiet")
+    assert r.returncode == 2 and f"{ckpt}/config.json: resolves outside {ckpt}" in r.stderr, r.stderr
+
+
 # Issue 10: a rank killed mid-stream leaves no report file, half-written or otherwise, and no rank
 # running; every survivor prints the same error.
 def test_a_killed_rank_leaves_no_output_and_no_process(shardcast_bin, tmp_path):
@@ -215,7 +300,7 @@ def test_a_killed_rank_leaves_no_output_and_no_process(shardcast_bin, tmp_path):
               "--max-shard-size", "8M").returncode == 0
     report = tmp_path / "report.json"
     r = sc(shardcast_bin, "load", "--checkpoint", ckpt, "--nproc", "3", "--quiet", "--json", report, "--timeout-ms",
-           "3000", env={"SHARDCAST_FAULT": "2:stream:kill:2"})
+           "3000", env={"SHARDCAST_FAULT": "2:stream:kill:2", "SHARDCAST_TEST_FAULTS": "1"})
     assert r.returncode != 0
     assert not list(tmp_path.glob("report.json*")), "no report, and no temp file"
     errors = [line.split("]: ", 1)[1] for line in r.stderr.splitlines() if line.startswith("shardcast load [rank")]

@@ -7,14 +7,14 @@ import sys
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the GPU path runs on a GPU machine")
 
 
-def test_example_flow_on_cuda(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "build" / "python"), PYTHONWARNINGS="ignore")
+def test_example_flow_on_cuda(build_dir, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(build_dir / "python"), PYTHONWARNINGS="ignore")
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
                         str(ROOT / "python" / "examples" / "fsdp2_load.py"), "--target", "cuda"],
                        env=env, capture_output=True, text=True, timeout=600)
@@ -30,3 +30,19 @@ def test_cli_load_to_cuda(shardcast_bin, tmp_path):
                         "--verify", "--quiet"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert " ok" in r.stdout, r.stdout
+
+
+def test_cli_load_over_nccl(shardcast_bin, tmp_path):
+    """--backend nccl uses NCCL at every world size, one GPU included (world 1 is a one-rank communicator)."""
+    ckpt = tmp_path / "ckpt"
+    subprocess.run([str(shardcast_bin), "synth", "--config", str(ROOT / "configs" / "tiny-moe.json"), "--out", str(ckpt),
+                    "--layers", "2", "--max-shard-size", "16M"], check=True, capture_output=True)
+    world = max(1, torch.cuda.device_count())
+    report = tmp_path / "report.json"
+    r = subprocess.run([str(shardcast_bin), "load", "--checkpoint", str(ckpt), "--nproc", str(world), "--target", "cuda",
+                        "--backend", "nccl", "--verify", "--quiet", "--json", str(report)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    import json
+    j = json.loads(report.read_text())
+    assert j["backend"] == "nccl" and all(x["verify"] == "ok" for x in j["ranks"]), j

@@ -44,7 +44,7 @@ def venv(tmp_path):
     """A fresh venv that sees this interpreter's site-packages (torch, transformers, pip, scikit-build-core)
     through a .pth file: `--system-site-packages` would expose the base interpreter's, not this venv's.
     What pip installs lands in the new venv and shadows the base's."""
-    pytest.importorskip("scikit_build_core", reason="pip's build backend (tools/setup.sh installs it)")
+    import scikit_build_core  # noqa: F401  (pip's build backend, which tools/setup.sh installs: required)
     d = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(d)], check=True, timeout=120)
     site = pathlib.Path(subprocess.run([str(d / "bin" / "python"), "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])"],

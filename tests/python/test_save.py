@@ -14,40 +14,16 @@ import pytest
 
 import ranks
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+import torch
+import transformers  # noqa: F401
 
 MODELS = ["qwen3_moe", "mixtral", "llama", "deepseek_v3"]
 MODES = ["each-rank", "rank0"]
 
 
 @pytest.fixture(scope="session")
-def checkpoints(tmp_path_factory):
-    from transformers import AutoModelForCausalLM, DeepseekV3Config, LlamaConfig, MixtralConfig, Qwen3MoeConfig
-    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=37,
-                  max_position_embeddings=512, tie_word_embeddings=False)
-    configs = {
-        "qwen3_moe": Qwen3MoeConfig(intermediate_size=48, moe_intermediate_size=16, head_dim=8, num_experts=5,
-                                    num_experts_per_tok=2, **common),
-        "mixtral": MixtralConfig(intermediate_size=40, num_local_experts=3, num_experts_per_tok=2, **common),
-        "llama": LlamaConfig(intermediate_size=40, **{**common, "tie_word_embeddings": True}),
-        "deepseek_v3": DeepseekV3Config(intermediate_size=48, moe_intermediate_size=16, first_k_dense_replace=1,
-                                        n_routed_experts=3, n_shared_experts=1, num_experts_per_tok=2, n_group=1,
-                                        topk_group=1, q_lora_rank=16, kv_lora_rank=8, qk_nope_head_dim=8,
-                                        qk_rope_head_dim=4, v_head_dim=8,
-                                        rope_scaling={"type": "yarn", "factor": 4.0,
-                                                      "original_max_position_embeddings": 128},
-                                        **{**common, "num_key_value_heads": 4}),
-    }
-    root = tmp_path_factory.mktemp("save")
-    torch.manual_seed(2)
-    for name, cfg in configs.items():
-        model = AutoModelForCausalLM.from_config(cfg)
-        with torch.no_grad():
-            for n, b in model.named_buffers():
-                if "e_score_correction_bias" in n:  # a persistent buffer with visible values
-                    b.copy_(torch.randn_like(b))
-        model.save_pretrained(root / name, max_shard_size="40KB")
+def checkpoints(tiny_checkpoints):
+    root = tiny_checkpoints("tied", seed=2)
     shutil.copytree(root / "qwen3_moe", root / "earlier")  # the out_dir a killed save must leave intact
     return root
 
@@ -194,3 +170,14 @@ def _tree(d):
     for f in sorted(os.listdir(d)):
         h.update(f.encode() + (d / f).read_bytes())
     return h.hexdigest()
+
+
+# Regression (issue 20): mode="striped" or "node-leader" ran as rank0 and reported the mode asked for.
+@pytest.mark.parametrize("mode", ["striped", "node-leader"])
+def test_a_mode_save_does_not_have_is_invalid_argument(tmp_path, mode):
+    import shardcast
+    model = torch.nn.Linear(4, 3)
+    with pytest.raises(shardcast.InvalidArgument, match=f'mode "{mode}" is not a save mode'):
+        shardcast.save(model, tmp_path / "out", mode=mode)
+    assert not (tmp_path / "out").exists()
+    assert shardcast.save(model, tmp_path / "out", mode="rank0")["mode"] == "rank0"

@@ -59,3 +59,32 @@ INSTANTIATE_TEST_SUITE_P(
 
 }  // namespace
 }  // namespace shardcast
+
+namespace shardcast {
+namespace {
+
+// Regression (issue 20): SHARDCAST_FAULT alone could SIGKILL a production job. Without the test
+// switch, a fault set on a rank changes nothing: the load succeeds on every rank.
+TEST_F(LoadTest, AFaultWithoutTheTestSwitchNeverActs) {
+  auto rs = Run(3, "exact", "qwen", "qwen", "rank0", nullptr, [](int) -> std::vector<std::string> {
+    return {"SHARDCAST_FAULT=1:handshake:kill", "SHARDCAST_TEST_FAULTS="};
+  });
+  for (size_t r = 0; r < rs.size(); ++r) {
+    EXPECT_TRUE(rs[r].reported) << "rank " << r << " was killed by a fault outside a test";
+    EXPECT_TRUE(rs[r].ok) << "rank " << r << ": " << rs[r].kind << ": " << rs[r].message;
+  }
+}
+
+// Regression (issue 20): a malformed SHARDCAST_FAULT was silently ignored, so a test meant to kill a
+// rank passed without any fault. It is InvalidArgument naming the value, on every rank.
+TEST_F(LoadTest, AMalformedFaultIsAnErrorNamingTheValue) {
+  for (const std::string value : {"1:stream", "one:stream:kill", "1:strem:kill", "1:stream:explode", "1:stream:kill:0"}) {
+    SCOPED_TRACE(value);
+    auto rs = Run(2, "exact", "qwen", "qwen", "rank0", nullptr,
+                  [&](int) -> std::vector<std::string> { return {"SHARDCAST_FAULT=" + value}; });
+    ExpectSameError(rs, "InvalidArgument", {("SHARDCAST_FAULT=\"" + value + "\"").c_str(), "expected RANK:POINT:ACTION[:N]"});
+  }
+}
+
+}  // namespace
+}  // namespace shardcast

@@ -123,9 +123,14 @@ class LoadTest : public ::testing::Test {
         so.env.push_back("SHARDCAST_LISTEN_FD=" + std::to_string(listener.fd()));
         so.inherit_fds = {listener.fd()};
       }
+      bool switch_given = false;
       if (env) {
-        for (auto& v : env(r)) so.env.push_back(v);
+        for (auto& v : env(r)) {
+          switch_given |= v.rfind("SHARDCAST_TEST_FAULTS=", 0) == 0;
+          so.env.push_back(v);
+        }
       }
+      if (!switch_given) so.env.push_back("SHARDCAST_TEST_FAULTS=1");  // SHARDCAST_FAULT acts only in tests
       so.pipe_stdout = true;
       ranks.push_back(Subprocess::Spawn(so));
     }

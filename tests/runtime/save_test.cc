@@ -73,7 +73,7 @@ nlohmann::json Check(const Plan& plan, const std::string& dir, std::optional<DTy
 
 int SaveWorkerMain(char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string config = argv[4], mode = argv[5];
+  const std::string config = argv[4], mode = Env("SAVE_MODE", argv[5]);  // SAVE_MODE: one rank asks for another
   nlohmann::json out = {{"ok", false}};
   try {
     Rendezvous rv = RendezvousFromEnvironment();
@@ -349,6 +349,23 @@ TEST_F(SaveTest, RanksAskingForDifferentSavesFailTogether) {
                        [](int r) { return r == 2 ? Env{"SAVE_DTYPE=F16"} : Env{}; }),
                   "InvalidArgument", {"save layout", "[rank 2]", "dtype is \"as held\" on rank 0 but \"F16\""});
   EXPECT_FALSE(std::filesystem::exists(Path("differ")));
+}
+
+// Regression (issue 20): a save asked for node-leader or striped ran as rank0, and its report named
+// the mode asked for. A mode save does not have is InvalidArgument on every rank, asked on rank 0 or
+// on one other rank only, and nothing is written.
+TEST_F(SaveTest, AModeSaveDoesNotHaveIsRefusedOnEveryRank) {
+  for (const std::string mode : {"node-leader", "striped"}) {
+    SCOPED_TRACE(mode);
+    const std::string out = "mode_" + mode;
+    ExpectSameError(Save(3, "qwen", mode, out), "InvalidArgument",
+                    {"save layout", "[rank 0]", ("mode \"" + mode + "\" is not a save mode").c_str(), "[rank 2]"});
+    EXPECT_FALSE(std::filesystem::exists(Path(out)));
+    ExpectSameError(Save(3, "qwen", "each-rank", out, {}, [&](int r) { return r == 1 ? Env{"SAVE_MODE=" + mode} : Env{}; }),
+                    "InvalidArgument", {"save layout", "[rank 1]", ("mode \"" + mode + "\" is not a save mode").c_str()});
+    EXPECT_FALSE(std::filesystem::exists(Path(out)));
+    EXPECT_TRUE(Leftovers(out).empty());
+  }
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// shardcast bench-rss --config FILE [--config FILE...] [--strategy zeros-like,empty-like,lazy-zero,meta]
+// shardcast-bench bench-rss --config FILE [--config FILE...] [--strategy zeros-like,empty-like,lazy-zero,meta]
 //                     [--world-size W] [--ranks-per-node R] [--layers N] [--json OUT] [--plot OUT.svg]
 #include <CLI/CLI.hpp>
 #include <cstdlib>
@@ -6,7 +6,9 @@
 
 #include "allocators/error.h"
 #include "bench/rss_bench.h"
+#include "bench/commands.h"
 #include "tools/cli_util.h"
+#include "tools/commands.h"
 
 namespace shardcast::tools {
 namespace {

@@ -1,4 +1,4 @@
-// shardcast bench-scatter --bytes SIZE [--nproc N] [--chunk-bytes B] [--staging-slots K]
+// shardcast-bench bench-scatter --bytes SIZE [--nproc N] [--chunk-bytes B] [--staging-slots K]
 // The communication reference of the load benchmark: rank 0 scatters SIZE bytes (each rank its share)
 // into fresh memory on every rank, over the same Gloo communicator a load uses. JSON on rank 0.
 #include <CLI/CLI.hpp>
@@ -10,7 +10,9 @@
 #include "runtime/c10d_communicator.h"
 #include "runtime/load_options.h"
 #include "runtime/subprocess.h"
+#include "bench/commands.h"
 #include "tools/cli_util.h"
+#include "tools/commands.h"
 #include "tools/launcher.h"
 
 namespace shardcast::tools {

@@ -1,0 +1,85 @@
+"""One rank of test_group.py: `python group_worker.py MODE ROOT OUT` with torchrun's variables set.
+
+MODE subgroup: world 3; ranks 0 and 1 load through a subgroup that has no CPU backend (a backend
+registered for cuda only, the shape of an NCCL-only group), twice; rank 2 never calls shardcast and
+makes a group with all ranks afterwards (which hangs if the group counters went out of step), and
+one world-wide load follows once the subgroup is destroyed.
+"""
+import datetime
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import shardcast
+
+
+def rows(n, world, rank):  # FSDP2's dim-0 rule, written out independently
+    chunk = -(-n // world)
+    begin = min(n, rank * chunk)
+    return begin, min(n, begin + chunk)
+
+
+def load_rows(path, ref, group, rank, world):
+    b, e = rows(ref.shape[0], world, rank)
+    local = torch.empty(e - b, ref.shape[1])
+    shardcast.load({"w": (local, b, e)}, path, process_group=group, timeout=20)
+    return torch.equal(local, ref[b:e])
+
+
+def cuda_only_backend(store, rank, size, timeout):
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+
+def subgroup(root, rank, world):
+    from safetensors.torch import load_file
+    path = os.path.join(root, "model.safetensors")
+    ref = load_file(path)["w"]
+    dist.Backend.register_backend("cudaonly", cuda_only_backend, devices=["cuda"])
+    sub = dist.new_group([0, 1], backend="cudaonly")
+    out = {}
+    if rank in (0, 1):
+        try:
+            sub._get_backend(torch.device("cpu"))
+            out["sub_has_cpu_backend"] = True
+        except Exception:  # noqa: BLE001
+            out["sub_has_cpu_backend"] = False
+        groups = dict(dist.distributed_c10d._world.pg_names)
+        count = dist.distributed_c10d._world.group_count
+        out["first"] = load_rows(path, ref, sub, rank, 2)
+        twins_first = {n: id(t) for n, (_, t) in getattr(shardcast, "_GLOO_TWINS", {}).items()}
+        out["second"] = load_rows(path, ref, sub, rank, 2)
+        twins_second = {n: id(t) for n, (_, t) in getattr(shardcast, "_GLOO_TWINS", {}).items()}
+        out["twins"] = len(twins_first)
+        out["same_twin"] = twins_first == twins_second
+        out["registry_unchanged"] = (dict(dist.distributed_c10d._world.pg_names) == groups
+                                     and dist.distributed_c10d._world.group_count == count)
+        dist.destroy_process_group(sub)
+    # Every rank makes a group together: its name, from each rank's group counter, must agree, or this
+    # hangs until the timeout (the counters of ranks 0 and 1 moved if shardcast made c10d groups).
+    everyone = dist.new_group([0, 1, 2], backend="gloo")
+    x = torch.ones(1)
+    dist.all_reduce(x, group=everyone)
+    out["world_group_sum"] = int(x.item())
+    out["world"] = load_rows(path, ref, None, rank, world)  # a shardcast call after the subgroup went away
+    out["twins_after"] = len(getattr(shardcast, "_GLOO_TWINS", {}))
+    return out
+
+
+def main():
+    mode, root, out = sys.argv[1:4]
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    try:
+        result = {"subgroup": subgroup}[mode](root, rank, world)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
