@@ -162,10 +162,13 @@ def bench_sources(exe, work):
     return rows
 
 
+LAYOUT_MESHES = ((4, 1, 2), (8, 1, 2), (8, 2, 2))  # (world, HSDP replicas, TP)
+
+
 def bench_layouts(exe, work):
     ckpt = synth(exe, MODELS / "qwen3-30b-a3b.json", work / "qwen3-L1", "--layers", 1)
     rows = []
-    for world, replicas, tp in ((4, 1, 2), (8, 1, 2), (8, 2, 2)):
+    for world, replicas, tp in LAYOUT_MESHES:
         for source in ("rank0", "each-rank", "node-leader", "striped"):
             warm(ckpt)
             r = load(exe, ckpt, world, work / "layouts.json", "--source", source, "--replicas", replicas, "--tp", tp,
