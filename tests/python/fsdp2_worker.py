@@ -123,13 +123,19 @@ def fault(root, rank, world):
     return {"type": None, "seconds": time.monotonic() - t0}
 
 
-def mapping(root, rank, world):
+def _first_checkpoint(root):
+    """(path, {key: tensor}) of the first checkpoint under ROOT, read whole with safetensors."""
     from safetensors.torch import load_file
     ckpt = os.path.join(root, sorted(os.listdir(root))[0])
-    files = [f for f in sorted(os.listdir(ckpt)) if f.endswith(".safetensors")]
     full = {}
-    for f in files:
-        full.update(load_file(os.path.join(ckpt, f)))
+    for f in sorted(os.listdir(ckpt)):
+        if f.endswith(".safetensors"):
+            full.update(load_file(os.path.join(ckpt, f)))
+    return ckpt, full
+
+
+def mapping(root, rank, world):
+    ckpt, full = _first_checkpoint(root)
     wanted = sorted(full)[:6]
     m = {}
     for k in wanted:
@@ -142,12 +148,7 @@ def mapping(root, rank, world):
 
 def mapping_bad_rows(root, rank, world):
     """Rank 1 names rows of the right length at the wrong place: refused on every rank, never loaded."""
-    from safetensors.torch import load_file
-    ckpt = os.path.join(root, sorted(os.listdir(root))[0])
-    files = [f for f in sorted(os.listdir(ckpt)) if f.endswith(".safetensors")]
-    full = {}
-    for f in files:
-        full.update(load_file(os.path.join(ckpt, f)))
+    ckpt, full = _first_checkpoint(root)
     key = sorted(full)[0]
     b, e = rows(full[key].shape[0], world, rank)
     if rank == 1:

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 import shardcast
+from dtensor_ref import split_reference
 
 
 def _bits(t):
@@ -69,7 +70,7 @@ def native(root, rank, world):
                 bad, checked, layouts_seen = [], 0, set()
                 for pname, p in model.named_parameters():
                     layouts_seen.add(_describe(p))
-                    want = _split_reference(full[pname].detach(), tuple(p.device_mesh.mesh.shape), p.placements,
+                    want = split_reference(full[pname].detach(), tuple(p.device_mesh.mesh.shape), p.placements,
                                             p.device_mesh.get_coordinate()) if hasattr(p, "device_mesh") else full[pname]
                     got = _local(p)
                     if got.shape != want.shape or not torch.equal(_bits(got), _bits(want)):
@@ -103,18 +104,6 @@ def native(root, rank, world):
                         "verify": report["ranks"][rank]["verify"], "source": report["source"]}
             del model, ref
     return out
-
-
-def _split_reference(full, mesh_shape, placements, coord):
-    """The local tensor DTensor's placements give coordinate `coord`, by torch's own split functions."""
-    from torch.distributed.tensor import Replicate
-    local = full
-    for m, p in enumerate(placements):
-        if isinstance(p, Replicate):
-            continue
-        chunks, _ = p._split_tensor(local, mesh_shape[m], with_padding=False, contiguous=True)
-        local = chunks[coord[m]]
-    return local
 
 
 def manual(root, rank, world):
@@ -151,7 +140,7 @@ def manual(root, rank, world):
             if isinstance(p, DTensor):
                 layouts_seen.add(str(tuple(p.placements)))
                 coord = p.device_mesh.get_coordinate()
-                want = _split_reference(full, tuple(p.device_mesh.mesh.shape), p.placements, coord)
+                want = split_reference(full, tuple(p.device_mesh.mesh.shape), p.placements, coord)
                 got = p.to_local()
             else:
                 want, got = full, p

@@ -10,7 +10,8 @@ import torch
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
-import shardcast
+import shardcast  # noqa: F401
+from dtensor_ref import split_reference
 from shardcast import _shardcast
 
 
@@ -18,13 +19,7 @@ def _reference(shape, mesh_shape, placements, coord):
     numel = 1
     for d in shape:
         numel *= d
-    local = torch.arange(numel).reshape(shape)
-    for m, p in enumerate(placements):
-        if isinstance(p, Replicate):
-            continue
-        chunks, _ = p._split_tensor(local, mesh_shape[m], with_padding=False, contiguous=True)
-        local = chunks[coord[m]]
-    return local
+    return split_reference(torch.arange(numel).reshape(shape), mesh_shape, placements, coord)
 
 
 def _ours(shape, mesh_shape, ranks, placements, rank):
