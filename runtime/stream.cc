@@ -61,6 +61,19 @@ class Engine {
   }
 
   StreamResult Run() {
+    try {
+      return RunLoop();
+    } catch (...) {
+      // Sends still in flight point into the staging ring and the forward buffers, which unwinding is
+      // about to free: abort the communicator first (its transport stops touching them; peers blocked on
+      // us fail at once and learn the cause from the failure the caller publishes).
+      if (!reading_.inflight.empty() || !forwarding_.inflight.empty()) comm_.Abort();
+      throw;
+    }
+  }
+
+ private:
+  StreamResult RunLoop() {
     const StreamStats plan = PlanStream(c_);
     const uint64_t total = plan.bytes_read + plan.bytes_received;
     if (route_.Reads(me_, verify_)) ring_.emplace(m_, *c_.source, RingFor());
@@ -86,7 +99,6 @@ class Engine {
     return std::move(r_);
   }
 
- private:
   RingOptions RingFor() {
     RingOptions o;
     o.slots = slots_;

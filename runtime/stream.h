@@ -7,7 +7,8 @@
 // is one segment and the sink's memory is where the transport writes, through a bounce buffer when it
 // is a coalesced pack.
 //
-// Thread safety: internal. Failure: throws; the caller turns it into one agreed error.
+// Thread safety: internal. Failure: throws; the caller turns it into one agreed error. A failure with sends
+// in flight aborts the communicator before the buffers those sends read from are freed.
 #pragma once
 
 #include <functional>
