@@ -103,7 +103,7 @@ void PrintReport(const LoadReport& r) {
     slowest = std::max(slowest, rr.seconds);
     read += rr.bytes_read, sent += rr.bytes_sent;
   }
-  std::printf("\nload: %.3f s, %.2f GB/s; mesh %s on %d node(s); storage reads %s = %.2fx the checkpoint, %s sent\n",
+  std::printf("\nload: %.3f s, %.2f GB/s; %s on %d node(s); storage reads %s = %.2fx the checkpoint, %s sent\n",
               slowest, slowest > 0 ? r.total_bytes / slowest / 1e9 : 0.0, r.mesh.c_str(), r.nodes,
               HumanBytes(read).c_str(), r.checkpoint_bytes ? static_cast<double>(read) / r.checkpoint_bytes : 0.0,
               HumanBytes(sent).c_str());
