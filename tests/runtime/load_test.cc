@@ -17,6 +17,16 @@ namespace shardcast {
 namespace {
 
 
+// Every rank finished, checked something, holds it bit for bit, and verify agreed.
+void ExpectEveryRankExactAndVerified(const std::vector<Result>& rs) {
+  for (size_t r = 0; r < rs.size(); ++r) {
+    ASSERT_TRUE(rs[r].ok) << "rank " << r << ": " << rs[r].kind << ": " << rs[r].message;
+    EXPECT_GT(rs[r].checked, 0);
+    EXPECT_EQ(rs[r].mismatches, 0) << "rank " << r;
+    EXPECT_EQ(rs[r].verified, 1) << "rank " << r;
+  }
+}
+
 struct ExactCase {
   const char* ckpt;
   const char* config;
@@ -27,12 +37,7 @@ class LoadExact : public LoadTest, public ::testing::WithParamInterface<std::tup
 TEST_P(LoadExact, EveryRankHoldsExactlyItsRows) {
   auto [c, world, source] = GetParam();
   auto rs = Run(world, "exact", c.ckpt, c.config, source);
-  for (int r = 0; r < world; ++r) {
-    ASSERT_TRUE(rs[r].ok) << "rank " << r << ": " << rs[r].kind << ": " << rs[r].message;
-    EXPECT_GT(rs[r].checked, 0);
-    EXPECT_EQ(rs[r].mismatches, 0) << "rank " << r;
-    EXPECT_EQ(rs[r].verified, 1) << "rank " << r;
-  }
+  ExpectEveryRankExactAndVerified(rs);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -91,12 +96,7 @@ TEST_P(LayoutExact, EveryRankHoldsExactlyItsPiece) {
     return std::vector<std::string>{std::string("TEST_LAYOUT=") + layout,
                                     "GROUP_RANK=" + std::to_string(rank * 2 / w)};
   });
-  for (int r = 0; r < world; ++r) {
-    ASSERT_TRUE(rs[r].ok) << "rank " << r << ": " << rs[r].kind << ": " << rs[r].message;
-    EXPECT_GT(rs[r].checked, 0);
-    EXPECT_EQ(rs[r].mismatches, 0) << "rank " << r;
-    EXPECT_EQ(rs[r].verified, 1) << "rank " << r;
-  }
+  ExpectEveryRankExactAndVerified(rs);
 }
 
 INSTANTIATE_TEST_SUITE_P(
