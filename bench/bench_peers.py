@@ -247,9 +247,18 @@ def launch(method, ckpt, world, out):
                OMP_NUM_THREADS="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", method, str(ckpt), str(out)],
                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(world)]
-    for p in procs:
-        if p.wait(timeout=3600) != 0:
-            raise SystemExit(f"{method}: a rank failed")
+    try:  # a rank that fails leaves the others in a collective: end them rather than wait out its timeout
+        deadline = time.monotonic() + 3600
+        while None in (codes := [p.poll() for p in procs]) and time.monotonic() < deadline:
+            if failed := [r for r, code in enumerate(codes) if code not in (None, 0)]:
+                raise SystemExit(f"{method}: rank(s) {failed} failed")
+            time.sleep(0.2)
+        if failed := [r for r, code in enumerate(codes) if code != 0]:
+            raise SystemExit(f"{method}: rank(s) {failed} failed or ran past an hour")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
     return [json.loads(pathlib.Path(f"{out}.{r}").read_text()) for r in range(world)]
 
 
