@@ -145,6 +145,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   mine.verified = m.params.verify && !rq.setup_only ? 1 : -1;
   LoadReport report;
   report.source = route->name();
+  report.source_reason = m.params.source_reason;
   report.target = rq.checksum_only ? "checksum-only" : TargetName(rq.options.target);
   report.backend = comm.backend();
   report.world_size = comm.world_size();
@@ -193,6 +194,7 @@ std::vector<RankReport> GatherReports(Communicator& comm, const RankReport& m) {
 std::string LoadReport::ToJson() const {
   nlohmann::ordered_json j;
   j["source"] = source;
+  j["source_reason"] = source_reason;
   j["target"] = target;
   j["backend"] = backend;
   j["world_size"] = world_size;

@@ -45,7 +45,7 @@ Problem Try(F&& step) {
 // layout's verdict, never run as another mode.
 Problem CheckMode(const SaveRequest& rq) {
   const Source s = rq.options.source;
-  if (s == Source::kRank0 || s == Source::kEachRank) return {};
+  if (s == Source::kAuto || s == Source::kRank0 || s == Source::kEachRank) return {};
   return {ErrorKind::kInvalidArgument, "mode \"" + std::string(SourceName(s)) +
                                            "\" is not a save mode: save writes with \"each-rank\" or \"rank0\""};
 }
