@@ -45,8 +45,9 @@ void Allocate(Communicator& comm, RankState* state, bool checksum_only) {
 
 std::vector<at::Tensor> Targets(const Manifest& m, RankState* state) {
   std::vector<at::Tensor> out(m.entries.size());
+  size_t cursor = 0;
   for (size_t i = 0; i < m.entries.size(); ++i) {
-    LocalTensor* t = state->Find(m.entries[i].key);
+    LocalTensor* t = state->FindNext(m.entries[i].key, &cursor);
     if (t == nullptr) throw Error(ErrorKind::kInternal, m.entries[i].key, "agreed but not prepared");
     out[i] = t->tensor;
   }

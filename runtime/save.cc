@@ -107,8 +107,9 @@ StreamResult Stream(Communicator& comm, const Route& route, const StreamContext&
 
 std::vector<at::Tensor> Shards(const Manifest& m, RankState* state) {
   std::vector<at::Tensor> out(m.entries.size());
+  size_t cursor = 0;
   for (size_t i = 0; i < m.entries.size(); ++i) {
-    LocalTensor* t = state->Find(m.entries[i].key);
+    LocalTensor* t = state->FindNext(m.entries[i].key, &cursor);
     if (t == nullptr || t->is_meta()) throw Error(ErrorKind::kInternal, m.entries[i].key, "agreed but has no storage");
     out[i] = t->tensor;
   }
