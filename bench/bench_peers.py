@@ -1,18 +1,34 @@
 #!/usr/bin/env python3
-"""The real peers, side by side: the same transformers checkpoint (Qwen3-MoE, ~2 GB bf16, written by
-save_pretrained) loaded into FSDP2 shards at world size 4 on CPU/Gloo by
+"""The whole set-up against the peers users already have: one transformers checkpoint (Qwen3-MoE, bf16,
+by save_pretrained; 12 layers ~2 GB, 40 ~6 GB) made an FSDP2 model at world size W on CPU/Gloo by
 
-  shardcast   meta model -> shardcast.prepare -> fully_shard -> shardcast.load
-  accelerate  rank 0 from_pretrained (cpu_ram_efficient_loading's flow), meta model elsewhere ->
-              fully_shard -> accelerate.utils.fsdp_utils.fsdp2_load_full_state_dict (installed package)
-  dcp         the same, then torch.distributed.checkpoint.state_dict.set_model_state_dict with
-              StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+  transformers               from_pretrained(distributed_config=DistributedConfig(fsdp_size=W)), native
+  shardcast-from-pretrained  shardcast.from_pretrained(fsdp_size=W), its default source
+  shardcast-each-rank        meta model -> shardcast.prepare -> fully_shard -> shardcast.load(source="each-rank")
+  shardcast-rank0            the same with source="rank0"
+  accelerate                 meta model -> fully_shard; rank 0's from_pretrained (cpu_ram_efficient_loading's
+                             flow) -> accelerate.utils.fsdp_utils.fsdp2_load_full_state_dict
+  dcp                        the same, then set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True)
 
-Each rank samples its own /proc/self/status every 5 ms from just before the load starts; wall time
-is the slowest rank's. Correctness next to every timing: each rank's CRC32 over all its local shards
-must be the same under all three methods.
+each in its own launch of W processes, timed on every rank from just after init_process_group (torch
+imported, transformers and the method's library not) to the model ready on every rank (a barrier):
 
-    bench/bench_peers.py [--world-size 4] [--layers 12] [--out bench/results/peers.json]
+  import  transformers' AutoConfig and AutoModelForCausalLM (modeling_auto), and the method's library
+  build   the config and the meta model, transformers importing the model's modeling module included
+          (shardcast: and prepare)
+  shard   fully_shard of each decoder layer, then of the root
+  load    the rest: the weights in place (accelerate, dcp: rank 0's from_pretrained too), the barrier
+
+The two from_pretrained calls build, shard and load in one call: their build and shard are folded into
+load. The total and each phase are the slowest rank's (the phases may add up to more than the total).
+Each rank samples its own /proc/self/status every 5 ms from just after init_process_group; peaks are
+above that baseline. Correctness next to every timing: each rank's CRC32 over its local shards in
+sorted parameter-name order, and over the names, must be the same under every method and run.
+Before each method the checkpoint is read into the page cache, or with --cold evicted from it
+(posix_fadvise DONTNEED); fincore's count of its resident bytes is reported.
+
+    bench/bench_peers.py [--world-size 4] [--layers 12] [--cold] [--methods a,b,...] [--repeat 1]
+                         [--out bench/results/peers.json]
 """
 import argparse
 import json
@@ -26,6 +42,7 @@ import time
 import zlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+PHASES = ("import", "build", "shard", "load")
 
 
 def status():
@@ -33,7 +50,7 @@ def status():
     with open("/proc/self/status") as f:
         for line in f:
             k, _, v = line.partition(":")
-            if k in ("RssAnon", "RssFile", "VmHWM"):
+            if k in ("RssAnon", "RssFile"):
                 out[k] = int(v.split()[0]) * 1024
     return out
 
@@ -51,62 +68,144 @@ class Sampler(threading.Thread):
             time.sleep(0.005)
 
 
-def worker(method, ckpt, out):
-    import datetime
+class Clock:
+    """Seconds per phase on this rank: lap(phase) charges the time since the previous lap to phase."""
+
+    def __init__(self):
+        self.start = self.last = time.monotonic()
+        self.phases = dict.fromkeys(PHASES, 0.0)
+
+    def lap(self, phase):
+        now = time.monotonic()
+        self.phases[phase] += now - self.last
+        self.last = now
+
+
+def meta_model(ckpt):
     import torch
-    import torch.distributed as dist
+    from transformers import AutoConfig, AutoModelForCausalLM
+    config = AutoConfig.from_pretrained(ckpt)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+
+
+def shard(model, world):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from transformers import AutoConfig, AutoModelForCausalLM
-    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=20))
-    rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
-    config = AutoConfig.from_pretrained(ckpt)
-    dist.barrier()
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def run_transformers(ckpt, world, clock):
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.distributed import DistributedConfig
+    return AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16,
+                                                distributed_config=DistributedConfig(fsdp_size=world))
+
+
+def run_shardcast_from_pretrained(ckpt, world, clock):
+    import shardcast
+    return shardcast.from_pretrained(ckpt, fsdp_size=world)
+
+
+def run_shardcast(source):
+    def run(ckpt, world, clock):
+        import shardcast
+        model = meta_model(ckpt)
+        shardcast.prepare(model, config=model.config)
+        clock.lap("build")
+        shard(model, world)
+        clock.lap("shard")
+        shardcast.load(model, ckpt, source=source)
+        return model
+    return run
+
+
+def run_from_rank0(load_full_state_dict):
+    """accelerate's and DCP's flow: every rank shards a meta model; rank 0 reads the whole checkpoint."""
+    def run(ckpt, world, clock):
+        import torch
+        from transformers import AutoModelForCausalLM
+        model = meta_model(ckpt)
+        clock.lap("build")
+        shard(model, world)
+        clock.lap("shard")
+        rank0 = torch.distributed.get_rank() == 0
+        full_sd = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16).state_dict() if rank0 else {}
+        load_full_state_dict(model, full_sd, rank0)
+        return model
+    return run
+
+
+def accelerate_load(model, full_sd, rank0):
+    from types import SimpleNamespace
+    from accelerate.utils.fsdp_utils import fsdp2_load_full_state_dict
+    fsdp2_load_full_state_dict(SimpleNamespace(is_main_process=rank0), model, full_sd)
+
+
+def dcp_load(model, full_sd, rank0):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    model.to_empty(device="cpu")
+    set_model_state_dict(model, full_sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+
+
+FOLDED = {"transformers", "shardcast-from-pretrained"}  # build and shard inside one call, timed as load
+# name -> (what its import phase imports besides transformers, how it builds, shards and loads)
+METHODS = {
+    "transformers": (["transformers.distributed"], run_transformers),
+    "shardcast-from-pretrained": (["shardcast"], run_shardcast_from_pretrained),
+    "shardcast-each-rank": (["shardcast"], run_shardcast("each-rank")),
+    "shardcast-rank0": (["shardcast"], run_shardcast("rank0")),
+    "accelerate": (["accelerate.utils.fsdp_utils"], run_from_rank0(accelerate_load)),
+    "dcp": (["torch.distributed.checkpoint.state_dict"], run_from_rank0(dcp_load)),
+}
+
+
+def local_crcs(model):
+    """CRC32 over this rank's local piece of every parameter in sorted name order, and over the names."""
+    import torch
+    params = sorted(model.named_parameters())
+    crc = 0
+    for _, p in params:
+        local = p.to_local() if hasattr(p, "to_local") else p
+        crc = zlib.crc32(local.detach().contiguous().view(torch.uint8).numpy().tobytes(), crc)
+    return {"crc": crc, "names_crc": zlib.crc32(" ".join(n for n, _ in params).encode())}
+
+
+def worker(method, ckpt, out):
+    import datetime
+    import importlib
+    import torch.distributed as dist
+    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=20))
     sampler = Sampler()
     sampler.start()
-    t0 = time.monotonic()
-    if method == "shardcast":
-        import shardcast
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-        shardcast.prepare(model, config=config)
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        shardcast.load(model, ckpt)
-    else:
-        full_sd = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16).state_dict() if rank == 0 else {}
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        if method == "accelerate":
-            from types import SimpleNamespace
-            from accelerate.utils.fsdp_utils import fsdp2_load_full_state_dict
-            fsdp2_load_full_state_dict(SimpleNamespace(is_main_process=rank == 0), model, full_sd)
-        else:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-            model.to_empty(device="cpu")
-            set_model_state_dict(model, full_sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-        del full_sd
     dist.barrier()
-    seconds = time.monotonic() - t0
+    clock = Clock()
+    modules, run = METHODS[method]
+    for name in ["transformers.models.auto.modeling_auto", *modules]:
+        importlib.import_module(name)
+    clock.lap("import")
+    model = run(ckpt, dist.get_world_size(), clock)
+    dist.barrier()
+    clock.lap("load")
     sampler.stop = True
     sampler.join()
-    crc = 0
-    for name, p in sorted(model.named_parameters()):
-        local = p.to_local() if hasattr(p, "to_local") else p
-        crc = zlib.crc32(local.detach().contiguous().view(torch.int16).numpy().tobytes(), crc)
-    result = {"rank": rank, "seconds": seconds, "crc": crc,
+    result = {"rank": dist.get_rank(), "seconds": clock.last - clock.start, "phases": clock.phases, **local_crcs(model),
               "peak_rss_anon": sampler.peak["RssAnon"] - sampler.base["RssAnon"],
-              "peak_rss_file": sampler.peak["RssFile"] - sampler.base["RssFile"]}
-    pathlib.Path(f"{out}.{rank}").write_text(json.dumps(result))
+              "peak_rss_file": sampler.peak["RssFile"] - sampler.base["RssFile"],
+              "base_rss_anon": sampler.base["RssAnon"], "base_rss_file": sampler.base["RssFile"]}
+    if hasattr(model, "shardcast_report"):
+        result["source"] = model.shardcast_report.get("source")
+    pathlib.Path(f"{out}.{dist.get_rank()}").write_text(json.dumps(result))
     dist.destroy_process_group()
 
 
 def write_checkpoint(path, layers):
+    """save_pretrained into a sibling folder, renamed into place once whole: a killed write is not reused."""
+    import shutil
     import torch
     from transformers import AutoModelForCausalLM, Qwen3MoeConfig
     cfg = Qwen3MoeConfig(hidden_size=1024, intermediate_size=2816, moe_intermediate_size=768, num_hidden_layers=layers,
@@ -114,7 +213,29 @@ def write_checkpoint(path, layers):
                          num_experts_per_tok=4, vocab_size=32000, tie_word_embeddings=False)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    model.save_pretrained(path, max_shard_size="500MB")
+    partial = path.with_name(path.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial, max_shard_size="500MB")
+    partial.rename(path)
+
+
+def set_page_cache(files, cold):
+    """Evicts the files from the page cache (cold) or reads them into it (warm); returns the bytes
+    resident afterwards, as fincore counts them (None where fincore is missing)."""
+    buf = bytearray(64 << 20)
+    for f in files:
+        with open(f, "rb", buffering=0) as fd:
+            if cold:
+                os.posix_fadvise(fd.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            else:
+                while fd.readinto(buf):
+                    pass
+    try:
+        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", *map(str, files)],
+                             capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return sum(int(line) for line in out.split())
 
 
 def launch(method, ckpt, world, out):
@@ -123,13 +244,47 @@ def launch(method, ckpt, world, out):
         port = s.getsockname()[1]
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
                PYTHONPATH=str(ROOT / "build/python"), TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore",
-               OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", method, str(ckpt), str(out)],
                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(world)]
-    for p in procs:
-        if p.wait(timeout=3600) != 0:
-            raise SystemExit(f"{method}: a rank failed")
+    try:  # a rank that fails leaves the others in a collective: end them rather than wait out its timeout
+        deadline = time.monotonic() + 3600
+        while None in (codes := [p.poll() for p in procs]) and time.monotonic() < deadline:
+            if failed := [r for r, code in enumerate(codes) if code not in (None, 0)]:
+                raise SystemExit(f"{method}: rank(s) {failed} failed")
+            time.sleep(0.2)
+        if failed := [r for r, code in enumerate(codes) if code != 0]:
+            raise SystemExit(f"{method}: rank(s) {failed} failed or ran past an hour")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
     return [json.loads(pathlib.Path(f"{out}.{r}").read_text()) for r in range(world)]
+
+
+def summary(method, ranks):
+    """The slowest rank's total and phases (None: folded into load); rank 0's peaks; the other ranks' highest."""
+    folded = method in FOLDED
+    return {"seconds": max(r["seconds"] for r in ranks),
+            "phases": {p: None if folded and p in ("build", "shard") else max(r["phases"][p] for r in ranks)
+                       for p in PHASES},
+            "rank0_anon": ranks[0]["peak_rss_anon"], "rank0_file": ranks[0]["peak_rss_file"],
+            "others_anon": max((r["peak_rss_anon"] for r in ranks[1:]), default=0),
+            "source": ranks[0].get("source")}
+
+
+def print_table(summaries, size, args, resident):
+    seen = [b / 1e9 for b in resident if b is not None]
+    cached = f"{min(seen):.2f}-{max(seen):.2f} GB resident before each method" if seen else "fincore missing"
+    print(f"checkpoint {size / 1e9:.2f} GB ({args.layers} layers), world size {args.world_size}, "
+          f"{'cold' if args.cold else 'warm'} page cache ({cached}), median of {args.repeat} run(s)")
+    print(f"{'method':<26} {'total s':>8} " + " ".join(f"{p:>7}" for p in PHASES)
+          + f" {'r0 anon':>8} {'r0 file':>8} {'oth anon':>8}")
+    for m, s in summaries.items():
+        phases = " ".join("      -" if s["phases"][p] is None else f"{s['phases'][p]:7.2f}" for p in PHASES)
+        print(f"{m:<26} {s['seconds']:8.2f} {phases} {s['rank0_anon'] / 1e9:6.2f}GB {s['rank0_file'] / 1e9:6.2f}GB "
+              f"{s['others_anon'] / 1e9:6.2f}GB" + (f"  (source {s['source']})" if s["source"] else ""))
+    print("-: folded into load (one from_pretrained call)")
 
 
 def main():
@@ -138,31 +293,41 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world-size", type=int, default=4)
     ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--cold", action="store_true", help="evict the checkpoint from the page cache before each method")
+    ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of: {', '.join(METHODS)}")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each method, interleaved; the table: the median")
     ap.add_argument("--work", default=str(ROOT / "out/bench-peers"))
     ap.add_argument("--out", default=str(ROOT / "bench/results/peers.json"))
     args = ap.parse_args()
+    methods = args.methods.split(",")
+    if unknown := [m for m in methods if m not in METHODS]:
+        ap.error(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(METHODS)}")
     work = pathlib.Path(args.work)
     ckpt = work / f"qwen3-moe-{args.layers}L"
-    if not (ckpt / "model.safetensors.index.json").exists():
+    if not ckpt.is_dir():
         write_checkpoint(ckpt, args.layers)
-    size = sum(f.stat().st_size for f in ckpt.glob("*.safetensors"))
-    results = {}
-    for method in ["shardcast", "accelerate", "dcp"]:
-        for f in ckpt.glob("*.safetensors"):  # same warm page cache for everyone
-            f.read_bytes()
-        results[method] = launch(method, ckpt, args.world_size, work / method)
-    crcs = {m: [r["crc"] for r in rs] for m, rs in results.items()}
-    same = len({tuple(v) for v in crcs.values()}) == 1
-    print(f"checkpoint {size / 1e9:.2f} GB, world size {args.world_size}, shards identical across methods: {same}")
-    print(f"{'method':<11} {'seconds':>8} {'rank0 anon':>11} {'rank0 file':>11} {'other anon':>11} {'node anon':>10} {'node file':>10}")
-    for m, rs in results.items():
-        print(f"{m:<11} {max(r['seconds'] for r in rs):8.2f} {rs[0]['peak_rss_anon'] / 1e9:9.2f}GB "
-              f"{rs[0]['peak_rss_file'] / 1e9:9.2f}GB {max(r['peak_rss_anon'] for r in rs[1:]) / 1e9:9.2f}GB "
-              f"{sum(r['peak_rss_anon'] for r in rs) / 1e9:8.2f}GB {sum(r['peak_rss_file'] for r in rs) / 1e9:8.2f}GB")
-    pathlib.Path(args.out).write_text(json.dumps({"checkpoint_bytes": size, "world_size": args.world_size,
-                                                  "identical": same, "results": results}, indent=2) + "\n")
+    files = sorted(ckpt.glob("*.safetensors"))
+    size = sum(f.stat().st_size for f in files)
+    runs, resident = {m: [] for m in methods}, []
+    for _ in range(args.repeat):  # interleaved, so drift on a shared machine hits every method alike
+        for method in methods:
+            resident.append(set_page_cache(files, args.cold))
+            runs[method].append(launch(method, ckpt, args.world_size, work / method))
+    crcs = {m: [[(r["crc"], r["names_crc"]) for r in ranks] for ranks in rs] for m, rs in runs.items()}
+    same = len({tuple(run) for per_run in crcs.values() for run in per_run}) == 1
+    by_time = {m: sorted(rs, key=lambda ranks: max(r["seconds"] for r in ranks)) for m, rs in runs.items()}
+    results = {m: rs[len(rs) // 2] for m, rs in by_time.items()}
+    summaries = {m: summary(m, ranks) for m, ranks in results.items()}
+    print_table(summaries, size, args, resident)
+    print(f"every rank's local shards identical across methods and runs: {same}")
+    pathlib.Path(args.out).write_text(json.dumps(
+        {"checkpoint_bytes": size, "layers": args.layers, "world_size": args.world_size, "repeat": args.repeat,
+         "page_cache": "cold" if args.cold else "warm", "resident_bytes_before": resident, "identical": same,
+         "summary": summaries, "all_seconds": {m: [max(r["seconds"] for r in ranks) for ranks in rs]
+                                               for m, rs in runs.items()},
+         "results": results}, indent=2) + "\n")
     if not same:
-        raise SystemExit(f"shards differ between methods: {crcs}")
+        raise SystemExit(f"shards differ between methods or runs (per run, per rank: crc, names_crc): {crcs}")
 
 
 if __name__ == "__main__":
