@@ -280,6 +280,17 @@ std::optional<OpenNode> OpenBeneath(const NameRoot& root, const std::string& dir
 
 }  // namespace
 
+int64_t ProbeCheckpoint(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return -1;
+  if (S_ISREG(st.st_mode)) return st.st_size;
+  if (!S_ISDIR(st.st_mode)) return -1;
+  for (const char* name : {kIndexFileName, kSingleFileName}) {
+    if (stat((path + "/" + name).c_str(), &st) == 0 && S_ISREG(st.st_mode)) return st.st_size;
+  }
+  return -1;
+}
+
 std::optional<OpenNode> OpenCheckpointName(const std::string& dir, const std::string& name) {
   return OpenBeneath(RootOfDirectory(dir), dir, name);
 }
@@ -324,6 +335,29 @@ std::unique_ptr<Checkpoint> Checkpoint::Open(const std::string& path, const Open
     ckpt->AddFile(SafetensorsFile::FromDescriptor(single_node->fd.release(), path + "/" + kSingleFileName, options));
   } else {
     Fail(path, std::string("holds neither ") + kIndexFileName + " nor " + kSingleFileName);
+  }
+  std::sort(ckpt->keys_.begin(), ckpt->keys_.end());
+  return ckpt;
+}
+
+std::unique_ptr<Checkpoint> Checkpoint::OpenKnown(const std::string& path, const std::vector<KnownFile>& files,
+                                                  OpenOptions options) {
+  std::unique_ptr<Checkpoint> ckpt(new Checkpoint());
+  ckpt->root_ = path;
+  std::optional<OpenNode> top = OpenNodeAt(AT_FDCWD, path, path);
+  if (!top) Fail(path, "no such file or directory");
+  if (!S_ISDIR(top->st.st_mode)) {
+    RequireRegularFile(top->st.st_mode, path);
+    if (files.size() == 1) options.known_header_digest = files[0].digest;
+    ckpt->AddFile(SafetensorsFile::FromDescriptor(top->fd.release(), path, options));
+    return ckpt;
+  }
+  const NameRoot root = RootOf(std::move(*top), path);
+  for (const KnownFile& known : files) {
+    std::optional<OpenNode> node = OpenBeneath(root, path, known.name);
+    if (!node) Fail(path + "/" + known.name, "no such file (the first rank's checkpoint has it)");
+    options.known_header_digest = known.digest;
+    ckpt->AddFile(SafetensorsFile::FromDescriptor(node->fd.release(), path + "/" + known.name, options));
   }
   std::sort(ckpt->keys_.begin(), ckpt->keys_.end());
   return ckpt;

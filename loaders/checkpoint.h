@@ -48,6 +48,21 @@ class Checkpoint {
 
   static std::unique_ptr<Checkpoint> Open(const std::string& path, const OpenOptions& options = {});
 
+  // A file another process has opened with Open: its name relative to the checkpoint (the file's own
+  // name for a single-file checkpoint), size and header digest.
+  struct KnownFile {
+    std::string name;
+    uint64_t size = 0;
+    uint64_t digest = 0;
+  };
+  // The setup a second rank pays: opens exactly `files`, by name beneath the same root and with the
+  // same rules as Open, without reading the index and without parsing any header whose digest is the
+  // known one (OpenOptions::known_header_digest). The result has files and no keys: Find finds nothing;
+  // bytes are addressed by the offsets the first process resolved. A file whose size or digest differs
+  // is still opened (its header parsed and validated in full): the caller compares and names it.
+  static std::unique_ptr<Checkpoint> OpenKnown(const std::string& path, const std::vector<KnownFile>& files,
+                                               OpenOptions options = {});
+
   const std::string& root() const { return root_; }  // the directory, or the file's path
   size_t num_files() const { return files_.size(); }
   const SafetensorsFile& file(size_t i) const { return *files_[i]; }
@@ -73,6 +88,11 @@ class Checkpoint {
 // index_path.
 std::vector<std::pair<std::string, std::string>> ParseWeightMap(std::string_view index_path,
                                                                  std::string_view json);
+
+// What a process can tell about a checkpoint without opening it (ranks compare it to decide who reads):
+// the size of the file Open reads first (the index, else model.safetensors, else `path` itself when it
+// is a file), or -1 when this process does not see one.
+int64_t ProbeCheckpoint(const std::string& path);
 
 // Opens `name` of the checkpoint directory `dir` beneath its root, as Checkpoint::Open opens the
 // directory's files (config.json, or a header read elsewhere). nullopt: no such name. Throws

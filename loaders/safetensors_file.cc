@@ -141,8 +141,10 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::FromDescriptor(int fd, const s
   uint64_t n = ParseHeaderLength(display_path, prefix, f->file_size_);
   std::string json(n, '\0');
   f->ReadBytes(8, n, json.data(), "header");
-  f->header_ = ParseHeader(display_path, json, f->file_size_);
   f->header_digest_ = HeaderDigest(prefix, json);
+  if (options.known_header_digest == 0 || f->header_digest_ != options.known_header_digest) {
+    f->header_ = ParseHeader(display_path, json, f->file_size_);
+  }
 
   if (options.mode == ReadMode::kMmap && f->file_size_ > 0) {
     void* p = mmap(nullptr, f->file_size_, PROT_READ, MAP_SHARED, fd, 0);

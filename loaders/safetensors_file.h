@@ -30,6 +30,11 @@ enum class ReadMode {
 struct OpenOptions {
   ReadMode mode = ReadMode::kMmap;  // default kMmap
   bool sequential_hint = true;      // default true: madvise/fadvise SEQUENTIAL for streaming
+  // The digest of a header another process has already parsed and validated (rank 0's, from the
+  // manifest). A header with this digest is taken as known and not parsed again (header() is then
+  // empty: the caller addresses bytes by the offsets that process resolved, each read still checked
+  // against file_size()); any other header is parsed and validated in full. 0: always parse.
+  uint64_t known_header_digest = 0;
 };
 
 // What ReleasePages drops.

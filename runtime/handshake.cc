@@ -1,5 +1,7 @@
 #include "runtime/handshake.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <unordered_map>
 
 #include "allocators/error.h"
@@ -16,10 +18,41 @@ Problem AsProblem(const std::exception& e) {
   return Problem{ErrorKind::kInternal, e.what()};
 }
 
-std::unique_ptr<Checkpoint> OpenCheckpoint(const HandshakeRequest& rq) {
+OpenOptions FileOptions(const HandshakeRequest& rq) {
   OpenOptions oo;
   oo.mode = rq.options.pread ? ReadMode::kPread : ReadMode::kMmap;
-  return Checkpoint::Open(rq.checkpoint, oo);
+  return oo;
+}
+
+// Rank 0's files, opened by a rank the route has read: no index, no header parsed again.
+std::unique_ptr<Checkpoint> OpenManifestFiles(const HandshakeRequest& rq, const Manifest& m) {
+  std::vector<Checkpoint::KnownFile> known;
+  known.reserve(m.files.size());
+  for (const ManifestFile& f : m.files) known.push_back({f.name, f.size, f.digest});
+  return Checkpoint::OpenKnown(rq.checkpoint, known, FileOptions(rq));
+}
+
+// What every rank says first: its node and what it sees of the checkpoint. FailHandshake sends the same.
+std::vector<int64_t> Hello(const std::string& checkpoint) { return {LocalNodeKey(), ProbeCheckpoint(checkpoint)}; }
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size() && i < 8; ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+  if (ranks.size() > 8) out += " and " + std::to_string(ranks.size() - 8) + " more";
+  return out;
+}
+
+StreamParams DecideParams(const LoadOptions& options, const std::vector<int64_t>& probes, const NodeMap& nodes,
+                          const Plan& plan) {
+  StreamParams p = StreamParamsFrom(options);
+  if (p.source != Source::kAuto) {
+    p.source_reason = "asked for";
+    return p;
+  }
+  SourceChoice c = ChooseSource(probes, nodes, ShardCopies(plan));
+  p.source = c.source;
+  p.source_reason = "auto: " + c.reason;
+  return p;
 }
 
 // This rank's files, matched to rank 0's by name, size and header digest; "" or the difference.
@@ -53,7 +86,7 @@ std::vector<std::string> Adopted(const StreamParams& reader, const LoadOptions& 
   auto note = [&](const std::string& name, const std::string& theirs, const std::string& ours) {
     if (theirs != ours) out.push_back(name + " " + theirs + " (rank 0's; this rank asked for " + ours + ")");
   };
-  note("source", SourceName(reader.source), SourceName(mine.source));
+  if (mine.source != Source::kAuto) note("source", SourceName(reader.source), SourceName(mine.source));
   note("chunk_bytes", std::to_string(reader.chunk_bytes), std::to_string(mine.chunk_bytes));
   note("staging_slots", std::to_string(reader.staging_slots), std::to_string(mine.staging_slots));
   return out;
@@ -78,15 +111,16 @@ Agreement Handshake(Communicator& comm, const Plan& plan, const HandshakeRequest
   Agreement a;
   Problem local;
   std::vector<long long> keys;
-  for (const auto& row : AllGather(comm, {LocalNodeKey()})) keys.push_back(row[0]);
+  std::vector<int64_t> probes;
+  for (const auto& row : AllGather(comm, Hello(rq.checkpoint))) keys.push_back(row[0]), probes.push_back(row[1]);
   a.nodes = NodeMapFromKeys(keys);
   const bool coordinator = comm.rank() == 0;
   std::string blob;
   if (coordinator) {
     try {
-      a.ckpt = OpenCheckpoint(rq);
-      a.manifest =
-          Resolve(plan, *a.ckpt, rq.mapping, StreamParamsFrom(rq.options), WeightBlock(rq.checkpoint, plan.spec()));
+      a.ckpt = Checkpoint::Open(rq.checkpoint, FileOptions(rq));
+      a.manifest = Resolve(plan, *a.ckpt, rq.mapping, DecideParams(rq.options, probes, a.nodes, plan),
+                           WeightBlock(rq.checkpoint, plan.spec()));
       blob = EncodeManifest(a.manifest);
     } catch (const std::exception& e) {
       local = AsProblem(e);
@@ -105,7 +139,7 @@ Agreement Handshake(Communicator& comm, const Plan& plan, const HandshakeRequest
       if (!diff.empty()) local = Problem{ErrorKind::kManifestMismatch, diff};
       const auto route = Route::Make(a.manifest.params.source, a.manifest.world_size, a.nodes);
       if (local.message.empty() && route->Reads(comm.rank(), a.manifest.params.verify)) {
-        if (!a.ckpt) a.ckpt = OpenCheckpoint(rq);
+        if (!a.ckpt) a.ckpt = OpenManifestFiles(rq, a.manifest);
         diff = MatchFiles(a.manifest, *a.ckpt, rq.checkpoint, comm.rank(), &a.files);
         if (!diff.empty()) local = Problem{ErrorKind::kManifestMismatch, diff};
       }
@@ -119,13 +153,53 @@ Agreement Handshake(Communicator& comm, const Plan& plan, const HandshakeRequest
 }
 
 void FailHandshake(Communicator& comm, ErrorKind kind, const std::string& problem) {
-  AllGather(comm, {LocalNodeKey()});  // the handshake's collectives, in its order
+  AllGather(comm, {LocalNodeKey(), -1});  // the handshake's collectives, in its order (Hello's two values)
   int64_t size = 0;
   comm.Broadcast(&size, sizeof(size), 0);  // rank 0's manifest size; ours carries nothing if we are rank 0
   std::string blob(static_cast<size_t>(comm.rank() == 0 ? 0 : size), '\0');
   comm.Broadcast(blob.data(), blob.size(), 0);
   Agree(comm, "handshake", Problem{kind, problem});
   throw Error(kind, "handshake", problem);  // not reached: Agree throws for a non-empty problem
+}
+
+SourceChoice ChooseSource(const std::vector<int64_t>& probes, const NodeMap& nodes, double copies) {
+  std::vector<int> blind;
+  for (size_t r = 0; r < probes.size(); ++r) {
+    if (probes[r] < 0 || probes[r] != probes[0]) blind.push_back(static_cast<int>(r));
+  }
+  const int n = nodes.nodes();
+  if (blind.empty()) {
+    if (n <= 1) return {Source::kEachRank, "every rank sees the checkpoint, on one node"};
+    char text[160];
+    if (copies >= 1.5) {
+      std::snprintf(text, sizeof(text), "every rank sees the checkpoint, on %d nodes, %.1f copies of each shard (HSDP)",
+                    n, copies);
+      return {Source::kStriped, text};
+    }
+    std::snprintf(text, sizeof(text), "every rank sees the checkpoint, on %d nodes", n);
+    return {Source::kNodeLeader, text};
+  }
+  const std::string who = "rank(s) " + RankList(blind) + " do not see it as rank 0 does";
+  bool leaders_see = n > 1;
+  for (int node = 0; node < n && leaders_see; ++node) {
+    leaders_see = std::find(blind.begin(), blind.end(), nodes.LeaderOf(node)) == blind.end();
+  }
+  if (leaders_see) return {Source::kNodeLeader, who + "; the first rank of every node does"};
+  return {Source::kRank0, who};
+}
+
+double ShardCopies(const Plan& plan) {
+  double bytes = 0, held = 0;
+  for (const PlanEntry& e : plan.entries()) {
+    if (e.replicated()) continue;
+    double copies = 1;
+    for (size_t d = 0; d < e.layout->placements.size(); ++d) {
+      if (e.layout->placements[d].kind == Placement::kReplicate) copies *= e.layout->mesh_shape[d];
+    }
+    bytes += static_cast<double>(e.nbytes());
+    held += copies * static_cast<double>(e.nbytes());
+  }
+  return bytes > 0 ? held / bytes : 1.0;
 }
 
 }  // namespace shardcast

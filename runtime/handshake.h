@@ -1,11 +1,13 @@
 // runtime/handshake: agreement before any data moves.
 //
-//   0. every rank says which node it is on (one small all-gather): read-once sources need it
+//   0. every rank says which node it is on and whether it sees the checkpoint (one small all-gather)
 //   1. rank 0 opens the checkpoint and resolves its plan by key into the manifest, with its own
-//      options as the stream's parameters (chunk, coalescing, staging, source, verify, strict keys)
+//      options as the stream's parameters (chunk, coalescing, staging, source, verify, strict keys);
+//      source=auto is decided here (ChooseSource), and the manifest carries the choice and why
 //   2. rank 0 broadcasts the manifest (as nothing, if it failed, so every rank runs the same steps)
 //   3. every rank checks it against its own plan and options; a rank the route has read opens the
-//      checkpoint itself and matches every file by name, size and header digest
+//      manifest's files itself (Checkpoint::OpenKnown: no index, no header parsed again) and matches
+//      every file by name, size and header digest
 //   4. one verdict: every rank goes on, or every rank raises the same error naming key, file, rank
 //
 // Thread safety: one thread per rank. Failure: shardcast::Error from the verdict, the same on every
@@ -38,6 +40,22 @@ struct Agreement {
 };
 
 Agreement Handshake(Communicator& comm, const Plan& plan, const HandshakeRequest& request);
+
+// source=auto: rank 0's choice from what every rank saw before the handshake (probes[r]: rank r's
+// ProbeCheckpoint) and the plan's copies (ShardCopies):
+//   every rank sees rank 0's checkpoint    one node: each-rank (each reads its own bytes, nothing sent)
+//                                          several, FSDP: node-leader (one reader per node)
+//                                          several, HSDP (>= 1.5 copies): striped (each shard read once)
+//   every node's first rank sees it        node-leader
+//   otherwise                              rank0 (the reason names the ranks that do not see it)
+struct SourceChoice {
+  Source source = Source::kRank0;
+  std::string reason;
+};
+SourceChoice ChooseSource(const std::vector<int64_t>& probes, const NodeMap& nodes, double copies);
+// How many ranks hold each element of the sharded entries, weighted by bytes: 1 for FSDP and TP, R for
+// HSDP's R replicas. 1 when nothing is sharded.
+double ShardCopies(const Plan& plan);
 
 // For a rank that could not even prepare (bad config, no memory): takes part in the handshake's
 // collectives with its problem, so every rank raises the same error instead of waiting. Always throws.

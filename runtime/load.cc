@@ -45,8 +45,9 @@ void Allocate(Communicator& comm, RankState* state, bool checksum_only) {
 
 std::vector<at::Tensor> Targets(const Manifest& m, RankState* state) {
   std::vector<at::Tensor> out(m.entries.size());
+  size_t cursor = 0;
   for (size_t i = 0; i < m.entries.size(); ++i) {
-    LocalTensor* t = state->Find(m.entries[i].key);
+    LocalTensor* t = state->FindNext(m.entries[i].key, &cursor);
     if (t == nullptr) throw Error(ErrorKind::kInternal, m.entries[i].key, "agreed but not prepared");
     out[i] = t->tensor;
   }
@@ -145,6 +146,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   mine.verified = m.params.verify && !rq.setup_only ? 1 : -1;
   LoadReport report;
   report.source = route->name();
+  report.source_reason = m.params.source_reason;
   report.target = rq.checksum_only ? "checksum-only" : TargetName(rq.options.target);
   report.backend = comm.backend();
   report.world_size = comm.world_size();
@@ -193,6 +195,7 @@ std::vector<RankReport> GatherReports(Communicator& comm, const RankReport& m) {
 std::string LoadReport::ToJson() const {
   nlohmann::ordered_json j;
   j["source"] = source;
+  j["source_reason"] = source_reason;
   j["target"] = target;
   j["backend"] = backend;
   j["world_size"] = world_size;

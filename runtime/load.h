@@ -37,6 +37,7 @@ struct RankReport {
 
 struct LoadReport {
   std::string source, target, backend, mesh;
+  std::string source_reason;  // "asked for", or "auto: " and what rank 0 saw (handshake.h's ChooseSource)
   int world_size = 1, nodes = 1;
   uint64_t checkpoint_bytes = 0;  // what the entries read once from storage (sum of their parts)
   uint64_t entries = 0, total_bytes = 0, skipped_keys = 0;

@@ -21,6 +21,7 @@ constexpr Option kAll[] = {Option::kSource,    Option::kTarget,  Option::kChunkB
 
 const char* SourceName(Source source) {
   switch (source) {
+    case Source::kAuto: return "auto";
     case Source::kRank0: return "rank0";
     case Source::kEachRank: return "each-rank";
     case Source::kNodeLeader: return "node-leader";
@@ -68,11 +69,12 @@ LoadOptions LoadOptionsBuilder::Build() const {
     const std::string& t = v.text;
     switch (option) {
       case Option::kSource:
-        if (t == "rank0") o.source = Source::kRank0;
+        if (t == "auto") o.source = Source::kAuto;
+        else if (t == "rank0") o.source = Source::kRank0;
         else if (t == "each-rank") o.source = Source::kEachRank;
         else if (t == "node-leader") o.source = Source::kNodeLeader;
         else if (t == "striped") o.source = Source::kStriped;
-        else Bad(v.origin, t, "is not a source (rank0, each-rank, node-leader or striped)");
+        else Bad(v.origin, t, "is not a source (auto, rank0, each-rank, node-leader or striped)");
         break;
       case Option::kTarget: {
         auto target = ParseTarget(t);

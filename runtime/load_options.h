@@ -27,16 +27,17 @@
 namespace shardcast {
 
 enum class Source : uint8_t {
+  kAuto,        // rank 0 decides from who sees the files, the nodes and the layouts (ChooseSource)
   kRank0,       // rank 0 reads and sends each rank only its rows (scatter); storage on rank 0 only
   kEachRank,    // every rank reads its own rows; storage every rank sees; no data communication
   kNodeLeader,  // the first rank of each node reads its node's rows and sends them within the node
   kStriped,     // each shard's rows are read by one of its holders, which sends the other replicas theirs
 };
-inline constexpr int kNumSources = 4;
+inline constexpr int kNumSources = 5;
 const char* SourceName(Source source);
 
 struct LoadOptions {
-  Source source = Source::kRank0;                     // default kRank0                 (SHARDCAST_SOURCE)
+  Source source = Source::kAuto;                      // default kAuto                  (SHARDCAST_SOURCE)
   Target target = Target::kCpu;                       // default kCpu                   (SHARDCAST_TARGET)
   uint64_t chunk_bytes = 64ull << 20;                 // default 64 MiB: one staging slot  (SHARDCAST_CHUNK_BYTES)
   int staging_slots = 4;                              // default 4: slots in the ring      (SHARDCAST_STAGING_SLOTS)

@@ -208,8 +208,9 @@ std::string CheckManifest(const Manifest& m, const Plan& plan, int rank, int wor
   }
   size_t from_ckpt = 0;
   for (const PlanEntry& e : plan.entries()) from_ckpt += FromCheckpoint(e.role);
+  size_t cursor = 0;
   for (const ManifestEntry& e : m.entries) {
-    const PlanEntry* p = plan.Find(e.key);
+    const PlanEntry* p = plan.FindNext(e.key, &cursor);
     if (p == nullptr) return "key '" + e.key + "': in rank 0's plan but not in " + me + "'s";
     if (p->shape != e.shape) {
       return "key '" + e.key + "': shape " + Shape(e.shape) + " on rank 0 but " + Shape(p->shape) + " on " + me;

@@ -41,7 +41,8 @@ struct KeyMapping {
 
 // The reader's options that shape the stream. Every rank runs with these, whatever it asked for.
 struct StreamParams {
-  Source source = Source::kRank0;
+  Source source = Source::kRank0;        // decided: never kAuto in a manifest (ChooseSource)
+  std::string source_reason;             // why: "asked for" or what ChooseSource saw
   uint64_t chunk_bytes = 64ull << 20;    // message size (a part row larger than this is one message)
   uint64_t coalesce_bytes = 4ull << 20;  // small segments to one rank are packed up to this
   uint32_t staging_slots = 4;

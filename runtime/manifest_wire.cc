@@ -1,7 +1,7 @@
 // The manifest on the wire: little-endian, length-prefixed, versioned. One encoder, one decoder; a
 // blob of another version or one cut short is a kComm error, never a misread.
 //
-//   "shardcast-manifest-4" | world | params | files[name, size, digest]
+//   "shardcast-manifest-5" | world | params | files[name, size, digest]
 //   | layouts[mesh shape, ranks, placements[kind, dim, split factor]] | entries[...] | skipped
 //   entry: key | dtype | role | layout index | shape | parts[key ("" = the entry's), dtype, file, offset,
 //          numel, shape, dequantize, (scale key, dtype, file, offset, grid rows, cols, block rows, cols),
@@ -15,7 +15,7 @@
 namespace shardcast {
 namespace {
 
-constexpr const char* kVersion = "shardcast-manifest-4";
+constexpr const char* kVersion = "shardcast-manifest-5";
 
 class Writer {
  public:
@@ -91,6 +91,7 @@ std::string EncodeManifest(const Manifest& m) {
   w.U64(static_cast<uint64_t>(m.world_size));
   const StreamParams& p = m.params;
   w.U64(static_cast<uint64_t>(p.source));
+  w.Str(p.source_reason);
   w.U64(p.chunk_bytes);
   w.U64(p.coalesce_bytes);
   w.U64(p.staging_slots);
@@ -163,6 +164,8 @@ Manifest DecodeManifest(const std::string& bytes) {
   if (m.world_size < 1 || m.world_size > (1 << 24)) throw Error(ErrorKind::kComm, "manifest", "a world size out of range");
   StreamParams& p = m.params;
   p.source = r.Enum<Source>(kNumSources);
+  if (p.source == Source::kAuto) throw Error(ErrorKind::kComm, "manifest", "rank 0 sent an undecided source");
+  p.source_reason = r.Str();
   p.chunk_bytes = r.U64();
   p.coalesce_bytes = r.U64();
   p.staging_slots = static_cast<uint32_t>(r.U64());

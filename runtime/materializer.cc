@@ -175,8 +175,13 @@ at::Tensor LocalTensor::MetaTensor() const {
 }
 
 LocalTensor* RankState::Find(const std::string& key) {
+  size_t cursor = 0;
+  return FindNext(key, &cursor);
+}
+
+LocalTensor* RankState::FindNext(const std::string& key, size_t* cursor) {
   // tensors_ holds one entry per plan entry, in plan order: the plan's index finds it in O(1).
-  const PlanEntry* e = plan_->Find(key);
+  const PlanEntry* e = plan_->FindNext(key, cursor);
   if (e == nullptr) return nullptr;
   const size_t i = static_cast<size_t>(e - plan_->entries().data());
   return i < tensors_.size() && tensors_[i].entry == e ? &tensors_[i] : nullptr;

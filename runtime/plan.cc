@@ -65,6 +65,19 @@ const PlanEntry* Plan::Find(const std::string& key) const {
   return it == index_.end() ? nullptr : &entries_[it->second];
 }
 
+const PlanEntry* Plan::FindNext(const std::string& key, size_t* cursor) const {
+  constexpr size_t kLookAhead = 4;  // past the few entries a manifest leaves out (non-persistent buffers)
+  for (size_t j = *cursor; j < entries_.size() && j < *cursor + kLookAhead; ++j) {
+    if (entries_[j].key == key) {
+      *cursor = j + 1;
+      return &entries_[j];
+    }
+  }
+  const PlanEntry* e = Find(key);
+  if (e != nullptr) *cursor = static_cast<size_t>(e - entries_.data()) + 1;
+  return e;
+}
+
 void Plan::CheckRank(int rank) const {
   if (rank < 0 || rank >= world_size_) {
     throw Error(ErrorKind::kInvalidArgument, "plan",

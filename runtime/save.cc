@@ -45,7 +45,7 @@ Problem Try(F&& step) {
 // layout's verdict, never run as another mode.
 Problem CheckMode(const SaveRequest& rq) {
   const Source s = rq.options.source;
-  if (s == Source::kRank0 || s == Source::kEachRank) return {};
+  if (s == Source::kAuto || s == Source::kRank0 || s == Source::kEachRank) return {};
   return {ErrorKind::kInvalidArgument, "mode \"" + std::string(SourceName(s)) +
                                            "\" is not a save mode: save writes with \"each-rank\" or \"rank0\""};
 }
@@ -107,8 +107,9 @@ StreamResult Stream(Communicator& comm, const Route& route, const StreamContext&
 
 std::vector<at::Tensor> Shards(const Manifest& m, RankState* state) {
   std::vector<at::Tensor> out(m.entries.size());
+  size_t cursor = 0;
   for (size_t i = 0; i < m.entries.size(); ++i) {
-    LocalTensor* t = state->Find(m.entries[i].key);
+    LocalTensor* t = state->FindNext(m.entries[i].key, &cursor);
     if (t == nullptr || t->is_meta()) throw Error(ErrorKind::kInternal, m.entries[i].key, "agreed but has no storage");
     out[i] = t->tensor;
   }

@@ -144,6 +144,10 @@ Agreed Decide(const Plan& plan, const SaveRequest& rq, int world) {
   a.manifest.layouts = plan.layouts();
   a.manifest.params = StreamParamsFrom(rq.options);
   a.manifest.params.verify = a.manifest.params.strict_keys = false;
+  if (a.manifest.params.source == Source::kAuto) {  // every rank writes its own rows: the save's default
+    a.manifest.params.source = Source::kEachRank;
+    a.manifest.params.source_reason = "auto: every rank writes its own rows";
+  }
   Entries(plan, rq, &a.manifest);
   Files(rq, &a);
   return a;

@@ -1,4 +1,4 @@
-// shardcast load --checkpoint DIR [--config FILE] [--nproc N] [--source rank0|each-rank]
+// shardcast load --checkpoint DIR [--config FILE] [--nproc N] [--source auto|rank0|each-rank|node-leader|striped]
 //                [--target cpu|pinned|cuda] [--chunk-bytes B] [--staging-slots K] [--verify] [--json OUT]
 // With --nproc it launches N local ranks of itself; under torchrun or SLURM it runs as the given rank.
 #include <unistd.h>
@@ -92,6 +92,7 @@ ModelSpec SpecFor(const LoadArgs& a) {
 void PrintReport(const LoadReport& r) {
   std::printf("load: %s -> %s over %s, %d rank(s), %llu entries, %s", r.source.c_str(), r.target.c_str(),
               r.backend.c_str(), r.world_size, static_cast<unsigned long long>(r.entries), HumanBytes(r.total_bytes).c_str());
+  if (r.source_reason.rfind("auto", 0) == 0) std::printf(" (%s)", r.source_reason.c_str());
   if (r.dequantized) std::printf(", %llu dequantized from fp8", static_cast<unsigned long long>(r.dequantized));
   if (r.skipped_keys) {
     std::printf(", skipped %llu checkpoint key(s) the model does not own (e.g. %s)",
@@ -220,7 +221,7 @@ void AddLoad(CLI::App& app, Runner* run, const std::vector<std::string>& argv,
   cmd->add_option("--checkpoint", args->checkpoint, "checkpoint directory or .safetensors file")->required();
   cmd->add_option("--config", args->config, "HF config.json (default: DIR/config.json)");
   cmd->add_option("--nproc", args->nproc, "launch N local ranks (like torchrun --standalone)");
-  cmd->add_option("--source", args->source, "rank0 (default), each-rank, node-leader or striped" + extra);
+  cmd->add_option("--source", args->source, "auto (default: rank 0 decides from who sees the files, the nodes and the layout), rank0, each-rank, node-leader or striped" + extra);
   cmd->add_option("--dtype", args->dtype,
                   "bf16, f16 or f32: load block-quantized fp8 weights in this dtype, dequantized in the stream "
                   "(default: as the config declares them)");

@@ -318,7 +318,9 @@ def load(model: Union[torch.nn.Module, Mapping[str, Tuple[torch.Tensor, int, int
     Every rank receives exactly its DTensor's local tensor: Shard(d) on any dim, uneven and empty pieces,
     _StridedShard (FSDP2 over TP), replicas of a piece (HSDP, TP replicas) each receiving the same bytes.
 
-    Options (None: SHARDCAST_* from the environment, else the default): source "rank0" (default),
+    Options (None: SHARDCAST_* from the environment, else the default): source "auto" (default: rank 0
+    decides, and the report's "source_reason" says why: each-rank when every rank sees the checkpoint on
+    one node; node-leader, or striped for HSDP, on several nodes; rank0 when only rank 0 sees it), "rank0",
     "each-rank", "node-leader" (the first rank of each node reads its node's rows) or "striped" (each
     shard's rows read once, by one of its replicas); chunk_bytes (64 MiB; an int or "64M"); staging_slots (4); timeout seconds (600);
     verify (False); strict_keys (False). Rank 0's chunk_bytes, staging_slots and source are used by every

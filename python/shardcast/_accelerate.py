@@ -24,7 +24,7 @@ __all__ = ["prepare_pretrained"]
 
 
 def prepare_pretrained(accelerator, path_or_local_repo_id: Union[str, os.PathLike],
-                       dtype: Optional[torch.dtype] = torch.bfloat16, *, source: str = "rank0",
+                       dtype: Optional[torch.dtype] = torch.bfloat16, *, source: Optional[str] = None,
                        revision: Optional[str] = None, trust_remote_code: bool = False, **load_kwargs):
     """`accelerator.prepare(model)` of a meta model, then `shardcast.load`; returns the prepared model
     with `model.shardcast_report`. Every rank calls it together. Create the optimizer afterwards:

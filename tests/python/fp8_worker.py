@@ -67,7 +67,8 @@ def transformers_flow(root, rank, world, name="deepseek_fp8"):
             bad_one.append(name)
     return {"bad": bad, "dequantized": report["dequantized"], "verify": report["ranks"][rank]["verify"],
             "fused": [n for n, _ in model.named_parameters() if "experts.gate_up_proj" in n],
-            "from_pretrained_bad": bad_one, "from_pretrained_dequantized": one.shardcast_report["dequantized"]}
+            "from_pretrained_bad": bad_one, "from_pretrained_dequantized": one.shardcast_report["dequantized"],
+            "from_pretrained_source": [one.shardcast_report["source"], one.shardcast_report["source_reason"]]}
 
 
 def mapping(root, rank, world):

@@ -92,6 +92,8 @@ def test_every_rank_equals_torch_and_transformers(checkpoints, tmp_path, world):
         # shardcast.from_pretrained of the fp8 checkpoint: the same bf16 parameters.
         assert t["from_pretrained_bad"] == [], (rank, t["from_pretrained_bad"])
         assert t["from_pretrained_dequantized"] == t["dequantized"], t
+        # No source given and none in the environment: auto, and every rank here sees the files on one node.
+        assert t["from_pretrained_source"] == ["each-rank", "auto: every rank sees the checkpoint, on one node"], t
 
 
 @pytest.mark.parametrize("world", [1, 3])

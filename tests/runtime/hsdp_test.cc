@@ -6,6 +6,7 @@
 
 #include <tuple>
 
+#include "runtime/handshake.h"
 #include "tests/runtime/load_harness.h"
 
 namespace shardcast {
@@ -81,6 +82,56 @@ TEST_F(LoadTest, ARankKilledInTheOtherNodeEndsEveryRank) {
     ExpectSameError(rs, rs[0].kind.c_str(), {}, {3});
     for (int r : {0, 1, 2}) EXPECT_LT(rs[r].seconds, 5 + 14.0) << source << " rank " << r;
   }
+}
+
+// source=auto: rank 0 decides from who sees the files, the nodes and the layout; every rank runs the
+// choice, says why, and holds exactly its rows.
+struct AutoCase {
+  const char* name;
+  MeshCase mesh;
+  const char* scenario;  // "blind": the last rank does not see the checkpoint
+  const char* source;    // what rank 0 must choose
+  const char* reason;    // in the report's reason
+};
+
+class Auto : public LoadTest, public ::testing::WithParamInterface<AutoCase> {};
+
+TEST_P(Auto, RankZeroChoosesFromWhatEveryRankSeesAndEveryRankRunsIt) {
+  const AutoCase c = GetParam();
+  const int world = c.mesh.replicas * c.mesh.shards;
+  auto rs = Run(world, c.scenario, "qwen", "qwen", "auto", nullptr, NodeEnv(c.mesh));
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(rs[r].ok) << "rank " << r << ": " << rs[r].kind << ": " << rs[r].message;
+    EXPECT_GT(rs[r].checked, 0);
+    EXPECT_EQ(rs[r].mismatches, 0) << "rank " << r;
+    EXPECT_EQ(rs[r].source, c.source) << "rank " << r;
+    EXPECT_NE(rs[r].source_reason.find(c.reason), std::string::npos) << "rank " << r << ": " << rs[r].source_reason;
+    EXPECT_TRUE(rs[r].adopted.empty()) << "auto asked for no source, so none was overruled";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Choices, Auto,
+    ::testing::Values(AutoCase{"one_node", {1, 3, 1}, "exact", "each-rank", "auto: every rank sees the checkpoint, on one node"},
+                      AutoCase{"two_nodes_fsdp", {1, 4, 2}, "exact", "node-leader", "on 2 nodes"},
+                      AutoCase{"two_nodes_hsdp", {2, 2, 2}, "exact", "striped", "2.0 copies of each shard (HSDP)"},
+                      AutoCase{"one_node_blind_rank", {1, 3, 1}, "blind", "rank0", "rank(s) 2 do not see it"},
+                      AutoCase{"two_nodes_blind_rank", {1, 4, 2}, "blind", "node-leader",
+                               "rank(s) 3 do not see it as rank 0 does; the first rank of every node does"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(ChooseSource, FollowsWhoSeesTheFilesTheNodesAndTheCopies) {
+  const NodeMap one = NodeMapFromKeys({7, 7, 7, 7}), two = NodeMapFromKeys({0, 0, 1, 1});
+  EXPECT_EQ(ChooseSource({10, 10, 10, 10}, one, 1.0).source, Source::kEachRank);
+  EXPECT_EQ(ChooseSource({10, 10, 10, 10}, two, 1.0).source, Source::kNodeLeader);
+  EXPECT_EQ(ChooseSource({10, 10, 10, 10}, two, 2.0).source, Source::kStriped);
+  // Another size is another checkpoint: that rank does not see rank 0's.
+  const SourceChoice c = ChooseSource({10, 10, 11, -1}, one, 1.0);
+  EXPECT_EQ(c.source, Source::kRank0);
+  EXPECT_EQ(c.reason, "rank(s) 2, 3 do not see it as rank 0 does");
+  EXPECT_EQ(ChooseSource({10, -1, 10, -1}, two, 1.0).source, Source::kNodeLeader);
+  EXPECT_EQ(ChooseSource({10, -1, -1, 10}, two, 1.0).source, Source::kRank0);
+  EXPECT_EQ(ChooseSource({10}, NodeMapFromKeys({3}), 1.0).source, Source::kEachRank);
 }
 
 }  // namespace

@@ -46,6 +46,7 @@ struct Result {
   uint64_t read_total = 0, checkpoint_bytes = 0, dequantized = 0;  // storage reads of every rank; the checkpoint's bytes
   int nodes = 0;
   std::string mesh;
+  std::string source, source_reason;  // the route that ran, and why (auto's choice)
   bool reported = false;
   int exit_status = -1;  // the worker's exit code, or 128 + signal
   bool frozen = false;  // a faulted rank still running after the others ended (then killed)
@@ -168,6 +169,8 @@ class LoadTest : public ::testing::Test {
           x.nodes = j.value("nodes", 0);
           x.dequantized = j.value("dequantized", uint64_t{0});
           x.mesh = j.value("mesh", "");
+          x.source = j.value("source", "");
+          x.source_reason = j.value("source_reason", "");
         }
         out[r].exit_status = ranks[r].Wait(std::chrono::seconds(30));
       } catch (const Error& e) {

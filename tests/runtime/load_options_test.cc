@@ -32,7 +32,7 @@ TEST(LoadOptionsBuilder, DefaultsWithNothingSet) {
   EXPECT_EQ(o.chunk_bytes, 64ull << 20);
   EXPECT_EQ(o.staging_slots, 4);
   EXPECT_EQ(o.timeout.count(), 600000);
-  EXPECT_EQ(o.source, Source::kRank0);
+  EXPECT_EQ(o.source, Source::kAuto);
   EXPECT_FALSE(o.verify);
 }
 

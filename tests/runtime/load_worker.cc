@@ -76,6 +76,7 @@ int LoadWorkerMain(int argc, char** argv) {
     if (scenario == "own_view" && rv.rank == 1) ckpt_dir += ".rank1";  // this rank sees another copy
     LoadRequest rq;
     rq.checkpoint = ckpt_dir;
+    if (scenario == "blind" && rv.rank == rv.world_size - 1) rq.checkpoint += ".not-here";  // sees no files
     // The worker's defaults, unless the test set the variable for this rank (the environment is how a
     // real node differs from the others).
     LoadOptionsBuilder b;
@@ -151,7 +152,8 @@ int LoadWorkerMain(int argc, char** argv) {
               for (const auto& r : report.ranks) t += r.bytes_read;
               return t;
             }()},
-           {"checkpoint_bytes", report.checkpoint_bytes}, {"nodes", report.nodes}, {"mesh", report.mesh}};
+           {"checkpoint_bytes", report.checkpoint_bytes}, {"nodes", report.nodes}, {"mesh", report.mesh},
+           {"source", report.source}, {"source_reason", report.source_reason}};
   } catch (const Error& e) {
     out = {{"ok", false}, {"kind", ErrorKindName(e.kind())}, {"message", e.what()}};
   } catch (const std::exception& e) {
