@@ -278,6 +278,27 @@ std::optional<OpenNode> OpenBeneath(const NameRoot& root, const std::string& dir
   return OpenNodeBeneath(root.fd.get(), root.path, root.prefix + name, dir + "/" + name);
 }
 
+// The checkpoint's path, opened once: a directory becomes the root its names resolve beneath; a regular
+// file (the user named it: it may be a symlink anywhere) is the checkpoint's only file; anything else
+// is rejected.
+struct Top {
+  std::optional<NameRoot> dir;
+  std::unique_ptr<SafetensorsFile> file;
+};
+
+Top OpenTop(const std::string& path, const OpenOptions& options) {
+  std::optional<OpenNode> top = OpenNodeAt(AT_FDCWD, path, path);
+  if (!top) Fail(path, "no such file or directory");
+  Top out;
+  if (S_ISDIR(top->st.st_mode)) {
+    out.dir.emplace(RootOf(std::move(*top), path));
+  } else {
+    RequireRegularFile(top->st.st_mode, path);
+    out.file = SafetensorsFile::FromDescriptor(top->fd.release(), path, options);
+  }
+  return out;
+}
+
 }  // namespace
 
 int64_t ProbeCheckpoint(const std::string& path) {
@@ -302,15 +323,13 @@ std::optional<OpenNode> OpenCheckpointName(const std::string& dir, const std::st
 std::unique_ptr<Checkpoint> Checkpoint::Open(const std::string& path, const OpenOptions& options) {
   std::unique_ptr<Checkpoint> ckpt(new Checkpoint());
   ckpt->root_ = path;
-  std::optional<OpenNode> top = OpenNodeAt(AT_FDCWD, path, path);
-  if (!top) Fail(path, "no such file or directory");
-  if (!S_ISDIR(top->st.st_mode)) {
-    RequireRegularFile(top->st.st_mode, path);
-    ckpt->AddFile(SafetensorsFile::FromDescriptor(top->fd.release(), path, options));
+  Top top = OpenTop(path, options);
+  if (top.file) {
+    ckpt->AddFile(std::move(top.file));
     std::sort(ckpt->keys_.begin(), ckpt->keys_.end());
     return ckpt;
   }
-  const NameRoot root = RootOf(std::move(*top), path);
+  const NameRoot& root = *top.dir;
   if (const std::string index = path + "/" + kIndexFileName;
       std::optional<OpenNode> index_node = OpenBeneath(root, path, kIndexFileName)) {
     auto weight_map = ParseWeightMap(index, ReadIndex(*index_node, index));
@@ -344,15 +363,14 @@ std::unique_ptr<Checkpoint> Checkpoint::OpenKnown(const std::string& path, const
                                                   OpenOptions options) {
   std::unique_ptr<Checkpoint> ckpt(new Checkpoint());
   ckpt->root_ = path;
-  std::optional<OpenNode> top = OpenNodeAt(AT_FDCWD, path, path);
-  if (!top) Fail(path, "no such file or directory");
-  if (!S_ISDIR(top->st.st_mode)) {
-    RequireRegularFile(top->st.st_mode, path);
-    if (files.size() == 1) options.known_header_digest = files[0].digest;
-    ckpt->AddFile(SafetensorsFile::FromDescriptor(top->fd.release(), path, options));
+  OpenOptions single = options;  // used only when the path names one file
+  if (files.size() == 1) single.known_header_digest = files[0].digest;
+  Top top = OpenTop(path, single);
+  if (top.file) {
+    ckpt->AddFile(std::move(top.file));
     return ckpt;
   }
-  const NameRoot root = RootOf(std::move(*top), path);
+  const NameRoot& root = *top.dir;
   for (const KnownFile& known : files) {
     std::optional<OpenNode> node = OpenBeneath(root, path, known.name);
     if (!node) Fail(path + "/" + known.name, "no such file (the first rank's checkpoint has it)");

@@ -24,6 +24,29 @@ TEST(Checkpoint, OpensSingleFileDirAndPlainFile) {
   EXPECT_EQ(Checkpoint::Open(dir / "model.safetensors")->num_files(), 1u);
 }
 
+// A second rank's setup: the files rank 0 named, no index read, and no header parsed again when its
+// digest is the one rank 0 validated; any other header is parsed (and so validated) in full.
+TEST(Checkpoint, OpenKnownParsesOnlyHeadersItDoesNotKnow) {
+  testing::TempDir dir;
+  Small(dir / "model.safetensors", {"x", "y"});
+  const auto first = Checkpoint::Open(dir.path());
+  const SafetensorsFile& f = first->file(0);
+  const Checkpoint::KnownFile known{"model.safetensors", f.file_size(), f.header_digest()};
+  for (const std::string& path : {dir.path(), dir / "model.safetensors"}) {
+    const auto second = Checkpoint::OpenKnown(path, {known});
+    ASSERT_EQ(second->num_files(), 1u);
+    EXPECT_EQ(second->file(0).header_digest(), f.header_digest());
+    EXPECT_EQ(second->file(0).file_size(), f.file_size());
+    EXPECT_TRUE(second->file(0).header().tensors.empty()) << path << ": a known header was parsed again";
+    EXPECT_TRUE(second->keys().empty());
+  }
+  Checkpoint::KnownFile other = known;
+  other.digest ^= 1;  // what another checkpoint's rank 0 saw: this header is parsed
+  EXPECT_EQ(Checkpoint::OpenKnown(dir.path(), {other})->file(0).header().tensors.size(), 2u);
+  other.name = "missing.safetensors";
+  EXPECT_THROW(Checkpoint::OpenKnown(dir.path(), {other}), Error);
+}
+
 TEST(Checkpoint, RejectsBadIndexes) {
   testing::TempDir dir;
   Small(dir / "a.safetensors", {"x"});
