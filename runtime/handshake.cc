@@ -6,17 +6,12 @@
 
 #include "allocators/error.h"
 #include "loaders/quantization.h"
+#include "runtime/agreement.h"
 #include "runtime/fault.h"
 #include "runtime/route.h"
-#include "runtime/verdict.h"
 
 namespace shardcast {
 namespace {
-
-Problem AsProblem(const std::exception& e) {
-  if (auto* se = dynamic_cast<const Error*>(&e)) return Problem{se->kind(), se->what()};
-  return Problem{ErrorKind::kInternal, e.what()};
-}
 
 OpenOptions FileOptions(const HandshakeRequest& rq) {
   OpenOptions oo;
@@ -32,8 +27,20 @@ std::unique_ptr<Checkpoint> OpenManifestFiles(const HandshakeRequest& rq, const 
   return Checkpoint::OpenKnown(rq.checkpoint, known, FileOptions(rq));
 }
 
-// What every rank says first: its node and what it sees of the checkpoint. FailHandshake sends the same.
-std::vector<int64_t> Hello(const std::string& checkpoint) { return {LocalNodeKey(), ProbeCheckpoint(checkpoint)}; }
+// What every rank says first: its node and what it sees of the checkpoint (-1: nothing).
+std::vector<int64_t> Hello(const std::string& checkpoint) {
+  return {LocalNodeKey(), checkpoint.empty() ? -1 : ProbeCheckpoint(checkpoint)};
+}
+NodeMap Nodes(const Facts& hello) {
+  std::vector<long long> keys;
+  for (const auto& row : hello) keys.push_back(row[0]);
+  return NodeMapFromKeys(keys);
+}
+std::vector<int64_t> Probes(const Facts& hello) {
+  std::vector<int64_t> out;
+  for (const auto& row : hello) out.push_back(row[1]);
+  return out;
+}
 
 std::string RankList(const std::vector<int>& ranks) {
   std::string out;
@@ -106,60 +113,41 @@ BlockSize WeightBlock(const std::string& checkpoint, const ModelSpec& spec) {
 
 }  // namespace
 
-Agreement Handshake(Communicator& comm, const Plan& plan, const HandshakeRequest& rq) {
-  FaultPoint("handshake", comm.rank());
+Agreement Handshake(Communicator& comm, const Plan& plan, const HandshakeRequest& rq, Problem failed) {
+  if (failed.message.empty()) FaultPoint("handshake", comm.rank());
   Agreement a;
-  Problem local;
-  std::vector<long long> keys;
-  std::vector<int64_t> probes;
-  for (const auto& row : AllGather(comm, Hello(rq.checkpoint))) keys.push_back(row[0]), probes.push_back(row[1]);
-  a.nodes = NodeMapFromKeys(keys);
-  const bool coordinator = comm.rank() == 0;
-  std::string blob;
-  if (coordinator) {
-    try {
-      a.ckpt = Checkpoint::Open(rq.checkpoint, FileOptions(rq));
-      a.manifest = Resolve(plan, *a.ckpt, rq.mapping, DecideParams(rq.options, probes, a.nodes, plan),
-                           WeightBlock(rq.checkpoint, plan.spec()));
-      blob = EncodeManifest(a.manifest);
-    } catch (const std::exception& e) {
-      local = AsProblem(e);
-      blob.clear();
+  Deciding d;
+  d.phase = "handshake";
+  d.facts = Hello(failed.message.empty() ? rq.checkpoint : std::string());
+  d.decide = [&](const Facts& hello) {
+    a.nodes = Nodes(hello);
+    a.ckpt = Checkpoint::Open(rq.checkpoint, FileOptions(rq));
+    a.manifest = Resolve(plan, *a.ckpt, rq.mapping, DecideParams(rq.options, Probes(hello), a.nodes, plan),
+                         WeightBlock(rq.checkpoint, plan.spec()));
+    return EncodeManifest(a.manifest);
+  };
+  d.check = [&](const std::string& blob, const Facts& hello) {
+    const int me = comm.rank();
+    a.nodes = Nodes(hello);
+    if (me != 0) a.manifest = DecodeManifest(blob);
+    std::string diff = CheckManifest(a.manifest, plan, me, comm.world_size());
+    if (diff.empty()) diff = CheckParams(a.manifest.params, rq.options, me);
+    if (!diff.empty()) throw Error(ErrorKind::kManifestMismatch, "", diff);
+    const auto route = Route::Make(a.manifest.params.source, a.manifest.world_size, a.nodes);
+    if (route->Reads(me, a.manifest.params.verify)) {
+      if (!a.ckpt) a.ckpt = OpenManifestFiles(rq, a.manifest);
+      diff = MatchFiles(a.manifest, *a.ckpt, rq.checkpoint, me, &a.files);
+      if (!diff.empty()) throw Error(ErrorKind::kManifestMismatch, "", diff);
     }
-  }
-  int64_t size = static_cast<int64_t>(blob.size());
-  comm.Broadcast(&size, sizeof(size), 0);
-  if (!coordinator) blob.resize(static_cast<size_t>(size));
-  comm.Broadcast(blob.data(), blob.size(), 0);
-  if (local.message.empty() && size > 0) {
-    try {
-      if (!coordinator) a.manifest = DecodeManifest(blob);
-      std::string diff = CheckManifest(a.manifest, plan, comm.rank(), comm.world_size());
-      if (diff.empty()) diff = CheckParams(a.manifest.params, rq.options, comm.rank());
-      if (!diff.empty()) local = Problem{ErrorKind::kManifestMismatch, diff};
-      const auto route = Route::Make(a.manifest.params.source, a.manifest.world_size, a.nodes);
-      if (local.message.empty() && route->Reads(comm.rank(), a.manifest.params.verify)) {
-        if (!a.ckpt) a.ckpt = OpenManifestFiles(rq, a.manifest);
-        diff = MatchFiles(a.manifest, *a.ckpt, rq.checkpoint, comm.rank(), &a.files);
-        if (!diff.empty()) local = Problem{ErrorKind::kManifestMismatch, diff};
-      }
-      a.adopted = Adopted(a.manifest.params, rq.options);
-    } catch (const std::exception& e) {
-      local = AsProblem(e);
-    }
-  }
-  Agree(comm, "handshake", local);
+    a.adopted = Adopted(a.manifest.params, rq.options);
+  };
+  DecideAndAgree(comm, d, std::move(failed));
   return a;
 }
 
 void FailHandshake(Communicator& comm, ErrorKind kind, const std::string& problem) {
-  AllGather(comm, {LocalNodeKey(), -1});  // the handshake's collectives, in its order (Hello's two values)
-  int64_t size = 0;
-  comm.Broadcast(&size, sizeof(size), 0);  // rank 0's manifest size; ours carries nothing if we are rank 0
-  std::string blob(static_cast<size_t>(comm.rank() == 0 ? 0 : size), '\0');
-  comm.Broadcast(blob.data(), blob.size(), 0);
-  Agree(comm, "handshake", Problem{kind, problem});
-  throw Error(kind, "handshake", problem);  // not reached: Agree throws for a non-empty problem
+  Handshake(comm, Plan{}, HandshakeRequest{}, Problem{kind, problem});
+  throw Error(kind, "handshake", problem);  // not reached: the verdict throws for a problem
 }
 
 SourceChoice ChooseSource(const std::vector<int64_t>& probes, const NodeMap& nodes, double copies) {

@@ -22,6 +22,7 @@
 #include "runtime/manifest.h"
 #include "runtime/mesh.h"
 #include "runtime/source.h"
+#include "runtime/verdict.h"
 
 namespace shardcast {
 
@@ -39,7 +40,8 @@ struct Agreement {
   std::vector<std::string> adopted;  // the reader's values this rank took over its own
 };
 
-Agreement Handshake(Communicator& comm, const Plan& plan, const HandshakeRequest& request);
+// `failed`: the problem this rank enters with (runtime/agreement.h); it then only takes part.
+Agreement Handshake(Communicator& comm, const Plan& plan, const HandshakeRequest& request, Problem failed = {});
 
 // source=auto: rank 0's choice from what every rank saw before the handshake (probes[r]: rank r's
 // ProbeCheckpoint) and the plan's copies (ShardCopies):
@@ -57,8 +59,8 @@ SourceChoice ChooseSource(const std::vector<int64_t>& probes, const NodeMap& nod
 // HSDP's R replicas. 1 when nothing is sharded.
 double ShardCopies(const Plan& plan);
 
-// For a rank that could not even prepare (bad config, no memory): takes part in the handshake's
-// collectives with its problem, so every rank raises the same error instead of waiting. Always throws.
+// For a rank that could not even prepare (bad config, no memory): enters Handshake with its problem
+// (no plan, no checkpoint), so every rank raises the same error instead of waiting. Always throws.
 [[noreturn]] void FailHandshake(Communicator& comm, ErrorKind kind, const std::string& problem);
 
 }  // namespace shardcast

@@ -7,6 +7,7 @@
 #include "allocators/error.h"
 #include "allocators/memory_probe.h"
 #include "loaders/writer.h"
+#include "runtime/agreement.h"
 #include "runtime/failure.h"
 #include "runtime/fault.h"
 #include "runtime/file_sink.h"
@@ -50,42 +51,39 @@ Problem CheckMode(const SaveRequest& rq) {
                                            "\" is not a save mode: save writes with \"each-rank\" or \"rank0\""};
 }
 
-// Step 1: rank 0 decides, broadcasts (nothing, if it failed: every rank runs the same collectives),
-// every rank checks; one verdict.
+// Step 1: rank 0 decides the layout, every rank checks it; one verdict (runtime/agreement.h).
 Agreed DecideTogether(Communicator& comm, const Plan& plan, const SaveRequest* rq, Problem local) {
   Agreed a;
-  std::string blob;
-  const int me = comm.rank();
-  if (me == 0 && local.message.empty()) {
-    local = Try([&] {
-      a = Decide(plan, *rq, comm.world_size());
-      nlohmann::json h = Params(*rq);
-      h["tmp_dir"] = a.tmp_dir;
-      blob = h.dump() + '\0' + EncodeManifest(a.manifest);
-    });
-    if (!local.message.empty()) blob.clear();
-  }
-  int64_t size = static_cast<int64_t>(blob.size());
-  comm.Broadcast(&size, sizeof(size), 0);
-  if (me != 0) blob.resize(static_cast<size_t>(size));
-  comm.Broadcast(blob.data(), blob.size(), 0);
-  if (local.message.empty() && size > 0) {
-    local = Try([&] {
-      const size_t nul = blob.find('\0');
-      if (nul == std::string::npos) throw Error(ErrorKind::kComm, "save layout", "malformed layout from rank 0");
-      const nlohmann::json h = nlohmann::json::parse(blob.substr(0, nul));
-      if (me != 0) {
-        a.manifest = DecodeManifest(blob.substr(nul + 1));
-        a.out_dir = h.at("out_dir").get<std::string>();
-        a.tmp_dir = h.at("tmp_dir").get<std::string>();
-      }
-      std::string diff = CheckManifest(a.manifest, plan, me, comm.world_size());
-      if (!diff.empty()) throw Error(ErrorKind::kManifestMismatch, "", diff);
-      diff = CheckParams(h, *rq, me);
-      if (!diff.empty()) throw Error(ErrorKind::kInvalidArgument, "", diff);
-    });
-  }
-  AgreeTogether(comm, "save layout", local);
+  Deciding d;
+  d.phase = "save layout";
+  d.decide = [&](const Facts&) {
+    a = Decide(plan, *rq, comm.world_size());
+    nlohmann::json h = Params(*rq);
+    h["tmp_dir"] = a.tmp_dir;
+    return h.dump() + '\0' + EncodeManifest(a.manifest);
+  };
+  d.check = [&](const std::string& blob, const Facts&) {
+    const int me = comm.rank();
+    const size_t nul = blob.find('\0');
+    if (nul == std::string::npos) throw Error(ErrorKind::kComm, "save layout", "malformed layout from rank 0");
+    const nlohmann::json h = nlohmann::json::parse(blob.substr(0, nul));
+    if (me != 0) {
+      a.manifest = DecodeManifest(blob.substr(nul + 1));
+      a.out_dir = h.at("out_dir").get<std::string>();
+      a.tmp_dir = h.at("tmp_dir").get<std::string>();
+    }
+    std::string diff = CheckManifest(a.manifest, plan, me, comm.world_size());
+    if (!diff.empty()) throw Error(ErrorKind::kManifestMismatch, "", diff);
+    diff = CheckParams(h, *rq, me);
+    if (!diff.empty()) throw Error(ErrorKind::kInvalidArgument, "", diff);
+  };
+  Together(
+      comm,
+      [&] {
+        DecideAndAgree(comm, d, std::move(local));
+        return 0;
+      },
+      "save");
   return a;
 }
 
@@ -205,8 +203,7 @@ std::vector<SaveRankReport> Gather(Communicator& comm, const SaveRankReport& m) 
 }  // namespace
 
 void FailSave(Communicator& comm, ErrorKind kind, const std::string& problem) {
-  Plan none;
-  Together(comm, [&] { return DecideTogether(comm, none, nullptr, Problem{kind, problem}); });
+  DecideTogether(comm, Plan{}, nullptr, Problem{kind, problem});
   throw Error(kind, "save layout", problem);  // not reached: the verdict throws for a problem
 }
 
@@ -222,7 +219,7 @@ SaveReport Save(Communicator& comm, RankState* state, const SaveRequest& rq) {
   SaveRankReport mine;
   mine.rank = comm.rank();
 
-  Agreed a = Together(comm, [&] { return DecideTogether(comm, state->plan(), &rq, CheckMode(rq)); });
+  Agreed a = DecideTogether(comm, state->plan(), &rq, CheckMode(rq));
   mine.layout_seconds = Since(t0);
   StreamStats stats;
   try {

@@ -83,8 +83,8 @@ struct SaveReport {
 // REQUIRES: state over this rank's local tensors for a plan of comm.world_size() ranks (checked).
 SaveReport Save(Communicator& comm, RankState* state, const SaveRequest& request);
 
-// For a rank that failed before it could call Save: takes part in the layout's collectives with its
-// problem, so every rank raises the same error instead of waiting. Always throws.
+// For a rank that failed before it could call Save: enters the save's layout agreement with its
+// problem (runtime/agreement.h), so every rank raises the same error instead of waiting. Always throws.
 [[noreturn]] void FailSave(Communicator& comm, ErrorKind kind, const std::string& problem);
 
 }  // namespace shardcast
