@@ -4,6 +4,7 @@
 // slack, with the same error kind and message; no process may be left running.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <tuple>
 
 #include "tests/runtime/load_harness.h"
@@ -18,20 +19,25 @@ constexpr double kSlackSeconds = 14;
 
 using FaultCase = std::tuple<const char* /*source*/, const char* /*point*/, const char* /*action*/, int /*rank*/>;
 
-class Faults : public LoadTest, public ::testing::WithParamInterface<FaultCase> {};
-
-TEST_P(Faults, EverySurvivorEndsWithTheSameErrorWithinTheTimeout) {
-  const auto [source, point, action, faulted] = GetParam();
+class FaultTest : public LoadTest, public ::testing::WithParamInterface<FaultCase> {
+ protected:
+  // Runs `world` ranks with rank `faulted` faulted at `point` by `action`; every survivor must end within
+  // the timeout plus slack with the same communication error. `env`: more of each rank's environment.
+  void ExpectSurvivorsAgree(int world, const char* source, const char* point, const char* action,
+                          int faulted, const std::function<std::vector<std::string>(int)>& env) {
   const std::string fault = std::to_string(faulted) + ":" + point + ":" + action + (std::string(point) == "stream" ? ":2" : "");
-  auto rs = Run(3, "exact", "slow", "slow", source, nullptr,
-                [&](int) -> std::vector<std::string> {
-                  return {"SHARDCAST_FAULT=" + fault, "SHARDCAST_TIMEOUT_MS=" + std::to_string(kTimeoutMs)};
-                },
-                {faulted});
+  auto rs = Run(world, "exact", "slow", "slow", source, nullptr,
+                  [&](int rank) {
+                    std::vector<std::string> e = env ? env(rank) : std::vector<std::string>{};
+                    e.push_back("SHARDCAST_FAULT=" + fault);
+                    e.push_back("SHARDCAST_TIMEOUT_MS=" + std::to_string(kTimeoutMs));
+                    return e;
+                  },
+                  {faulted});
   EXPECT_FALSE(rs[faulted].reported) << "the faulted rank finished: " << rs[faulted].message;
   EXPECT_EQ(rs[faulted].frozen, std::string(action) == "stop");
   const Result* first = nullptr;
-  for (int r = 0; r < 3; ++r) {
+  for (int r = 0; r < world; ++r) {
     if (r == faulted) continue;
     ASSERT_TRUE(rs[r].reported) << "rank " << r << " reported nothing; exit status " << rs[r].exit_status;
     EXPECT_FALSE(rs[r].ok) << "rank " << r << " succeeded";
@@ -46,6 +52,25 @@ TEST_P(Faults, EverySurvivorEndsWithTheSameErrorWithinTheTimeout) {
     EXPECT_NE(first->message.find("rank 0 (the store host"), std::string::npos) << first->message;
   }
 }
+};
+
+class Faults : public FaultTest {};
+
+TEST_P(Faults, EverySurvivorEndsWithTheSameErrorWithinTheTimeout) {
+  const auto [source, point, action, faulted] = GetParam();
+  ExpectSurvivorsAgree(3, source, point, action, faulted, nullptr);
+}
+
+// The same on a 2-d layout (TP x FSDP: _StridedShard and Shard(1) pieces) over two "nodes", for the
+// sources that forward between nodes: node-leader and striped.
+class LayoutFaults : public FaultTest {};
+
+TEST_P(LayoutFaults, EverySurvivorEndsWithTheSameErrorWithinTheTimeout) {
+  const auto [source, point, action, faulted] = GetParam();
+  ExpectSurvivorsAgree(4, source, point, action, faulted, [](int rank) {
+    return std::vector<std::string>{"TEST_LAYOUT=tp-fsdp", "GROUP_RANK=" + std::to_string(rank / 2)};
+  });
+}
 
 INSTANTIATE_TEST_SUITE_P(
     Matrix, Faults,
@@ -55,6 +80,17 @@ INSTANTIATE_TEST_SUITE_P(
       std::string source = std::get<0>(info.param);
       return (source == "rank0" ? std::string("rank0") : std::string("each_rank")) + "_" + std::get<1>(info.param) +
              "_" + std::get<2>(info.param) + "_rank" + std::to_string(std::get<3>(info.param));
+    });
+
+INSTANTIATE_TEST_SUITE_P(
+    Matrix, LayoutFaults,
+    ::testing::Combine(::testing::Values("node-leader", "striped"), ::testing::Values("handshake", "stream"),
+                       ::testing::Values("kill"), ::testing::Values(0, 3)),
+    [](const auto& info) {
+      std::string source = std::get<0>(info.param);
+      for (char& c : source) c = c == '-' ? '_' : c;
+      return source + "_" + std::get<1>(info.param) + "_" + std::get<2>(info.param) + "_rank" +
+             std::to_string(std::get<3>(info.param));
     });
 
 }  // namespace

@@ -3,6 +3,7 @@
 //
 //   tp-fsdp   mesh (W/2, 2) = (dp, tp): matrices alternate Colwise (_StridedShard(0, sf=2), Shard(0)) and
 //             Rowwise (Shard(0), Shard(1)); vectors (Shard(0), Replicate())
+//   hsdp-tp-fsdp  mesh (2, W/4, 2) = (replica, dp, tp): tp-fsdp's placements after a leading Replicate()
 //   shard1    every matrix Shard(1) on the 1-d mesh: one run per row
 //   ep        3-d entries (experts) Shard(0) on a mesh of their own, ranks in reverse order; the rest Shard(1)
 //             on the 1-d mesh of all ranks
@@ -24,11 +25,16 @@ inline void ApplyTestLayout(const std::string& name, int world, const ModelSpec&
     return r;
   };
   const uint32_t w = static_cast<uint32_t>(world);
-  if (name == "tp-fsdp") {
-    if (world % 2 != 0) throw Error(ErrorKind::kInvalidArgument, "TEST_LAYOUT", "tp-fsdp needs an even world");
-    const std::vector<uint32_t> mesh{w / 2, 2};
-    o->layouts = {Layout{mesh, all(false), {Placement{Placement::kStridedShard, 0, 2}, shard(0)}},
-                  Layout{mesh, all(false), {shard(0), shard(1)}}, Layout{mesh, all(false), {shard(0), Placement{}}}};
+  if (name == "tp-fsdp" || name == "hsdp-tp-fsdp") {
+    const bool hsdp = name == "hsdp-tp-fsdp";
+    if (world % (hsdp ? 4 : 2) != 0) throw Error(ErrorKind::kInvalidArgument, "TEST_LAYOUT", name + ": world size");
+    const std::vector<uint32_t> mesh = hsdp ? std::vector<uint32_t>{2, w / 4, 2} : std::vector<uint32_t>{w / 2, 2};
+    auto on = [&](std::vector<Placement> p) {
+      if (hsdp) p.insert(p.begin(), Placement{});
+      return Layout{mesh, all(false), p};
+    };
+    o->layouts = {on({Placement{Placement::kStridedShard, 0, 2}, shard(0)}), on({shard(0), shard(1)}),
+                  on({shard(0), Placement{}})};
     int n = 0;
     for (const SpecEntry& e : spec.entries) {
       if (e.role != Role::kParameter || e.shape.empty()) continue;

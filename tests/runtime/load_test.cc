@@ -106,7 +106,12 @@ INSTANTIATE_TEST_SUITE_P(
                       LayoutCase{"shard1", "qwen", 3, "rank0"}, LayoutCase{"shard1", "qwen", 3, "each-rank"},
                       LayoutCase{"ep", "qwen", 3, "striped"}, LayoutCase{"ep", "qwen", 4, "rank0"},
                       LayoutCase{"shard1", "deepseek", 3, "rank0"}, LayoutCase{"tp-fsdp", "deepseek", 4, "each-rank"},
-                      LayoutCase{"ep", "deepseek", 2, "striped"}),
+                      LayoutCase{"ep", "deepseek", 2, "striped"},
+                      // W=8 (two "nodes" of 4), and a 3-d mesh (HSDP x FSDP x TP) with every source
+                      LayoutCase{"tp-fsdp", "qwen", 8, "node-leader"}, LayoutCase{"ep", "deepseek", 8, "rank0"},
+                      LayoutCase{"shard1", "qwen", 8, "each-rank"}, LayoutCase{"hsdp-tp-fsdp", "qwen", 8, "striped"},
+                      LayoutCase{"hsdp-tp-fsdp", "deepseek", 8, "each-rank"},
+                      LayoutCase{"hsdp-tp-fsdp", "qwen", 4, "rank0"}, LayoutCase{"hsdp-tp-fsdp", "qwen", 4, "node-leader"}),
     [](const auto& info) {
       std::string s = std::string(std::get<0>(info.param)) + "_" + std::get<1>(info.param) + "_w" +
                       std::to_string(std::get<2>(info.param)) + "_" + std::get<3>(info.param);
