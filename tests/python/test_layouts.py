@@ -172,6 +172,43 @@ def test_from_pretrained_distributed_config_equals_transformers_on_every_layout(
     assert len(native) >= 14, sorted(native)
 
 
+def _more_arch_configs():
+    import transformers as t
+    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=37,
+                  max_position_embeddings=512, tie_word_embeddings=False)
+    return {
+        "mixtral": t.MixtralConfig(intermediate_size=42, num_local_experts=6, num_experts_per_tok=2, **common),
+        "gpt_oss": t.GptOssConfig(intermediate_size=18, num_local_experts=6, num_experts_per_tok=2, head_dim=8,
+                                  sliding_window=16, **common),
+    }
+
+
+# Two more MoE families (Mixtral's per-expert w1/w2/w3 fused on load, gpt-oss' checkpoint-fused experts
+# with biases) at another world size, with the source left to auto. 6 experts: transformers shards experts
+# over EP ranks only evenly; the vocabulary (37) and the MLP widths stay odd.
+LAYOUTS_W2 = [{"fsdp_size": 2}, {"tp_size": 2}, {"ep_size": 2, "fsdp_size": 2}]
+
+
+def test_mixtral_and_gpt_oss_equal_transformers_at_world_size_2(tmp_path):
+    from transformers import AutoModelForCausalLM
+    root = tmp_path / "more-arch"
+    torch.manual_seed(1)
+    for name, cfg in _more_arch_configs().items():
+        AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).save_pretrained(root / name, max_shard_size="60KB")
+    results = ranks.run("layout_worker.py", "native", root, 2, tmp_path, timeout=600,
+                        env={"LAYOUTS": json.dumps(LAYOUTS_W2)})
+    native = set()
+    for rank, result in enumerate(results):
+        for key, r in result.items():
+            assert "skipped" not in r, f"rank {rank} {key}: {r['skipped']}"
+            assert r["bad"] == [], f"rank {rank} {key}: {r['bad']}"
+            assert r["checked"] > 5 and r["verify"] == "ok" and r["source"] == "each-rank", (key, r)
+            if not r.get("native"):
+                native.add(key)
+    print(sorted(native))
+    assert len(native) == 6, sorted(native)
+
+
 def test_hand_built_tp_x_fsdp_mesh_loads_and_saves_bit_exact(arch_checkpoints, tmp_path):
     import shutil
     root = tmp_path / "llama-only"
