@@ -339,6 +339,22 @@ PYBIND11_MODULE(_shardcast, m) {
       py::arg("shape"), py::arg("layouts"), py::arg("rank"),
       "(held, [[(begin, end)] per dim]): the global spans `rank` holds of a tensor under layouts[0], as the "
       "load and save stream them.");
+  m.def(
+      "load_timeout_seconds",
+      [](py::dict opts) -> std::optional<double> {
+        try {
+          LoadOptionsBuilder b;
+          b.FromEnvironment();
+          for (auto [k, v] : opts) {
+            const std::string name = k.cast<std::string>();
+            b.Set(OptionNamed(name), v.cast<std::string>(), name + "=");
+          }
+          return std::chrono::duration<double>(b.Build().timeout).count();
+        } catch (const Error&) {
+          return std::nullopt;  // the load's own options builder raises it, on every rank
+        }
+      },
+      py::arg("options"), "The per-collective timeout in seconds the load will use, or None if the options are bad.");
   m.def("load_entries", &LoadEntries, py::arg("entries"), py::arg("layouts"), py::arg("checkpoint"), py::arg("options"),
         py::arg("tied"), py::arg("backend"), py::arg("store"), py::arg("rank"), py::arg("world_size"),
         py::arg("progress") = py::none(), py::arg("problem") = py::none(),

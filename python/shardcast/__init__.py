@@ -33,7 +33,8 @@ from ._shardcast import (  # noqa: F401  (re-exported)
     Unsupported,
 )
 from ._layouts import _Layouts, _group_ranks, _local  # noqa: F401  (used by _save too)
-from ._mapping import checkpoint_keys, compositions, entry_shape
+from ._mapping import checkpoint_keys, compositions, conversion_rules, entry_shape
+from ._rank0 import computed_on_rank0
 from ._pretrained import from_pretrained
 from ._save import save
 
@@ -331,7 +332,6 @@ def load(model: Union[torch.nn.Module, Mapping[str, Tuple[torch.Tensor, int, int
     """
     path = os.fspath(path)
     pg, rank, world, backend, store = _group(process_group)
-    keys = checkpoint_keys(path)
     options = _options(source=source, target=target if target not in (None, "pinned") else None, verify=verify,
                        strict_keys=strict_keys, chunk_bytes=chunk_bytes, staging_slots=staging_slots,
                        timeout_ms=None if timeout is None else max(1, int(timeout * 1000)))
@@ -340,10 +340,15 @@ def load(model: Union[torch.nn.Module, Mapping[str, Tuple[torch.Tensor, int, int
     elif progress is False:
         progress = None
     entries, layouts = [], _Layouts()
+    timeout_s = _shardcast.load_timeout_seconds(options) or 600.0
     if isinstance(model, Mapping):
         problem = None
+        try:  # the checkpoint's shape of every key: read by rank 0 only
+            shapes = computed_on_rank0(store, rank, world, lambda: _mapping_shapes(path, list(model)), timeout_s) or {}
+        except Exception as e:  # noqa: BLE001 -- carried into the handshake, where every rank raises it
+            shapes, problem = {}, ("InternalError", f"{type(e).__name__}: {e}")
         for key, (tensor, begin, end) in model.items():
-            shape = entry_shape(keys, key)
+            shape = shapes.get(key)
             if shape is None:
                 shape = (end,) + tuple(tensor.shape[1:])  # absent: the manifest check names it
             rows = shape[0] if shape else 1
@@ -360,15 +365,11 @@ def load(model: Union[torch.nn.Module, Mapping[str, Tuple[torch.Tensor, int, int
 
     # Anything that fails on this rank from here on is carried into the handshake, so every rank
     # raises it instead of waiting for this one in a collective.
-    problem = None
     try:
-        try:
-            _materialize(model, target, config, buffer_init)
-        except ShardcastError:
-            raise
-        except Exception as e:  # noqa: BLE001 -- to_empty: the allocator, or a device this rank cannot use
-            raise IoError(f"cannot allocate this rank's shards on {target or 'cpu'}: {type(e).__name__}: {e}") from e
-        comp = compositions(model, keys)
+        # Which checkpoint tensors make each fused entry: read and worked out by rank 0 only, and asked
+        # for first on every rank, so the ranks' calls stay paired whatever fails after.
+        comp = computed_on_rank0(store, rank, world, lambda: _compositions(model, path), timeout_s) or {}
+        _materialize_or_raise(model, target, config, buffer_init)
         group_ranks = _group_ranks(pg, world)
         for name, param in model.named_parameters():
             local, shape, layout = _local(param, f"'{name}'", group_ranks)
@@ -378,12 +379,32 @@ def load(model: Union[torch.nn.Module, Mapping[str, Tuple[torch.Tensor, int, int
             if name not in non_persistent:
                 local, shape, layout = _local(buf, f"'{name}'", group_ranks)
                 entries.append((name, local, list(shape), "persistent_buffer", layouts.index(layout), comp.get(name)))
+        problem = None
     except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
         kind = type(e).__name__ if isinstance(e, ShardcastError) else "InternalError"
         problem = (kind, str(e) if isinstance(e, ShardcastError) else f"{type(e).__name__}: {e}")
         entries, layouts = [], _Layouts()
     return _shardcast.load_entries(entries, layouts.table, path, options, _tied(model), backend, store, rank, world,
                                    progress, problem, _store_host(store) if store is not None else "")
+
+
+def _materialize_or_raise(model, target, config, buffer_init) -> None:
+    try:
+        _materialize(model, target, config, buffer_init)
+    except ShardcastError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- to_empty: the allocator, or a device this rank cannot use
+        raise IoError(f"cannot allocate this rank's shards on {target or 'cpu'}: {type(e).__name__}: {e}") from e
+
+
+def _mapping_shapes(path: str, keys) -> Dict[str, list]:
+    found = checkpoint_keys(path)
+    return {k: list(s) for k in keys if (s := entry_shape(found, k)) is not None}
+
+
+def _compositions(model, path: str) -> Dict[str, list]:
+    # A model type without conversion rules composes nothing: the checkpoint is not even read.
+    return compositions(model, checkpoint_keys(path)) if conversion_rules(model) else {}
 
 
 def _materialize(model: torch.nn.Module, target: Optional[str], config, buffer_init) -> None:

@@ -99,7 +99,8 @@ def entry_shape(keys: Dict[str, Tuple[int, ...]], key: str) -> Optional[Tuple[in
     return tuple(blocks[:-3]) + (blocks[-2] * 32, blocks[-3])
 
 
-def _rules(model):
+def conversion_rules(model):
+    """transformers' checkpoint conversion rules for the model's type ([] without any)."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type is None:
@@ -118,7 +119,7 @@ def _op_names(rule) -> List[str]:
 def compositions(model, keys: Dict[str, Tuple[int, ...]]) -> Dict[str, List[str]]:
     """{model key: [checkpoint keys, concatenated in order]} for model entries not stored under their
     own key. Entries it cannot explain are left out; the load then names them as missing."""
-    rules = _rules(model)
+    rules = conversion_rules(model)
     if not rules:
         return {}
     renames = [(r.source_patterns[0], r.target_patterns[0]) for r in rules

@@ -6,6 +6,11 @@ MODE flow:     for every model under ROOT: meta model -> shardcast.prepare -> fu
                transformers computes.
 MODE mapping:  the explicit {key: (local, begin, end)} path, no DTensor.
 MODE mismatch: rank 1 builds a different model; every rank must raise the same ManifestMismatch.
+MODE keys_fail: rank 0 fails while working out which checkpoint tensors make the fused experts; every
+               rank must raise the same error, naming rank 0.
+
+Every mode counts this rank's reads of the checkpoint's keys (index and headers, in Python): only rank 0
+may read them; the others get what the load needs from it.
 """
 import datetime
 import json
@@ -16,6 +21,17 @@ import torch
 import torch.distributed as dist
 
 import shardcast
+
+KEY_READS = [0]
+_checkpoint_keys = shardcast.checkpoint_keys
+
+
+def _counted_checkpoint_keys(path):
+    KEY_READS[0] += 1
+    return _checkpoint_keys(path)
+
+
+shardcast.checkpoint_keys = _counted_checkpoint_keys
 
 
 def rows(n, world, rank):  # FSDP2's dim-0 rule, written out independently
@@ -62,7 +78,8 @@ def flow(root, rank, world):
             checked += 1
         out[name] = {"checked": checked, "bad": bad, "computed": sorted(prep["computed_buffers"]),
                      "verify": report["ranks"][rank]["verify"], "skipped": report["skipped_keys"],
-                     "entries": report["entries"]}
+                     "entries": report["entries"], "key_reads": KEY_READS[0]}
+        KEY_READS[0] = 0
     return out
 
 
@@ -181,11 +198,34 @@ def mismatch(root, rank, world):
     return {"type": None}
 
 
+def keys_fail(root, rank, world):
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (world,))
+    ckpt = os.path.join(root, "qwen3_moe")
+    config = AutoConfig.from_pretrained(ckpt)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    shardcast.prepare(model, config=config)
+    fully_shard(model, mesh=mesh)
+    if rank == 0:
+        def broken(path):
+            raise OSError("index unreadable (injected)")
+        shardcast.checkpoint_keys = broken
+    try:
+        shardcast.load(model, ckpt, timeout=30)
+    except shardcast.ShardcastError as e:
+        return {"type": type(e).__name__, "message": str(e)}
+    return {"type": None}
+
+
 def main():
     mode, root, out_path = sys.argv[1:4]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
-    modes = {"flow": flow, "mapping": mapping, "mapping_bad_rows": mapping_bad_rows, "mismatch": mismatch, "hsdp": hsdp, "fault": fault}
+    modes = {"flow": flow, "mapping": mapping, "mapping_bad_rows": mapping_bad_rows, "mismatch": mismatch, "hsdp": hsdp, "fault": fault,
+             "keys_fail": keys_fail}
     result = modes[mode](root, rank, world)
     with open(f"{out_path}.{rank}", "w") as f:
         json.dump(result, f)

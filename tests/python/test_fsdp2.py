@@ -24,6 +24,19 @@ def test_meta_prepare_fully_shard_load_is_bit_exact(checkpoints, tmp_path, world
             assert r["bad"] == [], f"rank {rank} {model}: {r['bad']}"
             assert r["checked"] > 10 and r["verify"] == "ok", (model, r)
             assert "model.rotary_emb.inv_freq" in r["computed"], (model, r)
+            # Only rank 0 reads the checkpoint's keys (for the fused experts); the others get them from it.
+            if rank > 0:
+                assert r["key_reads"] == 0, (rank, model, r["key_reads"])
+            elif model != "llama":
+                assert r["key_reads"] == 1, (model, r["key_reads"])
+
+
+def test_rank0_failing_to_read_the_keys_is_the_same_error_on_every_rank(checkpoints, tmp_path):
+    results = run("keys_fail", checkpoints, 3, tmp_path)
+    assert {r["type"] for r in results} == {"InternalError"}, results
+    assert len({r["message"] for r in results}) == 1, results
+    msg = results[0]["message"]
+    assert "failed on rank 0 of 3" in msg and "index unreadable (injected)" in msg, msg
 
 
 def test_explicit_mapping(checkpoints, tmp_path):
