@@ -67,6 +67,12 @@ PlanOptions LayoutsFrom(py::list layouts, const std::vector<std::pair<std::strin
       l.placements.push_back(Placement{static_cast<Placement::Kind>(kind), std::get<1>(pt),
                                        static_cast<uint32_t>(std::get<2>(pt))});
     }
+    if (t.size() > 3) {  // explicit boxes: [(offset, size)], one per rank in t[1]
+      for (py::handle bh : t[3].cast<py::list>()) {
+        auto bt = bh.cast<std::pair<std::vector<uint64_t>, std::vector<uint64_t>>>();
+        l.boxes.push_back(Box{bt.first, bt.second});
+      }
+    }
     o.layouts.push_back(std::move(l));
   }
   for (const auto& [key, i] : index) {
@@ -326,7 +332,7 @@ PYBIND11_MODULE(_shardcast, m) {
       [](std::vector<uint64_t> shape, py::list layouts, int rank) {
         PlanOptions o = LayoutsFrom(layouts, {});
         const Layout& l = o.layouts.at(0);
-        l.Check(shape.size(), "layout_piece");
+        l.Check(shape, "layout_piece");
         const Piece p = PieceOf(shape, l, rank);
         py::list dims;
         for (const auto& spans : p.dims) {

@@ -57,11 +57,23 @@ std::string Placement::Text() const {
 }
 
 bool Layout::replicated() const {
-  return std::all_of(placements.begin(), placements.end(),
+  return boxes.empty() && std::all_of(placements.begin(), placements.end(),
                      [](const Placement& p) { return p.kind == Placement::kReplicate; });
 }
 
 std::string Layout::Text() const {
+  if (!boxes.empty()) {
+    std::string out = "boxes over ranks " + List(ranks) + ":";
+    for (size_t i = 0; i < boxes.size() && i < 8; ++i) {
+      out += (i ? "," : "") + std::string(" rank ") + std::to_string(ranks[i]) + " [";
+      for (size_t d = 0; d < boxes[i].offset.size(); ++d) {
+        out += (d ? ", " : "") + std::to_string(boxes[i].offset[d]) + ":" +
+               std::to_string(boxes[i].offset[d] + (d < boxes[i].size.size() ? boxes[i].size[d] : 0));
+      }
+      out += "]";
+    }
+    return out + (boxes.size() > 8 ? " ..." : "");
+  }
   if (mesh_shape.empty()) return "Replicate on every rank";
   std::string out = "mesh (";
   for (size_t i = 0; i < mesh_shape.size(); ++i) out += (i ? ", " : "") + std::to_string(mesh_shape[i]);
@@ -71,10 +83,29 @@ std::string Layout::Text() const {
   return out + ")";
 }
 
-void Layout::Check(size_t ndim, const std::string& what) const {
+void Layout::Check(const std::vector<uint64_t>& shape, const std::string& what) const {
   auto bad = [&](const std::string& why) { throw Error(ErrorKind::kInvalidArgument, what, Text() + ": " + why); };
-  if (placements.size() != mesh_shape.size()) bad("one placement per mesh dim is needed");
-  uint64_t size = mesh_shape.empty() ? 0 : 1;
+  const size_t ndim = shape.size();
+  if (!boxes.empty()) {
+    if (!mesh_shape.empty() || !placements.empty()) bad("explicit boxes take no mesh and no placements");
+    if (ranks.size() != boxes.size()) bad("one rank per box is needed");
+    for (size_t i = 0; i < boxes.size(); ++i) {
+      const Box& b = boxes[i];
+      if (b.offset.size() != ndim || b.size.size() != ndim) {
+        bad("rank " + std::to_string(ranks[i]) + "'s box has " + std::to_string(b.offset.size()) +
+            " dim(s), the tensor " + std::to_string(ndim));
+      }
+      for (size_t d = 0; d < ndim; ++d) {
+        if (b.offset[d] > shape[d] || b.size[d] > shape[d] - b.offset[d]) {
+          bad("rank " + std::to_string(ranks[i]) + "'s box reaches " + std::to_string(b.offset[d]) + " + " +
+              std::to_string(b.size[d]) + " in dim " + std::to_string(d) + " of size " + std::to_string(shape[d]));
+        }
+      }
+    }
+  } else if (placements.size() != mesh_shape.size()) {
+    bad("one placement per mesh dim is needed");
+  }
+  uint64_t size = mesh_shape.empty() ? boxes.size() : 1;
   for (uint32_t d : mesh_shape) {
     if (d == 0) bad("a mesh dim of size 0");
     size *= d;
@@ -125,11 +156,18 @@ uint64_t Piece::numel() const {
 Piece PieceOf(const std::vector<uint64_t>& shape, const Layout& layout, int rank) {
   Piece p;
   for (uint64_t n : shape) p.dims.push_back(n ? std::vector<Span>{Span{0, n}} : std::vector<Span>{});
-  if (layout.mesh_shape.empty()) return p;
+  if (layout.mesh_shape.empty() && layout.boxes.empty()) return p;
   auto it = std::find(layout.ranks.begin(), layout.ranks.end(), rank);
   if (it == layout.ranks.end()) {
     p.held = false;
     for (auto& spans : p.dims) spans.clear();
+    return p;
+  }
+  if (!layout.boxes.empty()) {
+    const Box& b = layout.boxes[static_cast<size_t>(it - layout.ranks.begin())];
+    for (size_t d = 0; d < shape.size(); ++d) {
+      p.dims[d] = b.size[d] ? std::vector<Span>{Span{b.offset[d], b.offset[d] + b.size[d]}} : std::vector<Span>{};
+    }
     return p;
   }
   // The rank's coordinate, row-major.

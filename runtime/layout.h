@@ -26,6 +26,14 @@
 // A layout with no mesh dims is Replicate on every rank of the world. A rank that is not in the mesh
 // holds nothing (held == false). The global shape is always explicit.
 //
+// Explicit boxes (code that shards without DTensor): no mesh, no placements; ranks[i] holds boxes[i],
+// one box of the global tensor (offset and size per dim), as each rank declared it. Boxes may be
+// empty, may leave elements to nobody, and may repeat (replicas):
+//
+//   [4, 6] over 3 ranks, boxes  rank 0 offset (0, 0) size (4, 2)     X X . . . .
+//                               rank 1 offset (0, 2) size (2, 4)     . . Y Y Y Y   <- rows 0-1 only
+//                               rank 2 offset (2, 2) size (2, 4)     . . Z Z Z Z   <- rows 2-3
+//
 // Thread safety: values; pure functions. Failure: kInvalidArgument naming the layout (a placement dim
 // outside the tensor, a mesh whose rank list is not its size, a split factor of 0).
 #pragma once
@@ -47,18 +55,25 @@ struct Placement {
   std::string Text() const;  // "Shard(dim=1)", "_StridedShard(dim=0, sf=2)", "Replicate()"
 };
 
-struct Layout {
-  std::vector<uint32_t> mesh_shape;   // empty: Replicate on every rank of the world
-  std::vector<int> ranks;             // the global rank at each mesh coordinate, row-major
-  std::vector<Placement> placements;  // one per mesh dim
+struct Box {
+  std::vector<uint64_t> offset, size;  // per tensor dim, global
+  bool operator==(const Box& o) const { return offset == o.offset && size == o.size; }
+};
 
-  bool replicated() const;  // every placement Replicate (or no mesh)
+struct Layout {
+  std::vector<uint32_t> mesh_shape;   // empty: Replicate on every rank of the world (unless boxes)
+  std::vector<int> ranks;             // the global rank at each mesh coordinate, row-major; or boxes' ranks
+  std::vector<Placement> placements;  // one per mesh dim
+  std::vector<Box> boxes;             // non-empty: explicit boxes, boxes[i] held by ranks[i]
+
+  bool replicated() const;  // no boxes, and every placement Replicate (or no mesh)
   bool operator==(const Layout& o) const {
-    return mesh_shape == o.mesh_shape && ranks == o.ranks && placements == o.placements;
+    return mesh_shape == o.mesh_shape && ranks == o.ranks && placements == o.placements && boxes == o.boxes;
   }
   std::string Text() const;  // "mesh (2, 2) over ranks [0, 1, 2, 3]: (_StridedShard(dim=0, sf=2), Shard(dim=0))"
-  // Throws kInvalidArgument naming `what` when the layout cannot describe a tensor of rank `ndim`.
-  void Check(size_t ndim, const std::string& what) const;
+  // Throws kInvalidArgument naming `what` when the layout cannot describe a tensor of `shape` (a
+  // placement dim outside it, a box outside it).
+  void Check(const std::vector<uint64_t>& shape, const std::string& what) const;
 };
 
 // FSDP2's 1-d mesh (Shard(0) over all ranks), or HSDP's (Replicate(), Shard(0)) on (replicas, world /
@@ -84,7 +99,7 @@ struct Piece {
 // empty. REQUIRES: n > 0.
 Span ChunkSpan(uint64_t length, uint64_t n, uint64_t c);
 
-// The rank's piece of a tensor of global `shape`. REQUIRES: layout.Check(shape.size()) passed.
+// The rank's piece of a tensor of global `shape`. REQUIRES: layout.Check(shape) passed.
 Piece PieceOf(const std::vector<uint64_t>& shape, const Layout& layout, int rank);
 
 // One distinct piece and the ranks that hold it (its replicas), ascending.

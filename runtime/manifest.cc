@@ -244,13 +244,16 @@ std::string Manifest::MeshText() const {
   for (const ManifestEntry& e : entries) used[e.layout] = &layouts[e.layout];
   std::string out;
   for (const Layout* l : used) {
+    if (l != nullptr && !l->boxes.empty() && out.find("explicit boxes") == std::string::npos) {
+      out += (out.empty() ? "" : ", ") + std::string("explicit boxes");
+    }
     if (l == nullptr || l->mesh_shape.empty()) continue;
     std::string text = "(";
     for (size_t i = 0; i < l->mesh_shape.size(); ++i) text += (i ? " x " : "") + std::to_string(l->mesh_shape[i]);
     text += ")";
     if (out.find(text) == std::string::npos) out += (out.empty() ? "" : ", ") + text;
   }
-  return out.empty() ? "replicated" : "mesh " + out;
+  return out.empty() ? "replicated" : (out[0] == '(' ? "mesh " + out : out);
 }
 
 uint64_t SourceBytes(const Manifest& m) {

@@ -1,8 +1,8 @@
 // The manifest on the wire: little-endian, length-prefixed, versioned. One encoder, one decoder; a
 // blob of another version or one cut short is a kComm error, never a misread.
 //
-//   "shardcast-manifest-5" | world | params | files[name, size, digest]
-//   | layouts[mesh shape, ranks, placements[kind, dim, split factor]] | entries[...] | skipped
+//   "shardcast-manifest-6" | world | params | files[name, size, digest]
+//   | layouts[mesh shape, ranks, placements[kind, dim, split factor], boxes[offset, size]] | entries[...] | skipped
 //   entry: key | dtype | role | layout index | shape | parts[key ("" = the entry's), dtype, file, offset,
 //          numel, shape, dequantize, (scale key, dtype, file, offset, grid rows, cols, block rows, cols),
 //          packing]
@@ -15,7 +15,7 @@
 namespace shardcast {
 namespace {
 
-constexpr const char* kVersion = "shardcast-manifest-5";
+constexpr const char* kVersion = "shardcast-manifest-6";
 
 class Writer {
  public:
@@ -115,6 +115,11 @@ std::string EncodeManifest(const Manifest& m) {
       w.U64(static_cast<uint64_t>(p.dim));
       w.U64(p.split_factor);
     }
+    w.U64(l.boxes.size());
+    for (const Box& b : l.boxes) {
+      w.Dims(b.offset);
+      w.Dims(b.size);
+    }
   }
   w.U64(m.entries.size());
   for (const ManifestEntry& e : m.entries) {
@@ -192,6 +197,11 @@ Manifest DecodeManifest(const std::string& bytes) {
       p.dim = static_cast<int>(std::min<uint64_t>(r.U64(), 64));
       p.split_factor = static_cast<uint32_t>(std::min<uint64_t>(r.U64(), 1u << 24));
     }
+    l.boxes.resize(r.Count(16));
+    for (Box& b : l.boxes) {
+      b.offset = r.Dims();
+      b.size = r.Dims();
+    }
   }
   m.entries.resize(r.Count(48));
   for (ManifestEntry& e : m.entries) {
@@ -202,7 +212,7 @@ Manifest DecodeManifest(const std::string& bytes) {
     if (e.layout >= m.layouts.size()) throw Error(ErrorKind::kComm, "manifest", "an entry names a layout past the list");
     e.shape = r.Dims();
     try {
-      m.layouts[e.layout].Check(e.shape.size(), "key '" + e.key + "'");
+      m.layouts[e.layout].Check(e.shape, "key '" + e.key + "'");
     } catch (const Error& bad) {
       throw Error(ErrorKind::kComm, "manifest", std::string("the manifest received from rank 0 is malformed: ") + bad.what());
     }

@@ -50,7 +50,7 @@ PlanOptions ParallelPlan(const ModelSpec& spec, int world, ParallelSizes sizes) 
     std::vector<Placement> p = lead;
     p.push_back(fsdp);
     p.push_back(tp);
-    return Layout{mesh, ranks, p};
+    return Layout{mesh, ranks, p, {}};
   };
   const Placement shard0{Placement::kShard, 0, 1}, shard1{Placement::kShard, 1, 1};
   o.layouts = {layout(Placement{Placement::kStridedShard, 0, t}, shard0), layout(shard0, shard1),

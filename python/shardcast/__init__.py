@@ -34,7 +34,7 @@ from ._shardcast import (  # noqa: F401  (re-exported)
 )
 from ._layouts import _Layouts, _group_ranks, _local  # noqa: F401  (used by _save too)
 from ._mapping import checkpoint_keys, compositions, conversion_rules, entry_shape
-from ._rank0 import computed_on_rank0
+from ._exchange import computed_on_rank0, gathered
 from ._pretrained import from_pretrained
 from ._save import save
 
@@ -302,7 +302,7 @@ def _progress_printer():
     return show
 
 
-def load(model: Union[torch.nn.Module, Mapping[str, Tuple[torch.Tensor, int, int]]], path: Union[str, os.PathLike],
+def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os.PathLike],
          source: Optional[str] = None, target: Optional[str] = None, verify: Optional[bool] = None,
          process_group=None, *, config=None, buffer_init: Optional[Dict[str, BufferInit]] = None,
          chunk_bytes: Optional[Union[int, str]] = None, staging_slots: Optional[int] = None,
@@ -310,9 +310,10 @@ def load(model: Union[torch.nn.Module, Mapping[str, Tuple[torch.Tensor, int, int
     """The call after `fully_shard`: every rank receives only its own rows of every parameter.
 
     `model` is a module whose parameters are DTensors in any layout (FSDP2, HSDP, TP, EP, 2-D and 3-D
-    meshes, _StridedShard, a mesh per parameter), or an explicit mapping
-    {key: (local_tensor, row_begin, row_end)} for users who shard without DTensor; the rows must follow
-    FSDP2's dim-0 rule. Parameters still on meta are allocated first (`to_empty`, on `target`), which
+    meshes, _StridedShard, a mesh per parameter), or an explicit mapping for code that shards without
+    DTensor: {key: (local_tensor, offsets)}, the box of the global tensor starting at `offsets` with the
+    local tensor's shape (any box: uneven, overlapping, empty; every rank gives every key), or
+    {key: (local_tensor, row_begin, row_end)}, rows of dim 0 under FSDP2's rule. Parameters still on meta are allocated first (`to_empty`, on `target`), which
     wipes buffers: non-persistent buffers then get back what `prepare` computed (or are computed here).
     Persistent buffers are filled from the checkpoint by broadcast.
 
@@ -342,24 +343,7 @@ def load(model: Union[torch.nn.Module, Mapping[str, Tuple[torch.Tensor, int, int
     entries, layouts = [], _Layouts()
     timeout_s = _shardcast.load_timeout_seconds(options) or 600.0
     if isinstance(model, Mapping):
-        problem = None
-        try:  # the checkpoint's shape of every key: read by rank 0 only
-            shapes = computed_on_rank0(store, rank, world, lambda: _mapping_shapes(path, list(model)), timeout_s) or {}
-        except Exception as e:  # noqa: BLE001 -- carried into the handshake, where every rank raises it
-            shapes, problem = {}, ("InternalError", f"{type(e).__name__}: {e}")
-        for key, (tensor, begin, end) in model.items():
-            shape = shapes.get(key)
-            if shape is None:
-                shape = (end,) + tuple(tensor.shape[1:])  # absent: the manifest check names it
-            rows = shape[0] if shape else 1
-            chunk = -(-rows // world)  # FSDP2's dim-0 rule for this rank
-            want = (min(rows, rank * chunk), min(rows, rank * chunk + chunk))
-            if (begin, end) != want and problem is None:  # agreed in the handshake: every rank raises it
-                problem = ("InvalidArgument", f"key '{key}' on rank {rank}: rows [{begin}, {end}) given, but FSDP2's "
-                           f"dim-0 rule gives this rank [{want[0]}, {want[1]}) of {rows} over {world} ranks")
-            entries.append((key, tensor, list(shape), "parameter", -2, None))
-        if problem is not None:
-            entries = []
+        entries, layouts, problem = _mapping_entries(model, path, pg, store, rank, world, timeout_s)
         return _shardcast.load_entries(entries, layouts.table, path, options, {}, backend, store, rank, world,
                                        progress, problem, _store_host(store) if store is not None else "")
 
@@ -395,6 +379,54 @@ def _materialize_or_raise(model, target, config, buffer_init) -> None:
         raise
     except Exception as e:  # noqa: BLE001 -- to_empty: the allocator, or a device this rank cannot use
         raise IoError(f"cannot allocate this rank's shards on {target or 'cpu'}: {type(e).__name__}: {e}") from e
+
+
+def _mapping_entries(mapping, path, pg, store, rank, world, timeout_s):
+    """The entries of an explicit mapping, every value either (local, row_begin, row_end): rows of dim 0
+    under FSDP2's rule, or (local, offsets): the box of the global tensor at `offsets` with the local
+    tensor's shape, any box (every rank's boxes are gathered, so each knows what the others hold). A
+    problem is carried into the handshake, so every rank raises it."""
+    problem, entries, layouts = None, [], _Layouts()
+    try:  # the checkpoint's shape of every key: read by rank 0 only
+        shapes = computed_on_rank0(store, rank, world, lambda: _mapping_shapes(path, list(mapping)), timeout_s) or {}
+    except Exception as e:  # noqa: BLE001 -- carried into the handshake, where every rank raises it
+        shapes, problem = {}, ("InternalError", f"{type(e).__name__}: {e}")
+    mine = {}
+    for key, value in mapping.items():
+        if len(value) == 2:
+            tensor, offsets = value
+            mine[key] = [[int(x) for x in offsets], [int(x) for x in tensor.shape]]
+    try:
+        boxes = gathered(store, pg, rank, world, mine, timeout_s)
+    except Exception as e:  # noqa: BLE001 -- carried into the handshake
+        boxes, problem = [mine] * world, problem or ("InternalError", f"{type(e).__name__}: {e}")
+    for key, value in mapping.items():
+        tensor = value[0]
+        if len(value) == 2:
+            shape = shapes.get(key)
+            if shape is None:  # absent: the manifest check names it
+                shape = [o + n for o, n in zip(*mine[key])]
+            holders = [r for r in range(world) if key in boxes[r]]
+            if len(holders) != world and problem is None:
+                problem = ("InvalidArgument", f"key '{key}' is given as a box on ranks {holders} but not on the "
+                           f"others: every rank gives every key in the same form (an empty box for nothing)")
+            layout = ((), tuple(holders), (), tuple((tuple(boxes[r][key][0]), tuple(boxes[r][key][1])) for r in holders))
+            entries.append((key, tensor, list(shape), "parameter", layouts.index(layout), None))
+            continue
+        _, begin, end = value
+        shape = shapes.get(key)
+        if shape is None:
+            shape = (end,) + tuple(tensor.shape[1:])  # absent: the manifest check names it
+        rows = shape[0] if shape else 1
+        chunk = -(-rows // world)  # FSDP2's dim-0 rule for this rank
+        want = (min(rows, rank * chunk), min(rows, rank * chunk + chunk))
+        if (begin, end) != want and problem is None:  # agreed in the handshake: every rank raises it
+            problem = ("InvalidArgument", f"key '{key}' on rank {rank}: rows [{begin}, {end}) given, but FSDP2's "
+                       f"dim-0 rule gives this rank [{want[0]}, {want[1]}) of {rows} over {world} ranks")
+        entries.append((key, tensor, list(shape), "parameter", -2, None))
+    if problem is not None:
+        entries, layouts = [], _Layouts()
+    return entries, layouts, problem
 
 
 def _mapping_shapes(path: str, keys) -> Dict[str, list]:

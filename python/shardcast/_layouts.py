@@ -109,5 +109,8 @@ class _Layouts:
         i = self._index.get(layout)
         if i is None:
             i = self._index[layout] = len(self.table)
-            self.table.append((list(layout[0]), list(layout[1]), [tuple(p) for p in layout[2]]))
+            row = (list(layout[0]), list(layout[1]), [tuple(p) for p in layout[2]])
+            if len(layout) > 3:  # explicit boxes: [(offset, size)], one per rank in layout[1]
+                row += ([(list(o), list(z)) for o, z in layout[3]],)
+            self.table.append(row)
         return i

@@ -5,6 +5,8 @@ MODE flow:     for every model under ROOT: meta model -> shardcast.prepare -> fu
                own from_pretrained of the same checkpoint, every non-persistent buffer with what
                transformers computes.
 MODE mapping:  the explicit {key: (local, begin, end)} path, no DTensor.
+MODE mapping_boxes: the explicit {key: (local, offsets)} path: boxes no DTensor layout makes.
+MODE mapping_bad_box: rank 1's box reaches past the tensor; every rank must raise the same error.
 MODE mismatch: rank 1 builds a different model; every rank must raise the same ManifestMismatch.
 MODE keys_fail: rank 0 fails while working out which checkpoint tensors make the fused experts; every
                rank must raise the same error, naming rank 0.
@@ -163,6 +165,54 @@ def mapping(root, rank, world):
     return {"checked": len(m), "bad": bad}
 
 
+def _boxes(shape, rank, world, kind):
+    """(offsets, sizes) of this rank's box, by a rule unlike any DTensor layout: uneven columns, a
+    rank with nothing, overlapping boxes, or a 2-d block grid."""
+    if kind == "columns" and len(shape) == 2:  # rank r takes columns [c_r, c_{r+1}), widths 1, 2, 3, ...
+        cuts = [min(shape[1], r * (r + 1) // 2) for r in range(world)] + [shape[1]]
+        return (0, cuts[rank]), (shape[0], cuts[rank + 1] - cuts[rank])
+    if kind == "overlap":  # every rank the first half of rows, plus its own extra row
+        half = shape[0] // 2
+        extra = min(shape[0] - half, rank + 1)
+        return (0,) + (0,) * (len(shape) - 1), (half + extra,) + tuple(shape[1:])
+    if kind == "empty":  # only the last rank holds anything: the whole tensor
+        whole = rank == world - 1
+        return (0,) * len(shape), tuple(shape) if whole else (0,) * len(shape)
+    # block: a 2-d grid, rows split in two, columns by rank parity, off the last row and column
+    r0 = 0 if rank % 2 == 0 else shape[0] // 2
+    return (r0,) + (1,) * (len(shape) - 1), (shape[0] // 2,) + tuple(max(0, n - 2) for n in shape[1:])
+
+
+def mapping_boxes(root, rank, world):
+    """The explicit box form {key: (local, offsets)}: any box of the global tensor, every rank bit-exact."""
+    ckpt, full = _first_checkpoint(root)
+    kinds = ["columns", "overlap", "empty", "block"]
+    m, want = {}, {}
+    for i, k in enumerate(sorted(full)):
+        if full[k].dim() < 2:
+            continue
+        offsets, sizes = _boxes(tuple(full[k].shape), rank, world, kinds[i % len(kinds)])
+        m[k] = (torch.full(sizes, float("nan"), dtype=full[k].dtype), offsets)
+        want[k] = full[k][tuple(slice(o, o + n) for o, n in zip(offsets, sizes))]
+    report = shardcast.load(m, ckpt, verify=True)
+    bad = [k for k, (t, _) in m.items() if t.shape != want[k].shape or not torch.equal(t, want[k])]
+    return {"checked": len(m), "bad": bad, "verify": report["ranks"][rank]["verify"], "mesh": report["mesh"]}
+
+
+def mapping_bad_box(root, rank, world):
+    """Rank 1's box reaches past the tensor: refused by name on every rank."""
+    ckpt, full = _first_checkpoint(root)
+    key = next(k for k in sorted(full) if full[k].dim() == 2)
+    rows_, cols = full[key].shape
+    offsets = (rows_ - 1, 0) if rank == 1 else (0, 0)
+    m = {key: (torch.empty((2, cols), dtype=full[key].dtype), offsets)}
+    try:
+        shardcast.load(m, ckpt, timeout=30)
+    except shardcast.ShardcastError as e:
+        return {"type": type(e).__name__, "message": str(e), "key": key}
+    return {"type": None, "key": key}
+
+
 def mapping_bad_rows(root, rank, world):
     """Rank 1 names rows of the right length at the wrong place: refused on every rank, never loaded."""
     ckpt, full = _first_checkpoint(root)
@@ -225,7 +275,7 @@ def main():
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     modes = {"flow": flow, "mapping": mapping, "mapping_bad_rows": mapping_bad_rows, "mismatch": mismatch, "hsdp": hsdp, "fault": fault,
-             "keys_fail": keys_fail}
+             "keys_fail": keys_fail, "mapping_boxes": mapping_boxes, "mapping_bad_box": mapping_bad_box}
     result = modes[mode](root, rank, world)
     with open(f"{out_path}.{rank}", "w") as f:
         json.dump(result, f)

@@ -44,6 +44,24 @@ def test_explicit_mapping(checkpoints, tmp_path):
         assert r["bad"] == [] and r["checked"] == 6, (rank, r)
 
 
+def test_explicit_boxes_of_any_shape_are_bit_exact(checkpoints, tmp_path):
+    # Uneven column blocks, overlapping boxes, ranks holding nothing, 2-d blocks leaving elements to
+    # nobody: every rank holds exactly the box it declared.
+    for world in (1, 3):
+        results = run("mapping_boxes", checkpoints, world, tmp_path)
+        for rank, r in enumerate(results):
+            assert r["bad"] == [] and r["checked"] > 8 and r["verify"] == "ok", (world, rank, r)
+            assert "explicit boxes" in r["mesh"], r["mesh"]
+
+
+def test_a_box_outside_the_tensor_is_refused_on_every_rank(checkpoints, tmp_path):
+    results = run("mapping_bad_box", checkpoints, 3, tmp_path)
+    assert {r["type"] for r in results} == {"InvalidArgument"}, results
+    assert len({r["message"] for r in results}) == 1, results
+    msg = results[0]["message"]
+    assert f"key '{results[0]['key']}'" in msg and "rank 1's box reaches" in msg, msg
+
+
 def test_explicit_mapping_rows_at_the_wrong_place_are_refused_on_every_rank(checkpoints, tmp_path):
     # Regression: the mapping form's rows were checked by length only; rows of the right length at
     # another place loaded the wrong rows, silently.

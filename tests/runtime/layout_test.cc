@@ -77,11 +77,43 @@ TEST(Layout, ARankOutsideTheMeshHoldsNothing) {
 }
 
 TEST(Layout, BadLayoutsNameWhatIsWrong) {
-  EXPECT_THROW(Layout({{2}, {0}, {S(0)}}).Check(1, "k"), Error);
-  EXPECT_THROW(Layout({{2}, {0, 0}, {S(0)}}).Check(1, "k"), Error);
-  EXPECT_THROW(Layout({{2}, {0, 1}, {S(1)}}).Check(1, "k"), Error);
-  EXPECT_THROW(Layout({{2}, {0, 1}, {SS(0, 0)}}).Check(1, "k"), Error);
-  EXPECT_NO_THROW(Layout({{2, 1}, {0, 1}, {S(0), S(0)}}).Check(1, "k"));
+  EXPECT_THROW(Layout({{2}, {0}, {S(0)}}).Check({4}, "k"), Error);
+  EXPECT_THROW(Layout({{2}, {0, 0}, {S(0)}}).Check({4}, "k"), Error);
+  EXPECT_THROW(Layout({{2}, {0, 1}, {S(1)}}).Check({4}, "k"), Error);
+  EXPECT_THROW(Layout({{2}, {0, 1}, {SS(0, 0)}}).Check({4}, "k"), Error);
+  EXPECT_NO_THROW(Layout({{2, 1}, {0, 1}, {S(0), S(0)}}).Check({4}, "k"));
+}
+
+TEST(Layout, ExplicitBoxesAreWhatEachRankDeclared) {
+  // The header's example: [4, 6] over 3 ranks.
+  Layout l;
+  l.ranks = {0, 1, 2};
+  l.boxes = {Box{{0, 0}, {4, 2}}, Box{{0, 2}, {2, 4}}, Box{{2, 2}, {2, 4}}};
+  l.Check({4, 6}, "w");
+  EXPECT_FALSE(l.replicated());
+  EXPECT_EQ(PieceOf({4, 6}, l, 0).dims, (std::vector<std::vector<Span>>{{{0, 4}}, {{0, 2}}}));
+  EXPECT_EQ(PieceOf({4, 6}, l, 2).dims, (std::vector<std::vector<Span>>{{{2, 4}}, {{2, 6}}}));
+  EXPECT_FALSE(PieceOf({4, 6}, l, 3).held);  // not listed: holds nothing
+  EXPECT_EQ(l.Text(), "boxes over ranks [0, 1, 2]: rank 0 [0:4, 0:2], rank 1 [0:2, 2:6], rank 2 [2:4, 2:6]");
+  EXPECT_EQ(Holdings({4, 6}, l, 3).size(), 3u);
+}
+
+TEST(Layout, ABoxOutsideTheTensorOrOfAnotherRankIsRefusedByName) {
+  Layout l;
+  l.ranks = {0, 1};
+  l.boxes = {Box{{0, 0}, {4, 2}}, Box{{3, 2}, {2, 4}}};
+  try {
+    l.Check({4, 6}, "key 'w'");
+    FAIL() << "a box past dim 0 was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("key 'w'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 1's box reaches 3 + 2 in dim 0 of size 4"), std::string::npos) << e.what();
+  }
+  l.boxes[1] = Box{{0}, {1}};
+  EXPECT_THROW(l.Check({4, 6}, "w"), Error);  // one dim for a 2-d tensor
+  l.boxes[1] = Box{{0, 0}, {1, 1}};
+  l.mesh_shape = {2};
+  EXPECT_THROW(l.Check({4, 6}, "w"), Error);  // boxes and a mesh
 }
 
 // A random layout over `world` ranks for a tensor of `nd` dims.
@@ -105,6 +137,26 @@ Layout RandomLayout(std::mt19937& rng, int world, size_t nd) {
     l.placements.push_back(kind == 0 ? R() : kind == 1 ? S(tdim) : SS(tdim, 1 + rng() % 3));
   }
   l.ranks = Ranks(world);
+  std::shuffle(l.ranks.begin(), l.ranks.end(), rng);
+  return l;
+}
+
+// Random explicit boxes: each rank (in a random order, some ranks left out) one box of `shape`, empty
+// ones included; boxes may overlap or leave elements to nobody.
+Layout RandomBoxes(std::mt19937& rng, int world, const std::vector<uint64_t>& shape) {
+  Layout l;
+  for (int r : Ranks(world)) {
+    if (rng() % 5 == 0) continue;  // a rank that holds nothing
+    Box b;
+    for (uint64_t n : shape) {
+      const uint64_t at = n ? rng() % (n + 1) : 0;
+      b.offset.push_back(at);
+      b.size.push_back(n - at ? rng() % (n - at + 1) : 0);
+    }
+    l.ranks.push_back(r);
+    l.boxes.push_back(b);
+  }
+  if (l.boxes.empty()) l.ranks.push_back(0), l.boxes.push_back(Box{std::vector<uint64_t>(shape.size(), 0), shape});
   std::shuffle(l.ranks.begin(), l.ranks.end(), rng);
   return l;
 }
@@ -146,8 +198,9 @@ TEST_P(LayoutProperty, EveryElementIsHeldOncePerReplicaAndTheScheduleLandsItInPl
     const size_t nd = rng() % 4;
     std::vector<uint64_t> shape;
     for (size_t d = 0; d < nd; ++d) shape.push_back(rng() % 9);  // sizes 0-8: uneven, empty pieces
-    const Layout l = RandomLayout(rng, world, nd);
-    l.Check(nd, "property");
+    const bool explicit_boxes = rng() % 4 == 0;
+    const Layout l = explicit_boxes ? RandomBoxes(rng, world, shape) : RandomLayout(rng, world, nd);
+    l.Check(shape, "property");
     SCOPED_TRACE(l.Text() + " on a tensor of " + std::to_string(nd) + " dims, world " + std::to_string(world));
     int replicas = 1;
     for (size_t m = 0; m < l.placements.size(); ++m) {
@@ -158,10 +211,10 @@ TEST_P(LayoutProperty, EveryElementIsHeldOncePerReplicaAndTheScheduleLandsItInPl
     std::map<int, std::vector<uint64_t>> expected;
     for (int r = 0; r < world; ++r) {
       const Piece p = PieceOf(shape, l, r);
-      expected[r] = Expected(shape, p);
+      expected[r] = p.held ? Expected(shape, p) : std::vector<uint64_t>{};
       for (uint64_t g : expected[r]) ++held[g];
     }
-    for (size_t g = 0; g < held.size(); ++g) ASSERT_EQ(held[g], replicas) << "element " << g;
+    for (size_t g = 0; g < held.size() && !explicit_boxes; ++g) ASSERT_EQ(held[g], replicas) << "element " << g;
 
     // The schedule over a two-part composed entry, tiny chunks: every holder's local tensor gets the
     // global index of each of its elements, exactly once.
