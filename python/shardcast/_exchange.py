@@ -1,26 +1,45 @@
-"""Small agreements before the load, through the default group's store, each with the load's timeout.
+"""Small agreements before the load, through the store of the load's group, each with the load's timeout.
 
 computed_on_rank0: what rank 0 reads once and every rank uses: the checkpoint's keys, reduced to what a
 load needs.
 
 Reading a checkpoint's keys means its index and every file's header: at DeepSeek-V3's 163 files, about
 0.3 s of CPU in Python. Only rank 0 does it; the result (the fused-expert compositions, or the shapes of
-an explicit mapping's keys) reaches the other ranks through the default group's store, with the load's
+an explicit mapping's keys) reaches the other ranks through the group's store, with the load's
 timeout. A failure on rank 0 reaches them as "nothing", and rank 0 carries the error into the
-handshake, whose verdict raises it on every rank. Without the default store (an explicit process group)
-every rank reads for itself, as before.
+handshake, whose verdict raises it on every rank.
 
 gathered: every rank's small value (an explicit mapping's boxes) on every rank.
+
+Both go through the store of the group the load runs over (`channel`), numbered per group: every rank of
+a group makes the same exchanges in the same order, whatever other groups do.
 """
 from __future__ import annotations
 
 import datetime
 import itertools
 import json
-from typing import Any, Callable, List
+from typing import Any, Callable, Dict, List
 
-_CALLS = itertools.count()  # every rank loads the same number of times, in the same order
+_CALLS: Dict[str, "itertools.count[int]"] = {}  # per group: its ranks make the same exchanges, in order
 _PREFIX = "shardcast/exchange/"
+
+
+def channel(pg, default_store):
+    """(store, name) for the exchanges of a load over `pg`: the default store for the default group, else
+    the group's own store (c10d keeps one per group). None where torch.distributed is not running."""
+    if pg is None:
+        return None
+    import torch.distributed as dist
+    c10d = dist.distributed_c10d
+    name = c10d._get_process_group_name(pg)
+    if default_store is not None:
+        return default_store, name
+    return dist.PrefixStore("shardcast-exchange", c10d._world.pg_map[pg][1]), name
+
+
+def _next(ch) -> int:
+    return next(_CALLS.setdefault(ch[1], itertools.count()))
 
 
 def _key(n: int, rank: int = 0) -> str:
@@ -46,13 +65,13 @@ def _forget(store, n: int, world: int) -> None:
             pass
 
 
-def computed_on_rank0(store, rank: int, world: int, compute: Callable[[], Any], timeout_s: float) -> Any:
+def computed_on_rank0(ch, rank: int, world: int, compute: Callable[[], Any], timeout_s: float) -> Any:
     """compute() on rank 0, its result (JSON: dicts, lists, strings, numbers) on every rank; None on the
     others when compute() raised on rank 0, where it is re-raised after the others were told. A rank that
     hears nothing within timeout_s raises TimeoutError."""
-    if world == 1 or store is None:
+    if world == 1 or ch is None:
         return compute()
-    n = next(_CALLS)
+    store, n = ch[0], _next(ch)
     key = _key(n)
     if rank == 0:
         _forget(store, n, world)
@@ -68,17 +87,11 @@ def computed_on_rank0(store, rank: int, world: int, compute: Callable[[], Any], 
     return value if status == "ok" else None
 
 
-def gathered(store, pg, rank: int, world: int, value: Any, timeout_s: float) -> List[Any]:
-    """Every rank's `value` (JSON), in rank order, on every rank. Through the default store, or the
-    group's own all_gather_object where there is none (an explicit process group)."""
-    if world == 1:
+def gathered(ch, rank: int, world: int, value: Any, timeout_s: float) -> List[Any]:
+    """Every rank's `value` (JSON), in rank order, on every rank."""
+    if world == 1 or ch is None:
         return [value]
-    if store is None:
-        import torch.distributed as dist
-        out: List[Any] = [None] * world
-        dist.all_gather_object(out, value, group=pg)
-        return out
-    n = next(_CALLS)
+    store, n = ch[0], _next(ch)
     if rank == 0:
         _forget(store, n, world)
     store.set(_key(n, rank), json.dumps(value))

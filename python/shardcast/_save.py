@@ -70,7 +70,9 @@ def plan_entries(model, layouts, group_ranks=None):
     model's order, for every entry that goes into the checkpoint; `layouts` (a _Layouts) collects the
     DTensor layouts. Raises Unsupported for an output tensor no entry explains, or a placement shardcast
     does not take (Partial)."""
-    from . import Unsupported, _local, _non_persistent
+    from ._layouts import _local
+    from ._prepare import _non_persistent
+    from ._shardcast import Unsupported
     outputs = output_tensors(model)
     shapes = {k: s for k, (s, _) in outputs.items()}
     comp = compositions(model, shapes)
@@ -184,7 +186,10 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], mode: str = "
 
     Returns the per-rank report; raises a ShardcastError subclass, the same on every rank, on any failure.
     """
-    from . import ShardcastError, _Layouts, _group, _group_ranks, _options, _progress_printer, _store_host
+    from ._group import _group, _store_host
+    from ._layouts import _Layouts, _group_ranks
+    from ._load import _options, _progress_printer
+    from ._shardcast import ShardcastError
     out_dir = os.fspath(out_dir)
     pg, rank, world, backend, store = _group(process_group)
     options = _options(source=mode, chunk_bytes=chunk_bytes, staging_slots=staging_slots,

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import shardcast
 
 KEY_READS = [0]
-_checkpoint_keys = shardcast.checkpoint_keys
+_checkpoint_keys = shardcast._load.checkpoint_keys
 
 
 def _counted_checkpoint_keys(path):
@@ -33,7 +33,7 @@ def _counted_checkpoint_keys(path):
     return _checkpoint_keys(path)
 
 
-shardcast.checkpoint_keys = _counted_checkpoint_keys
+shardcast._load.checkpoint_keys = _counted_checkpoint_keys
 
 
 def rows(n, world, rank):  # FSDP2's dim-0 rule, written out independently
@@ -262,7 +262,7 @@ def keys_fail(root, rank, world):
     if rank == 0:
         def broken(path):
             raise OSError("index unreadable (injected)")
-        shardcast.checkpoint_keys = broken
+        shardcast._load.checkpoint_keys = broken
     try:
         shardcast.load(model, ckpt, timeout=30)
     except shardcast.ShardcastError as e:

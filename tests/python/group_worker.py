@@ -49,9 +49,9 @@ def subgroup(root, rank, world):
         groups = dict(dist.distributed_c10d._world.pg_names)
         count = dist.distributed_c10d._world.group_count
         out["first"] = load_rows(path, ref, sub, rank, 2)
-        twins_first = {n: id(t) for n, (_, t) in getattr(shardcast, "_GLOO_TWINS", {}).items()}
+        twins_first = {n: id(t) for n, (_, t) in shardcast._group._GLOO_TWINS.items()}
         out["second"] = load_rows(path, ref, sub, rank, 2)
-        twins_second = {n: id(t) for n, (_, t) in getattr(shardcast, "_GLOO_TWINS", {}).items()}
+        twins_second = {n: id(t) for n, (_, t) in shardcast._group._GLOO_TWINS.items()}
         out["twins"] = len(twins_first)
         out["same_twin"] = twins_first == twins_second
         out["registry_unchanged"] = (dict(dist.distributed_c10d._world.pg_names) == groups
@@ -64,7 +64,7 @@ def subgroup(root, rank, world):
     dist.all_reduce(x, group=everyone)
     out["world_group_sum"] = int(x.item())
     out["world"] = load_rows(path, ref, None, rank, world)  # a shardcast call after the subgroup went away
-    out["twins_after"] = len(getattr(shardcast, "_GLOO_TWINS", {}))
+    out["twins_after"] = len(shardcast._group._GLOO_TWINS)
     return out
 
 
