@@ -88,6 +88,11 @@ class Checkpoint {
 // index_path.
 std::vector<std::pair<std::string, std::string>> ParseWeightMap(std::string_view index_path,
                                                                  std::string_view json);
+// ParseWeightMap has two parsers, like ParseHeader (safetensors_header.h): a fast one that accepts and
+// names nothing, and this diagnosing one for whatever the fast one declines. For the tests and the
+// fuzzer that check the two agree; not for other callers.
+std::vector<std::pair<std::string, std::string>> ParseWeightMapDiagnosing(std::string_view index_path,
+                                                                          std::string_view json);
 
 // What a process can tell about a checkpoint without opening it (ranks compare it to decide who reads):
 // the size of the file Open reads first (the index, else model.safetensors, else `path` itself when it
