@@ -432,7 +432,7 @@ std::unique_ptr<Checkpoint> Checkpoint::Open(const std::string& path, const Open
   Top top = OpenTop(path, options);
   if (top.file) {
     ckpt->AddFile(std::move(top.file));
-    std::sort(ckpt->keys_.begin(), ckpt->keys_.end());
+    ckpt->SortKeys();
     return ckpt;
   }
   const NameRoot& root = *top.dir;
@@ -440,28 +440,46 @@ std::unique_ptr<Checkpoint> Checkpoint::Open(const std::string& path, const Open
       std::optional<OpenNode> index_node = OpenBeneath(root, path, kIndexFileName)) {
     auto weight_map = ParseWeightMap(index, ReadIndex(*index_node, index));
     index_node.reset();
-    std::unordered_map<std::string, size_t> file_pos;
+    // Pairs sorted by key name runs of one file (a file holds a block of layers): the file of the
+    // previous pair is looked up again only when the name changes.
+    std::unordered_map<std::string_view, const SafetensorsFile*> by_name;
     ckpt->entries_.reserve(weight_map.size());  // one allocation: DeepSeek-V3 lists 92k keys
-    ckpt->keys_.reserve(weight_map.size());
+    const std::string* last_name = nullptr;
     for (const auto& [key, name] : weight_map) {
-      if (file_pos.count(name)) continue;
+      if (last_name != nullptr && name == *last_name) continue;
+      last_name = &name;
+      auto [it, fresh] = by_name.emplace(name, nullptr);
+      if (!fresh) continue;
       std::optional<OpenNode> node = OpenBeneath(root, path, name);
       if (!node) Fail(index, Names(key, name) + ", which does not exist");
-      file_pos[name] = ckpt->files_.size();
       ckpt->AddFile(SafetensorsFile::FromDescriptor(node->fd.release(), path + "/" + name, options));
+      it->second = ckpt->files_.back().get();
     }
-    for (const auto& [key, name] : weight_map) {
-      const SafetensorsFile& f = *ckpt->files_[file_pos[name]];
-      if (f.Find(key) == nullptr) {
+    // Every pair's key must be in the file it names: keys are unique across files, so that is its entry
+    // naming that file. When the index lists every key the files hold, as it does, its pairs (sorted by
+    // key) are keys() already and nothing needs sorting again.
+    const bool lists_every_key = ckpt->entries_.size() == weight_map.size();
+    if (lists_every_key) ckpt->keys_.reserve(weight_map.size());
+    last_name = nullptr;
+    const SafetensorsFile* file = nullptr;
+    for (auto& [key, name] : weight_map) {
+      if (last_name == nullptr || name != *last_name) file = by_name.at(name), last_name = &name;
+      auto it = ckpt->entries_.find(key);
+      if (it == ckpt->entries_.end() || it->second.file != file) {
         Fail(index, Names(key, name) + ", which holds no tensor '" + Printable(key) + "'");
       }
+      if (lists_every_key) {
+        it->second.key_index = ckpt->keys_.size();
+        ckpt->keys_.push_back(std::move(key));
+      }
     }
+    if (lists_every_key) return ckpt;
   } else if (std::optional<OpenNode> single_node = OpenBeneath(root, path, kSingleFileName)) {
     ckpt->AddFile(SafetensorsFile::FromDescriptor(single_node->fd.release(), path + "/" + kSingleFileName, options));
   } else {
     Fail(path, std::string("holds neither ") + kIndexFileName + " nor " + kSingleFileName);
   }
-  std::sort(ckpt->keys_.begin(), ckpt->keys_.end());
+  ckpt->SortKeys();
   return ckpt;
 }
 
@@ -474,6 +492,7 @@ std::unique_ptr<Checkpoint> Checkpoint::OpenKnown(const std::string& path, const
   Top top = OpenTop(path, single);
   if (top.file) {
     ckpt->AddFile(std::move(top.file));
+    ckpt->SortKeys();
     return ckpt;
   }
   const NameRoot& root = *top.dir;
@@ -483,7 +502,7 @@ std::unique_ptr<Checkpoint> Checkpoint::OpenKnown(const std::string& path, const
     options.known_header_digest = known.digest;
     ckpt->AddFile(SafetensorsFile::FromDescriptor(node->fd.release(), path + "/" + known.name, options));
   }
-  std::sort(ckpt->keys_.begin(), ckpt->keys_.end());
+  ckpt->SortKeys();
   return ckpt;
 }
 
@@ -494,9 +513,21 @@ void Checkpoint::AddFile(std::unique_ptr<SafetensorsFile> f) {
       Fail(f->path(), "tensor '" + t.key + "' is also in " + it->second.file->path() +
                           "; every key must be unique across files");
     }
-    keys_.push_back(t.key);
   }
   files_.push_back(std::move(f));
+}
+
+void Checkpoint::SortKeys() {
+  std::vector<Entry*> order;
+  order.reserve(entries_.size());
+  for (auto& [key, e] : entries_) order.push_back(&e);
+  std::sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) { return a->info->key < b->info->key; });
+  keys_.clear();
+  keys_.reserve(order.size());
+  for (Entry* e : order) {
+    e->key_index = keys_.size();
+    keys_.push_back(e->info->key);
+  }
 }
 
 uint64_t Checkpoint::total_bytes() const {
@@ -506,7 +537,7 @@ uint64_t Checkpoint::total_bytes() const {
 }
 
 const Checkpoint::Entry* Checkpoint::Find(std::string_view key) const {
-  auto it = entries_.find(std::string(key));
+  auto it = entries_.find(key);
   return it == entries_.end() ? nullptr : &it->second;
 }
 

@@ -44,6 +44,7 @@ class Checkpoint {
   struct Entry {
     const SafetensorsFile* file;
     const TensorInfo* info;
+    size_t key_index = 0;  // the key's position in keys(): a dense id, for per-key marks
   };
 
   static std::unique_ptr<Checkpoint> Open(const std::string& path, const OpenOptions& options = {});
@@ -74,10 +75,12 @@ class Checkpoint {
 
  private:
   void AddFile(std::unique_ptr<SafetensorsFile> f);
+  void SortKeys();  // keys_ from entries_, and each entry's key_index
 
   std::string root_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
-  std::unordered_map<std::string, Entry> entries_;
+  // Keyed by views of the TensorInfo keys, which files_ owns and never moves.
+  std::unordered_map<std::string_view, Entry> entries_;
   std::vector<std::string> keys_;
 };
 
