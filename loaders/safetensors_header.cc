@@ -151,7 +151,11 @@ bool ParseFast(std::string_view json, Header* h) {
   }
   return h->BuildIndex();  // false for a duplicate tensor key
 }
+// simdjson's validator (SIMD, the same rules as FindInvalidUtf8: no overlongs, no surrogates, nothing
+// past U+10FFFF); FindInvalidUtf8 then finds where, on the error path only.
+bool IsValidUtf8(std::string_view s) { return simdjson::validate_utf8(s.data(), s.size()); }
 #else
+bool IsValidUtf8(std::string_view s) { return FindInvalidUtf8(s) == std::string_view::npos; }
 void ReleaseParserAfter(size_t) {}
 bool ParseFast(std::string_view, Header*) { return false; }  // built without simdjson: the slow path only
 #endif
@@ -442,49 +446,48 @@ uint64_t ParseHeaderLength(std::string_view file, const unsigned char* prefix, u
 
 namespace {
 
-// Everything ParseHeader checks before and after the JSON, around one of its two parsers.
-template <typename Parse>
-Header ParseWith(std::string_view file, std::string_view json, uint64_t file_size, Parse parse) {
+enum class Parsers { kFastFirst, kDiagnosingOnly };
+
+// Everything ParseHeader checks, with the fast parser first or the diagnosing one alone.
+Header ParseWith(std::string_view file, std::string_view json, uint64_t file_size, Parsers parsers) {
+  const bool fast = parsers == Parsers::kFastFirst;
   Header h;
   h.header_bytes = json.size();
   h.data_bytes = file_size - 8 - json.size();
   if (json.empty() || json[0] != '{') {
     Fail(file, "header " + ByteRangeText(8, 8 + json.size()) + " does not start with '{'");
   }
-  if (size_t bad = FindInvalidUtf8(json); bad != std::string_view::npos) {
-    Fail(file, "header is not valid UTF-8 at byte " + std::to_string(8 + bad));
+  if (fast ? !IsValidUtf8(json) : FindInvalidUtf8(json) != std::string_view::npos) {
+    const size_t bad = FindInvalidUtf8(json);
+    Fail(file, "header is not valid UTF-8" + (bad == std::string_view::npos ? "" : " at byte " + std::to_string(8 + bad)));
   }
   // nlohmann's lexer takes a NUL byte for end of input; raw NUL is never valid JSON, even in strings.
   if (size_t nul = json.find('\0'); nul != std::string_view::npos) {
     Fail(file, "header is not valid JSON: NUL byte at byte " + std::to_string(8 + nul));
   }
-  parse(&h);
+  const bool parsed = fast && ParseFast(json, &h);
+  if (fast) ReleaseParserAfter(json.size());
+  if (!parsed) {
+    h.tensors.clear();
+    h.metadata.clear();
+    HeaderSax sax(file, &h);
+    bool ok = nlohmann::json::sax_parse(json.begin(), json.end(), &sax, nlohmann::json::input_format_t::json, true);
+    if (!ok) Fail(file, sax.error.empty() ? "header is not valid JSON" : sax.error);
+    if (!h.BuildIndex()) Fail(file, "header: a duplicate key the parser did not see");  // HeaderSax rejects them
+  }
   for (const TensorInfo& t : h.tensors) CheckTensor(file, t);
   CheckCoverage(file, h);
   return h;
 }
 
-void ParseDiagnosing(std::string_view file, std::string_view json, Header* h) {
-  h->tensors.clear();
-  h->metadata.clear();
-  HeaderSax sax(file, h);
-  bool ok = nlohmann::json::sax_parse(json.begin(), json.end(), &sax, nlohmann::json::input_format_t::json, true);
-  if (!ok) Fail(file, sax.error.empty() ? "header is not valid JSON" : sax.error);
-  if (!h->BuildIndex()) Fail(file, "header: a duplicate key the parser did not see");  // HeaderSax rejects them
-}
-
 }  // namespace
 
 Header ParseHeader(std::string_view file, std::string_view json, uint64_t file_size) {
-  return ParseWith(file, json, file_size, [&](Header* h) {
-    const bool fast = ParseFast(json, h);
-    ReleaseParserAfter(json.size());
-    if (!fast) ParseDiagnosing(file, json, h);
-  });
+  return ParseWith(file, json, file_size, Parsers::kFastFirst);
 }
 
 Header ParseHeaderDiagnosing(std::string_view file, std::string_view json, uint64_t file_size) {
-  return ParseWith(file, json, file_size, [&](Header* h) { ParseDiagnosing(file, json, h); });
+  return ParseWith(file, json, file_size, Parsers::kDiagnosingOnly);
 }
 
 Header ParseFileImage(std::string_view file, const unsigned char* data, size_t size) {

@@ -80,6 +80,9 @@ TEST(HeaderPaths, AgreeOnValidHeadersAndHandWrittenFaults) {
            R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})",
            R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},})",
            std::string("{\"w\x01\":{") + t + "}}",
+           // UTF-8: overlong, surrogate, past U+10FFFF, cut short, and a valid 4-byte sequence.
+           "{\"\xc0\x80\":{" + t + "}}", "{\"\xed\xa0\x80\":{" + t + "}}", "{\"\xf4\x90\x80\x80\":{" + t + "}}",
+           "{\"\xe2\x82\":{" + t + "}}", "{\"\xf0\x9f\x98\x80\":{" + t + "}}", "{\"\x80\":{" + t + "}}",
            "{\"a\":" + std::string(1100, '[') + std::string(1100, ']') + "}",
            "{\"w\":{" + t + ",\"x\":" + std::string(1100, '[') + std::string(1100, ']') + "}}",
        }) {
