@@ -9,8 +9,8 @@
 //     with begin <= end, numel * element size == end - begin (overflow-checked);
 //   - sorted by offset, tensors tile the data area from 0 with no gap or overlap, ending at its end.
 // Every error is ErrorKind::kCheckpoint and names the file, the key and the byte range involved.
-// Pure functions; thread-safe. Each thread keeps one JSON parser's buffers for the next header (a few
-// times the largest header it parsed under 1 MB; larger ones are parsed with buffers freed after).
+// Pure functions; thread-safe. Each thread keeps one JSON parser's buffers for its next header, sized
+// for the largest header it parsed up to 1 MB; a larger one is parsed with buffers freed after.
 #pragma once
 
 #include <cstdint>
