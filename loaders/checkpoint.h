@@ -44,6 +44,7 @@ class Checkpoint {
   struct Entry {
     const SafetensorsFile* file;
     const TensorInfo* info;
+    size_t key_index = 0;  // the key's position in keys(): a dense id, for per-key marks
   };
 
   static std::unique_ptr<Checkpoint> Open(const std::string& path, const OpenOptions& options = {});
@@ -74,10 +75,12 @@ class Checkpoint {
 
  private:
   void AddFile(std::unique_ptr<SafetensorsFile> f);
+  void SortKeys();  // keys_ from entries_, and each entry's key_index
 
   std::string root_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
-  std::unordered_map<std::string, Entry> entries_;
+  // Keyed by views of the TensorInfo keys, which files_ owns and never moves.
+  std::unordered_map<std::string_view, Entry> entries_;
   std::vector<std::string> keys_;
 };
 
@@ -88,6 +91,11 @@ class Checkpoint {
 // index_path.
 std::vector<std::pair<std::string, std::string>> ParseWeightMap(std::string_view index_path,
                                                                  std::string_view json);
+// ParseWeightMap has two parsers, like ParseHeader (safetensors_header.h): a fast one that accepts and
+// names nothing, and this diagnosing one for whatever the fast one declines. For the tests and the
+// fuzzer that check the two agree; not for other callers.
+std::vector<std::pair<std::string, std::string>> ParseWeightMapDiagnosing(std::string_view index_path,
+                                                                          std::string_view json);
 
 // What a process can tell about a checkpoint without opening it (ranks compare it to decide who reads):
 // the size of the file Open reads first (the index, else model.safetensors, else `path` itself when it

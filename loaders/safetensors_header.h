@@ -9,13 +9,13 @@
 //     with begin <= end, numel * element size == end - begin (overflow-checked);
 //   - sorted by offset, tensors tile the data area from 0 with no gap or overlap, ending at its end.
 // Every error is ErrorKind::kCheckpoint and names the file, the key and the byte range involved.
-// Pure functions; thread-safe.
+// Pure functions; thread-safe. Each thread keeps one JSON parser's buffers for its next header, sized
+// for the largest header it parsed up to 1 MB; a larger one is parsed with buffers freed after.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -45,9 +45,14 @@ struct Header {
   uint64_t header_bytes = 0;        // N, the JSON length
   uint64_t data_offset() const { return 8 + header_bytes; }
   uint64_t data_bytes = 0;
-  std::unordered_map<std::string, size_t> index;  // key -> position in tensors
 
   const TensorInfo* Find(std::string_view key) const;
+  // Fills `index` from tensors. Returns false, with `index` unusable, when a key is there twice.
+  bool BuildIndex();
+  // key -> position in tensors: open addressing over positions, 2 to 4 slots a tensor, kFreeSlot
+  // where none. It holds no pointers, so a copied Header's index is right. Built by ParseHeader.
+  static constexpr uint32_t kFreeSlot = UINT32_MAX;
+  std::vector<uint32_t> index;
 };
 
 // Reads N from the first 8 bytes and checks it against the cap and the file size.
@@ -59,6 +64,12 @@ Header ParseHeader(std::string_view file, std::string_view json, uint64_t file_s
 
 // The whole check on an in-memory file image (used by the fuzzer and tests).
 Header ParseFileImage(std::string_view file, const unsigned char* data, size_t size);
+
+// ParseHeader has two parsers: a fast one (simdjson) that accepts well-formed headers and names no
+// problem, and a diagnosing one (nlohmann's SAX) for whatever the fast one declines, which decides and
+// names the problem. This is ParseHeader with the diagnosing parser alone, for the tests and the fuzzer
+// that check the two agree: the same Header, or the same error. Not for other callers.
+Header ParseHeaderDiagnosing(std::string_view file, std::string_view json, uint64_t file_size);
 
 // "[begin, end)" as text, for messages.
 std::string ByteRangeText(uint64_t begin, uint64_t end);

@@ -30,7 +30,7 @@ uint64_t Numel(const std::vector<uint64_t>& s) {
 class Resolver {
  public:
   Resolver(const Checkpoint& ckpt, const KeyMapping& mapping, BlockSize block)
-      : ckpt_(ckpt), mapping_(mapping), block_(block) {
+      : ckpt_(ckpt), mapping_(mapping), block_(block), used_(ckpt.keys().size(), 0) {
     for (size_t i = 0; i < ckpt.num_files(); ++i) file_index_[&ckpt.file(i)] = static_cast<uint32_t>(i);
   }
 
@@ -60,8 +60,8 @@ class Resolver {
     const Checkpoint::Entry* found = ckpt_.Find(ck);
     if (found == nullptr) {
       if (auto packed = ResolveMxfp4Part(ckpt_, file_index_, e.key, ck, e.shape, e.dtype)) {
-        used_.insert(packed->checkpoint_key);
-        used_.insert(packed->scale.key);
+        Use(packed->checkpoint_key);
+        Use(packed->scale.key);
         me.parts.push_back(std::move(*packed));
         return me;
       }
@@ -80,7 +80,8 @@ class Resolver {
     return me;
   }
 
-  bool Used(const std::string& key) const { return used_.count(key) > 0; }
+  // Whether the checkpoint's key_index-th key (Checkpoint::keys()) went into an entry.
+  bool Used(size_t key_index) const { return used_[key_index] != 0; }
 
  private:
   std::string CheckpointKey(const std::string& key) const {
@@ -98,7 +99,7 @@ class Resolver {
                       found.file->path() + ") but " + std::string(DTypeName(e.dtype)) +
                       " in rank 0's plan, and there is no conversion between them");
     }
-    used_.insert(ck);
+    used_[found.key_index] = 1;
     return ManifestPart{ck, found.info->dtype, file_index_.at(found.file),
                         found.file->header().data_offset() + found.info->begin, found.info->numel(),
                         found.info->shape};
@@ -116,8 +117,8 @@ class Resolver {
     }
     CheckDequantizable(ck, found.info->dtype, scale->info->dtype, e.dtype);
     CheckScaleShape(ck, found.info->shape, scale->info->shape, block_);
-    used_.insert(ck);
-    used_.insert(scale_key);
+    used_[found.key_index] = 1;
+    used_[scale->key_index] = 1;
     ManifestPart p{ck, found.info->dtype, file_index_.at(found.file),
                    found.file->header().data_offset() + found.info->begin, found.info->numel(), found.info->shape};
     p.dequantize = true;
@@ -139,8 +140,12 @@ class Resolver {
   const Checkpoint& ckpt_;
   const KeyMapping& mapping_;
   const BlockSize block_;
+  void Use(const std::string& key) {
+    if (const Checkpoint::Entry* e = ckpt_.Find(key)) used_[e->key_index] = 1;
+  }
+
   FileIndex file_index_;
-  std::unordered_set<std::string> used_;
+  std::vector<uint8_t> used_;  // by Checkpoint::Entry::key_index
 };
 
 }  // namespace
@@ -184,13 +189,14 @@ Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& map
     m.files.push_back(ManifestFile{RelativeName(ckpt, i), f.file_size(), FileDigest(f)});
   }
   Resolver resolver(ckpt, mapping, block);
+  m.entries.reserve(plan.entries().size());
   for (const PlanEntry& e : plan.entries()) {
     if (FromCheckpoint(e.role)) m.entries.push_back(resolver.Entry(e));
   }
-  for (const auto& key : ckpt.keys()) {
-    if (resolver.Used(key)) continue;
+  for (size_t i = 0; i < ckpt.keys().size(); ++i) {
+    if (resolver.Used(i)) continue;
     ++m.skipped;
-    if (m.skipped_examples.size() < 5) m.skipped_examples.push_back(key);
+    if (m.skipped_examples.size() < 5) m.skipped_examples.push_back(ckpt.keys()[i]);
   }
   if (params.strict_keys && m.skipped > 0) {
     throw Error(ErrorKind::kManifestMismatch, "checkpoint " + ckpt.root(),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs whatever shardcast needs and is missing; safe to run again (it then does next to nothing).
-#   Debian packages: compilers, CMake, GoogleTest, Google Benchmark, mimalloc, nlohmann-json, CLI11,
+#   Debian packages: compilers, CMake, GoogleTest, Google Benchmark, mimalloc, nlohmann-json, simdjson, CLI11,
 #                    xxHash, gloo headers (the torch wheel ships none), clang (fuzzing), ccache.
 #   .venv/:          the pinned Python stack of tools/constraints.txt (torch, transformers, accelerate,
 #                    safetensors, huggingface_hub, numpy, pytest, scikit-build-core), then shardcast itself
@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config ccache clang libclang-rt-14-dev
-          libgtest-dev libgmock-dev libbenchmark-dev libmimalloc-dev nlohmann-json3-dev libcli11-dev
+          libgtest-dev libgmock-dev libbenchmark-dev libmimalloc-dev nlohmann-json3-dev libsimdjson-dev libcli11-dev
           libxxhash-dev libgloo-dev python3-venv)
 missing=()
 for p in "${packages[@]}"; do

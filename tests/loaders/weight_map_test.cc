@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -140,6 +141,72 @@ namespace {
 TEST(WeightMap, ADuplicatedWeightMapIsNamedAsTheDuplicate) {
   EXPECT_SC_ERROR(Parse(R"({"weight_map":{"x":"a"},"weight_map":{"x":"a"}})"), ErrorKind::kCheckpoint,
                   "duplicate key 'weight_map'");
+}
+
+}  // namespace
+}  // namespace shardcast
+
+namespace shardcast {
+namespace {
+
+// What ParseWeightMap came to: the pairs, or the error's message.
+std::string IndexOutcome(Pairs (*parse)(std::string_view, std::string_view), const std::string& json) {
+  try {
+    std::string out = "ok";
+    for (const auto& [k, v] : parse("idx.json", json)) out += "|" + k + "=" + v;
+    return out;
+  } catch (const Error& e) {
+    return std::string("error ") + e.what();
+  }
+}
+
+// ParseWeightMap's fast parser only declines what the diagnosing one decides: the same pairs or the same
+// error, on hand-written indexes and on ~20k deterministic mutations of them.
+TEST(WeightMap, ItsTwoParsersAgree) {
+  const std::vector<std::string> valid = {
+      R"({"metadata":{"total_size":12,"nested":{"weight_map":{"q":"no.safetensors"}}},)"
+      R"("weight_map":{"b":"2.safetensors","a":"1.safetensors","c":"sub/3.safetensors"},"extra":[{"weight_map":7}]})",
+      R"({"m":[{"k":1},{"k":1}],"k":{"k":{"k":2}},"weight_map":{"k":"f","e\u00e9":"x/y.safetensors"}})",
+      R"({"weight_map":{}})",
+  };
+  const std::string deep = std::string(kMaxIndexDepth - 1, '[') + std::string(kMaxIndexDepth - 1, ']');
+  std::vector<std::string> cases = valid;
+  for (const std::string& c : std::vector<std::string>{
+           R"({"weight_map":{"x":"a","x":"b"}})", R"({"weight_map":{},"weight_map":{}})",
+           R"({"metadata":{"a":{"k":1,"k":2}},"weight_map":{}})", R"({"weight_map":{"x":"../a"}})",
+           R"({"weight_map":{"x":"a/../b"}})", R"({"weight_map":{"x":"/a"}})", R"({"weight_map":{"x":""}})",
+           R"({"weight_map":{"x":"a\u0000b"}})", R"({"weight_map":{"x":".."}})", R"({"weight_map":{"x":"a/.."}})",
+           R"({"weight_map":{"x":"..a/b.."}})", R"({"weight_map":{"x":1}})", R"({"weight_map":[]})", R"([])",
+           R"({"weight_map":{"x":"a"},"n":18446744073709551616})", R"({"weight_map":{"x":"a"},"n":1e400})",
+           R"({"weight_map":{},"m":)" + deep + "}", R"({"weight_map":{},"m":[)" + deep + "]}",
+           R"({"weight_map":{},"m":[[)" + deep + "]]}",
+       }) {
+    cases.push_back(c);
+  }
+  for (const std::string& c : cases) {
+    EXPECT_EQ(IndexOutcome(&ParseWeightMap, c), IndexOutcome(&ParseWeightMapDiagnosing, c)) << c;
+  }
+  const std::vector<std::string> tokens = {"\"weight_map\"", "{}", "[]", ",", ":", "\"", "\\", "\\u0000", "\\ud800",
+                                           "..", "/", "1.5", "null", "\"k\"", "\"a\":\"b\"", " ", "\xFF"};
+  std::mt19937_64 rng(19);
+  int accepted = 0;
+  for (int i = 0; i < 20000; ++i) {
+    std::string json = valid[rng() % valid.size()];
+    const int edits = 1 + static_cast<int>(rng() % 3);
+    for (int e = 0; e < edits && !json.empty(); ++e) {
+      const size_t at = rng() % json.size();
+      switch (rng() % 4) {
+        case 0: json[at] = "{}[],:\"\\/.01ak "[rng() % 16]; break;
+        case 1: json.insert(at, tokens[rng() % tokens.size()]); break;
+        case 2: json.erase(at, 1 + rng() % 8); break;
+        default: json.insert(at, json.substr(at, 1 + rng() % 24)); break;
+      }
+    }
+    const std::string fast = IndexOutcome(&ParseWeightMap, json);
+    ASSERT_EQ(fast, IndexOutcome(&ParseWeightMapDiagnosing, json)) << json;
+    accepted += fast.rfind("ok", 0) == 0;
+  }
+  EXPECT_GT(accepted, 500);
 }
 
 }  // namespace
