@@ -9,21 +9,27 @@
 //   per expert e: runs = 2 (rows), stride 6, first = e*24 + 1*6 + 2
 #pragma once
 
+#include <c10/util/SmallVector.h>
+
 namespace shardcast {
 namespace layout_detail {
 
+// Per-dim values without a heap allocation for the usual ranks (the walk runs once per box and rank,
+// hundreds of thousands of times at DeepSeek-V3's scale).
+using DimValues = c10::SmallVector<uint64_t, 6>;
+
+// g: the global shape, ls: the local shape, o/l/lo: the box's offsets, lengths and local offsets; nd each.
 template <typename F>
-void WalkBox(const std::vector<uint64_t>& g, const std::vector<uint64_t>& ls, const std::vector<uint64_t>& o,
-             const std::vector<uint64_t>& l, const std::vector<uint64_t>& lo, F& fn) {
-  const size_t nd = g.size();
+void WalkBox(size_t nd, const uint64_t* g, const uint64_t* ls, const uint64_t* o, const uint64_t* l,
+             const uint64_t* lo, F& fn) {
   if (nd == 0) {
     fn(StridedRuns{0, 1, 1, 1, 0, 1});
     return;
   }
-  for (uint64_t x : l) {
-    if (x == 0) return;
+  for (size_t d = 0; d < nd; ++d) {
+    if (l[d] == 0) return;
   }
-  std::vector<uint64_t> gs(nd, 1), lss(nd, 1);  // row-major strides in elements
+  DimValues gs(nd, 1), lss(nd, 1);  // row-major strides in elements
   for (size_t d = nd - 1; d > 0; --d) {
     gs[d - 1] = gs[d] * g[d];
     lss[d - 1] = lss[d] * ls[d];
@@ -45,7 +51,7 @@ void WalkBox(const std::vector<uint64_t>& g, const std::vector<uint64_t>& ls, co
   r.stride = gs[k - 1];
   r.local_stride = lss[k - 1];
   // The outer dims 0..k-2, one index at a time (an odometer).
-  std::vector<uint64_t> idx(k - 1, 0);
+  DimValues idx(k - 1, 0);
   while (true) {
     uint64_t first = o[k - 1] * gs[k - 1] + o[k] * gs[k], local = lo[k - 1] * lss[k - 1] + lo[k] * lss[k];
     for (size_t d = 0; d + 1 < k; ++d) {
@@ -71,17 +77,20 @@ template <typename F>
 void ForEachRuns(const std::vector<uint64_t>& shape, const Piece& piece, F&& fn) {
   if (!piece.held) return;
   const size_t nd = shape.size();
-  const std::vector<uint64_t> ls = piece.LocalShape();
   if (nd == 0) {
-    layout_detail::WalkBox(shape, ls, {}, {}, {}, fn);
+    layout_detail::WalkBox(0, nullptr, nullptr, nullptr, nullptr, nullptr, fn);
     return;
   }
+  layout_detail::DimValues ls(nd, 0);
+  for (size_t d = 0; d < nd; ++d) {
+    for (const Span& s : piece.dims[d]) ls[d] += s.size();
+  }
   // Every box: one span per dim (an odometer over the span lists), with its local offsets.
-  std::vector<size_t> pick(nd, 0);
+  layout_detail::DimValues pick(nd, 0);
   for (size_t d = 0; d < nd; ++d) {
     if (piece.dims[d].empty()) return;
   }
-  std::vector<uint64_t> o(nd), l(nd), lo(nd);
+  layout_detail::DimValues o(nd), l(nd), lo(nd);
   while (true) {
     for (size_t d = 0; d < nd; ++d) {
       uint64_t local = 0;
@@ -90,7 +99,7 @@ void ForEachRuns(const std::vector<uint64_t>& shape, const Piece& piece, F&& fn)
       l[d] = piece.dims[d][pick[d]].size();
       lo[d] = local;
     }
-    layout_detail::WalkBox(shape, ls, o, l, lo, fn);
+    layout_detail::WalkBox(nd, shape.data(), ls.data(), o.data(), l.data(), lo.data(), fn);
     size_t d = nd;
     while (d > 0) {
       if (++pick[d - 1] < piece.dims[d - 1].size()) break;

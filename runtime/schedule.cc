@@ -1,6 +1,7 @@
 #include "runtime/schedule.h"
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "allocators/error.h"
 
@@ -19,7 +20,11 @@ const Schedule::Pieces& Schedule::PiecesOf(uint32_t entry) {
   if (it != pieces_.end()) return *(pieces_of_[entry] = &it->second);
   Pieces p;
   p.holdings = Holdings(e.shape, m_.LayoutOf(e), world_);
-  for (const Holding& h : p.holdings) p.holders.push_back(std::make_shared<const std::vector<int>>(h.holders));
+  for (const Holding& h : p.holdings) {
+    auto& set = holder_sets_[h.holders];
+    if (!set) set = std::make_shared<const std::vector<int>>(h.holders);
+    p.holders.push_back(set);
+  }
   uint64_t numel = 1;
   for (uint64_t d : e.shape) numel *= d;
   p.broadcast = p.holdings.size() == 1 && p.holdings[0].holders.size() == static_cast<size_t>(world_) &&
@@ -62,7 +67,7 @@ void Schedule::FillBatch() {
     const Holding* holding;
   };
   std::vector<std::pair<std::shared_ptr<const std::vector<int>>, std::vector<Item>>> groups;
-  std::map<std::vector<int>, size_t> group_of;
+  std::unordered_map<const std::vector<int>*, size_t> group_of;  // by interned holder set
   uint64_t bytes = 0;
   const uint64_t limit = chunk_ * static_cast<uint64_t>(world_);
   bool any = false;
@@ -76,7 +81,7 @@ void Schedule::FillBatch() {
     for (uint64_t d : e.shape) numel *= d;
     bytes += numel * DTypeSize(e.target_dtype);
     for (size_t h = 0; h < p.holdings.size(); ++h) {
-      auto [it, fresh] = group_of.emplace(p.holdings[h].holders, groups.size());
+      auto [it, fresh] = group_of.try_emplace(p.holders[h].get(), groups.size());
       if (fresh) groups.push_back({p.holders[h], {}});
       groups[it->second].second.push_back(Item{i, &p.holdings[h]});
     }

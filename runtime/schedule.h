@@ -100,6 +100,8 @@ class Schedule {
   uint64_t seq_ = 0;
   std::deque<Message, HostStlAllocator<Message>> queue_;
   std::map<std::pair<uint32_t, std::vector<uint64_t>>, Pieces> pieces_;  // by (layout, shape)
+  // One shared list per distinct holder set, so a batch groups pieces by pointer, not by comparing lists.
+  std::map<std::vector<int>, std::shared_ptr<const std::vector<int>>> holder_sets_;
   std::vector<const Pieces*> pieces_of_;  // by entry, filled as entries are first met
   std::vector<uint64_t> part_starts_;  // of the entry being cut: element where each part begins
   uint32_t part_starts_of_ = UINT32_MAX;
