@@ -125,6 +125,14 @@ void Layout::Check(const std::vector<uint64_t>& shape, const std::string& what) 
   }
 }
 
+void Layout::CheckKey(const std::vector<uint64_t>& shape, const std::string& key) const {
+  try {
+    Check(shape, "");
+  } catch (const Error& e) {
+    throw Error(e.kind(), "key '" + key + "'", e.what());
+  }
+}
+
 Layout DimZeroLayout(int world_size, int replicas) {
   Layout l;
   if (replicas <= 1) {

@@ -74,6 +74,9 @@ struct Layout {
   // Throws kInvalidArgument naming `what` when the layout cannot describe a tensor of `shape` (a
   // placement dim outside it, a box outside it).
   void Check(const std::vector<uint64_t>& shape, const std::string& what) const;
+  // The same for `key`'s tensor ("key '<key>'"), with the name built only for an error: called once per
+  // entry, 90k times at DeepSeek-V3's scale.
+  void CheckKey(const std::vector<uint64_t>& shape, const std::string& key) const;
 };
 
 // FSDP2's 1-d mesh (Shard(0) over all ranks), or HSDP's (Replicate(), Shard(0)) on (replicas, world /

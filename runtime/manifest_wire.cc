@@ -223,7 +223,7 @@ Manifest DecodeManifest(const std::string& bytes) {
     if (e.layout >= m.layouts.size()) throw Error(ErrorKind::kComm, "manifest", "an entry names a layout past the list");
     e.shape = r.Dims();
     try {
-      m.layouts[e.layout].Check(e.shape, "key '" + e.key + "'");
+      m.layouts[e.layout].CheckKey(e.shape, e.key);
     } catch (const Error& bad) {
       throw Error(ErrorKind::kComm, "manifest", std::string("the manifest received from rank 0 is malformed: ") + bad.what());
     }

@@ -41,7 +41,7 @@ Plan Plan::Build(ModelSpec spec, int world_size, const PlanOptions& options) {
       }
       p.layout_index = 2 + it->second;
       const Layout& l = plan.layouts_[p.layout_index];
-      l.Check(e.shape, "key '" + e.key + "'");
+      l.CheckKey(e.shape, e.key);
       for (int r : l.ranks) {
         if (r >= world_size) {
           throw Error(ErrorKind::kInvalidArgument, "key '" + e.key + "'",
