@@ -81,6 +81,18 @@ PlanOptions LayoutsFrom(py::list layouts, const std::vector<std::pair<std::strin
   return o;
 }
 
+// The options a load or save runs with: SHARDCAST_* from the environment, then the keywords the caller
+// gave ({name: text}); `source_flag` names the source keyword in messages ("source=" or save's "mode=").
+LoadOptions OptionsFrom(py::dict opts, const std::string& source_flag = "source=") {
+  LoadOptionsBuilder b;
+  b.FromEnvironment();
+  for (auto [k, v] : opts) {
+    const std::string name = k.cast<std::string>();
+    b.Set(OptionNamed(name), v.cast<std::string>(), name == "source" ? source_flag : name + "=");
+  }
+  return b.Build();
+}
+
 // entries: [(key, local tensor, global shape, role, layout index, compose or None)], one per entry, in an
 // order every rank shares (the model's named_parameters/named_buffers order). options: {name: text},
 // only those the caller gave (the environment fills the rest; given ones win). problem: (kind name,
@@ -104,13 +116,7 @@ py::dict LoadEntries(py::list entries, py::list layouts, const std::string& chec
   LoadRequest rq;
   rq.checkpoint = checkpoint;
   try {
-    LoadOptionsBuilder b;
-    b.FromEnvironment();
-    for (auto [k, v] : opts) {
-      const std::string name = k.cast<std::string>();
-      b.Set(OptionNamed(name), v.cast<std::string>(), name + "=");
-    }
-    rq.options = b.Build();
+    rq.options = OptionsFrom(opts);
   } catch (const Error& e) {
     if (!failed) failed = e;
   }
@@ -193,13 +199,7 @@ py::dict SaveEntries(py::list entries, py::list layouts, const std::string& out_
   rq.config_json = config_json;
   rq.generation_config_json = generation_config_json;
   try {
-    LoadOptionsBuilder b;
-    b.FromEnvironment();
-    for (auto [k, v] : opts) {
-      const std::string name = k.cast<std::string>();
-      b.Set(OptionNamed(name), v.cast<std::string>(), name == "source" ? "mode=" : name + "=");
-    }
-    rq.options = b.Build();
+    rq.options = OptionsFrom(opts, "mode=");
     rq.max_shard_bytes = ParseBytes(max_shard_size, "max_shard_size=");
     if (rq.max_shard_bytes == 0) throw Error(ErrorKind::kInvalidArgument, "max_shard_size=", "must be more than 0 bytes");
     if (!dtype.is_none()) {
@@ -349,13 +349,7 @@ PYBIND11_MODULE(_shardcast, m) {
       "load_timeout_seconds",
       [](py::dict opts) -> std::optional<double> {
         try {
-          LoadOptionsBuilder b;
-          b.FromEnvironment();
-          for (auto [k, v] : opts) {
-            const std::string name = k.cast<std::string>();
-            b.Set(OptionNamed(name), v.cast<std::string>(), name + "=");
-          }
-          return std::chrono::duration<double>(b.Build().timeout).count();
+          return std::chrono::duration<double>(OptionsFrom(opts).timeout).count();
         } catch (const Error&) {
           return std::nullopt;  // the load's own options builder raises it, on every rank
         }

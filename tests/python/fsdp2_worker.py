@@ -124,6 +124,17 @@ def fault(root, rank, world):
     """SHARDCAST_FAULT kills or freezes rank 0 (the store host) mid-stream: every survivor raises the
     same exception class and message, naming rank 0, within the timeout."""
     import time
+    ckpt, model = _sharded_qwen3_moe(root, world)
+    t0 = time.monotonic()
+    try:
+        shardcast.load(model, ckpt, timeout=3, chunk_bytes=4096)
+    except shardcast.ShardcastError as e:
+        return {"type": type(e).__name__, "message": str(e), "seconds": time.monotonic() - t0}
+    return {"type": None, "seconds": time.monotonic() - t0}
+
+
+def _sharded_qwen3_moe(root, world):
+    """(checkpoint, model): ROOT's qwen3_moe built on meta, prepared and fully_shard-ed over all ranks."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -134,12 +145,7 @@ def fault(root, rank, world):
         model = AutoModelForCausalLM.from_config(config)
     shardcast.prepare(model, config=config)
     fully_shard(model, mesh=mesh)
-    t0 = time.monotonic()
-    try:
-        shardcast.load(model, ckpt, timeout=3, chunk_bytes=4096)
-    except shardcast.ShardcastError as e:
-        return {"type": type(e).__name__, "message": str(e), "seconds": time.monotonic() - t0}
-    return {"type": None, "seconds": time.monotonic() - t0}
+    return ckpt, model
 
 
 def _first_checkpoint(root):
@@ -249,16 +255,7 @@ def mismatch(root, rank, world):
 
 
 def keys_fail(root, rank, world):
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    mesh = init_device_mesh("cpu", (world,))
-    ckpt = os.path.join(root, "qwen3_moe")
-    config = AutoConfig.from_pretrained(ckpt)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    shardcast.prepare(model, config=config)
-    fully_shard(model, mesh=mesh)
+    ckpt, model = _sharded_qwen3_moe(root, world)
     if rank == 0:
         def broken(path):
             raise OSError("index unreadable (injected)")

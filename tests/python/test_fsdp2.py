@@ -12,6 +12,13 @@ def checkpoints(tiny_checkpoints):
     return tiny_checkpoints("rope-scaled")
 
 
+def _same_error(results, kind):
+    """The one message every rank raised, asserting each raised `kind` with that message."""
+    assert {r["type"] for r in results} == {kind}, results
+    assert len({r["message"] for r in results}) == 1, results
+    return results[0]["message"]
+
+
 def run(mode, root, world, tmp_path):
     return ranks.run("fsdp2_worker.py", mode, root, world, tmp_path)
 
@@ -33,9 +40,7 @@ def test_meta_prepare_fully_shard_load_is_bit_exact(checkpoints, tmp_path, world
 
 def test_rank0_failing_to_read_the_keys_is_the_same_error_on_every_rank(checkpoints, tmp_path):
     results = run("keys_fail", checkpoints, 3, tmp_path)
-    assert {r["type"] for r in results} == {"InternalError"}, results
-    assert len({r["message"] for r in results}) == 1, results
-    msg = results[0]["message"]
+    msg = _same_error(results, "InternalError")
     assert "failed on rank 0 of 3" in msg and "index unreadable (injected)" in msg, msg
 
 
@@ -56,9 +61,7 @@ def test_explicit_boxes_of_any_shape_are_bit_exact(checkpoints, tmp_path):
 
 def test_a_box_outside_the_tensor_is_refused_on_every_rank(checkpoints, tmp_path):
     results = run("mapping_bad_box", checkpoints, 3, tmp_path)
-    assert {r["type"] for r in results} == {"InvalidArgument"}, results
-    assert len({r["message"] for r in results}) == 1, results
-    msg = results[0]["message"]
+    msg = _same_error(results, "InvalidArgument")
     assert f"key '{results[0]['key']}'" in msg and "rank 1's box reaches" in msg, msg
 
 
@@ -66,17 +69,13 @@ def test_explicit_mapping_rows_at_the_wrong_place_are_refused_on_every_rank(chec
     # Regression: the mapping form's rows were checked by length only; rows of the right length at
     # another place loaded the wrong rows, silently.
     results = run("mapping_bad_rows", checkpoints, 3, tmp_path)
-    assert {r["type"] for r in results} == {"InvalidArgument"}, results
-    assert len({r["message"] for r in results}) == 1, results
-    msg = results[0]["message"]
+    msg = _same_error(results, "InvalidArgument")
     assert f"key '{results[0]['key']}' on rank 1" in msg and "FSDP2's dim-0 rule" in msg, msg
 
 
 def test_mismatch_is_the_same_exception_on_every_rank(checkpoints, tmp_path):
     results = run("mismatch", checkpoints, 3, tmp_path)
-    assert {r["type"] for r in results} == {"ManifestMismatch"}, results
-    assert len({r["message"] for r in results}) == 1, results
-    msg = results[0]["message"]
+    msg = _same_error(results, "ManifestMismatch")
     assert "rank 1" in msg and "mlp" in msg and "shape" in msg, msg
 
 
