@@ -174,6 +174,24 @@ def test_from_pretrained_distributed_config_equals_transformers_on_every_layout(
     assert len(native) >= 14, sorted(native)
 
 
+# Odd and larger world sizes: FSDP over 3 ranks (every dim uneven), TP x FSDP over 8 (4 x 2) and
+# HSDP x FSDP over 6 (3 x 2), source left to auto.
+@pytest.mark.parametrize("world,spec", [(3, {"fsdp_size": 3}), (6, {"dp_replicate_size": 3, "fsdp_size": 2}),
+                                        (8, {"tp_size": 2, "fsdp_size": 4})])
+def test_from_pretrained_equals_transformers_at_world_sizes_3_6_8(arch_checkpoints, tmp_path, world, spec):
+    results = ranks.run("layout_worker.py", "native", arch_checkpoints, world, tmp_path, timeout=600,
+                        env={"LAYOUTS": json.dumps([spec])})
+    native = set()
+    for rank, result in enumerate(results):
+        for key, r in result.items():
+            assert "skipped" not in r, f"rank {rank} {key}: {r['skipped']}"
+            assert r["bad"] == [], f"rank {rank} {key}: {r['bad']}"
+            assert r["checked"] > 5 and r["verify"] == "ok" and r["source"] == "each-rank", (key, r)
+            if not r.get("native"):
+                native.add(key)
+    assert f"llama {spec}" in native, sorted(native)
+
+
 def _more_arch_configs():
     import transformers as t
     common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=37,
