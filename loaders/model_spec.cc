@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <string_view>
+#include <utility>
 
 #include "allocators/error.h"
 #include "loaders/checkpoint.h"
@@ -17,30 +19,49 @@ namespace spec_internal {
 
 void Config::Fail(const std::string& what) const { throw Error(ErrorKind::kConfig, source_, what); }
 
+const char* Config::Present(const char* field) const {
+  static constexpr std::pair<std::string_view, const char*> kOtherName[] = {
+      {"num_experts", "num_local_experts"}, {"num_local_experts", "num_experts"}};
+  auto here = [&](const char* name) { return j_.contains(name) && !j_[name].is_null(); };
+  const char* other = nullptr;
+  for (const auto& [name, alias] : kOtherName) {
+    if (name == field) other = alias;
+  }
+  if (other != nullptr && here(field) && here(other) && j_[field] != j_[other]) {
+    Fail("fields \"" + std::string(field) + "\" (" + j_[field].dump() + ") and \"" + other + "\" (" +
+         j_[other].dump() + ") name the same thing and differ");
+  }
+  if (here(field)) return field;
+  return other != nullptr && here(other) ? other : nullptr;
+}
+
 uint64_t Config::Uint(const char* field) const {
   if (!Has(field)) Fail("missing field \"" + std::string(field) + "\"");
   return Uint(field, 0);
 }
 
 uint64_t Config::Uint(const char* field, uint64_t fallback) const {
-  if (!Has(field)) return fallback;
-  const auto& v = j_[field];
+  const char* name = Present(field);
+  if (name == nullptr) return fallback;
+  const auto& v = j_[name];
   if (!v.is_number_integer() || v.get<int64_t>() < 0) {
-    Fail("field \"" + std::string(field) + "\" must be a non-negative integer, got " + v.dump());
+    Fail("field \"" + std::string(name) + "\" must be a non-negative integer, got " + v.dump());
   }
   return v.get<uint64_t>();
 }
 
 bool Config::Bool(const char* field, bool fallback) const {
-  if (!Has(field)) return fallback;
-  if (!j_[field].is_boolean()) Fail("field \"" + std::string(field) + "\" must be a boolean");
-  return j_[field].get<bool>();
+  const char* name = Present(field);
+  if (name == nullptr) return fallback;
+  if (!j_[name].is_boolean()) Fail("field \"" + std::string(name) + "\" must be a boolean");
+  return j_[name].get<bool>();
 }
 
 std::string Config::String(const char* field, const std::string& fallback) const {
-  if (!Has(field)) return fallback;
-  if (!j_[field].is_string()) Fail("field \"" + std::string(field) + "\" must be a string");
-  return j_[field].get<std::string>();
+  const char* name = Present(field);
+  if (name == nullptr) return fallback;
+  if (!j_[name].is_string()) Fail("field \"" + std::string(name) + "\" must be a string");
+  return j_[name].get<std::string>();
 }
 
 SpecBuilder::SpecBuilder(const Config& config, ModelSpec* spec) : config_(config), spec_(spec) {

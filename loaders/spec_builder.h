@@ -15,7 +15,10 @@ class Config {
   Config(std::string source, const nlohmann::json& j) : source_(std::move(source)), j_(j) {}
   const std::string& source() const { return source_; }
   const nlohmann::json& json() const { return j_; }
-  bool Has(const char* field) const { return j_.contains(field) && !j_[field].is_null(); }
+  // A field, or its other name (transformers' attribute_map: the published Qwen3-MoE config says
+  // num_experts, transformers 5's save_pretrained writes num_local_experts; Mixtral and OLMoE the
+  // other way about). Both present with different values is a config error.
+  bool Has(const char* field) const { return Present(field) != nullptr; }
   uint64_t Uint(const char* field) const;                  // required, integer >= 0
   uint64_t Uint(const char* field, uint64_t fallback) const;
   bool Bool(const char* field, bool fallback) const;
@@ -23,6 +26,7 @@ class Config {
   [[noreturn]] void Fail(const std::string& what) const;
 
  private:
+  const char* Present(const char* field) const;  // the name the json holds it under, or nullptr
   std::string source_;
   const nlohmann::json& j_;
 };

@@ -4,6 +4,8 @@
 
 #include <cctype>
 #include <cmath>
+#include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "tests/loaders/test_util.h"
 
@@ -98,6 +100,30 @@ TEST(ModelSpec, BadConfigsNameTheField) {
                   ErrorKind::kConfig, "\"num_hidden_layers\" must be a non-negative integer");
   EXPECT_SC_ERROR(BuildModelSpecFromJson("c.json", "[1]"), ErrorKind::kConfig, "not a JSON object");
   EXPECT_SC_ERROR(BuildModelSpec("/nonexistent/config.json"), ErrorKind::kConfig, "cannot open");
+}
+
+// transformers 5's save_pretrained writes the expert count under the name its config class keeps
+// (qwen3_moe: num_local_experts) where the published config says num_experts, and the other way for
+// Mixtral-style configs: either name builds the same model, and two names that differ are an error.
+TEST(ModelSpec, ExpertCountUnderEitherName) {
+  for (const auto& [file, published, other] : {std::tuple{"qwen3-30b-a3b.json", "num_experts", "num_local_experts"},
+                                               std::tuple{"mixtral-8x7b.json", "num_local_experts", "num_experts"}}) {
+    SCOPED_TRACE(file);
+    nlohmann::json j = nlohmann::json::parse(testing::ReadFile(Config(file)));
+    j["num_hidden_layers"] = 2;
+    const ModelSpec want = BuildModelSpecFromJson("c.json", j.dump());
+    j[other] = j[published];
+    j.erase(published);
+    const ModelSpec got = BuildModelSpecFromJson("c.json", j.dump());
+    ASSERT_EQ(got.entries.size(), want.entries.size());
+    for (size_t i = 0; i < got.entries.size(); ++i) {
+      EXPECT_EQ(got.entries[i].key, want.entries[i].key);
+      EXPECT_EQ(got.entries[i].shape, want.entries[i].shape);
+    }
+    j[published] = j[other].get<int>() + 1;
+    EXPECT_SC_ERROR(BuildModelSpecFromJson("c.json", j.dump()), ErrorKind::kConfig, "c.json",
+                    "name the same thing and differ", other);
+  }
 }
 
 TEST(ModelSpec, TiedEmbeddingsHaveNoLmHead) {
