@@ -2,10 +2,14 @@
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <vector>
 
 #include "allocators/error.h"
 #include "allocators/lazy_zero.h"
@@ -80,29 +84,134 @@ LoadReport BaselineLoad(Communicator& comm, RankState* state, const std::string&
   return r;
 }
 
-PreadResult PreadCheckpoint(const std::string& checkpoint, bool fresh) {
-  auto ckpt = Checkpoint::Open(checkpoint, OpenOptions{ReadMode::kPread});
-  std::vector<unsigned char> reused(fresh ? 0 : 64u << 20);
-  PreadResult r;
-  const auto t0 = Clock::now();
-  for (size_t i = 0; i < ckpt->num_files(); ++i) {
-    const SafetensorsFile& f = ckpt->file(i);
-    int fd = ::open(f.path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw Error(ErrorKind::kIo, f.path(), "cannot open: " + ErrnoText(errno));
-    const uint64_t data = f.file_size() - f.header().data_offset();
-    auto* dst = fresh ? static_cast<unsigned char*>(LazyZeroAllocate(std::max<uint64_t>(data, 1))) : nullptr;
-    for (uint64_t off = f.header().data_offset(); off < f.file_size();) {
-      const uint64_t want = std::min<uint64_t>(64u << 20, f.file_size() - off);
-      unsigned char* to = fresh ? dst + (off - f.header().data_offset()) : reused.data();
-      ssize_t n = pread(fd, to, want, static_cast<off_t>(off));
-      if (n <= 0) break;
+namespace {
+
+// One run of a file's data bytes: [offset, offset + bytes).
+struct DataSpan {
+  std::string path;
+  uint64_t offset = 0, bytes = 0;
+};
+
+// pread `spans` (or the part of them that [begin, end) of their concatenation covers) into `dst`, or
+// into one reused buffer when dst is null. Returns the bytes read.
+uint64_t PreadSpans(const std::vector<DataSpan>& spans, uint64_t begin, uint64_t end, unsigned char* dst,
+                    std::vector<unsigned char>* reused) {
+  uint64_t at = 0, read = 0;
+  for (const DataSpan& s : spans) {
+    const uint64_t lo = std::max(begin, at), hi = std::min(end, at + s.bytes);
+    at += s.bytes;
+    if (lo >= hi) continue;
+    int fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw Error(ErrorKind::kIo, s.path, "cannot open: " + ErrnoText(errno));
+    for (uint64_t off = lo; off < hi;) {  // `off` in the concatenation; the file offset is off - (at - s.bytes)
+      const uint64_t want = std::min<uint64_t>(64u << 20, hi - off);
+      unsigned char* to = dst != nullptr ? dst + (off - begin) : reused->data();
+      ssize_t n = pread(fd, to, want, static_cast<off_t>(s.offset + off - (at - s.bytes)));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int err = n < 0 ? errno : 0;
+        ::close(fd);
+        throw Error(ErrorKind::kIo, s.path, "pread failed: " + (n < 0 ? ErrnoText(err) : std::string("short file")));
+      }
       off += static_cast<uint64_t>(n);
-      r.bytes += static_cast<uint64_t>(n);
+      read += static_cast<uint64_t>(n);
     }
-    if (fresh) LazyZeroFree(dst, std::max<uint64_t>(data, 1));
     ::close(fd);
   }
-  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return read;
+}
+
+double Seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double CpuSeconds(int who) {
+  struct rusage u {};
+  getrusage(who, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+}  // namespace
+
+PreadResult PreadCheckpoint(const std::string& checkpoint, bool fresh, int nproc) {
+  if (nproc < 1) throw Error(ErrorKind::kInvalidArgument, checkpoint, "bench-pread: --nproc must be at least 1");
+  std::vector<DataSpan> spans;
+  uint64_t total = 0;
+  {
+    auto ckpt = Checkpoint::Open(checkpoint, OpenOptions{ReadMode::kPread});
+    for (size_t i = 0; i < ckpt->num_files(); ++i) {
+      const SafetensorsFile& f = ckpt->file(i);
+      spans.push_back({f.path(), f.header().data_offset(), f.file_size() - f.header().data_offset()});
+      total += spans.back().bytes;
+    }
+  }
+  PreadResult r;
+  if (nproc == 1) {
+    // One process: file by file, each file's destination freed after it (a fresh mapping each time).
+    std::vector<unsigned char> reused(fresh ? 0 : 64u << 20);
+    const auto t0 = Clock::now();
+    const double cpu0 = CpuSeconds(RUSAGE_SELF);
+    uint64_t at = 0;
+    for (const DataSpan& s : spans) {
+      unsigned char* dst = fresh ? static_cast<unsigned char*>(LazyZeroAllocate(std::max<uint64_t>(s.bytes, 1))) : nullptr;
+      r.bytes += PreadSpans(spans, at, at + s.bytes, dst, &reused);
+      if (fresh) LazyZeroFree(dst, std::max<uint64_t>(s.bytes, 1));
+      at += s.bytes;
+    }
+    r.seconds = Seconds(t0);
+    r.cpu_seconds = CpuSeconds(RUSAGE_SELF) - cpu0;
+    return r;
+  }
+  // nproc processes, each reading its contiguous 1/nproc of the data bytes, started together (a pipe
+  // each child blocks on), each holding what it read until it ends: as each-rank's ranks land their shards.
+  int go[2], done[2];
+  if (pipe2(go, O_CLOEXEC) != 0 || pipe2(done, O_CLOEXEC) != 0) throw Error(ErrorKind::kIo, "bench-pread", "pipe: " + ErrnoText(errno));
+  std::vector<pid_t> kids;
+  for (int p = 0; p < nproc; ++p) {
+    const pid_t pid = fork();
+    if (pid < 0) throw Error(ErrorKind::kIo, "bench-pread", "fork: " + ErrnoText(errno));
+    if (pid == 0) {
+      ::close(go[1]);
+      ::close(done[0]);
+      char c;
+      while (::read(go[0], &c, 1) < 0 && errno == EINTR) {
+      }
+      const uint64_t begin = total * p / nproc, end = total * (p + 1) / nproc;
+      uint64_t got = 0;
+      try {
+        std::vector<unsigned char> reused(fresh ? 0 : 64u << 20);
+        auto* dst = fresh ? static_cast<unsigned char*>(LazyZeroAllocate(std::max<uint64_t>(end - begin, 1))) : nullptr;
+        got = PreadSpans(spans, begin, end, dst, &reused);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench-pread: process %d: %s\n", p, e.what());
+        _exit(1);
+      }
+      if (::write(done[1], &got, sizeof(got)) != static_cast<ssize_t>(sizeof(got))) _exit(1);
+      _exit(0);  // its memory is released only now, after every byte of its part was landed
+    }
+    kids.push_back(pid);
+  }
+  ::close(go[0]);
+  ::close(done[1]);
+  const auto t0 = Clock::now();
+  ::close(go[1]);  // every child's read returns 0: go
+  bool ok = true;
+  for (int p = 0; p < nproc; ++p) {
+    uint64_t got = 0;
+    if (::read(done[0], &got, sizeof(got)) != static_cast<ssize_t>(sizeof(got))) {
+      ok = false;
+      break;
+    }
+    r.bytes += got;
+  }
+  r.seconds = Seconds(t0);
+  ::close(done[0]);
+  for (pid_t pid : kids) {
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  if (!ok) throw Error(ErrorKind::kIo, checkpoint, "bench-pread: a reading process failed (see above)");
+  r.cpu_seconds = CpuSeconds(RUSAGE_CHILDREN);  // this process had no children before
   return r;
 }
 

@@ -20,9 +20,13 @@ LoadReport BaselineLoad(Communicator& comm, RankState* state, const std::string&
 struct PreadResult {
   uint64_t bytes = 0;
   double seconds = 0;
+  double cpu_seconds = 0;  // user + system, over every reading process
 };
 // fresh: read into newly mapped memory (lazy-zero, first touch zeroes it, as a shard's does) instead
 // of one reused buffer; the ceiling for any loader that lands bytes in fresh memory.
-PreadResult PreadCheckpoint(const std::string& checkpoint, bool fresh = false);
+// nproc > 1: that many processes started together, each reading its contiguous 1/nproc of the data
+// bytes and holding them until the last is done (each-rank's load at that world size, with nothing
+// but the reads); seconds from the start to the last process done.
+PreadResult PreadCheckpoint(const std::string& checkpoint, bool fresh = false, int nproc = 1);
 
 }  // namespace shardcast::bench
