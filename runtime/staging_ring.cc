@@ -66,19 +66,27 @@ void StagingRing::Run() {
         cv_.wait(l, [&] { return stop_ || !s.filled; });
         if (stop_) return;
       }
-      unsigned char* data = o_.in_place ? o_.in_place(msg) : nullptr;
-      const bool in_place = data != nullptr;
-      if (!in_place) data = buffers_[index % slots_.size()].Get(std::max<uint64_t>(msg.target_bytes, 1));
-      uint64_t off = 0;
-      for (const Segment& seg : msg.segments) {
-        source_.Read(seg, data + off);
-        off += seg.target_bytes;
-        read += seg.source_bytes;
+      std::vector<unsigned char*> at;
+      const bool in_place = o_.in_place && o_.in_place(msg, &at);
+      unsigned char* data = nullptr;
+      if (!in_place) {
+        data = buffers_[index % slots_.size()].Get(std::max<uint64_t>(msg.target_bytes, 1));
+        at.clear();
+        uint64_t off = 0;
+        for (const Segment& seg : msg.segments) {
+          at.push_back(data + off);
+          off += seg.target_bytes;
+        }
+      }
+      for (size_t i = 0; i < msg.segments.size(); ++i) {
+        source_.Read(msg.segments[i], at[i]);
+        read += msg.segments[i].source_bytes;
       }
       {
         std::lock_guard<std::mutex> l(mu_);
         s.msg = std::move(msg);
         s.data = data;
+        s.at = std::move(at);
         s.in_place = in_place;
         s.index = index;
         s.filled = true;

@@ -1,6 +1,7 @@
 // runtime/staging_ring: the reader side of a stream. A thread of its own walks the schedule, reads
-// every message this rank reads into the next free slot of a K-slot ring (or straight into the
-// sink, when the route keeps the bytes here), and hands the slots out in schedule order.
+// every message this rank reads into the next free slot of a K-slot ring (or each of its segments
+// straight into the sink, when the route keeps the bytes here and nowhere else), and hands the slots
+// out in schedule order.
 //
 //   schedule:   m0  m1  m2  m3  m4 ...          (only the messages `select` picks)
 //   slots:     [s0][s1][s2][s3]                 message i goes to slot i % K; the reader waits for a
@@ -30,14 +31,17 @@ struct RingOptions {
   uint32_t slots = 4;
   uint64_t readahead_bytes = 256ull << 20;
   std::function<bool(const Message&)> select;              // the messages this rank reads
-  std::function<unsigned char*(const Message&)> in_place;  // where to read one in place, or nullptr
+  // Whether to read a message in place: fills `at` with each segment's destination and returns true,
+  // or returns false (read into the slot's staging buffer). Called on the reader thread.
+  std::function<bool(const Message&, std::vector<unsigned char*>* at)> in_place;
 };
 
 class StagingRing {
  public:
   struct Slot {
     Message msg;
-    unsigned char* data = nullptr;  // the message's target bytes (a staging buffer, or the sink)
+    unsigned char* data = nullptr;   // staged: the message's target bytes, contiguous; in place: nullptr
+    std::vector<unsigned char*> at;  // where each segment's target bytes are (in `data`, or in place)
     bool in_place = false;
     bool filled = false;
     uint64_t index = 0;             // among the messages this ring reads

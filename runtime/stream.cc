@@ -104,10 +104,19 @@ class Engine {
     o.slots = slots_;
     o.readahead_bytes = c_.readahead_bytes;
     o.select = [this](const Message& msg) { return route_.For(msg, me_, verify_).read; };
-    o.in_place = [this](const Message& msg) -> unsigned char* {
+    // In place: bytes kept here and sent nowhere, each segment read straight into its shard (no
+    // staging copy: a batch of small expert matrices lands as it is read). A broadcast needs the
+    // message contiguous on the host: one direct segment only.
+    o.in_place = [this](const Message& msg, std::vector<unsigned char*>* at) {
       const Task t = route_.For(msg, me_, verify_);
-      if (!t.keep || !t.send_to.empty() || !msg.direct() || (t.broadcast && on_device_)) return nullptr;
-      return c_.sink->HostDirect(msg.segments[0]);
+      if (!t.keep || !t.send_to.empty() || (t.broadcast && (on_device_ || !msg.direct()))) return false;
+      at->clear();
+      for (const Segment& s : msg.segments) {
+        unsigned char* p = c_.sink->HostDirect(s);
+        if (p == nullptr) return false;
+        at->push_back(p);
+      }
+      return true;
     };
     return o;
   }
@@ -138,15 +147,16 @@ class Engine {
       throw Error(ErrorKind::kInternal, "stream", "the staging ring fell out of step with the schedule");
     }
     const uint64_t index = reading_.next++, n = msg.target_bytes;
-    const unsigned char* data = slot->data;
-    Expect(msg, data, t.verify_for);
+    Expect(msg, slot->at, t.verify_for);
+    // A broadcast or a send has the message contiguous: staged, or one segment in place.
+    unsigned char* data = slot->in_place ? slot->at[0] : slot->data;
     const bool device_copy = on_device_ && (t.broadcast || !t.send_to.empty());
-    unsigned char* wire = device_copy ? device_slots_[index % slots_].FromHost(data, n) : slot->data;
+    unsigned char* wire = device_copy ? device_slots_[index % slots_].FromHost(data, n) : data;
     if (t.broadcast) {
       comm_.Broadcast(wire, n, me_);
       r_.stats.bytes_sent += n * static_cast<uint64_t>(world_ - 1);
     }
-    if (t.keep) Keep(msg, data, slot->in_place);
+    if (t.keep) Keep(msg, slot->at, slot->in_place);
     if (t.send_to.empty()) {
       ring_->Free(slot);
     } else {
@@ -188,7 +198,7 @@ class Engine {
       c_.sink->CopyDeviceToHost(first, bounce_.Get(n));
       host = bounce_.Get(n);
     }
-    if (t.keep) Keep(msg, host, direct != nullptr);
+    if (t.keep) Keep(msg, Spread(msg, host), direct != nullptr);
     if (forward) Send(&forwarding_, index, nullptr, buf, n, t.send_to);
   }
 
@@ -197,23 +207,33 @@ class Engine {
                          at::TensorOptions().dtype(at::kByte).device(device));
   }
 
-  void Keep(const Message& msg, const unsigned char* data, bool in_place) {
-    uint64_t off = 0;
+  // Where each segment of a contiguous message is.
+  static std::vector<unsigned char*> Spread(const Message& msg, const unsigned char* data) {
+    std::vector<unsigned char*> at;
+    at.reserve(msg.segments.size());
     for (const Segment& s : msg.segments) {
-      if (!in_place) c_.sink->Store(s, data + off);
+      at.push_back(const_cast<unsigned char*>(data));
+      data += s.target_bytes;
+    }
+    return at;
+  }
+
+  // `at`: each segment's target bytes (in place: already in the sink).
+  void Keep(const Message& msg, const std::vector<unsigned char*>& at, bool in_place) {
+    for (size_t i = 0; i < msg.segments.size(); ++i) {
+      const Segment& s = msg.segments[i];
+      if (!in_place) c_.sink->Store(s, at[i]);
       if (c_.sink->keeps()) r_.stats.bytes_stored += s.target_bytes;
-      if (verify_) r_.held.Add(s.entry, SegmentDigest(data + off, s.target_bytes, s.local_offset));
-      off += s.target_bytes;
+      if (verify_) r_.held.Add(s.entry, SegmentDigest(at[i], s.target_bytes, s.local_offset));
     }
   }
 
-  void Expect(const Message& msg, const unsigned char* data, const std::vector<int>& ranks) {
+  void Expect(const Message& msg, const std::vector<unsigned char*>& at, const std::vector<int>& ranks) {
     if (ranks.empty()) return;
-    uint64_t off = 0;
-    for (const Segment& s : msg.segments) {
-      const uint64_t d = SegmentDigest(data + off, s.target_bytes, s.local_offset);
+    for (size_t i = 0; i < msg.segments.size(); ++i) {
+      const Segment& s = msg.segments[i];
+      const uint64_t d = SegmentDigest(at[i], s.target_bytes, s.local_offset);
       for (int r : ranks) r_.expected.Add(r, s.entry, d);
-      off += s.target_bytes;
     }
   }
 

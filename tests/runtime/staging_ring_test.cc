@@ -1,5 +1,6 @@
 // The reader side of a stream over a real checkpoint file: every selected message, in schedule order,
-// bit-exact (dtype conversion included), in place when asked, and a truncated file is an error.
+// bit-exact (dtype conversion included), each segment in place when asked, and a truncated file is an
+// error.
 #include "runtime/staging_ring.h"
 
 #include <gtest/gtest.h>
@@ -37,11 +38,11 @@ class StagingRingTest : public ::testing::Test {
     files_ = {&ckpt_->file(0)};
   }
 
-  Manifest Make(int world, uint64_t chunk) {
+  Manifest Make(int world, uint64_t chunk, uint64_t coalesce = 200) {
     plan_ = std::make_unique<Plan>(Plan::Build(spec_, world));
     StreamParams p;
     p.chunk_bytes = chunk;
-    p.coalesce_bytes = std::min<uint64_t>(chunk, 200);
+    p.coalesce_bytes = std::min(chunk, coalesce);
     p.staging_slots = 2;
     return Resolve(*plan_, *ckpt_, {}, p);
   }
@@ -72,7 +73,7 @@ TEST_F(StagingRingTest, EverySelectedMessageInScheduleOrderBitExact) {
       o.readahead_bytes = 1024;
       o.select = [](const Message& msg) { return msg.dest != 1; };  // not rank 1's rows
       FileSource source(m, files_, true);
-      StagingRing ring(m, source, o);
+  StagingRing ring(m, source, o);
       Schedule schedule(m);
       Message msg;
       uint64_t count = 0;
@@ -97,34 +98,57 @@ TEST_F(StagingRingTest, EverySelectedMessageInScheduleOrderBitExact) {
   }
 }
 
-TEST_F(StagingRingTest, ReadsInPlaceWhereTheConsumerGivesAPlace) {
-  Manifest m = Make(2, 128);
-  std::map<uint64_t, std::string> places;  // by message seq
+// Every segment of an in-place message lands in its own place (a batch of small tensors, each in its
+// shard); the other messages are staged, contiguous, as before.
+TEST_F(StagingRingTest, ReadsEachSegmentInPlaceWhereTheConsumerGivesPlaces) {
+  Manifest m = Make(2, 4096, 4096);  // small entries batched: messages of several segments
+  std::map<std::pair<uint64_t, size_t>, std::string> places;  // by (message seq, segment)
   RingOptions o;
   o.slots = 3;
   o.select = [](const Message&) { return true; };
   std::mutex mu;
-  o.in_place = [&](const Message& msg) -> unsigned char* {
-    if (!msg.direct() || msg.seq % 2) return nullptr;
+  o.in_place = [&](const Message& msg, std::vector<unsigned char*>* at) {
+    if (msg.seq % 2) return false;
     std::lock_guard<std::mutex> l(mu);
-    std::string& s = places[msg.seq];
-    s.assign(msg.target_bytes, '\0');
-    return reinterpret_cast<unsigned char*>(s.data());
+    at->clear();
+    for (size_t i = 0; i < msg.segments.size(); ++i) {
+      std::string& s = places[{msg.seq, i}];
+      s.assign(msg.segments[i].target_bytes, '\0');
+      at->push_back(reinterpret_cast<unsigned char*>(s.data()));
+    }
+    return true;
   };
   FileSource source(m, files_, true);
-      StagingRing ring(m, source, o);
-  int in_place = 0;
+  StagingRing ring(m, source, o);
+  int in_place = 0, batched_in_place = 0, staged = 0;
   while (StagingRing::Slot* slot = ring.Next()) {
+    const auto& segs = slot->msg.segments;
+    ASSERT_EQ(slot->at.size(), segs.size());
+    EXPECT_EQ(slot->in_place, slot->msg.seq % 2 == 0);
     if (slot->in_place) {
       ++in_place;
-      std::lock_guard<std::mutex> l(mu);
-      EXPECT_EQ(slot->data, reinterpret_cast<unsigned char*>(places[slot->msg.seq].data()));
+      batched_in_place += segs.size() > 1;
+      EXPECT_EQ(slot->data, nullptr);
+    } else {
+      ++staged;
     }
-    EXPECT_EQ(std::string(reinterpret_cast<char*>(slot->data), slot->msg.segments[0].target_bytes),
-              Expected(m, slot->msg.segments[0]));
+    uint64_t off = 0;
+    for (size_t i = 0; i < segs.size(); ++i) {
+      if (slot->in_place) {
+        std::lock_guard<std::mutex> l(mu);
+        EXPECT_EQ(slot->at[i], reinterpret_cast<unsigned char*>(places[{slot->msg.seq, i}].data()));
+      } else {
+        EXPECT_EQ(slot->at[i], slot->data + off);
+      }
+      EXPECT_EQ(std::string(reinterpret_cast<char*>(slot->at[i]), segs[i].target_bytes), Expected(m, segs[i]))
+          << m.entries[segs[i].entry].key << " message " << slot->msg.seq << " segment " << i;
+      off += segs[i].target_bytes;
+    }
     ring.Free(slot);
   }
   EXPECT_GT(in_place, 0);
+  EXPECT_GT(batched_in_place, 0);
+  EXPECT_GT(staged, 0);
 }
 
 TEST_F(StagingRingTest, AFileTruncatedWhileOpenIsACheckpointErrorFromNext) {
@@ -134,7 +158,7 @@ TEST_F(StagingRingTest, AFileTruncatedWhileOpenIsACheckpointErrorFromNext) {
   o.slots = 2;
   o.select = [](const Message&) { return true; };
   FileSource source(m, files_, true);
-      StagingRing ring(m, source, o);
+  StagingRing ring(m, source, o);
   EXPECT_SC_ERROR(
       {
         while (StagingRing::Slot* slot = ring.Next()) ring.Free(slot);
