@@ -45,7 +45,7 @@ struct LoadOptions {
   std::chrono::milliseconds timeout{10 * 60 * 1000};  // default 10 min per collective     (SHARDCAST_TIMEOUT_MS)
   bool verify = false;                                // default false: xxHash every entry (SHARDCAST_VERIFY)
   bool strict_keys = false;                           // default false: skip extra keys    (SHARDCAST_STRICT_KEYS)
-  bool pread = false;                                 // default false: mmap; true: pread  (SHARDCAST_PREAD)
+  bool pread = true;                                  // default true: pread; false: mmap   (SHARDCAST_PREAD)
   bool release_pages = true;                          // default true: give consumed file pages back
 
   uint64_t staging_bytes() const { return chunk_bytes * static_cast<uint64_t>(staging_slots); }
