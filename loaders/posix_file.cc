@@ -3,10 +3,15 @@
 #include <fcntl.h>
 #include <linux/openat2.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <deque>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "allocators/error.h"
@@ -259,6 +264,49 @@ std::string ReadWholeFile(int fd, uint64_t size, const std::string& display_path
     done += static_cast<uint64_t>(got);
   }
   return out;
+}
+
+namespace {
+
+// A sysfs value in KiB, or 0 where the file is missing or unreadable.
+uint64_t SysfsKib(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return 0;
+  char buf[32] = {};
+  const ssize_t n = ::read(fd.get(), buf, sizeof(buf) - 1);
+  if (n <= 0) return 0;
+  return std::strtoull(buf, nullptr, 10);
+}
+
+uint64_t ReadaheadStepUncached(dev_t st_dev) {
+  const std::string id = std::to_string(major(st_dev)) + ":" + std::to_string(minor(st_dev));
+  for (const std::string& queue : {"/sys/dev/block/" + id + "/queue/", "/sys/dev/block/" + id + "/../queue/"}) {
+    const uint64_t kib = std::max(SysfsKib(queue + "read_ahead_kb"), SysfsKib(queue + "max_sectors_kb"));
+    if (kib > 0) return kib << 10;
+  }
+  const uint64_t bdi = SysfsKib("/sys/class/bdi/" + id + "/read_ahead_kb");
+  return bdi > 0 ? bdi << 10 : 128u << 10;
+}
+
+}  // namespace
+
+uint64_t ReadaheadStepBytes(dev_t st_dev) {
+  static std::mutex mu;
+  static std::map<dev_t, uint64_t> cache;
+  std::lock_guard<std::mutex> l(mu);
+  auto it = cache.find(st_dev);
+  if (it == cache.end()) {
+    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    it = cache.emplace(st_dev, std::max(page, ReadaheadStepUncached(st_dev))).first;
+  }
+  return it->second;
+}
+
+void AdviseWillNeed(int fd, dev_t st_dev, uint64_t offset, uint64_t n) {
+  const uint64_t step = ReadaheadStepBytes(st_dev);
+  for (uint64_t at = offset; at < offset + n; at += step) {
+    posix_fadvise(fd, static_cast<off_t>(at), static_cast<off_t>(std::min(step, offset + n - at)), POSIX_FADV_WILLNEED);
+  }
 }
 
 }  // namespace shardcast

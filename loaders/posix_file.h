@@ -92,6 +92,19 @@ std::optional<OpenNode> OpenNodeBeneath(int rootfd, const std::string& root_path
 // a regular file's.
 void RequireRegularFile(mode_t mode, const std::string& display_path);
 
+// The most bytes one posix_fadvise(POSIX_FADV_WILLNEED) call makes the kernel read for this file:
+// the kernel clamps each call to max(read_ahead_kb, max_sectors_kb) of the file's device (measured:
+// one 64 MiB call on a disk with read_ahead_kb 8192 brought in 8 MiB), so read-ahead of a larger
+// range is issued in steps of this. From sysfs for the device of `st_dev` (the whole disk's queue for
+// a partition, the bdi's read_ahead_kb for a network or virtual filesystem); 128 KiB, the kernel's
+// default read-ahead, where sysfs says nothing. Cached per device; thread-safe.
+uint64_t ReadaheadStepBytes(dev_t st_dev);
+
+// Asks the kernel to read file bytes [offset, offset + n) of `fd` (on device `st_dev`) into the page
+// cache: posix_fadvise(WILLNEED) in steps of ReadaheadStepBytes. Returns once the reads are queued;
+// best effort, never throws.
+void AdviseWillNeed(int fd, dev_t st_dev, uint64_t offset, uint64_t n);
+
 // Reads exactly [0, size) of a regular file through its descriptor. REQUIRES: size is what fstat
 // said. A file that ends early (it changed while open) is kCheckpoint naming the path and range.
 std::string ReadWholeFile(int fd, uint64_t size, const std::string& display_path);

@@ -135,6 +135,7 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::FromDescriptor(int fd, const s
   if (fstat(fd, &st) != 0) FailIo(display_path, "cannot stat", errno);
   RequireRegularFile(st.st_mode, display_path);
   f->file_size_ = static_cast<uint64_t>(st.st_size);
+  f->dev_ = st.st_dev;
 
   unsigned char prefix[8] = {0};
   if (f->file_size_ >= 8) f->ReadBytes(0, 8, prefix, "header length");
@@ -248,8 +249,9 @@ void SafetensorsFile::Prefetch(uint64_t offset, uint64_t n) const {
   if (n == 0 || offset >= file_size_) return;
   n = std::min(n, file_size_ - offset);
   // fadvise works on the page cache whether or not the file is mapped, and returns once the reads are
-  // queued; MADV_WILLNEED on the mapping would do the same through the VMA.
-  posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(n), POSIX_FADV_WILLNEED);
+  // queued; MADV_WILLNEED on the mapping would do the same through the VMA. One call reads at most the
+  // device's read-ahead limit, so a larger range is asked for in steps (AdviseWillNeed).
+  AdviseWillNeed(fd_, dev_, offset, n);
 }
 
 void SafetensorsFile::ReleasePages(uint64_t offset, uint64_t n, Release how) const {

@@ -12,6 +12,8 @@
 // ReadRows/ReadBytes, never SIGBUS: copies out of the mapping run under a fault guard.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -113,6 +115,7 @@ class SafetensorsFile {
   int fd_ = -1;
   const unsigned char* map_ = nullptr;
   uint64_t file_size_ = 0;
+  dev_t dev_ = 0;  // the device it lives on: its read-ahead limit
   uint64_t header_digest_ = 0;
   ReadMode mode_ = ReadMode::kMmap;
   Header header_;

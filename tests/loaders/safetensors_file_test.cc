@@ -1,6 +1,8 @@
 #include "loaders/safetensors_file.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -9,6 +11,7 @@
 #include <fstream>
 #include <vector>
 
+#include "loaders/posix_file.h"
 #include "loaders/writer.h"
 #include "tests/loaders/test_util.h"
 
@@ -234,6 +237,58 @@ TEST(SafetensorsFile, HeaderDigestTellsOneHeaderByteApartAndIsStableAcrossOpens)
   ASSERT_EQ(stat((dir / "a.safetensors").c_str(), &st), 0);
   EXPECT_EQ(fa->file_size(), static_cast<uint64_t>(st.st_size));
   EXPECT_EQ(fa_again->file_size(), a.size());
+}
+
+}  // namespace
+}  // namespace shardcast
+
+namespace shardcast {
+namespace {
+
+// Fraction of [0, size) of the file in the page cache (mincore over a fresh read-only mapping).
+double ResidentFraction(const std::string& path, uint64_t size) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  void* p = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
+  if (p == MAP_FAILED) return -1;
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> vec((size + page - 1) / page);
+  const int rc = mincore(p, size, vec.data());
+  munmap(p, size);
+  if (rc != 0) return -1;
+  uint64_t in = 0;
+  for (unsigned char v : vec) in += v & 1;
+  return static_cast<double>(in) / static_cast<double>(vec.size());
+}
+
+// Regression: the kernel reads at most the device's read-ahead limit per POSIX_FADV_WILLNEED call
+// (8 MiB on the development VM, 128 KiB-1.25 MiB on common NVMe defaults), so one call for a 64 MiB
+// segment prefetched only its first part. Prefetch now asks in steps: every page comes in.
+TEST(SafetensorsFile, PrefetchOfALargeRangeBringsInEveryPage) {
+  testing::TempDir dir;
+  std::string path = dir / "p.safetensors";
+  const uint64_t n = 64ull << 20;
+  {
+    SafetensorsWriter w(path, {{"w", DType::kU8, {n}}});
+    std::vector<unsigned char> chunk(1 << 20, 7);
+    for (uint64_t i = 0; i < n; i += chunk.size()) w.Append(chunk.data(), chunk.size());
+    w.Commit();
+  }
+  auto f = SafetensorsFile::Open(path, OpenOptions{ReadMode::kPread});
+  {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    fdatasync(fd.get());
+    posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
+  }
+  const double cold = ResidentFraction(path, f->file_size());
+  if (cold < 0 || cold > 0.5) GTEST_SKIP() << dir.path() << " keeps evicted pages (tmpfs?) or has no mincore";
+  const uint64_t begin = f->RowOffset(f->Get("w"), 0);
+  f->Prefetch(begin, n);
+  double now = 0;
+  for (int i = 0; i < 600 && now < 0.99; ++i) {  // the reads complete in the background: up to 30 s
+    now = ResidentFraction(path, f->file_size());
+    if (now < 0.99) usleep(50 * 1000);
+  }
+  EXPECT_GE(now, 0.99) << "resident after Prefetch of the whole tensor (was " << cold << " cold)";
 }
 
 }  // namespace
