@@ -5,9 +5,13 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/utils/pybind.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <nlohmann/json.hpp>
 
 #include "loaders/checkpoint.h"
+#include "loaders/posix_file.h"
 #include "runtime/buffer_init.h"
 #include "runtime/c10d_communicator.h"
 #include "runtime/load.h"
@@ -303,6 +307,18 @@ PYBIND11_MODULE(_shardcast, m) {
     }
   });
 
+  m.def(
+      "prefetch_file_range",
+      [](const std::string& path, uint64_t offset, uint64_t length) {
+        UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+        struct stat st;
+        if (fd.get() < 0 || fstat(fd.get(), &st) != 0) return false;
+        AdviseWillNeed(fd.get(), st.st_dev, offset, length);
+        return true;
+      },
+      py::arg("path"), py::arg("offset"), py::arg("length"), py::call_guard<py::gil_scoped_release>(),
+      "Asks the kernel to read the file's bytes [offset, offset + length) into the page cache, in steps "
+      "its read-ahead limit allows; False where the file cannot be opened.");
   m.def("has_buffer_rule", [](const std::string& key) { return BufferInitRegistry::Global().Find(key, "") != nullptr; },
         "Whether a built-in init rule matches this buffer key.");
   m.def(

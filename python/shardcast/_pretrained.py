@@ -27,10 +27,11 @@ from __future__ import annotations
 import datetime
 import fnmatch
 import os
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 
+from . import _prefetch
 from ._shardcast import CheckpointError, InvalidArgument
 
 __all__ = ["from_pretrained", "resolve_checkpoint", "shard_units"]
@@ -180,7 +181,7 @@ def _build_meta(config, dtype: Optional[torch.dtype], trust_remote_code: bool):
 
 
 def _model_class(config, trust_remote_code: bool):
-    from transformers import AutoModelForCausalLM, MODEL_FOR_CAUSAL_LM_MAPPING
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
     try:
         return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     except KeyError:
@@ -222,7 +223,7 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
                     target: Optional[str] = None, *, distributed_config=None, tp_size: Optional[int] = None,
                     ep_size: Optional[int] = None, fsdp_size: Optional[int] = None,
                     dp_replicate_size: Optional[int] = None, revision: Optional[str] = None,
-                    trust_remote_code: bool = False, **load_kwargs) -> torch.nn.Module:
+                    trust_remote_code: bool = False, prefetch: bool = True, **load_kwargs) -> torch.nn.Module:
     """An FSDP2 model with its checkpoint loaded, each rank holding only its own rows.
 
     Every rank calls it together (under torchrun; a single process with no launcher is a world of one).
@@ -238,6 +239,8 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
     fsdp_kwargs: passed to every fully_shard (mp_policy, reshard_after_forward, offload_policy, ...).
     source, target, **load_kwargs: passed to shardcast.load (verify, chunk_bytes, timeout, strict_keys);
         source None: SHARDCAST_SOURCE, else the default.
+    prefetch: on one node, have the kernel read the files (each local rank its 1/L, at most half of
+        MemAvailable) while the model is built and sharded, so a cold load starts warm (`_prefetch.py`).
 
     Returns the FSDP2 model; `model.shardcast_report` is the load's report. Raises a ShardcastError
     subclass, the same on every rank.
@@ -246,26 +249,31 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
     from . import load, prepare
 
     path = resolve_checkpoint(path_or_local_repo_id, revision=revision)
-    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    dc = _distributed_config(distributed_config, {"tp_size": tp_size, "ep_size": ep_size, "fsdp_size": fsdp_size,
-                                                  "dp_replicate_size": dp_replicate_size})
-    if dc is not None:
-        if mesh is not None:
-            raise InvalidArgument("pass either mesh or distributed_config: transformers' plans make their own meshes")
-        _dist_ready("cuda" if target == "cuda" else "cpu")
-        model = _build_meta(config, dtype, trust_remote_code)
-        prepare(model, config=config, target=target or "cpu")
-        model = _parallelize(model, config, dc, trust_remote_code)
+    ahead = _prefetch.start(path) if prefetch else None
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        dc = _distributed_config(distributed_config, {"tp_size": tp_size, "ep_size": ep_size,
+                                                      "fsdp_size": fsdp_size, "dp_replicate_size": dp_replicate_size})
+        if dc is not None:
+            if mesh is not None:
+                raise InvalidArgument("pass either mesh or distributed_config: transformers' plans make their own "
+                                      "meshes")
+            _dist_ready("cuda" if target == "cuda" else "cpu")
+            model = _build_meta(config, dtype, trust_remote_code)
+            prepare(model, config=config, target=target or "cpu")
+            model = _parallelize(model, config, dc, trust_remote_code)
+        else:
+            if mesh is None:
+                mesh = _default_mesh(target)
+            model = _build_meta(config, dtype, trust_remote_code)
+            prepare(model, config=config, target=target or "cpu")
+            fully_shard = _fully_shard()
+            kwargs = dict(fsdp_kwargs or {})
+            for unit in shard_units(model, shard):
+                fully_shard(unit, mesh=mesh, **kwargs)
+            fully_shard(model, mesh=mesh, **kwargs)
         model.shardcast_report = load(model, path, source=source, target=target, config=config, **load_kwargs)
         return model
-    if mesh is None:
-        mesh = _default_mesh(target)
-    model = _build_meta(config, dtype, trust_remote_code)
-    prepare(model, config=config, target=target or "cpu")
-    fully_shard = _fully_shard()
-    kwargs = dict(fsdp_kwargs or {})
-    for unit in shard_units(model, shard):
-        fully_shard(unit, mesh=mesh, **kwargs)
-    fully_shard(model, mesh=mesh, **kwargs)
-    model.shardcast_report = load(model, path, source=source, target=target, config=config, **load_kwargs)
-    return model
+    finally:
+        if ahead is not None:
+            ahead.stop()

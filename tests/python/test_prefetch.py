@@ -1,0 +1,72 @@
+"""from_pretrained's read-ahead while the model is built: each local rank's share of the files, and the
+kernel really bringing a cold file's pages in (checked with mincore on the file's pages)."""
+import ctypes
+import mmap
+import os
+import time
+
+import pytest
+
+from shardcast import _prefetch
+
+
+def test_shares_cover_the_budget_once_in_file_order():
+    files = [("a", 10), ("b", 0), ("c", 7), ("d", 25)]
+    for budget in (0, 5, 17, 42, 1000):
+        for world in (1, 3, 4, 8):
+            got = []
+            for r in range(world):
+                got += [(p, o, n) for p, o, n in _prefetch.share(files, r, world, budget)]
+            assert all(n > 0 for _, _, n in got)
+            covered = [(p, o + i) for p, o, n in got for i in range(n)]
+            want = [(p, i) for p, size in files for i in range(size)][:budget]
+            assert covered == want, (budget, world)
+
+
+def test_several_nodes_read_nothing_ahead(monkeypatch, tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 4096)
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert _prefetch.start(str(tmp_path)) is None
+
+
+def _resident(path) -> float:
+    """Fraction of the file's pages in the page cache (mincore over a private mapping of it)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = os.path.getsize(path)
+    page = os.sysconf("SC_PAGE_SIZE")
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+        try:
+            buf = ctypes.c_char.from_buffer(mm)
+            vec = (ctypes.c_ubyte * ((size + page - 1) // page))()
+            if libc.mincore(ctypes.c_void_p(ctypes.addressof(buf)), ctypes.c_size_t(size), vec) != 0:
+                pytest.fail(f"mincore: {os.strerror(ctypes.get_errno())}")
+            del buf
+            return sum(v & 1 for v in vec) / len(vec)
+        finally:
+            mm.close()
+
+
+def test_a_cold_file_comes_into_the_page_cache(monkeypatch, tmp_path):
+    path = tmp_path / "model-00001-of-00001.safetensors"
+    with open(path, "wb") as f:
+        f.write(os.urandom(16 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    if _resident(path) > 0.5:
+        pytest.skip(f"{tmp_path}'s filesystem keeps evicted pages (tmpfs?): nothing to measure")
+    for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_RANK", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    ahead = _prefetch.start(str(tmp_path))
+    assert ahead is not None
+    ahead._thread.join(timeout=30)
+    deadline = time.monotonic() + 30  # the advice queues reads; they complete in the background
+    while _resident(path) < 0.99 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ahead.stop()
+    assert _resident(path) >= 0.99
+    assert ahead.requested == 16 << 20
