@@ -13,14 +13,11 @@ The checkpoint: a transformers MoE saved by save_pretrained (bench/bench_peers.p
 """
 import argparse
 import json
-import os
 import pathlib
-import socket
-import subprocess
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from _ranks import ROOT, launch
 
 
 def layouts(world):
@@ -51,31 +48,6 @@ def worker(ckpt, out, spec, source):
     dist.destroy_process_group()
 
 
-def launch(ckpt, world, out, spec, source):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
-               PYTHONPATH=str(ROOT / "build/python"), TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore",
-               OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(ckpt), str(out), spec, source],
-                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r), GROUP_RANK=str(r * 2 // world)))
-             for r in range(world)]
-    try:
-        deadline = time.monotonic() + 1800
-        while None in [p.poll() for p in procs] and time.monotonic() < deadline:
-            if any(p.poll() not in (None, 0) for p in procs):
-                raise SystemExit(f"{spec} {source}: a rank failed")
-            time.sleep(0.2)
-        if any(p.poll() != 0 for p in procs):
-            raise SystemExit(f"{spec} {source}: a rank failed or ran past 30 minutes")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    return [json.loads(pathlib.Path(f"{out}.{r}").read_text()) for r in range(world)]
-
-
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         return worker(*sys.argv[2:6])
@@ -88,7 +60,9 @@ def main():
     tmp = pathlib.Path("/tmp/shardcast-layout-sources")
     for spec in layouts(args.world_size):
         for source in SOURCES:
-            ranks = launch(args.checkpoint, args.world_size, tmp, json.dumps(spec), source)
+            ranks = launch(__file__, [args.checkpoint, tmp, json.dumps(spec), source], args.world_size, tmp,
+                           f"{json.dumps(spec)} {source}", timeout_s=1800,
+                           rank_env=lambda r: {"GROUP_RANK": str(r * 2 // args.world_size)})
             ckpt = ranks[0]["checkpoint_bytes"]
             row = {"layout": spec, "source": ranks[0]["source"], "mesh": ranks[0]["mesh"], "checkpoint_bytes": ckpt,
                    "read": sum(r["bytes_read"] for r in ranks), "sent": sum(r["bytes_sent"] for r in ranks),

@@ -34,14 +34,13 @@ import argparse
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import threading
 import time
 import zlib
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from _ranks import ROOT, launch
 PHASES = ("import", "build", "shard", "load")
 
 
@@ -238,30 +237,6 @@ def set_page_cache(files, cold):
     return sum(int(line) for line in out.split())
 
 
-def launch(method, ckpt, world, out):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
-               PYTHONPATH=str(ROOT / "build/python"), TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore",
-               OMP_NUM_THREADS="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", method, str(ckpt), str(out)],
-                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(world)]
-    try:  # a rank that fails leaves the others in a collective: end them rather than wait out its timeout
-        deadline = time.monotonic() + 3600
-        while None in (codes := [p.poll() for p in procs]) and time.monotonic() < deadline:
-            if failed := [r for r, code in enumerate(codes) if code not in (None, 0)]:
-                raise SystemExit(f"{method}: rank(s) {failed} failed")
-            time.sleep(0.2)
-        if failed := [r for r, code in enumerate(codes) if code != 0]:
-            raise SystemExit(f"{method}: rank(s) {failed} failed or ran past an hour")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    return [json.loads(pathlib.Path(f"{out}.{r}").read_text()) for r in range(world)]
-
-
 def summary(method, ranks):
     """The slowest rank's total and phases (None: folded into load); rank 0's peaks; the other ranks' highest."""
     folded = method in FOLDED
@@ -312,7 +287,8 @@ def main():
     for _ in range(args.repeat):  # interleaved, so drift on a shared machine hits every method alike
         for method in methods:
             resident.append(set_page_cache(files, args.cold))
-            runs[method].append(launch(method, ckpt, args.world_size, work / method))
+            runs[method].append(launch(__file__, [method, ckpt, work / method], args.world_size, work / method,
+                                       method, timeout_s=3600, env={"HF_HUB_DISABLE_PROGRESS_BARS": "1"}))
     crcs = {m: [[(r["crc"], r["names_crc"]) for r in ranks] for ranks in rs] for m, rs in runs.items()}
     same = len({tuple(run) for per_run in crcs.values() for run in per_run}) == 1
     by_time = {m: sorted(rs, key=lambda ranks: max(r["seconds"] for r in ranks)) for m, rs in runs.items()}

@@ -29,7 +29,6 @@ import json
 import os
 import pathlib
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -38,6 +37,7 @@ import zlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+from _ranks import launch  # noqa: E402
 from bench_peers import Sampler, write_checkpoint  # noqa: E402  (same model, same sampler)
 
 METHODS = ["shardcast-each-rank", "shardcast-rank0", "accelerate", "dcp"]
@@ -142,21 +142,6 @@ def worker(method, ckpt, out, result):
     dist.destroy_process_group()
 
 
-def launch(method, ckpt, out, world, result):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
-               PYTHONPATH=str(ROOT / "build/python"), TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore",
-               OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", method, str(ckpt), str(out), str(result)],
-                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(world)]
-    for p in procs:
-        if p.wait(timeout=3600) != 0:
-            raise SystemExit(f"{method}: a rank failed")
-    return [json.loads(pathlib.Path(f"{result}.{r}").read_text()) for r in range(world)]
-
-
 def disk_bytes(d):
     return sum(os.path.getsize(os.path.join(p, f)) for p, _, fs in os.walk(d) for f in fs)
 
@@ -202,7 +187,8 @@ def main():
             for f in ckpt.glob("*.safetensors"):  # the same warm page cache for everyone's load
                 f.read_bytes()
             subprocess.run(["sync"], check=False)  # no one pays for another's writeback
-            ranks = launch(method, ckpt, out, args.world_size, work / f"save-{method}")
+            ranks = launch(__file__, [method, ckpt, out, work / f"save-{method}"], args.world_size,
+                           work / f"save-{method}", method, timeout_s=3600)
             run = {"ranks": ranks, "seconds": max(r["seconds"] for r in ranks),
                    "output_bytes_on_disk": disk_bytes(out), "written_bytes": sum(r["written_bytes"] for r in ranks)}
             if rep == 0:

@@ -6,14 +6,14 @@
 
 #include "allocators/error.h"
 #include "allocators/units.h"
+#include "bench/commands.h"
 #include "bench/raw_scatter.h"
 #include "runtime/c10d_communicator.h"
 #include "runtime/load_options.h"
-#include "runtime/subprocess.h"
-#include "bench/commands.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/launcher.h"
+#include "tools/subprocess.h"
 
 namespace shardcast::tools {
 namespace {

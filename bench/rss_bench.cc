@@ -13,7 +13,7 @@
 #include "allocators/error.h"
 #include "bench/svg_plot.h"
 #include "runtime/plan.h"
-#include "runtime/subprocess.h"
+#include "tools/subprocess.h"
 
 namespace shardcast::bench {
 namespace {

@@ -1,33 +1,19 @@
+// ParseHeader: the checks every header gets (UTF-8, each tensor's bytes, coverage of the data area) and
+// the diagnosing parser (nlohmann's SAX), which decides and names the problem in whatever the fast path
+// (safetensors_header_simdjson.cc, safetensors_header_fast.h) declines.
 #include "loaders/safetensors_header.h"
 
 #include <algorithm>
 #include <cstring>
 #include <functional>
-#include <memory>
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
 #include "allocators/error.h"
-
-#if SHARDCAST_HAVE_SIMDJSON
-#include <simdjson.h>
-#endif
+#include "loaders/safetensors_header_fast.h"
 
 namespace shardcast {
-namespace {
 
-[[noreturn]] void Fail(std::string_view file, const std::string& what) {
-  throw Error(ErrorKind::kCheckpoint, std::string(file), what);
-}
-
-std::string Quote(std::string_view key) {
-  std::string out = "tensor '";
-  for (char c : key.substr(0, 200)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
-  if (key.size() > 200) out += "...";
-  return out + "'";
-}
-
-// Returns the offset of the first invalid byte, or npos. Rejects overlongs and surrogates.
 size_t FindInvalidUtf8(std::string_view s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   size_t i = 0, n = s.size();
@@ -52,113 +38,18 @@ size_t FindInvalidUtf8(std::string_view s) {
   return std::string_view::npos;
 }
 
-// ---- the fast path ----------------------------------------------------------------------------
-// simdjson's DOM parser (a validating parser: RFC 8259, UTF-8, no raw control characters; ~1 GB/s
-// here against nlohmann's ~75 MB/s) and one walk of its tree that accepts only a header the rules
-// above accept. It reports nothing: whatever it does not accept (invalid JSON, a duplicate key, a float
-// or a number past 64 bits, a missing field, nesting past simdjson's 1024 levels) is parsed again by
-// HeaderSax, which decides and names the problem. So it may decline more than it must, never accept
-// more, and it builds the same Header; tests/loaders/header_paths_test.cc and the fuzzer check both.
+namespace {
 
-#if SHARDCAST_HAVE_SIMDJSON
-// One parser a thread, kept for the next header: its buffers grow to the largest header parsed (a few
-// times its bytes), so headers under kKeepParserBytes keep theirs and a larger one frees them after.
-constexpr size_t kKeepParserBytes = 1 << 20;
-
-simdjson::dom::parser& ThreadParser() {
-  thread_local std::unique_ptr<simdjson::dom::parser> parser;
-  if (!parser) parser = std::make_unique<simdjson::dom::parser>();
-  return *parser;
+[[noreturn]] void Fail(std::string_view file, const std::string& what) {
+  throw Error(ErrorKind::kCheckpoint, std::string(file), what);
 }
 
-void ReleaseParserAfter(size_t json_bytes) {
-  if (json_bytes > kKeepParserBytes) ThreadParser() = simdjson::dom::parser();
+std::string Quote(std::string_view key) {
+  std::string out = "tensor '";
+  for (char c : key.substr(0, 200)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  if (key.size() > 200) out += "...";
+  return out + "'";
 }
-
-// [n, ...] of non-negative 64-bit integers into `out`; false for anything else.
-bool FastDims(simdjson::dom::element value, std::vector<uint64_t>* out) {
-  simdjson::dom::array a;
-  if (value.get_array().get(a)) return false;
-  out->reserve(a.size());
-  for (simdjson::dom::element d : a) {
-    uint64_t v;
-    if (d.get_uint64().get(v)) return false;
-    out->push_back(v);
-  }
-  return true;
-}
-
-bool FastTensor(std::string_view key, simdjson::dom::element value, TensorInfo* t) {
-  simdjson::dom::object fields;
-  if (value.get_object().get(fields)) return false;
-  t->key = key;
-  int seen = 0;
-  for (simdjson::dom::key_value_pair f : fields) {
-    const int bit = f.key == "dtype" ? 1 : f.key == "shape" ? 2 : f.key == "data_offsets" ? 4 : 0;
-    if (bit == 0) continue;  // unknown fields are ignored, as the reference does
-    if (seen & bit) return false;
-    seen |= bit;
-    if (bit == 1) {
-      std::string_view name;
-      if (f.value.get_string().get(name)) return false;
-      std::optional<DType> d = ParseDType(name);
-      if (!d) return false;
-      t->dtype = *d;
-    } else if (bit == 2) {
-      if (!FastDims(f.value, &t->shape)) return false;
-    } else {
-      std::vector<uint64_t> offsets;
-      if (!FastDims(f.value, &offsets) || offsets.size() != 2) return false;
-      t->begin = offsets[0];
-      t->end = offsets[1];
-    }
-  }
-  return seen == 7;
-}
-
-bool FastMetadata(simdjson::dom::element value, Header* h) {
-  if (value.is_null()) return true;
-  simdjson::dom::object map;
-  if (value.get_object().get(map)) return false;
-  for (simdjson::dom::key_value_pair kv : map) {
-    std::string_view v;
-    if (kv.value.get_string().get(v)) return false;
-    for (const auto& [k, ignored] : h->metadata) {
-      if (k == kv.key) return false;  // a handful of pairs in practice; a long list is declined
-    }
-    if (h->metadata.size() >= 64) return false;
-    h->metadata.emplace_back(std::string(kv.key), std::string(v));
-  }
-  return true;
-}
-
-// Fills h->tensors, h->metadata and h->index, or returns false (h is then to be thrown away).
-bool ParseFast(std::string_view json, Header* h) {
-  simdjson::dom::element doc;
-  if (ThreadParser().parse(json.data(), json.size()).get(doc)) return false;
-  simdjson::dom::object top;
-  if (doc.get_object().get(top)) return false;
-  h->tensors.reserve(top.size());
-  bool metadata = false;
-  for (simdjson::dom::key_value_pair kv : top) {
-    if (kv.key == "__metadata__") {
-      if (metadata || !FastMetadata(kv.value, h)) return false;
-      metadata = true;
-      continue;
-    }
-    h->tensors.emplace_back();
-    if (!FastTensor(kv.key, kv.value, &h->tensors.back())) return false;
-  }
-  return h->BuildIndex();  // false for a duplicate tensor key
-}
-// simdjson's validator (SIMD, the same rules as FindInvalidUtf8: no overlongs, no surrogates, nothing
-// past U+10FFFF); FindInvalidUtf8 then finds where, on the error path only.
-bool IsValidUtf8(std::string_view s) { return simdjson::validate_utf8(s.data(), s.size()); }
-#else
-bool IsValidUtf8(std::string_view s) { return FindInvalidUtf8(s) == std::string_view::npos; }
-void ReleaseParserAfter(size_t) {}
-bool ParseFast(std::string_view, Header*) { return false; }  // built without simdjson: the slow path only
-#endif
 
 // ---- the diagnosing path ------------------------------------------------------------------------
 // Builds the tensor table straight from SAX events: no DOM, duplicates seen as they arrive.
@@ -457,7 +348,7 @@ Header ParseWith(std::string_view file, std::string_view json, uint64_t file_siz
   if (json.empty() || json[0] != '{') {
     Fail(file, "header " + ByteRangeText(8, 8 + json.size()) + " does not start with '{'");
   }
-  if (fast ? !IsValidUtf8(json) : FindInvalidUtf8(json) != std::string_view::npos) {
+  if (fast ? !IsValidUtf8Fast(json) : FindInvalidUtf8(json) != std::string_view::npos) {
     const size_t bad = FindInvalidUtf8(json);
     Fail(file, "header is not valid UTF-8" + (bad == std::string_view::npos ? "" : " at byte " + std::to_string(8 + bad)));
   }
@@ -465,8 +356,8 @@ Header ParseWith(std::string_view file, std::string_view json, uint64_t file_siz
   if (size_t nul = json.find('\0'); nul != std::string_view::npos) {
     Fail(file, "header is not valid JSON: NUL byte at byte " + std::to_string(8 + nul));
   }
-  const bool parsed = fast && ParseFast(json, &h);
-  if (fast) ReleaseParserAfter(json.size());
+  const bool parsed = fast && ParseHeaderFast(json, &h);
+  if (fast) ReleaseFastParserAfter(json.size());
   if (!parsed) {
     h.tensors.clear();
     h.metadata.clear();

@@ -1,8 +1,8 @@
 // runtime/communicator: the narrow seam between shardcast and a transport.
 //
-// Four operations, all on raw host (or, for NCCL, device) bytes: broadcast, scatter of uneven byte
-// ranges from a root, a small all-reduce (sum of int64s, for verdicts), and barrier. Every operation
-// waits at most `timeout`. After any timeout or error the communicator is finished: every later
+// Four kinds of operation, all on raw host (or, for NCCL, device) bytes: broadcast from a root, a send
+// to and a receive from one peer, a small all-reduce (sum of int64s, for verdicts), and barrier. Every
+// operation waits at most `timeout`. After any timeout or error the communicator is finished: every later
 // call throws kComm naming the first failure, so a half-failed collective is never reused.
 //
 // Implementations: c10d (Gloo on CPU, from a TCPStore rendezvous or the caller's process group) and,
@@ -56,8 +56,8 @@ class Communicator {
   virtual std::string backend() const = 0;
 
   virtual void Broadcast(void* data, uint64_t bytes, int root) = 0;
-  // Root: SendAsync(bytes to `peer`); peer: Recv(bytes from root). The scatter of uneven row ranges
-  // is a sequence of these, in an order every rank derives from the manifest.
+  // The sender: SendAsync(bytes to `peer`); that peer: Recv(bytes from the sender, its `peer`). A
+  // stream's messages are a sequence of these, in an order every rank derives from the manifest.
   virtual std::unique_ptr<PendingSend> SendAsync(const void* data, uint64_t bytes, int peer) = 0;
   virtual void Recv(void* data, uint64_t bytes, int peer) = 0;
   virtual void AllReduceSum(int64_t* values, uint64_t count) = 0;

@@ -34,7 +34,6 @@ class FileSink : public Sink {
   // Opens every file write-only and checks it is a regular file of the manifest's size (a rank that
   // does not see rank 0's directory, or sees another one, fails here, before any data).
   void Open();
-  const char* name() const override { return "file"; }
   unsigned char* HostDirect(const Segment&) override { return nullptr; }
   void Store(const Segment& s, const unsigned char* data) override;
   // fdatasync of exactly the files this rank wrote, then closes every file.

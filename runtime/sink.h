@@ -3,7 +3,7 @@
 //
 //   ShardSink      this rank's local shard tensors, one per manifest entry (CPU, pinned or CUDA)
 //   ChecksumSink   keeps nothing; hashes what arrives (benchmarks at full scale, dry runs)
-//   (save will add a file-writing sink)
+//   FileSink       a save's output files, at their final offsets (runtime/file_sink.h)
 //
 // Thread safety: HostDirect may be called from the reader thread while the stream thread stores
 // other segments; the segments of distinct messages never overlap. Store is called by one thread.
@@ -22,7 +22,6 @@ namespace shardcast {
 class Sink {
  public:
   virtual ~Sink() = default;
-  virtual const char* name() const = 0;
   // Host memory where segment s's target bytes may be written in place, or nullptr.
   virtual unsigned char* HostDirect(const Segment& s) = 0;
   // Device memory where a device transport may receive segment s in place, or nullptr.
@@ -38,7 +37,6 @@ class Sink {
 class ShardSink : public Sink {
  public:
   explicit ShardSink(std::vector<at::Tensor> tensors) : tensors_(std::move(tensors)) {}
-  const char* name() const override { return "shard"; }
   unsigned char* HostDirect(const Segment& s) override;
   unsigned char* DeviceDirect(const Segment& s) override;
   void Store(const Segment& s, const unsigned char* data) override;
@@ -52,13 +50,11 @@ class ShardSink : public Sink {
 class ChecksumSink : public Sink {
  public:
   explicit ChecksumSink(size_t entries) : column_(entries) {}
-  const char* name() const override { return "checksum-only"; }
   unsigned char* HostDirect(const Segment&) override { return nullptr; }
   void Store(const Segment& s, const unsigned char* data) override {
     column_.Add(s.entry, SegmentDigest(data, s.target_bytes, s.local_offset));
   }
   bool keeps() const override { return false; }
-  const DigestColumn& digests() const { return column_; }
 
  private:
   DigestColumn column_;

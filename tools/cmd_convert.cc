@@ -20,10 +20,10 @@
 #include "loaders/convert.h"
 #include "loaders/model_spec.h"
 #include "runtime/file_sink.h"
-#include "runtime/subprocess.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/launcher.h"
+#include "tools/subprocess.h"
 
 namespace shardcast::tools {
 namespace {

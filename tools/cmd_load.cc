@@ -14,10 +14,10 @@
 #include "loaders/synth.h"
 #include "runtime/load.h"
 #include "runtime/parallel_plan.h"
-#include "runtime/subprocess.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/launcher.h"
+#include "tools/subprocess.h"
 
 namespace shardcast::tools {
 namespace {

@@ -8,9 +8,9 @@
 
 #include "allocators/error.h"
 #include "loaders/synth.h"
-#include "runtime/forecast.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/forecast.h"
 
 namespace shardcast::tools {
 namespace {

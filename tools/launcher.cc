@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "allocators/error.h"
-#include "runtime/subprocess.h"
+#include "tools/subprocess.h"
 
 namespace shardcast::tools {
 

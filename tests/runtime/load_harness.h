@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "loaders/synth.h"
-#include "runtime/subprocess.h"
 #include "tests/loaders/test_util.h"
+#include "tools/subprocess.h"
 
 namespace shardcast {
 

@@ -1,4 +1,4 @@
-#include "runtime/forecast.h"
+#include "tools/forecast.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "runtime/subprocess.h"
+#include "tools/subprocess.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-// runtime/subprocess: child processes that cannot outlive their parent or hang it.
+// tools/subprocess: child processes that cannot outlive their parent or hang it.
 //
 // Children get PR_SET_PDEATHSIG(SIGKILL), so a parent that dies takes them along. Every read and
 // wait takes a timeout; a destructor kills and reaps a child still running. Used by the local

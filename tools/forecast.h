@@ -1,4 +1,4 @@
-// runtime/forecast: peak host (and device) memory a rank should see, by source and target, from the
+// tools/forecast: peak host (and device) memory a rank should see, by source and target, from the
 // Plan alone. Arithmetic, not measurement: benchmarks measure; this says what to expect.
 //
 //   reader (rank 0, source rank0)   own shard + buffers + staging ring + constant
