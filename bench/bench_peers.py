@@ -3,7 +3,9 @@
 by save_pretrained; 12 layers ~2 GB, 40 ~6 GB) made an FSDP2 model at world size W on CPU/Gloo by
 
   transformers               from_pretrained(distributed_config=DistributedConfig(fsdp_size=W)), native
-  shardcast-from-pretrained  shardcast.from_pretrained(fsdp_size=W), its default source
+  shardcast-from-pretrained  shardcast.from_pretrained(fsdp_size=W), its defaults
+  shardcast-from-pretrained-prefetch      the same with prefetch=True (read-ahead while it builds, which
+                                          its default leaves off with fewer than 2 cores per rank)
   shardcast-each-rank        meta model -> shardcast.prepare -> fully_shard -> shardcast.load(source="each-rank")
   shardcast-rank0            the same with source="rank0"
   accelerate                 meta model -> fully_shard; rank 0's from_pretrained (cpu_ram_efficient_loading's
@@ -105,9 +107,11 @@ def run_transformers(ckpt, world, clock):
                                                 distributed_config=DistributedConfig(fsdp_size=world))
 
 
-def run_shardcast_from_pretrained(ckpt, world, clock):
-    import shardcast
-    return shardcast.from_pretrained(ckpt, fsdp_size=world)
+def run_shardcast_from_pretrained(prefetch=None):
+    def run(ckpt, world, clock):
+        import shardcast
+        return shardcast.from_pretrained(ckpt, fsdp_size=world, prefetch=prefetch)
+    return run
 
 
 def run_shardcast(source):
@@ -151,11 +155,13 @@ def dcp_load(model, full_sd, rank0):
     set_model_state_dict(model, full_sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
-FOLDED = {"transformers", "shardcast-from-pretrained"}  # build and shard inside one call, timed as load
+# build and shard inside one call, timed as load
+FOLDED = {"transformers", "shardcast-from-pretrained", "shardcast-from-pretrained-prefetch"}
 # name -> (what its import phase imports besides transformers, how it builds, shards and loads)
 METHODS = {
     "transformers": (["transformers.distributed"], run_transformers),
-    "shardcast-from-pretrained": (["shardcast"], run_shardcast_from_pretrained),
+    "shardcast-from-pretrained": (["shardcast"], run_shardcast_from_pretrained()),
+    "shardcast-from-pretrained-prefetch": (["shardcast"], run_shardcast_from_pretrained(prefetch=True)),
     "shardcast-each-rank": (["shardcast"], run_shardcast("each-rank")),
     "shardcast-rank0": (["shardcast"], run_shardcast("rank0")),
     "accelerate": (["accelerate.utils.fsdp_utils"], run_from_rank0(accelerate_load)),

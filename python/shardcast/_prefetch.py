@@ -13,6 +13,11 @@ the layout); at most half of MemAvailable in all, in file order (the stream read
 order, and a checkpoint larger than memory must not evict what it will read first). It goes on during
 the load, ahead of the stream's own bounded read-ahead, and stops when the load returns. On a warm page
 cache each request is a walk over resident pages.
+
+When: filling the page cache costs CPU (page allocation, the copy from the device), which overlaps the
+build only where cores are spare. Measured on the 2-vCPU VM with 4 ranks (bench/RESULTS.md): a cold
+6.4 GB from_pretrained took as long with it as without (the load phase 2 s shorter, the build 2 s
+longer), so by default it runs only where the node has at least two cores per local rank.
 """
 from __future__ import annotations
 
@@ -85,11 +90,14 @@ class Prefetch:
         self._thread.join()
 
 
-def start(checkpoint: str) -> Optional[Prefetch]:
+def start(checkpoint: str, force: bool = False) -> Optional[Prefetch]:
     """Starts this rank's share of the read-ahead of `checkpoint`'s safetensors files, or returns None
-    where it does not apply (several nodes, nothing to read)."""
+    where it does not apply (several nodes, nothing to read, unless `force`: fewer than two cores per
+    local rank)."""
     where = _local_rank()
     if where is None:
+        return None
+    if not force and len(os.sched_getaffinity(0)) < 2 * where[1]:
         return None
     files = []
     for path in sorted(glob.glob(os.path.join(checkpoint, "*.safetensors"))):

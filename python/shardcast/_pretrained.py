@@ -223,7 +223,7 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
                     target: Optional[str] = None, *, distributed_config=None, tp_size: Optional[int] = None,
                     ep_size: Optional[int] = None, fsdp_size: Optional[int] = None,
                     dp_replicate_size: Optional[int] = None, revision: Optional[str] = None,
-                    trust_remote_code: bool = False, prefetch: bool = True, **load_kwargs) -> torch.nn.Module:
+                    trust_remote_code: bool = False, prefetch: Optional[bool] = None, **load_kwargs) -> torch.nn.Module:
     """An FSDP2 model with its checkpoint loaded, each rank holding only its own rows.
 
     Every rank calls it together (under torchrun; a single process with no launcher is a world of one).
@@ -241,6 +241,7 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
         source None: SHARDCAST_SOURCE, else the default.
     prefetch: on one node, have the kernel read the files (each local rank its 1/L, at most half of
         MemAvailable) while the model is built and sharded, so a cold load starts warm (`_prefetch.py`).
+        None (default): where the node has at least two cores per local rank; True: always; False: never.
 
     Returns the FSDP2 model; `model.shardcast_report` is the load's report. Raises a ShardcastError
     subclass, the same on every rank.
@@ -249,7 +250,7 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
     from . import load, prepare
 
     path = resolve_checkpoint(path_or_local_repo_id, revision=revision)
-    ahead = _prefetch.start(path) if prefetch else None
+    ahead = _prefetch.start(path, force=bool(prefetch)) if prefetch is not False else None
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         dc = _distributed_config(distributed_config, {"tp_size": tp_size, "ep_size": ep_size,

@@ -27,7 +27,19 @@ def test_several_nodes_read_nothing_ahead(monkeypatch, tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"\0" * 4096)
     monkeypatch.setenv("WORLD_SIZE", "16")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert _prefetch.start(str(tmp_path), force=True) is None
+
+
+def test_by_default_only_with_two_cores_per_local_rank(monkeypatch, tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 4096)
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("WORLD_SIZE", str(cores))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores))
+    monkeypatch.setenv("LOCAL_RANK", "0")
     assert _prefetch.start(str(tmp_path)) is None
+    ahead = _prefetch.start(str(tmp_path), force=True)
+    assert ahead is not None
+    ahead.stop()
 
 
 def _resident(path) -> float:
@@ -61,7 +73,7 @@ def test_a_cold_file_comes_into_the_page_cache(monkeypatch, tmp_path):
         pytest.skip(f"{tmp_path}'s filesystem keeps evicted pages (tmpfs?): nothing to measure")
     for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_RANK", "RANK"):
         monkeypatch.delenv(name, raising=False)
-    ahead = _prefetch.start(str(tmp_path))
+    ahead = _prefetch.start(str(tmp_path), force=True)
     assert ahead is not None
     ahead._thread.join(timeout=30)
     deadline = time.monotonic() + 30  # the advice queues reads; they complete in the background
