@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <vector>
@@ -30,6 +31,16 @@ std::string MakeFile(const testing::TempDir& dir) {
   }
   float s = 2.5f;
   w.Append(&s, 4);
+  w.Commit();
+  return path;
+}
+
+// One u8 tensor "w" of n bytes, every byte `fill`, written in 1 MiB appends.
+std::string MakeBigFile(const testing::TempDir& dir, const std::string& name, uint64_t n, unsigned char fill) {
+  std::string path = dir / name;
+  SafetensorsWriter w(path, {{"w", DType::kU8, {n}}});
+  std::vector<unsigned char> chunk(1 << 20, fill);
+  for (uint64_t i = 0; i < n; i += chunk.size()) w.Append(chunk.data(), std::min<uint64_t>(chunk.size(), n - i));
   w.Commit();
   return path;
 }
@@ -91,14 +102,8 @@ long RssFileKb() {
 
 TEST(SafetensorsFile, ReleasePagesDropsResidentFilePages) {
   testing::TempDir dir;
-  std::string path = dir / "r.safetensors";
   const uint64_t n = 64ull << 20;
-  {
-    SafetensorsWriter w(path, {{"w", DType::kU8, {n}}});
-    std::vector<unsigned char> chunk(1 << 20, 1);
-    for (uint64_t i = 0; i < n; i += chunk.size()) w.Append(chunk.data(), chunk.size());
-    w.Commit();
-  }
+  std::string path = MakeBigFile(dir, "r.safetensors", n, 1);
   auto f = SafetensorsFile::Open(path);
   ByteSpan v = f->View(f->Get("w"));
   uint64_t sum = 0;
@@ -265,14 +270,8 @@ double ResidentFraction(const std::string& path, uint64_t size) {
 // segment prefetched only its first part. Prefetch now asks in steps: every page comes in.
 TEST(SafetensorsFile, PrefetchOfALargeRangeBringsInEveryPage) {
   testing::TempDir dir;
-  std::string path = dir / "p.safetensors";
   const uint64_t n = 64ull << 20;
-  {
-    SafetensorsWriter w(path, {{"w", DType::kU8, {n}}});
-    std::vector<unsigned char> chunk(1 << 20, 7);
-    for (uint64_t i = 0; i < n; i += chunk.size()) w.Append(chunk.data(), chunk.size());
-    w.Commit();
-  }
+  std::string path = MakeBigFile(dir, "p.safetensors", n, 7);
   auto f = SafetensorsFile::Open(path, OpenOptions{ReadMode::kPread});
   {
     UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
