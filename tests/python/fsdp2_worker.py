@@ -10,6 +10,8 @@ MODE mapping_bad_box: rank 1's box reaches past the tensor; every rank must rais
 MODE mismatch: rank 1 builds a different model; every rank must raise the same ManifestMismatch.
 MODE keys_fail: rank 0 fails while working out which checkpoint tensors make the fused experts; every
                rank must raise the same error, naming rank 0.
+MODE keys_freeze: rank 0 freezes there instead (it never publishes them, never reaches the handshake);
+               every other rank must fail within its timeouts, naming rank 0, and end.
 
 Every mode counts this rank's reads of the checkpoint's keys (index and headers, in Python): only rank 0
 may read them; the others get what the load needs from it.
@@ -267,12 +269,26 @@ def keys_fail(root, rank, world):
     return {"type": None}
 
 
+def keys_freeze(root, rank, world):
+    ckpt, model = _sharded_qwen3_moe(root, world)
+    if rank == 0:
+        def frozen(path):
+            import time
+            time.sleep(3600)
+        shardcast._load.checkpoint_keys = frozen
+    try:
+        shardcast.load(model, ckpt, timeout=3)
+    except shardcast.ShardcastError as e:
+        return {"type": type(e).__name__, "message": str(e)}
+    return {"type": None}
+
+
 def main():
     mode, root, out_path = sys.argv[1:4]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     modes = {"flow": flow, "mapping": mapping, "mapping_bad_rows": mapping_bad_rows, "mismatch": mismatch, "hsdp": hsdp, "fault": fault,
-             "keys_fail": keys_fail, "mapping_boxes": mapping_boxes, "mapping_bad_box": mapping_bad_box}
+             "keys_fail": keys_fail, "keys_freeze": keys_freeze, "mapping_boxes": mapping_boxes, "mapping_bad_box": mapping_bad_box}
     result = modes[mode](root, rank, world)
     with open(f"{out_path}.{rank}", "w") as f:
         json.dump(result, f)

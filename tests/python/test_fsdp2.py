@@ -1,5 +1,7 @@
 """The real user flow, with real transformers model classes and checkpoints written by transformers'
 own save_pretrained (several files), at world sizes 1-4 over c10d Gloo on a CPU mesh."""
+import time
+
 import pytest
 import torch  # noqa: F401  (required: a missing one fails, never skips)
 import transformers  # noqa: F401
@@ -42,6 +44,19 @@ def test_rank0_failing_to_read_the_keys_is_the_same_error_on_every_rank(checkpoi
     results = run("keys_fail", checkpoints, 3, tmp_path)
     msg = _same_error(results, "InternalError")
     assert "failed on rank 0 of 3" in msg and "index unreadable (injected)" in msg, msg
+
+
+def test_rank0_freezing_while_reading_the_keys_ends_every_other_rank_with_an_error(checkpoints, tmp_path):
+    # Rank 0 never publishes the compositions nor reaches the handshake: the others wait the load's
+    # timeout for them (3 s), carry that into the handshake, and fail there, naming rank 0; the run
+    # ends on its own (the frozen rank is killed by the harness once the others are done).
+    t0 = time.monotonic()
+    results = ranks.run("fsdp2_worker.py", "keys_freeze", checkpoints, 3, tmp_path, faulted=(0,), allow_fail=True,
+                        timeout=120)
+    survivors = results[1:]
+    assert all(r is not None and r["type"] in ("CommTimeout", "CommError") for r in survivors), results
+    assert all("rank 0" in r["message"] for r in survivors), survivors
+    assert time.monotonic() - t0 < 90
 
 
 def test_explicit_mapping(checkpoints, tmp_path):

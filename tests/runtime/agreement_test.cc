@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "allocators/error.h"
 #include "tests/runtime/thread_ranks.h"
 
@@ -105,6 +108,50 @@ TEST(Agreement, ProblemsOnSeveralRanksAreListedTogether) {
     ASSERT_TRUE(o.threw);
     EXPECT_EQ(o.message, "phase: failed on ranks 1, 2 of 3:\n  [rank 1] no plan\n  [rank 2] key 'w': other layout");
   }
+}
+
+}  // namespace
+}  // namespace shardcast
+
+namespace shardcast {
+namespace {
+
+// Rank 0 frozen before the phase: the others' collectives time out. A rank that entered with its own
+// problem (say, rank 0's keys never arrived) names it in the timeout error, since it is the cause.
+TEST(Agreement, ATimeoutCarriesTheProblemThisRankEnteredWith) {
+  std::vector<std::string> messages(3);
+  std::vector<ErrorKind> kinds(3, ErrorKind::kInternal);
+  testing::RunThreadRanks(
+      3,
+      [&](Communicator& comm) {
+        const int me = comm.rank();
+        if (me == 0) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(3000));  // never enters the phase
+          return;
+        }
+        Deciding d;
+        d.phase = "handshake";
+        d.facts = {me};
+        d.decide = [](const Facts&) { return std::string("x"); };
+        d.check = [](const std::string&, const Facts&) {};
+        Problem mine;
+        if (me == 1) mine = {ErrorKind::kInternal, "rank 0's keys did not arrive within 1 s"};
+        try {
+          DecideAndAgree(comm, d, mine);
+        } catch (const Error& e) {
+          kinds[me] = e.kind();
+          messages[me] = e.what();
+        }
+      },
+      std::chrono::milliseconds(1000));
+  for (int r : {1, 2}) {
+    EXPECT_TRUE(kinds[r] == ErrorKind::kCommTimeout || kinds[r] == ErrorKind::kComm) << messages[r];
+  }
+  EXPECT_NE(messages[1].find("this rank's own failure, which the handshake was to share: rank 0's keys did not "
+                             "arrive within 1 s"),
+            std::string::npos)
+      << messages[1];
+  EXPECT_EQ(messages[2].find("own failure"), std::string::npos) << messages[2];
 }
 
 }  // namespace
