@@ -31,7 +31,6 @@ import pathlib
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import zlib
 
