@@ -114,7 +114,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   FileSource files(m, a.files, rq.options.release_pages);
   ctx.source = &files;
   ctx.sink = sink.get();
-  ctx.readahead_bytes = rq.options.readahead_bytes;
+  ctx.readahead_bytes = ReadaheadFor(rq.options, m.params.source);
   ctx.progress = rq.progress;
 
   t = Clock::now();

@@ -103,6 +103,11 @@ LoadOptions LoadOptionsBuilder::Build() const {
   return o;
 }
 
+uint64_t ReadaheadFor(const LoadOptions& options, Source source) {
+  if (options.readahead_bytes) return *options.readahead_bytes;
+  return source == Source::kRank0 || source == Source::kNodeLeader ? 256ull << 20 : 0;
+}
+
 LoadOptions LoadOptionsFromEnvironment() { return LoadOptionsBuilder().FromEnvironment().Build(); }
 
 }  // namespace shardcast

@@ -234,7 +234,7 @@ void AddLoad(CLI::App& app, Runner* run, const std::vector<std::string>& argv,
   cmd->add_option("--backend", args->backend, "gloo (default) or nccl (with --target cuda; CUDA builds)");
   cmd->add_option("--chunk-bytes", args->chunk, "staging slot size, e.g. 64M (default 64M, 4K-4G)");
   cmd->add_option("--staging-slots", args->staging_slots, "staging ring slots, 2-64 (default 4)");
-  cmd->add_option("--readahead-bytes", args->readahead, "read ahead of the stream, e.g. 256M (default 256M; 0 off)");
+  cmd->add_option("--readahead-bytes", args->readahead, "read ahead of the stream, e.g. 256M; 0 off (default: 256M for rank0 and node-leader, 0 for each-rank and striped)");
   cmd->add_option("--timeout-ms", args->timeout_ms, "per-collective timeout in ms (default 600000)");
   cmd->add_option("--layers", args->layers, "keep only the first N decoder layers of the config");
   cmd->add_flag("--verify", args->verify, "xxHash every entry on every rank and compare with the sender");
