@@ -256,31 +256,30 @@ def mismatch(root, rank, world):
     return {"type": None}
 
 
-def keys_fail(root, rank, world):
+def _load_with_keys_on_rank0(root, rank, world, read_keys, timeout):
+    """The sharded qwen3_moe loaded with rank 0's reading of the checkpoint's keys replaced by
+    read_keys; this rank's error as {type, message}, or {type: None}."""
     ckpt, model = _sharded_qwen3_moe(root, world)
     if rank == 0:
-        def broken(path):
-            raise OSError("index unreadable (injected)")
-        shardcast._load.checkpoint_keys = broken
+        shardcast._load.checkpoint_keys = read_keys
     try:
-        shardcast.load(model, ckpt, timeout=30)
+        shardcast.load(model, ckpt, timeout=timeout)
     except shardcast.ShardcastError as e:
         return {"type": type(e).__name__, "message": str(e)}
     return {"type": None}
+
+
+def keys_fail(root, rank, world):
+    def broken(path):
+        raise OSError("index unreadable (injected)")
+    return _load_with_keys_on_rank0(root, rank, world, broken, timeout=30)
 
 
 def keys_freeze(root, rank, world):
-    ckpt, model = _sharded_qwen3_moe(root, world)
-    if rank == 0:
-        def frozen(path):
-            import time
-            time.sleep(3600)
-        shardcast._load.checkpoint_keys = frozen
-    try:
-        shardcast.load(model, ckpt, timeout=3)
-    except shardcast.ShardcastError as e:
-        return {"type": type(e).__name__, "message": str(e)}
-    return {"type": None}
+    def frozen(path):
+        import time
+        time.sleep(3600)
+    return _load_with_keys_on_rank0(root, rank, world, frozen, timeout=3)
 
 
 def main():
