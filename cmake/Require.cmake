@@ -15,14 +15,23 @@ macro(shardcast_require package)
   endif()
 endmacro()
 
-# pkg-config modules (xxHash ships no CMake config).
-macro(shardcast_require_pkgconfig prefix module what debian)
+# pkg-config modules (xxHash ships no CMake config). Where pkg-config does not find the module, the
+# header and library are looked for along CMAKE_PREFIX_PATH (a prefix of unpacked .deb files on a machine
+# with no package mirror, tools/gpu_check.sh's SHARDCAST_DEB_DIR), giving the same PkgConfig::<prefix>.
+macro(shardcast_require_pkgconfig prefix module what debian header library)
   find_package(PkgConfig QUIET)
-  if(NOT PKG_CONFIG_FOUND)
-    shardcast_fail_missing(pkg-config pkg-config)
+  if(PKG_CONFIG_FOUND)
+    pkg_check_modules(${prefix} QUIET IMPORTED_TARGET ${module})
   endif()
-  pkg_check_modules(${prefix} QUIET IMPORTED_TARGET ${module})
   if(NOT ${prefix}_FOUND)
-    shardcast_fail_missing(${what} ${debian})
+    find_path(${prefix}_HEADER_DIR ${header})
+    find_library(${prefix}_LIBRARY ${library})
+    if(NOT ${prefix}_HEADER_DIR OR NOT ${prefix}_LIBRARY)
+      shardcast_fail_missing(${what} ${debian})
+    endif()
+    add_library(PkgConfig::${prefix} UNKNOWN IMPORTED)
+    set_target_properties(PkgConfig::${prefix} PROPERTIES IMPORTED_LOCATION ${${prefix}_LIBRARY}
+                          INTERFACE_INCLUDE_DIRECTORIES ${${prefix}_HEADER_DIR})
+    set(${prefix}_FOUND TRUE)
   endif()
 endmacro()

@@ -17,7 +17,10 @@
 # Runs unchanged on a fresh GPU box with the repo tree and a PyTorch (system or venv), no .venv needed.
 # Environment: SHARDCAST_PYTHON, SHARDCAST_JOBS (default: the number of cores), SHARDCAST_GPU_BUILD
 # (default build-gpu), SHARDCAST_GPU_LAYERS (layers of tiny-moe to load; default all), SHARDCAST_CMAKE_ARGS
-# (more -D, e.g. -DCUDAToolkit_ROOT=...).
+# (more -D, e.g. -DCUDAToolkit_ROOT=...), SHARDCAST_DEB_DIR (a folder of Debian .deb files for a machine with
+# no package mirror: unpacked into build-gpu/sysroot, not installed, and searched first by the build; fill it
+# on a Debian 12 machine with `apt-get download libcli11-dev libmimalloc-dev libmimalloc2.0 libxxhash-dev
+# libxxhash0 libgloo-dev libgtest-dev libgmock-dev googletest libsimdjson-dev libsimdjson14`).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$PWD
@@ -71,7 +74,19 @@ say "$ngpu GPU(s): $gpu_names; NCCL $nccl_version"
 # ---- 3. what the build and the tests need ------------------------------------------------------------
 packages=(build-essential cmake pkg-config libgtest-dev libgmock-dev libmimalloc-dev nlohmann-json3-dev
           libcli11-dev libxxhash-dev libgloo-dev python3-dev)
-if command -v dpkg-query >/dev/null 2>&1; then
+if [ -n "${SHARDCAST_DEB_DIR:-}" ]; then
+  # No mirror to install from: unpack the given packages into a prefix of our own (never into /, where a
+  # Debian package could replace the distribution's files) that the build searches before the system.
+  sysroot=$build/sysroot
+  debs=("$SHARDCAST_DEB_DIR"/*.deb)
+  [ -e "${debs[0]}" ] || die "SHARDCAST_DEB_DIR=$SHARDCAST_DEB_DIR holds no .deb files"
+  rm -rf "$sysroot" && mkdir -p "$sysroot"
+  for d in "${debs[@]}"; do
+    dpkg-deb -x "$d" "$sysroot" >>"$log" 2>&1 || die "cannot unpack $d (log: $log)"
+  done
+  export CMAKE_PREFIX_PATH="$sysroot/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  say "unpacked ${#debs[@]} packages from $SHARDCAST_DEB_DIR into $sysroot"
+elif command -v dpkg-query >/dev/null 2>&1; then
   missing=()
   for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -82,7 +97,7 @@ if command -v dpkg-query >/dev/null 2>&1; then
     [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
     if ! { $sudo_cmd apt-get update -q && DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q \
            --no-install-recommends "${missing[@]}"; } >>"$log" 2>&1; then
-      die "missing Debian packages the build needs, and apt-get could not install them: ${missing[*]} (log: $log)"
+      die "missing Debian packages the build needs, and apt-get could not install them: ${missing[*]} (log: $log); with no package mirror, carry their .deb files and set SHARDCAST_DEB_DIR"
     fi
   fi
 fi
