@@ -7,6 +7,12 @@
 
 namespace shardcast {
 
+ShardSink::ShardSink(std::vector<at::Tensor> tensors) : tensors_(std::move(tensors)) {
+  for (at::Tensor& t : tensors_) {
+    if (t.defined()) t = t.detach();
+  }
+}
+
 unsigned char* ShardSink::HostDirect(const Segment& s) {
   const at::Tensor& x = tensors_[s.entry];
   if (!x.defined() || !x.device().is_cpu() || !s.local_contiguous()) return nullptr;

@@ -36,7 +36,9 @@ class Sink {
 
 class ShardSink : public Sink {
  public:
-  explicit ShardSink(std::vector<at::Tensor> tensors) : tensors_(std::move(tensors)) {}
+  // The tensors are written in place through detached aliases: a parameter's local shard (a DTensor's
+  // to_local(), which requires grad) is a view autograd forbids writing through, on the device path.
+  explicit ShardSink(std::vector<at::Tensor> tensors);
   unsigned char* HostDirect(const Segment& s) override;
   unsigned char* DeviceDirect(const Segment& s) override;
   void Store(const Segment& s, const unsigned char* data) override;
