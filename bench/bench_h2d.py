@@ -14,6 +14,7 @@ object per size. Needs a CUDA device: without one it says "no CUDA device" and e
 """
 import argparse
 import ctypes
+import ctypes.util
 import json
 import statistics
 import sys
@@ -29,7 +30,6 @@ def cudart():
     with open("/proc/self/maps") as f:
         paths = sorted({line.split()[-1] for line in f if "libcudart.so" in line})
     if not paths:  # a torch that links the runtime statically: the system's, by its soname
-        import ctypes.util
         found = ctypes.util.find_library("cudart")
         if found is None:
             raise RuntimeError("no libcudart in this process or on the library path")
@@ -75,12 +75,12 @@ def main() -> int:
         dst = torch.empty(size, dtype=torch.uint8, device="cuda")
         row = {"bytes": size, "device": torch.cuda.get_device_name(), "pinned": src.is_pinned()}
 
-        def raw():
+        def raw(dst=dst, src=src, size=size):
             rc = lib.cudaMemcpy(dst.data_ptr(), src.data_ptr(), size, cuda_memcpy_h2d)
             if rc != 0:
                 raise RuntimeError(f"cudaMemcpy: {lib.cudaGetErrorString(rc).decode()}")
 
-        for name, fn in (("torch_copy", lambda: dst.copy_(src)), ("cudamemcpy", raw)):
+        for name, fn in (("torch_copy", lambda dst=dst, src=src: dst.copy_(src)), ("cudamemcpy", raw)):
             dst.zero_()
             seconds = timed(torch, fn, args.repeats)
             row[f"{name}_gbps"] = size / seconds / 1e9
