@@ -3,8 +3,8 @@ torchrun's variables, each writing its result as JSON; bench_peers.py, bench_sav
 bench_layout_sources.py use it.
 
 Each rank runs `python SCRIPT --worker ARGS...` with MASTER_ADDR/MASTER_PORT (a free local port), WORLD_SIZE,
-RANK and LOCAL_RANK set, the build's python package (build/python) on PYTHONPATH, one OpenMP thread, and
-torch's C++ log and Python's warnings quiet. Rank r writes its JSON result to f"{results}.{r}".
+RANK and LOCAL_RANK set, the build's python package ($SHARDCAST_BUILD_DIR/python, default build/python) on
+PYTHONPATH, one OpenMP thread, and torch's C++ log and Python's warnings quiet. Rank r writes its JSON result to f"{results}.{r}".
 """
 import json
 import os
@@ -31,7 +31,7 @@ def launch(script, worker_args, world, results, what, timeout_s, env=None, rank_
     A rank that fails ends the others (they would wait in a collective until their own timeout), and so does
     the deadline; either exits with a message naming the ranks that failed."""
     base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world),
-                PYTHONPATH=str(ROOT / "build/python"), TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore",
+                PYTHONPATH=str(pathlib.Path(os.environ.get("SHARDCAST_BUILD_DIR", ROOT / "build")) / "python"), TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore",
                 OMP_NUM_THREADS="1", **(env or {}))
     procs = [subprocess.Popen([sys.executable, str(script), "--worker", *map(str, worker_args)],
                               env=dict(base, RANK=str(r), LOCAL_RANK=str(r), **(rank_env(r) if rank_env else {})))
