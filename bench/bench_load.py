@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 
+from _pagecache import resident
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -57,17 +59,8 @@ def evict(ckpt):
 
 
 def resident_fraction(ckpt):
-    """Fraction of the checkpoint's pages in the page cache (fincore), or None where fincore is missing."""
-    try:
-        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES,SIZE"] +
-                             [str(f) for f in sorted(ckpt.glob("*.safetensors"))], capture_output=True, text=True,
-                             check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    res = size = 0
-    for line in out.splitlines():
-        a, b = line.split()
-        res, size = res + int(a), size + int(b)
+    """Fraction of the checkpoint's pages in the page cache (mincore)."""
+    res, size = resident(sorted(ckpt.glob("*.safetensors")))
     return res / size if size else 0.0
 
 
@@ -173,7 +166,7 @@ def main():
             else:
                 evict(ckpt)
                 frac = resident_fraction(ckpt)
-                if frac is not None and frac > 0.02:
+                if frac > 0.02:
                     print(f"warning: {frac:.0%} of the checkpoint still cached after eviction", flush=True)
             exe = args.bench_exe if m == "baseline" else args.exe
             s = summarize(run_load(exe, ckpt, m, world, work / f"{m}-L{layers}.json", env))

@@ -27,7 +27,7 @@ Each rank samples its own /proc/self/status every 5 ms from just after init_proc
 above that baseline. Correctness next to every timing: each rank's CRC32 over its local shards in
 sorted parameter-name order, and over the names, must be the same under every method and run.
 Before each method the checkpoint is read into the page cache, or with --cold evicted from it
-(posix_fadvise DONTNEED); fincore's count of its resident bytes is reported.
+(posix_fadvise DONTNEED); the bytes still resident (mincore) are reported.
 
     bench/bench_peers.py [--world-size 4] [--layers 12] [--cold] [--methods a,b,...] [--repeat 1]
                          [--out bench/results/peers.json]
@@ -36,12 +36,12 @@ import argparse
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import threading
 import time
 import zlib
 
+from _pagecache import resident
 from _ranks import ROOT, launch
 PHASES = ("import", "build", "shard", "load")
 
@@ -226,7 +226,7 @@ def write_checkpoint(path, layers):
 
 def set_page_cache(files, cold):
     """Evicts the files from the page cache (cold) or reads them into it (warm); returns the bytes
-    resident afterwards, as fincore counts them (None where fincore is missing)."""
+    resident afterwards (mincore)."""
     buf = bytearray(64 << 20)
     for f in files:
         with open(f, "rb", buffering=0) as fd:
@@ -235,12 +235,7 @@ def set_page_cache(files, cold):
             else:
                 while fd.readinto(buf):
                     pass
-    try:
-        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", *map(str, files)],
-                             capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return sum(int(line) for line in out.split())
+    return resident(files)[0]
 
 
 def summary(method, ranks):
@@ -255,8 +250,8 @@ def summary(method, ranks):
 
 
 def print_table(summaries, size, args, resident):
-    seen = [b / 1e9 for b in resident if b is not None]
-    cached = f"{min(seen):.2f}-{max(seen):.2f} GB resident before each method" if seen else "fincore missing"
+    seen = [b / 1e9 for b in resident]
+    cached = f"{min(seen):.2f}-{max(seen):.2f} GB resident before each method"
     print(f"checkpoint {size / 1e9:.2f} GB ({args.layers} layers), world size {args.world_size}, "
           f"{'cold' if args.cold else 'warm'} page cache ({cached}), median of {args.repeat} run(s)")
     print(f"{'method':<26} {'total s':>8} " + " ".join(f"{p:>7}" for p in PHASES)

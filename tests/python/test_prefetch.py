@@ -1,13 +1,16 @@
 """from_pretrained's read-ahead while the model is built: each local rank's share of the files, and the
-kernel really bringing a cold file's pages in (checked with mincore on the file's pages)."""
-import ctypes
-import mmap
+kernel really bringing a cold file's pages in (checked with mincore, bench/_pagecache.py)."""
 import os
+import pathlib
+import sys
 import time
 
 import pytest
 
 from shardcast import _prefetch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+from _pagecache import resident  # noqa: E402 -- bench/ is not a package
 
 
 def test_shares_cover_the_budget_once_in_file_order():
@@ -43,21 +46,9 @@ def test_by_default_only_with_two_cores_per_local_rank(monkeypatch, tmp_path):
 
 
 def _resident(path) -> float:
-    """Fraction of the file's pages in the page cache (mincore over a private mapping of it)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    size = os.path.getsize(path)
-    page = os.sysconf("SC_PAGE_SIZE")
-    with open(path, "rb") as f:
-        mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
-        try:
-            buf = ctypes.c_char.from_buffer(mm)
-            vec = (ctypes.c_ubyte * ((size + page - 1) // page))()
-            if libc.mincore(ctypes.c_void_p(ctypes.addressof(buf)), ctypes.c_size_t(size), vec) != 0:
-                pytest.fail(f"mincore: {os.strerror(ctypes.get_errno())}")
-            del buf
-            return sum(v & 1 for v in vec) / len(vec)
-        finally:
-            mm.close()
+    """Fraction of the file's pages in the page cache (mincore; the benchmarks' own counter)."""
+    res, size = resident([path])
+    return res / size
 
 
 def test_a_cold_file_comes_into_the_page_cache(monkeypatch, tmp_path):
