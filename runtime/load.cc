@@ -99,6 +99,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   t = Clock::now();
   Allocate(comm, state, rq.checksum_only || rq.setup_only);
   mine.allocate_seconds = Since(t);
+  mine.setup_cpu_seconds = CpuSeconds() - cpu0;
 
   const auto route = Route::Make(m.params.source, m.world_size, a.nodes);
   std::unique_ptr<Sink> sink;
@@ -175,7 +176,7 @@ std::vector<RankReport> GatherReports(Communicator& comm, const RankReport& m) {
                               us(m.allocate_seconds), us(m.stream_seconds), us(m.verify_seconds),
                               static_cast<int64_t>(m.peak_rss_anon), static_cast<int64_t>(m.peak_rss_file),
                               static_cast<int64_t>(m.baseline_rss_anon), static_cast<int64_t>(m.baseline_rss_file),
-                              m.verified, us(m.cpu_seconds)});
+                              m.verified, us(m.cpu_seconds), us(m.setup_cpu_seconds)});
   std::vector<RankReport> out;
   for (int i = 0; i < comm.world_size(); ++i) {
     const auto& v = all[i];
@@ -186,7 +187,7 @@ std::vector<RankReport> GatherReports(Communicator& comm, const RankReport& m) {
     rr.stream_seconds = v[8] / 1e6, rr.verify_seconds = v[9] / 1e6;
     rr.peak_rss_anon = v[10], rr.peak_rss_file = v[11], rr.baseline_rss_anon = v[12], rr.baseline_rss_file = v[13];
     rr.verified = static_cast<int>(v[14]);
-    rr.cpu_seconds = v[15] / 1e6;
+    rr.cpu_seconds = v[15] / 1e6, rr.setup_cpu_seconds = v[16] / 1e6;
     out.push_back(rr);
   }
   return out;
@@ -216,6 +217,7 @@ std::string LoadReport::ToJson() const {
     j["ranks"].push_back({{"rank", rr.rank}, {"seconds", rr.seconds}, {"handshake_seconds", rr.handshake_seconds},
                           {"allocate_seconds", rr.allocate_seconds}, {"stream_seconds", rr.stream_seconds},
                           {"verify_seconds", rr.verify_seconds}, {"cpu_seconds", rr.cpu_seconds},
+                          {"setup_cpu_seconds", rr.setup_cpu_seconds},
                           {"messages", rr.messages},
                           {"bytes_received", rr.bytes_received}, {"bytes_stored", rr.bytes_stored},
                           {"bytes_sent", rr.bytes_sent}, {"bytes_read", rr.bytes_read},

@@ -30,6 +30,7 @@ struct RankReport {
   double seconds = 0;
   double handshake_seconds = 0, allocate_seconds = 0, stream_seconds = 0, verify_seconds = 0;
   double cpu_seconds = 0;  // the process's CPU time (user + system, every thread) during the load
+  double setup_cpu_seconds = 0;  // the part of cpu_seconds before the stream: handshake and allocation
   uint64_t peak_rss_anon = 0, peak_rss_file = 0;  // above this rank's baseline at the start of Load
   uint64_t baseline_rss_anon = 0, baseline_rss_file = 0;
   int verified = -1;  // -1 not asked, 1 every entry matched

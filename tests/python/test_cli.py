@@ -124,6 +124,8 @@ def test_synth_then_load_across_ranks(shardcast_bin, tmp_path):
     j = json.loads(report.read_text())
     assert [x["verify"] for x in j["ranks"]] == ["ok"] * 3
     assert j["chunk_bytes"] == 64 << 20 and j["staging_slots"] == 4  # the documented defaults
+    # The set-up's CPU (handshake and allocation) is a part of the whole load's, on every rank.
+    assert all(0 < x["setup_cpu_seconds"] <= x["cpu_seconds"] for x in j["ranks"]), j["ranks"]
 
 
 # Regression: the environment was applied again after the flags, so SHARDCAST_* silently beat them.
