@@ -14,6 +14,8 @@ uint64_t CombineDigests(uint64_t a, uint64_t b) {
   return hi << 32 | lo;
 }
 
+uint64_t DigestColumn::Fold() const { return XXH3_64bits(values_.data(), values_.size() * sizeof(uint64_t)); }
+
 void DigestColumn::Merge(const std::vector<uint64_t>& other) {
   for (size_t i = 0; i < values_.size() && i < other.size(); ++i) values_[i] = CombineDigests(values_[i], other[i]);
 }

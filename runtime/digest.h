@@ -27,6 +27,8 @@ class DigestColumn {
   void Merge(const std::vector<uint64_t>& other);  // REQUIRES: same size
   std::vector<uint64_t>& values() { return values_; }
   const std::vector<uint64_t>& values() const { return values_; }
+  // One digest of the whole column (XXH3-64 over the entries' digests in entry order).
+  uint64_t Fold() const;
 
  private:
   std::vector<uint64_t> values_;

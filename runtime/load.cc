@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -103,8 +104,11 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
 
   const auto route = Route::Make(m.params.source, m.world_size, a.nodes);
   std::unique_ptr<Sink> sink;
+  ChecksumSink* checksums = nullptr;
   if (rq.checksum_only || rq.setup_only) {
-    sink = std::make_unique<ChecksumSink>(m.entries.size());
+    auto c = std::make_unique<ChecksumSink>(m.entries.size());
+    checksums = c.get();
+    sink = std::move(c);
   } else {
     sink = std::make_unique<ShardSink>(Targets(m, state));
   }
@@ -145,6 +149,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   mine.peak_rss_anon = above(peaks.rss_anon, base.rss_anon), mine.peak_rss_file = above(peaks.rss_file, base.rss_file);
   mine.baseline_rss_anon = base.rss_anon, mine.baseline_rss_file = base.rss_file;
   mine.verified = m.params.verify && !rq.setup_only ? 1 : -1;
+  if (rq.checksum_only && checksums != nullptr) mine.digest = checksums->digest();
   LoadReport report;
   report.source = route->name();
   report.source_reason = m.params.source_reason;
@@ -176,7 +181,8 @@ std::vector<RankReport> GatherReports(Communicator& comm, const RankReport& m) {
                               us(m.allocate_seconds), us(m.stream_seconds), us(m.verify_seconds),
                               static_cast<int64_t>(m.peak_rss_anon), static_cast<int64_t>(m.peak_rss_file),
                               static_cast<int64_t>(m.baseline_rss_anon), static_cast<int64_t>(m.baseline_rss_file),
-                              m.verified, us(m.cpu_seconds), us(m.setup_cpu_seconds)});
+                              m.verified, us(m.cpu_seconds), us(m.setup_cpu_seconds),
+                              static_cast<int64_t>(m.digest)});
   std::vector<RankReport> out;
   for (int i = 0; i < comm.world_size(); ++i) {
     const auto& v = all[i];
@@ -188,6 +194,7 @@ std::vector<RankReport> GatherReports(Communicator& comm, const RankReport& m) {
     rr.peak_rss_anon = v[10], rr.peak_rss_file = v[11], rr.baseline_rss_anon = v[12], rr.baseline_rss_file = v[13];
     rr.verified = static_cast<int>(v[14]);
     rr.cpu_seconds = v[15] / 1e6, rr.setup_cpu_seconds = v[16] / 1e6;
+    rr.digest = static_cast<uint64_t>(v[17]);
     out.push_back(rr);
   }
   return out;
@@ -225,6 +232,11 @@ std::string LoadReport::ToJson() const {
                           {"peak_rss_file_above_baseline", rr.peak_rss_file},
                           {"baseline_rss_anon", rr.baseline_rss_anon}, {"baseline_rss_file", rr.baseline_rss_file},
                           {"verify", rr.verified == 1 ? "ok" : "off"}});
+    if (target == "checksum-only") {  // hex: JSON readers lose integers past 2^53
+      char hex[17];
+      std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(rr.digest));
+      j["ranks"].back()["digest"] = hex;
+    }
   }
   return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }

@@ -34,6 +34,7 @@ struct RankReport {
   uint64_t peak_rss_anon = 0, peak_rss_file = 0;  // above this rank's baseline at the start of Load
   uint64_t baseline_rss_anon = 0, baseline_rss_file = 0;
   int verified = -1;  // -1 not asked, 1 every entry matched
+  uint64_t digest = 0;  // checksum-only: what this rank received, folded (ChecksumSink::digest); else 0
 };
 
 struct LoadReport {

@@ -57,6 +57,9 @@ class ChecksumSink : public Sink {
     column_.Add(s.entry, SegmentDigest(data, s.target_bytes, s.local_offset));
   }
   bool keeps() const override { return false; }
+  // What this rank received, as one digest: the same for every source and route (the load report's
+  // `digest`, so that checksum-only runs of different sources can be compared).
+  uint64_t digest() const { return column_.Fold(); }
 
  private:
   DigestColumn column_;

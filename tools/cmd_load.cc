@@ -238,7 +238,8 @@ void AddLoad(CLI::App& app, Runner* run, const std::vector<std::string>& argv,
   cmd->add_option("--timeout-ms", args->timeout_ms, "per-collective timeout in ms (default 600000)");
   cmd->add_option("--layers", args->layers, "keep only the first N decoder layers of the config");
   cmd->add_flag("--verify", args->verify, "xxHash every entry on every rank and compare with the sender");
-  cmd->add_flag("--checksum-only", args->checksum_only, "receive and hash only; keep nothing (benchmarks)");
+  cmd->add_flag("--checksum-only", args->checksum_only,
+                "receive and hash only, keep nothing (benchmarks); the report has each rank's digest of it");
   cmd->add_flag("--strict-keys", args->strict_keys, "fail on checkpoint keys the model does not own");
   cmd->add_flag("--quiet", args->quiet, "no progress output");
   cmd->add_flag("--setup-only", args->setup_only,

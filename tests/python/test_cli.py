@@ -128,6 +128,28 @@ def test_synth_then_load_across_ranks(shardcast_bin, tmp_path):
     assert all(0 < x["setup_cpu_seconds"] <= x["cpu_seconds"] for x in j["ranks"]), j["ranks"]
 
 
+# --checksum-only keeps nothing; what each rank received is its report's digest, the same whichever source
+# delivered it (rank0 sends over Gloo, each-rank reads in place of a send), and another seed's differs.
+def test_checksum_only_digests_agree_across_sources(shardcast_bin, tmp_path):
+    digests = {}
+    for seed in (1, 2):
+        ckpt = tmp_path / f"ckpt{seed}"
+        assert sc(shardcast_bin, "synth", "--config", ROOT / "configs" / "tiny-moe.json", "--out", ckpt, "--layers",
+                  "1", "--max-shard-size", "16M", "--seed", str(seed)).returncode == 0
+        for source in ("rank0", "each-rank"):
+            report = tmp_path / f"{seed}-{source}.json"
+            r = sc(shardcast_bin, "load", "--checkpoint", ckpt, "--nproc", "3", "--checksum-only", "--source", source,
+                   "--quiet", "--json", report)
+            assert r.returncode == 0, r.stderr
+            j = json.loads(report.read_text())
+            assert j["target"] == "checksum-only" and all(x["bytes_stored"] == 0 for x in j["ranks"]), j
+            digests[seed, source] = [x["digest"] for x in j["ranks"]]
+    assert digests[1, "rank0"] == digests[1, "each-rank"], digests
+    assert digests[2, "rank0"] == digests[2, "each-rank"], digests
+    assert len(set(digests[1, "rank0"])) == 3  # the ranks hold different rows
+    assert all(a != b for a, b in zip(digests[1, "rank0"], digests[2, "rank0"])), digests
+
+
 # Regression: the environment was applied again after the flags, so SHARDCAST_* silently beat them.
 def test_flags_win_over_the_environment(shardcast_bin, tmp_path):
     ckpt = tmp_path / "ckpt"
