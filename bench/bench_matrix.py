@@ -7,6 +7,8 @@ orchestrates and tabulates):
            full layout (92k entries, sparse files), W=8. Target: under 1 s per rank.
   fp8      an fp8 (block-scaled E4M3) checkpoint loaded as bf16, dequantized in the stream, against its
            bf16 twin (the same model already dequantized on disk), W=4, warm cache, checksum sink.
+  nvfp4    Llama-3.1-8B's layout (2 layers) as ModelOpt NVFP4 loaded as bf16, dequantized in the stream,
+           against its bf16 twin, W=4, warm cache, checksum sink, CPU seconds per rank.
   convert  `shardcast convert` of that fp8 checkpoint to bf16 files, 1 and 2 processes.
   sources  every source on HSDP meshes (R replicas x S shards): storage bytes read, bytes sent, wall
            time, busiest rank's peak RSS.
@@ -16,7 +18,7 @@ orchestrates and tabulates):
   minimax  MiniMax-M2's layout cut to N layers (sparse fp8 files), dequantized to bf16 in the stream
            at W=8 through a checksum sink: the reader's peak memory at scale.
 
-    bench/bench_matrix.py [--only setup,fp8,convert,sources,layouts,minimax] [--out bench/results/matrix.json]
+    bench/bench_matrix.py [--only setup,fp8,nvfp4,convert,sources,layouts,minimax] [--out bench/results/matrix.json]
 """
 import argparse
 import json
@@ -112,6 +114,31 @@ def bench_fp8(exe, work, layers):
         t = next(r for r in rows if r["source"] == source and r["checkpoint"] == "bf16 twin")["seconds"]
         f = next(r for r in rows if r["source"] == source and r["checkpoint"] != "bf16 twin")["seconds"]
         print(f"fp8 {source}: dequantizing in the stream took {f / t:.2f}x the twin's time ({(f / t - 1) * 100:+.0f}%)")
+    return rows
+
+
+def bench_nvfp4(exe, work, layers):
+    """Llama-3.1-8B's layout as a ModelOpt NVFP4 checkpoint (every linear but lm_head), loaded as bf16
+    at W=4 with the checksum sink, against its bf16 twin; CPU seconds beside the wall (a shared VM)."""
+    cfg = json.loads((MODELS / "llama-3.1-8b.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "llama-nvfp4.json").write_text(json.dumps(cfg))
+    nv = synth(exe, work / "llama-nvfp4.json", work / f"llama-L{layers}-nvfp4", "--layers", layers)
+    twin = synth(exe, work / "llama-nvfp4.json", work / f"llama-L{layers}-nvfp4-twin", "--layers", layers, "--bf16-twin")
+    rows = []
+    for name, ckpt, extra in (("bf16 twin", twin, []), ("nvfp4, dequantized in the stream", nv, ["--dtype", "bf16"])):
+        for source in ("rank0", "each-rank"):
+            warm(ckpt)
+            r = load(exe, ckpt, 4, work / "nvfp4.json", "--source", source, "--checksum-only", *extra)
+            ranks = r["ranks"]
+            row = {"checkpoint": name, "source": source, "file_bytes": du(ckpt), "loaded_bytes": r["total_bytes"],
+                   "seconds": max(x["seconds"] for x in ranks), "dequantized": r.get("dequantized", 0),
+                   "cpu_rank0": ranks[0]["cpu_seconds"], "cpu_all": sum(x["cpu_seconds"] for x in ranks)}
+            rows.append(row)
+            print(f"nvfp4 {name:<34} {source:<10} files {row['file_bytes']/1e9:.2f} GB, loaded "
+                  f"{row['loaded_bytes']/1e9:.2f} GB in {row['seconds']:.2f} s; CPU rank 0 {row['cpu_rank0']:.2f} s, "
+                  f"all ranks {row['cpu_all']:.2f} s", flush=True)
     return rows
 
 
@@ -218,6 +245,8 @@ def main():
     for part in args.only.split(","):
         if part == "setup":
             results["setup"] = bench_setup(args.exe, work)
+        elif part == "nvfp4":
+            results["nvfp4"] = bench_nvfp4(args.exe, work, 2)
         elif part == "fp8":
             results["fp8"] = bench_fp8(args.exe, work, args.fp8_layers)
         elif part == "convert":

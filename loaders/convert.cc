@@ -7,6 +7,7 @@
 
 #include "allocators/error.h"
 #include "allocators/lazy_zero.h"
+#include "loaders/nvfp4.h"
 
 namespace shardcast {
 namespace {
@@ -17,6 +18,48 @@ const char* TorchDTypeName(DType t) {
     case DType::kF16: return "float16";
     default: return "float32";
   }
+}
+
+std::string ShapeText(const std::vector<uint64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+bool EndsWith(const std::string& s, std::string_view suffix) {
+  return s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string Nvfp4Base(const std::string& weight_key) { return weight_key.substr(0, weight_key.size() - 7); }
+
+// Whether `t` is a ModelOpt NVFP4 weight: a U8 "<m>.weight" with "<m>.weight_scale" or
+// "<m>.weight_scale_2" beside it. Throws kCheckpoint naming the key and the shapes when one of the
+// two scales is missing or the three do not pair: packed bytes are never copied as the model's values.
+bool IsNvfp4Weight(const Checkpoint& in, const TensorInfo& t) {
+  if (t.dtype != DType::kU8 || !EndsWith(t.key, ".weight")) return false;
+  const std::string base = Nvfp4Base(t.key);
+  const Checkpoint::Entry* scale = in.Find(base + ".weight_scale");
+  const Checkpoint::Entry* global = in.Find(base + ".weight_scale_2");
+  if (scale == nullptr && global == nullptr) return false;
+  if (scale == nullptr || global == nullptr) {
+    throw Error(ErrorKind::kCheckpoint, "tensor '" + t.key + "'",
+                "NVFP4 weight U8 " + ShapeText(t.shape) + " has no '" + base +
+                    (scale ? ".weight_scale_2'" : ".weight_scale'") +
+                    " (an NVFP4 weight is never read without its block scales and its global scale)");
+  }
+  CheckNvfp4Triple(t.key, t.dtype, t.shape, scale->info->dtype, scale->info->shape, global->info->dtype,
+                   global->info->shape);
+  return true;
+}
+
+// Whether `key` is a scale an NVFP4 weight consumes ("<m>.weight_scale", "_scale_2", "input_scale").
+bool IsNvfp4Sidecar(const Checkpoint& in, const std::string& key) {
+  for (std::string_view suffix : {".weight_scale", ".weight_scale_2", ".input_scale"}) {
+    if (!EndsWith(key, suffix)) continue;
+    const Checkpoint::Entry* w = in.Find(key.substr(0, key.size() - suffix.size()) + ".weight");
+    return w != nullptr && IsNvfp4Weight(in, *w->info);
+  }
+  return false;
 }
 
 // A lazy-zero scratch buffer, grown as needed and unmapped at the end.
@@ -72,6 +115,29 @@ class Producer {
     w.file->ReleasePages(w_at, w_bytes);
   }
 
+  // Dequantizes the NVFP4 rows that cover the requested bytes of [out, in], then copies the part asked for.
+  void Nvfp4(const std::string& key, uint64_t offset, unsigned char* out, uint64_t n) {
+    const std::string base = Nvfp4Base(key);
+    const Checkpoint::Entry& w = in_.Get(key);
+    const Checkpoint::Entry& s = in_.Get(base + ".weight_scale");
+    const Checkpoint::Entry& g = in_.Get(base + ".weight_scale_2");
+    const uint64_t cols = w.info->shape[1] * 2, ts = DTypeSize(o_.target), row_bytes = cols * ts;
+    const uint64_t r0 = offset / row_bytes, r1 = (offset + n + row_bytes - 1) / row_bytes;
+    const uint64_t w_at = w.file->header().data_offset() + w.info->begin + r0 * cols / 2;
+    const uint64_t s_at = s.file->header().data_offset() + s.info->begin + r0 * cols / kNvfp4Block;
+    const uint64_t w_bytes = (r1 - r0) * cols / 2, s_bytes = (r1 - r0) * cols / kNvfp4Block;
+    unsigned char* raw = raw_.Get(w_bytes + s_bytes);
+    w.file->ReadBytes(w_at, w_bytes, raw, "tensor '" + key + "'");
+    s.file->ReadBytes(s_at, s_bytes, raw + w_bytes, "tensor '" + base + ".weight_scale'");
+    float global;
+    g.file->ReadBytes(g.file->header().data_offset() + g.info->begin, 4, &global, "tensor '" + base + ".weight_scale_2'");
+    unsigned char* rows_out = rows_.Get((r1 - r0) * row_bytes);
+    DequantizeNvfp4(Nvfp4Matrix{raw, raw + w_bytes, global, r0, cols}, OutputWindow{{r0, r1}, {0, cols}}, o_.target,
+                    WindowOut{rows_out});
+    std::memcpy(out, rows_out + (offset - r0 * row_bytes), n);
+    w.file->ReleasePages(w_at, w_bytes);
+  }
+
  private:
   const Checkpoint& in_;
   const ConvertOptions& o_;
@@ -94,6 +160,10 @@ ConvertPlan PlanConvert(const Checkpoint& in, const ConvertOptions& o) {
     std::sort(order.begin(), order.end(), [](const TensorInfo* a, const TensorInfo* b) { return a->begin < b->begin; });
     for (const TensorInfo* t : order) {
       plan.input_bytes += t->nbytes();
+      if (IsNvfp4Sidecar(in, t->key)) {
+        ++plan.dropped_scales;  // consumed by its NVFP4 weight's dequantization (input_scale: dropped)
+        continue;
+      }
       const bool is_scale = t->key.size() > 10 && t->key.compare(t->key.size() - 10, 10, "_scale_inv") == 0;
       if (is_scale) {
         const Checkpoint::Entry* weight = in.Find(t->key.substr(0, t->key.size() - 10));
@@ -104,7 +174,12 @@ ConvertPlan PlanConvert(const Checkpoint& in, const ConvertOptions& o) {
       }
       ConvertPlan::Output out{t->key, t->dtype, false};
       WriteEntry e{t->key, t->dtype, t->shape};
-      if (IsFp8(t->dtype)) {
+      if (IsNvfp4Weight(in, *t)) {
+        out.nvfp4 = true;
+        e.dtype = o.target;
+        e.shape = {t->shape[0], t->shape[1] * 2};
+        ++plan.dequantized;
+      } else if (IsFp8(t->dtype)) {
         const Checkpoint::Entry* scale = in.Find(ScaleKeyFor(t->key));
         if (scale == nullptr) {
           throw Error(ErrorKind::kCheckpoint, "tensor '" + t->key + "' in " + file.path(),
@@ -142,7 +217,9 @@ void WriteConvertedFile(const Checkpoint& in, const ConvertPlan& plan, size_t fi
     for (uint64_t off = 0; off < total; off += o.chunk_bytes) {
       const uint64_t n = std::min(o.chunk_bytes, total - off);
       unsigned char* buf = chunk.Get(n);
-      if (out.dequantize) {
+      if (out.nvfp4) {
+        produce.Nvfp4(e.key, off, buf, n);
+      } else if (out.dequantize) {
         produce.Dequantized(e.key, off, buf, n);
       } else {
         produce.Copy(e.key, off, buf, n);

@@ -6,6 +6,9 @@
 //   input:  model.layers.0.mlp.up_proj.weight            F8_E4M3 [out, in]
 //           model.layers.0.mlp.up_proj.weight_scale_inv  F32 [ceil(out/128), ceil(in/128)]
 //   output: model.layers.0.mlp.up_proj.weight            BF16 [out, in]       (the scale is gone)
+// ModelOpt NVFP4 weights the same way (loaders/nvfp4.h): "<m>.weight" U8 [out, in / 2] with its
+// "<m>.weight_scale" and "<m>.weight_scale_2" becomes "<m>.weight" [out, in]; the scales and
+// "<m>.input_scale" (an activation scale, meaningless to a dequantized model) are dropped.
 // Every other tensor is copied byte for byte. Output tensors keep the input's order (file by file,
 // each in data order) and are split into files of at most max_shard_bytes as Hugging Face does.
 //
@@ -38,7 +41,8 @@ struct ConvertPlan {
   struct Output {
     std::string key;
     DType source_dtype;  // in the input
-    bool dequantize = false;
+    bool dequantize = false;  // fp8 with its block scales
+    bool nvfp4 = false;       // a ModelOpt NVFP4 weight: U8 [out, in / 2] in, `target` [out, in] out
   };
   std::vector<CheckpointFile> files;  // the output layout
   std::vector<Output> outputs;        // by key order within files: files[f].entries[i] <-> outputs[k]

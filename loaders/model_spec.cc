@@ -83,6 +83,15 @@ SpecBuilder::SpecBuilder(const Config& config, ModelSpec* spec) : config_(config
       block_out_ = b[0].get<uint64_t>();
       block_in_ = b[1].get<uint64_t>();
     }
+    // ModelOpt writes {"quant_method": "modelopt", "quant_algo": "NVFP4" (or "W4A16_NVFP4"), "group_size": 16}.
+    const bool modelopt = q.contains("quant_method") && q["quant_method"] == "modelopt";
+    if (modelopt && q.contains("quant_algo") && q["quant_algo"].is_string() &&
+        q["quant_algo"].get<std::string>().find("NVFP4") != std::string::npos) {
+      if (q.contains("group_size") && !(q["group_size"].is_number_unsigned() && q["group_size"].get<uint64_t>() == 16)) {
+        config.Fail("quantization_config.group_size must be 16 for NVFP4, got " + q["group_size"].dump());
+      }
+      nvfp4_ = true;
+    }
   }
 }
 
@@ -105,6 +114,11 @@ void SpecBuilder::Linear(const std::string& prefix, uint64_t out, uint64_t in, i
     Add(prefix + ".weight", {out, in}, Role::kParameter, DType::kF8_E4M3, layer);
     Add(prefix + ".weight_scale_inv", {(out + block_out_ - 1) / block_out_, (in + block_in_ - 1) / block_in_},
         Role::kSidecar, DType::kF32, layer);
+  } else if (quantizable && nvfp4_ && in % 16 == 0) {
+    Add(prefix + ".weight", {out, in / 2}, Role::kParameter, DType::kU8, layer);
+    Add(prefix + ".weight_scale", {out, in / 16}, Role::kSidecar, DType::kF8_E4M3, layer);
+    Add(prefix + ".weight_scale_2", {}, Role::kSidecar, DType::kF32, layer);
+    Add(prefix + ".input_scale", {}, Role::kSidecar, DType::kF32, layer);
   } else {
     Weight(prefix + ".weight", {out, in}, layer);
   }

@@ -13,8 +13,11 @@
 //   s[r][b]  = fl32(float(weight_scale[r][b]) * global)
 //   out[r][c] = round_to_nearest_even<target>(fl32(E2M1(nibble(r, c)) * s[r][c / 16]))
 //   E2M1 = {0, .5, 1, 1.5, 2, 3, 4, 6, -0, -.5, -1, -1.5, -2, -3, -4, -6}[nibble]
-// transformers has no CPU dequantization of NVFP4 (its integration packs bf16 weights for a GPU
-// kernel), so tests compare with this rule written out independently and with hand-computed blocks.
+// transformers has no CPU dequantization of NVFP4 (5.23's "nvfp4" quantizer packs bf16 weights for a
+// GPU kernel and refuses pre-quantized checkpoints), so tests compare with this rule written out
+// independently (tests/python/nvfp4_worker.py's reference, in torch) and with hand-computed blocks.
+// Code 8 is -0.0, as the OCP format, vLLM's reference and the hardware have it; ModelOpt's Python
+// table writes +0.0 there, so its dequantize differs from this one in the sign of those zeros only.
 // A NaN scale (E4M3 0x7F / 0xFF) gives NaN, as dtype.h's conversions write it.
 //
 // Window: rows [r0, r1) x columns [c0, c1) of [out, in], row-major at `out` (rows of `row_stride`

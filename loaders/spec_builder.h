@@ -38,7 +38,9 @@ class SpecBuilder {
 
   void Add(const std::string& key, std::vector<uint64_t> shape, Role role, DType dtype, int layer = -1);
   void Weight(const std::string& key, std::vector<uint64_t> shape, int layer = -1);  // model dtype
-  // "<prefix>.weight" [out, in]; fp8 + "<prefix>.weight_scale_inv" sidecar when block-quantized.
+  // "<prefix>.weight" [out, in]; fp8 + "<prefix>.weight_scale_inv" sidecar when block-quantized;
+  // ModelOpt NVFP4 (U8 [out, in / 2] + weight_scale, weight_scale_2, input_scale sidecars) when the
+  // config's quant_algo is NVFP4 and in is a multiple of 16.
   void Linear(const std::string& prefix, uint64_t out, uint64_t in, int layer, bool quantizable = true);
   void Norm(const std::string& prefix, uint64_t n, int layer = -1) { Weight(prefix + ".weight", {n}, layer); }
   void RotaryInvFreq(uint64_t rotary_dim);
@@ -55,6 +57,7 @@ class SpecBuilder {
   ModelSpec* spec_;
   DType dtype_ = DType::kBF16;
   uint64_t block_out_ = 0, block_in_ = 0;  // 0: not block-quantized
+  bool nvfp4_ = false;                     // quantization_config: modelopt, an NVFP4 quant_algo
 };
 
 using Builder = void (*)(const Config&, SpecBuilder&);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "allocators/error.h"
+#include "loaders/nvfp4.h"
 
 namespace shardcast {
 namespace {
@@ -40,9 +41,22 @@ void Store(unsigned char* out, uint64_t i, T v) {
 
 constexpr std::string_view kScaleSuffix = "_scale_inv";
 
-bool IsScaleKey(std::string_view key) {
-  return key.size() >= kScaleSuffix.size() && key.substr(key.size() - kScaleSuffix.size()) == kScaleSuffix;
+bool EndsWith(std::string_view key, std::string_view suffix) {
+  return key.size() >= suffix.size() && key.substr(key.size() - suffix.size()) == suffix;
 }
+
+// fp8's "_scale_inv" and NVFP4's per-tensor F32 scales: log-uniform positive values (StoreScale).
+bool IsScaleKey(std::string_view key) {
+  return EndsWith(key, kScaleSuffix) || EndsWith(key, ".weight_scale_2") || EndsWith(key, ".input_scale");
+}
+
+// NVFP4's "<m>.weight_scale" F8_E4M3 block scales: positive, every code from the smallest subnormal
+// (0x01, 2^-9) to 448 (0x7E) uniformly, never 0 or NaN (ModelOpt clamps them to [2^-9, 448]).
+bool IsNvfp4BlockScaleKey(std::string_view key, DType dtype) {
+  return dtype == DType::kF8_E4M3 && EndsWith(key, ".weight_scale");
+}
+
+constexpr std::string_view kWeightSuffix = ".weight";
 
 // A bell-shaped integer: four uniform 16-bit draws summed and centred, in [-131070, 131070].
 inline int32_t BellInt(uint64_t h) {
@@ -139,13 +153,17 @@ uint64_t SynthTensorSeed(uint64_t seed, std::string_view key) {
 
 void SynthElements(uint64_t seed, std::string_view key, DType dtype, uint64_t first, uint64_t n, void* dst) {
   const uint64_t base = SynthTensorSeed(seed, key);
-  const bool scale = IsScaleKey(key);
+  const bool scale = IsScaleKey(key), nvfp4_scale = IsNvfp4BlockScaleKey(key, dtype);
   const uint8_t* e4m3 = dtype == DType::kF8_E4M3 ? Quantized().e4m3.data() : nullptr;
   const uint8_t* e5m2 = dtype == DType::kF8_E5M2 ? Quantized().e5m2.data() : nullptr;
   auto* out = static_cast<unsigned char*>(dst);
   for (uint64_t i = 0; i < n; ++i) {
     const uint64_t h = Mix(base + (first + i) * 0x9E3779B97F4A7C15ull);
     if (scale && StoreScale(dtype, h, out, i)) continue;
+    if (nvfp4_scale) {
+      out[i] = static_cast<unsigned char>(1 + (h >> 40) % 0x7E);
+      continue;
+    }
     switch (dtype) {
       case DType::kBool: out[i] = h & 1; break;
       case DType::kU8: case DType::kI8: out[i] = static_cast<unsigned char>(h); break;
@@ -167,9 +185,33 @@ void SynthElements(uint64_t seed, std::string_view key, DType dtype, uint64_t fi
   }
 }
 
+namespace {
+
+// SynthDequantizedElements of an NVFP4 weight: the rows that cover [first, first + n), dequantized
+// whole from their synthetic packed bytes, block scales and global scale.
+void SynthNvfp4Elements(uint64_t seed, const SynthQuantizedWeight& q, DType target, uint64_t first, uint64_t n,
+                        void* out) {
+  const std::string base = q.key.substr(0, q.key.size() - kWeightSuffix.size());
+  const uint64_t cols = q.shape[1], r0 = first / cols, r1 = (first + n + cols - 1) / cols;
+  const size_t ts = DTypeSize(target);
+  std::vector<unsigned char> v((r1 - r0) * cols / 2), s((r1 - r0) * cols / kNvfp4Block), rows((r1 - r0) * cols * ts);
+  float global;
+  SynthElements(seed, q.key, DType::kU8, r0 * cols / 2, v.size(), v.data());
+  SynthElements(seed, base + ".weight_scale", DType::kF8_E4M3, r0 * cols / kNvfp4Block, s.size(), s.data());
+  SynthElements(seed, base + ".weight_scale_2", DType::kF32, 0, 1, &global);
+  DequantizeNvfp4(Nvfp4Matrix{v.data(), s.data(), global, r0, cols}, OutputWindow{{r0, r1}, {0, cols}}, target,
+                  WindowOut{rows.data()});
+  std::memcpy(out, rows.data() + (first - r0 * cols) * ts, n * ts);
+}
+
+}  // namespace
+
 void SynthDequantizedElements(uint64_t seed, const SynthQuantizedWeight& q, DType target, uint64_t first, uint64_t n,
                               void* out) {
   if (n == 0) return;
+  if (q.weight_dtype == DType::kU8 && q.shape.size() == 2 && q.shape[1] % kNvfp4Block == 0) {
+    return SynthNvfp4Elements(seed, q, target, first, n, out);
+  }
   if (q.shape.size() != 2 || q.shape[1] == 0) {
     throw Error(ErrorKind::kInvalidArgument, q.key, "a block-quantized weight must be 2-D with columns");
   }
@@ -193,6 +235,17 @@ Bf16Twin MakeBf16Twin(const ModelSpec& spec) {
   Bf16Twin twin;
   std::unordered_set<std::string> sidecars;
   for (const auto& e : spec.entries) {
+    if (e.dtype == DType::kU8 && EndsWith(e.key, kWeightSuffix)) {  // NVFP4: U8 [out, in / 2] + its scales
+      const std::string base = e.key.substr(0, e.key.size() - kWeightSuffix.size());
+      auto sc = by_key.find(base + ".weight_scale");
+      auto global = by_key.find(base + ".weight_scale_2");
+      if (sc == by_key.end() || global == by_key.end()) continue;
+      CheckNvfp4Triple(e.key, e.dtype, e.shape, sc->second->dtype, sc->second->shape, global->second->dtype,
+                       global->second->shape);
+      for (const char* s : {".weight_scale", ".weight_scale_2", ".input_scale"}) sidecars.insert(base + s);
+      twin.dequantized.push_back({e.key, e.dtype, sc->second->dtype, {e.shape[0], e.shape[1] * 2}, {1, kNvfp4Block}});
+      continue;
+    }
     if (e.dtype != DType::kF8_E4M3 && e.dtype != DType::kF8_E5M2) continue;
     auto it = by_key.find(ScaleKeyFor(e.key));
     if (it == by_key.end()) continue;  // no scale: not block-quantized, stays as it is
@@ -208,12 +261,15 @@ Bf16Twin MakeBf16Twin(const ModelSpec& spec) {
   }
   twin.spec = spec;
   twin.spec.entries.clear();
-  std::unordered_set<std::string_view> dequantized;
-  for (const auto& q : twin.dequantized) dequantized.insert(q.key);
+  std::unordered_map<std::string_view, const SynthQuantizedWeight*> dequantized;
+  for (const auto& q : twin.dequantized) dequantized.emplace(q.key, &q);
   for (const auto& e : spec.entries) {
     if (sidecars.count(e.key)) continue;
     twin.spec.entries.push_back(e);
-    if (dequantized.count(e.key)) twin.spec.entries.back().dtype = DType::kBF16;
+    if (auto q = dequantized.find(e.key); q != dequantized.end()) {
+      twin.spec.entries.back().dtype = DType::kBF16;
+      twin.spec.entries.back().shape = q->second->shape;  // NVFP4's [out, in], not its packed [out, in / 2]
+    }
   }
   if (!twin.dequantized.empty()) twin.spec.config_json = ConfigWithoutQuantization(spec.config_json);
   return twin;

@@ -8,8 +8,11 @@
 //     to nearest even; zeros and subnormals occur rarely, NaN and inf never;
 //   - scales, the entries whose key ends in "_scale_inv" (F32, BF16, F16 or F8_E8M0): positive,
 //     log-uniform by binade in [2^-14, 2^-6), so every block of a weight has its own scale;
-//   - F8_E8M0 elsewhere: 2^-7 .. 2^0; integers: uniform bits.
-// A bf16 twin (SynthOptions::bf16_twin) is the same model with its fp8 weights already dequantized.
+//   - F8_E8M0 elsewhere: 2^-7 .. 2^0; integers: uniform bits (NVFP4's packed weights: every E2M1 code);
+//   - NVFP4 (ModelOpt): "<m>.weight_scale" F8_E4M3 every positive finite code 0x01..0x7E (2^-9 .. 448),
+//     "<m>.weight_scale_2" and "<m>.input_scale" F32 as scales above.
+// A bf16 twin (SynthOptions::bf16_twin) is the same model with its fp8 and NVFP4 weights already
+// dequantized.
 // Thread-safe: pure functions.
 #pragma once
 
@@ -35,18 +38,21 @@ struct SynthOptions {
 };
 
 // A block-quantized synthetic weight: its fp8 values are SynthElements(seed, key, weight_dtype, ...),
-// its scales SynthElements(seed, ScaleKeyFor(key), scale_dtype, ...).
+// its scales SynthElements(seed, ScaleKeyFor(key), scale_dtype, ...). weight_dtype U8 is an NVFP4
+// weight "<m>.weight" (loaders/nvfp4.h): packed U8 values, "<m>.weight_scale" F8_E4M3 block scales
+// and the "<m>.weight_scale_2" global, block {1, 16}.
 struct SynthQuantizedWeight {
   std::string key;
   DType weight_dtype = DType::kF8_E4M3;
   DType scale_dtype = DType::kF32;
-  std::vector<uint64_t> shape;  // [rows, cols]
+  std::vector<uint64_t> shape;  // [rows, cols], dequantized (NVFP4: [out, in], twice the packed columns)
   BlockSize block;
 };
 
 // The bf16 twin of a spec: the layout a bf16 checkpoint of the same model has.
 struct Bf16Twin {
-  // Each fp8 weight with a "<key>_scale_inv" sidecar becomes BF16, the sidecars are gone, and
+  // Each fp8 weight with a "<key>_scale_inv" sidecar, and each NVFP4 weight with its scales, becomes
+  // BF16 (NVFP4's [out, in]), the sidecars (NVFP4's input_scale too) are gone, and
   // config_json loses quantization_config, so that a config.json written from it builds this very
   // spec when its torch_dtype is bfloat16 (DeepSeek-V3's and MiniMax-M2's are).
   ModelSpec spec;

@@ -1,6 +1,7 @@
 #include "runtime/manifest.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -47,7 +48,7 @@ class Resolver {
         const Checkpoint::Entry* found = ckpt_.Find(ck);
         if (found == nullptr) throw Missing(e.key, ck);
         me.parts.push_back(Part(e, ck, *found));
-        numel += found->info->numel();
+        numel += me.parts.back().numel;  // the elements it supplies (an NVFP4 part: twice its bytes)
       }
       if (numel != Numel(e.shape)) {
         throw Error(ErrorKind::kManifestMismatch, "key '" + e.key + "'",
@@ -71,6 +72,17 @@ class Resolver {
       }
     }
     if (found == nullptr) throw Missing(e.key, ck);
+    if (found->info->dtype == DType::kU8 && IsFloatingPoint(e.dtype)) {
+      if (auto packed = ResolveNvfp4(e, ck, *found)) {
+        if (packed->shape != e.shape) {
+          throw Error(ErrorKind::kManifestMismatch, "key '" + e.key + "'",
+                      "NVFP4 '" + ck + "' " + Shape(found->info->shape) + " in the checkpoint (" + found->file->path() +
+                          ") holds " + Shape(packed->shape) + " but rank 0's plan has " + Shape(e.shape));
+        }
+        me.parts.push_back(std::move(*packed));
+        return me;
+      }
+    }
     if (found->info->shape != e.shape) {
       throw Error(ErrorKind::kManifestMismatch, "key '" + e.key + "'",
                   "shape " + Shape(found->info->shape) + " in the checkpoint (" + found->file->path() + ") but " +
@@ -92,6 +104,7 @@ class Resolver {
   }
 
   ManifestPart Part(const PlanEntry& e, const std::string& ck, const Checkpoint::Entry& found) {
+    if (auto packed = ResolveNvfp4(e, ck, found)) return std::move(*packed);
     if (IsFp8(found.info->dtype) && IsFloatingPoint(e.dtype) && !IsFp8(e.dtype)) return Dequantized(e, ck, found);
     if (!CanConvert(found.info->dtype, e.dtype)) {
       throw Error(ErrorKind::kManifestMismatch, "key '" + e.key + "'",
@@ -129,6 +142,15 @@ class Resolver {
     p.scale.grid_rows = scale->info->shape[0];
     p.scale.grid_cols = scale->info->shape[1];
     p.scale.block = block_;
+    return p;
+  }
+
+  // A U8 "<m>.weight" with NVFP4 scales beside it, for a floating entry; its partners marked used.
+  std::optional<ManifestPart> ResolveNvfp4(const PlanEntry& e, const std::string& ck, const Checkpoint::Entry& found) {
+    std::optional<ManifestPart> p = ResolveNvfp4Part(ckpt_, file_index_, e.key, ck, found, e.dtype);
+    if (!p) return p;
+    used_[found.key_index] = 1;
+    for (const std::string& k : Nvfp4ConsumedKeys(*p)) Use(k);
     return p;
   }
 
@@ -268,6 +290,10 @@ uint64_t SourceBytes(const Manifest& m) {
     for (const ManifestPart& p : e.parts) {
       if (p.packing == Packing::kMxfp4) {
         total += Mxfp4SourceBytes(p);
+        continue;
+      }
+      if (p.packing == Packing::kNvfp4) {
+        total += Nvfp4SourceBytes(p);
         continue;
       }
       total += p.numel * DTypeSize(p.source_dtype);

@@ -66,6 +66,7 @@ struct ManifestScale {
   uint64_t offset = 0;              // absolute byte offset of the scale grid in that file
   uint64_t grid_rows = 0, grid_cols = 0;
   BlockSize block;
+  uint32_t global_bits = 0;         // NVFP4 only: the F32 bits of "<m>.weight_scale_2", read by rank 0
 };
 
 // How a part's checkpoint bytes are laid out, when not as the entry's elements (runtime/quant_parts.h).
@@ -74,6 +75,9 @@ enum class Packing : uint8_t {
   kMxfp4 = 1,  // an MXFP4 pair: checkpoint_key is "<key>_blocks" [..., out, in / 32, 16] at `offset`,
                // `scale` its "<key>_scales" [..., out, in / 32] (grid rows = ... x out, cols = in / 32);
                // numel and shape are the entry's (the transpose, [..., in, out]); dequantize is true
+  kNvfp4 = 2,  // a ModelOpt NVFP4 weight: checkpoint_key is "<m>.weight" U8 [out, in / 2] at `offset`,
+               // `scale` its "<m>.weight_scale" F8_E4M3 [out, in / 16] (block 1 x 16) with global_bits
+               // its "<m>.weight_scale_2"; numel and shape are the model's [out, in]; dequantize is true
 };
 
 // One checkpoint tensor that supplies consecutive elements of an entry.

@@ -1,11 +1,11 @@
 // The manifest on the wire: little-endian, length-prefixed, versioned. One encoder, one decoder; a
 // blob of another version or one cut short is a kComm error, never a misread.
 //
-//   "shardcast-manifest-6" | world | params | files[name, size, digest]
+//   "shardcast-manifest-7" | world | params | files[name, size, digest]
 //   | layouts[mesh shape, ranks, placements[kind, dim, split factor], boxes[offset, size]] | entries[...] | skipped
 //   entry: key | dtype | role | layout index | shape | parts[key ("" = the entry's), dtype, file, offset,
-//          numel, shape, dequantize, (scale key, dtype, file, offset, grid rows, cols, block rows, cols),
-//          packing]
+//          numel, shape, dequantize, (scale key, dtype, file, offset, grid rows, cols, block rows, cols,
+//          packing, NVFP4 global scale bits)]
 #include <algorithm>
 #include <cstring>
 
@@ -15,7 +15,7 @@
 namespace shardcast {
 namespace {
 
-constexpr const char* kVersion = "shardcast-manifest-6";
+constexpr const char* kVersion = "shardcast-manifest-7";
 
 class Writer {
  public:
@@ -128,7 +128,7 @@ std::string EncodeManifest(const Manifest& m) {
   for (const ManifestEntry& e : m.entries) {
     entry_bytes += 8 * 7 + e.key.size() + 8 * e.shape.size();
     for (const ManifestPart& part : e.parts) {
-      entry_bytes += 8 * 18 + part.checkpoint_key.size() + part.scale.key.size() + 8 * part.shape.size();
+      entry_bytes += 8 * 19 + part.checkpoint_key.size() + part.scale.key.size() + 8 * part.shape.size();
     }
   }
   w.Reserve(entry_bytes + 4096);
@@ -159,6 +159,7 @@ std::string EncodeManifest(const Manifest& m) {
         w.U64(sc.block.rows);
         w.U64(sc.block.cols);
         w.U64(static_cast<uint64_t>(part.packing));
+        w.U64(sc.global_bits);
       }
     }
   }
@@ -249,7 +250,8 @@ Manifest DecodeManifest(const std::string& bytes) {
         sc.grid_cols = r.U64();
         sc.block.rows = r.U64();
         sc.block.cols = r.U64();
-        part.packing = r.Enum<Packing>(2);
+        part.packing = r.Enum<Packing>(3);
+        sc.global_bits = static_cast<uint32_t>(r.U64());
       }
     }
   }

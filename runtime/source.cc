@@ -74,6 +74,7 @@ void FileSource::Read(const Segment& s, unsigned char* out) {
 void FileSource::ReadRun(const ManifestEntry& e, const ManifestPart& p, uint64_t first, uint64_t count, bool release,
                          unsigned char* out) {
   if (p.packing == Packing::kMxfp4) return ReadMxfp4(p, files_, first, count, e.target_dtype, &scratch_, release, out);
+  if (p.packing == Packing::kNvfp4) return ReadNvfp4(p, files_, first, count, e.target_dtype, &scratch_, release, out);
   const uint64_t ss = DTypeSize(p.source_dtype), ts = DTypeSize(e.target_dtype);
   if (p.dequantize) {
     const uint64_t cols = p.shape[1];
@@ -119,6 +120,7 @@ void FileSource::Prefetch(const Segment& s) {
   const ManifestPart& p = m_.entries[s.entry].parts[s.part];
   const uint64_t last = (s.runs - 1) * s.stride + s.count;  // elements from `first` to the end of the last run
   if (p.packing == Packing::kMxfp4) return PrefetchMxfp4(p, files_, s.first, last);
+  if (p.packing == Packing::kNvfp4) return PrefetchNvfp4(p, files_, s.first, last);
   files_[p.file]->Prefetch(s.source_offset, last * DTypeSize(p.source_dtype));
   if (p.dequantize && p.shape[1] > 0) {
     const ManifestScale& sc = p.scale;

@@ -153,7 +153,8 @@ def _mapping_entries(mapping, path, ch, rank, world, timeout_s):
     problem is carried into the handshake, so every rank raises it."""
     problem, entries, layouts = None, [], _Layouts()
     try:  # the checkpoint's shape of every key: read by rank 0 only
-        shapes = computed_on_rank0(ch, rank, world, lambda: _mapping_shapes(path, list(mapping)), timeout_s) or {}
+        floating = {k: v[0].is_floating_point() for k, v in mapping.items()}
+        shapes = computed_on_rank0(ch, rank, world, lambda: _mapping_shapes(path, floating), timeout_s) or {}
     except Exception as e:  # noqa: BLE001 -- carried into the handshake, where every rank raises it
         shapes, problem = {}, ("InternalError", f"{type(e).__name__}: {e}")
     mine = {}
@@ -194,9 +195,10 @@ def _mapping_entries(mapping, path, ch, rank, world, timeout_s):
     return entries, layouts, problem
 
 
-def _mapping_shapes(path: str, keys) -> Dict[str, list]:
+def _mapping_shapes(path: str, keys: Dict[str, bool]) -> Dict[str, list]:
+    """{key: shape} of the keys given as {key: whether the entry is floating}."""
     found = checkpoint_keys(path)
-    return {k: list(s) for k in keys if (s := entry_shape(found, k)) is not None}
+    return {k: list(s) for k, floating in keys.items() if (s := entry_shape(found, k, floating)) is not None}
 
 
 def _compositions(model, path: str) -> Dict[str, list]:

@@ -87,12 +87,18 @@ def checkpoint_keys(path: str) -> Dict[str, Tuple[int, ...]]:
     return keys
 
 
-def entry_shape(keys: Dict[str, Tuple[int, ...]], key: str) -> Optional[Tuple[int, ...]]:
-    """The shape checkpoint entry `key` loads as: its own, or for an MXFP4 pair ("<key>_blocks"
-    [..., out, in / 32, 16] with "<key>_scales") the transpose it dequantizes to, [..., in, out]. None
-    when the checkpoint has neither."""
+def entry_shape(keys: Dict[str, Tuple[int, ...]], key: str, floating: bool = True) -> Optional[Tuple[int, ...]]:
+    """The shape checkpoint entry `key` loads as: its own; for a floating entry of an NVFP4 weight
+    ("<m>.weight" [out, in / 2] with "<m>.weight_scale" or "<m>.weight_scale_2") the [out, in] it
+    dequantizes to; or for an MXFP4 pair ("<key>_blocks" [..., out, in / 32, 16] with "<key>_scales")
+    the transpose it dequantizes to, [..., in, out]. None when the checkpoint has neither."""
     if key in keys:
-        return keys[key]
+        shape = keys[key]
+        base = key[: -len(".weight")] if key.endswith(".weight") else None
+        nvfp4 = base is not None and (base + ".weight_scale" in keys or base + ".weight_scale_2" in keys)
+        if floating and nvfp4 and len(shape) == 2:
+            return (shape[0], shape[1] * 2)
+        return shape
     blocks = keys.get(key + "_blocks")
     if blocks is None or len(blocks) < 3:
         return None

@@ -31,6 +31,11 @@ inline const char* kDeepseekFp8 = R"({"model_type":"deepseek_v3","num_hidden_lay
   "first_k_dense_replace":1,"vocab_size":11,"max_position_embeddings":512,"torch_dtype":"bfloat16",
   "rope_scaling":{"type":"yarn","factor":4,"original_max_position_embeddings":128},
   "quantization_config":{"quant_method":"fp8","weight_block_size":[128,128]}})";
+// ModelOpt NVFP4: q/k/v/o and gate/up are U8 [out, in / 2] + F8_E4M3 scales + F32 globals (in = 48);
+// down_proj (in = 37, not a multiple of 16) and the head stay bf16. gate/up's 37 rows never divide.
+inline const char* kLlamaNvfp4 = R"({"model_type":"llama","num_hidden_layers":2,"hidden_size":48,
+  "num_attention_heads":3,"num_key_value_heads":1,"head_dim":16,"intermediate_size":37,"vocab_size":13,
+  "torch_dtype":"bfloat16","quantization_config":{"quant_method":"modelopt","quant_algo":"NVFP4","group_size":16}})";
 inline const char* kLlamaF32 = R"({"model_type":"llama","num_hidden_layers":1,"hidden_size":32,"num_attention_heads":2,
   "intermediate_size":24,"vocab_size":9,"torch_dtype":"float32"})";
 inline const char* kSlow = R"({"model_type":"qwen3_moe","num_hidden_layers":2,"hidden_size":256,"num_attention_heads":4,
@@ -59,6 +64,7 @@ class LoadTest : public ::testing::Test {
     Write("qwen", kQwen, {});
     Write("deepseek", kDeepseekFp8, {});
     Write("llama_f32", kLlamaF32, {});
+    Write("nvfp4", kLlamaNvfp4, {});
     Write("slow", kSlow, {});
     Write("missing", kQwen, [](ModelSpec& s) {
       for (size_t i = 0; i < s.entries.size(); ++i) {

@@ -82,6 +82,33 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndSources, Fp8Exact,
                            return "w" + std::to_string(std::get<0>(info.param)) + "_" + s;
                          });
 
+// ModelOpt NVFP4 checkpoints into a bf16 model: the reader dequantizes each rank's rows from their
+// packed E2M1 values, E4M3 block scales and global scale (uneven rows, weights that stay bf16 beside
+// them); every rank holds what loaders/nvfp4's kernel gives (tests/python/test_nvfp4.py checks that
+// kernel, through the stream, against a torch reference of ModelOpt's dequantization).
+class Nvfp4Exact : public LoadTest, public ::testing::WithParamInterface<std::tuple<int, const char*>> {};
+
+TEST_P(Nvfp4Exact, EveryRankHoldsItsRowsDequantized) {
+  const auto [world, source] = GetParam();
+  auto rs = Run(world, "dequant", "nvfp4", "nvfp4", source);
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(rs[r].ok) << "rank " << r << ": " << rs[r].kind << ": " << rs[r].message;
+    EXPECT_GT(rs[r].checked, 0);
+    EXPECT_EQ(rs[r].mismatches, 0) << "rank " << r;
+    EXPECT_EQ(rs[r].verified, 1);
+    EXPECT_EQ(rs[r].dequantized, 12u);  // per layer: q, k, v, o, gate, up
+    EXPECT_EQ(rs[r].skipped, 0) << "weight_scale, weight_scale_2 and input_scale are consumed, not skipped";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldsAndSources, Nvfp4Exact,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("rank0", "each-rank")),
+                         [](const auto& info) {
+                           std::string s = std::get<1>(info.param);
+                           for (char& c : s) c = c == '-' ? '_' : c;
+                           return "w" + std::to_string(std::get<0>(info.param)) + "_" + s;
+                         });
+
 // Any DTensor layout (layout_cases.h): TP x FSDP with _StridedShard on a 2-d mesh, Shard(1) (a run per
 // row), experts on a mesh of their own in another rank order; bf16 and fp8 (dequantized in column
 // windows), every source, odd world sizes. Every rank holds exactly its DTensor's local tensor.
@@ -90,7 +117,7 @@ class LayoutExact : public LoadTest, public ::testing::WithParamInterface<Layout
 
 TEST_P(LayoutExact, EveryRankHoldsExactlyItsPiece) {
   const auto [layout, ckpt, world, source] = GetParam();
-  const std::string scenario = std::string(ckpt) == "deepseek" ? "dequant" : "exact";
+  const std::string scenario = std::string(ckpt) == "deepseek" || std::string(ckpt) == "nvfp4" ? "dequant" : "exact";
   // Two "nodes" (GROUP_RANK), so node-leader has two readers.
   auto rs = Run(world, scenario, ckpt, ckpt, source, nullptr, [&, w = world](int rank) {
     return std::vector<std::string>{std::string("TEST_LAYOUT=") + layout,
@@ -107,6 +134,8 @@ INSTANTIATE_TEST_SUITE_P(
                       LayoutCase{"ep", "qwen", 3, "striped"}, LayoutCase{"ep", "qwen", 4, "rank0"},
                       LayoutCase{"shard1", "deepseek", 3, "rank0"}, LayoutCase{"tp-fsdp", "deepseek", 4, "each-rank"},
                       LayoutCase{"ep", "deepseek", 2, "striped"},
+                      // NVFP4 in column windows: W=4 cuts 48 columns at 12, inside 16-value blocks
+                      LayoutCase{"shard1", "nvfp4", 4, "rank0"}, LayoutCase{"tp-fsdp", "nvfp4", 4, "each-rank"},
                       // W=8 (two "nodes" of 4), and a 3-d mesh (HSDP x FSDP x TP) with every source
                       LayoutCase{"tp-fsdp", "qwen", 8, "node-leader"}, LayoutCase{"ep", "deepseek", 8, "rank0"},
                       LayoutCase{"shard1", "qwen", 8, "each-rank"}, LayoutCase{"hsdp-tp-fsdp", "qwen", 8, "striped"},
@@ -144,6 +173,33 @@ TEST_F(LoadTest, Fp8WithoutAUsableScaleIsOneErrorEverywhere) {
   });
   ExpectSameError(Run(2, "dequant", "fp8_bad_dtype", "deepseek", "each-rank"), "Unsupported",
                   {"handshake", victim.c_str(), "I32"});
+}
+
+// An NVFP4 weight is never read without both its scales, and never with scales of another shape: each
+// is one CheckpointError on every rank, naming the key and the shapes, before any data moves.
+TEST_F(LoadTest, Nvfp4WithoutUsableScalesIsOneErrorEverywhere) {
+  const std::string m = "model.layers.1.mlp.gate_proj";
+  auto drop = [&](const std::string& key) {
+    return [key](ModelSpec& s) {
+      for (size_t i = 0; i < s.entries.size(); ++i) {
+        if (s.entries[i].key == key) s.entries.erase(s.entries.begin() + i);
+      }
+    };
+  };
+  Write("nvfp4_no_scale", kLlamaNvfp4, drop(m + ".weight_scale"));
+  ExpectSameError(Run(3, "dequant", "nvfp4_no_scale", "nvfp4"), "CheckpointError",
+                  {"handshake", (m + ".weight' U8 [37, 24]").c_str(), (m + ".weight_scale_2' F32 []").c_str(),
+                   ("no '" + m + ".weight_scale'").c_str()});
+  Write("nvfp4_no_global", kLlamaNvfp4, drop(m + ".weight_scale_2"));
+  ExpectSameError(Run(2, "dequant", "nvfp4_no_global", "nvfp4", "each-rank"), "CheckpointError",
+                  {"handshake", (m + ".weight_scale' F8_E4M3 [37, 3]").c_str(), ("no '" + m + ".weight_scale_2'").c_str()});
+  Write("nvfp4_bad_grid", kLlamaNvfp4, [&](ModelSpec& s) {
+    for (auto& e : s.entries) {
+      if (e.key == m + ".weight_scale") e.shape = {37, 2};
+    }
+  });
+  ExpectSameError(Run(3, "dequant", "nvfp4_bad_grid", "nvfp4"), "CheckpointError",
+                  {"handshake", (m + ".weight").c_str(), "U8 [37, 24]", "F8_E4M3 [37, 2]", "do not pair"});
 }
 
 // A rank whose model was parallelized differently is one ManifestMismatch on every rank, naming the key,
