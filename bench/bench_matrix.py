@@ -22,7 +22,6 @@ orchestrates and tabulates):
 """
 import argparse
 import json
-import os
 import pathlib
 import re
 import shutil

@@ -1,6 +1,7 @@
 #include "runtime/route.h"
 
 #include <algorithm>
+#include <string>
 
 #include "allocators/error.h"
 
@@ -177,8 +178,9 @@ std::unique_ptr<Route> Route::Make(Source source, int world, const NodeMap& node
     case Source::kEachRank: return std::make_unique<EachRankRoute>(world, nodes);
     case Source::kNodeLeader: return std::make_unique<NodeLeaderRoute>(world, nodes);
     case Source::kStriped: return std::make_unique<StripedRoute>(world, nodes);
+    case Source::kAuto: break;  // rank 0 resolves auto in the handshake; a manifest never carries it
   }
-  throw Error(ErrorKind::kInternal, "route", "unknown source");
+  throw Error(ErrorKind::kInternal, "route", std::string("no route for source ") + SourceName(source));
 }
 
 std::unique_ptr<Route> Route::MakeSave(SaveMode mode, int world_size) {
