@@ -1,15 +1,22 @@
 #include "loaders/nvfp4.h"
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "allocators/error.h"
 
-// How it is laid out: one row at a time, one 16-value block at a time; the block's scale is decoded
-// and multiplied by the global scale once, then the block's 8 bytes give 16 products.
+// How it is laid out: one row at a time, one 16-value block at a time; v(2j) = low nibble of b(j),
+// v(2j+1) = its high nibble:
 //
 //   stored row r:  | b0 b1 .. b7 | b8 .. b15 | ...      16 values (8 bytes) per E4M3 scale
-//   values:        | v0 v1 .. v15| v16 .. v31| ...      v(2j) = low nibble of b(j), v(2j+1) = high
+//   values:        | v0 v1 .. v15| v16 .. v31| ...
+//
+// A block's 16 possible outputs depend on its scale byte alone (the global scale is one per tensor), so
+// each scale byte's 16 target values are computed once per call, when first met, with the rule's exact
+// arithmetic (E4M3 scale x global in f32, E2M1 value x that in f32, one rounding to the target); every
+// value is then a table lookup, a whole block 8 bytes -> 16 values.
 
 namespace shardcast {
 namespace {
@@ -17,13 +24,92 @@ namespace {
 constexpr float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                              -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
-void Store(DType target, unsigned char* out, uint64_t i, float v) {
-  if (target == DType::kF32) {
-    std::memcpy(out + 4 * i, &v, 4);
-    return;
+// Each scale byte's 16 outputs, built when the byte is first met.
+template <typename Bits>
+class BlockTables {
+ public:
+  BlockTables(float global, bool bf16) : global_(global), bf16_(bf16) {}
+  const Bits* For(uint8_t scale) {
+    Bits* t = values_ + scale * 16;
+    if (!built_[scale]) {
+      const float s = Fp8E4M3BitsToFloat(scale) * global_;  // one f32 rounding
+      for (int q = 0; q < 16; ++q) t[q] = Convert(kE2M1[q] * s);
+      built_[scale] = true;
+    }
+    return t;
   }
-  const uint16_t h = target == DType::kBF16 ? FloatToBFloat16Bits(v) : FloatToHalfBits(v);
-  std::memcpy(out + 2 * i, &h, 2);
+  // Two-byte targets: each of the scale's 256 value bytes as its two outputs, low nibble first (at the
+  // lower address), one 32-bit store for two values.
+  const uint32_t* Pairs(uint8_t scale) {
+    uint32_t* p = pairs_.get() + scale * 256;
+    if (!paired_[scale]) {
+      const Bits* t = For(scale);
+      for (int b = 0; b < 256; ++b) {
+        const uint16_t lo = static_cast<uint16_t>(t[b & 0x0F]), hi = static_cast<uint16_t>(t[b >> 4]);
+        const uint16_t two[2] = {lo, hi};
+        std::memcpy(p + b, two, 4);
+      }
+      paired_[scale] = true;
+    }
+    return p;
+  }
+
+ private:
+  Bits Convert(float v) const {
+    if constexpr (sizeof(Bits) == 4) {  // F32: its own bits
+      uint32_t u;
+      std::memcpy(&u, &v, 4);
+      return u;
+    } else {
+      return bf16_ ? FloatToBFloat16Bits(v) : FloatToHalfBits(v);
+    }
+  }
+  float global_;
+  bool bf16_;
+  bool built_[256] = {};
+  Bits values_[256 * 16];
+  bool paired_[256] = {};
+  std::unique_ptr<uint32_t[]> pairs_{sizeof(Bits) == 2 ? new uint32_t[256 * 256] : nullptr};
+};
+
+template <typename Bits>
+void DequantizeRows(const Nvfp4Matrix& m, OutputWindow w, DType target, WindowOut out) {
+  auto tables = std::make_unique<BlockTables<Bits>>(m.global_scale, target == DType::kBF16);
+  const uint64_t stride = out.row_stride ? out.row_stride : w.cols.size();
+  const uint64_t row_bytes = m.cols / 2, row_blocks = m.cols / kNvfp4Block;
+  for (uint64_t r = w.rows.begin; r < w.rows.end; ++r) {
+    const uint8_t* v = m.values + (r - m.first_row) * row_bytes;
+    const uint8_t* s = m.scales + (r - m.first_row) * row_blocks;
+    unsigned char* o = static_cast<unsigned char*>(out.data) + (r - w.rows.begin) * stride * sizeof(Bits);
+    for (uint64_t c = w.cols.begin; c < w.cols.end;) {
+      const uint64_t b = c / kNvfp4Block, end = std::min(w.cols.end, (b + 1) * kNvfp4Block);
+      const Bits* t = tables->For(s[b]);
+      unsigned char* at = o + (c - w.cols.begin) * sizeof(Bits);
+      if (c % kNvfp4Block == 0 && end - c == kNvfp4Block) {  // a whole block
+        const uint8_t* bytes = v + c / 2;
+        if constexpr (sizeof(Bits) == 2) {
+          const uint32_t* pairs = tables->Pairs(s[b]);
+          uint32_t block[kNvfp4Block / 2];
+          for (int j = 0; j < 8; ++j) block[j] = pairs[bytes[j]];
+          std::memcpy(at, block, sizeof block);
+        } else {
+          Bits block[kNvfp4Block];
+          for (int j = 0; j < 8; ++j) {
+            block[2 * j] = t[bytes[j] & 0x0F];
+            block[2 * j + 1] = t[bytes[j] >> 4];
+          }
+          std::memcpy(at, block, sizeof block);
+        }
+        c = end;
+        continue;
+      }
+      for (; c < end; ++c, at += sizeof(Bits)) {  // a block the window cuts
+        const uint8_t byte = v[c / 2];
+        const Bits x = t[c % 2 ? byte >> 4 : byte & 0x0F];
+        std::memcpy(at, &x, sizeof x);
+      }
+    }
+  }
 }
 
 std::string ShapeText(const std::vector<uint64_t>& shape) {
@@ -55,21 +141,10 @@ void DequantizeNvfp4(const Nvfp4Matrix& m, OutputWindow w, DType target, WindowO
                     std::to_string(w.cols.begin) + ", " + std::to_string(w.cols.end) + ") is not within " +
                     std::to_string(m.cols) + " values per row and rows from " + std::to_string(m.first_row));
   }
-  const size_t ts = DTypeSize(target);
-  const uint64_t stride = out.row_stride ? out.row_stride : w.cols.size();
-  const uint64_t row_bytes = m.cols / 2, row_blocks = m.cols / kNvfp4Block;
-  for (uint64_t r = w.rows.begin; r < w.rows.end; ++r) {
-    const uint8_t* v = m.values + (r - m.first_row) * row_bytes;
-    const uint8_t* s = m.scales + (r - m.first_row) * row_blocks;
-    unsigned char* o = static_cast<unsigned char*>(out.data) + (r - w.rows.begin) * stride * ts;
-    for (uint64_t c = w.cols.begin; c < w.cols.end;) {
-      const uint64_t b = c / kNvfp4Block, end = std::min(w.cols.end, (b + 1) * kNvfp4Block);
-      const float scale = Fp8E4M3BitsToFloat(s[b]) * m.global_scale;  // one f32 rounding
-      for (; c < end; ++c) {
-        const uint8_t byte = v[c / 2];
-        Store(target, o, c - w.cols.begin, kE2M1[c % 2 ? byte >> 4 : byte & 0x0F] * scale);
-      }
-    }
+  if (target == DType::kF32) {
+    DequantizeRows<uint32_t>(m, w, target, out);
+  } else {
+    DequantizeRows<uint16_t>(m, w, target, out);
   }
 }
 
