@@ -4,7 +4,7 @@
 //                                       (out x in), written as the model's transpose [2880, 5760]
 //                                       ("transposed") or as stored ("stored"); random bytes, scales
 //                                       in gpt-oss's range [112, 132), one thread
-//   BM_Nvfp4/-><target>                 a ModelOpt NVFP4 linear of the same size, [5760, 2880] as stored;
+//   BM_Nvfp4/-><target>/<isa>           a ModelOpt NVFP4 linear of the same size, [5760, 2880] as stored;
 //                                       random bytes, E4M3 block scales 0x20-0x5f, global scale 1/2688
 // Counters as in dequant_bench: GB/s (of output), memcpy_GB/s and x_memcpy (memcpy time / kernel time,
 // paired per iteration, the memcpy untimed), and mismatches: 4096 sampled outputs and the first output
@@ -141,13 +141,14 @@ uint32_t Nvfp4Reference(const Nvfp4Input& in, uint64_t o, uint64_t i, DType targ
   return u;
 }
 
-void BM_Nvfp4(benchmark::State& state, DType target) {
+void BM_Nvfp4(benchmark::State& state, DType target, dequant_internal::Isa isa) {
   const Nvfp4Input in;
   const size_t ts = DTypeSize(target);
   const uint64_t out_bytes = kOut * kIn * ts;
   std::vector<unsigned char> out(out_bytes);
   TimeAgainstMemcpy(state, out_bytes, [&] {
-    DequantizeNvfp4(in.Matrix(), OutputWindow{{0, kOut}, {0, kIn}}, target, WindowOut{out.data()});
+    nvfp4_internal::DequantizeWithIsa(isa, in.Matrix(), OutputWindow{{0, kOut}, {0, kIn}}, target,
+                                      WindowOut{out.data()});
     benchmark::DoNotOptimize(out.data());
   });
   std::mt19937_64 rng(1);
@@ -175,9 +176,13 @@ void Register() {
   for (Isa isa : dequant_internal::SupportedIsas()) add(Layout::kTransposed, DType::kBF16, isa);
   for (DType t : {DType::kF16, DType::kF32}) add(Layout::kTransposed, t, best);
   add(Layout::kStored, DType::kBF16, best);
-  for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
-    const std::string name = "BM_Nvfp4/->" + std::string(DTypeName(t));
-    benchmark::RegisterBenchmark(name.c_str(), BM_Nvfp4, t)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1);
+  for (Isa isa : dequant_internal::SupportedIsas()) {
+    for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
+      const std::string name =
+          "BM_Nvfp4/->" + std::string(DTypeName(t)) + "/" + std::string(dequant_internal::IsaName(isa));
+      benchmark::RegisterBenchmark(name.c_str(), BM_Nvfp4, t, isa)->Unit(benchmark::kMillisecond)->UseRealTime()
+          ->MinTime(1);
+    }
   }
 }
 

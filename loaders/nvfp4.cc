@@ -6,6 +6,15 @@
 #include <string>
 
 #include "allocators/error.h"
+#include "loaders/dequant.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define SHARDCAST_NVFP4_X86 1
+#define SHARDCAST_NVFP4_AVX2 __attribute__((target("avx2")))
+#else
+#define SHARDCAST_NVFP4_X86 0
+#endif
 
 // How it is laid out: one row at a time, one 16-value block at a time; v(2j) = low nibble of b(j),
 // v(2j+1) = its high nibble:
@@ -16,7 +25,9 @@
 // A block's 16 possible outputs depend on its scale byte alone (the global scale is one per tensor), so
 // each scale byte's 16 target values are computed once per call, when first met, with the rule's exact
 // arithmetic (E4M3 scale x global in f32, E2M1 value x that in f32, one rounding to the target); every
-// value is then a table lookup, a whole block 8 bytes -> 16 values.
+// value is then a table lookup, a whole block 8 bytes -> 16 values. For a 16-bit target the table is
+// also kept as its 16 low and 16 high bytes, so that with AVX2 a whole block is two byte shuffles of
+// its 16 nibbles and an interleave, in registers.
 
 namespace shardcast {
 namespace {
@@ -41,6 +52,7 @@ class BlockTables {
   // Two-byte targets: each of the scale's 256 value bytes as its two outputs, low nibble first (at the
   // lower address), one 32-bit store for two values.
   const uint32_t* Pairs(uint8_t scale) {
+    if (!pairs_) pairs_.reset(new uint32_t[256 * 256]);
     uint32_t* p = pairs_.get() + scale * 256;
     if (!paired_[scale]) {
       const Bits* t = For(scale);
@@ -50,6 +62,19 @@ class BlockTables {
         std::memcpy(p + b, two, 4);
       }
       paired_[scale] = true;
+    }
+    return p;
+  }
+  // Two-byte targets: the scale's 16 outputs as their 16 low bytes, then their 16 high bytes.
+  const uint8_t* Split(uint8_t scale) {
+    uint8_t* p = split_ + scale * 32;
+    if (!split_built_[scale]) {
+      const Bits* t = For(scale);
+      for (int q = 0; q < 16; ++q) {
+        p[q] = static_cast<uint8_t>(t[q] & 0xFF);
+        p[16 + q] = static_cast<uint8_t>((t[q] >> 8) & 0xFF);
+      }
+      split_built_[scale] = true;
     }
     return p;
   }
@@ -69,12 +94,23 @@ class BlockTables {
   bool built_[256] = {};
   Bits values_[256 * 16];
   bool paired_[256] = {};
-  std::unique_ptr<uint32_t[]> pairs_{sizeof(Bits) == 2 ? new uint32_t[256 * 256] : nullptr};
+  bool split_built_[256] = {};
+  uint8_t split_[256 * 32];
+  std::unique_ptr<uint32_t[]> pairs_;  // 256 KiB, made on the first Pairs()
 };
 
+// One block the window cuts, element by element.
 template <typename Bits>
-void DequantizeRows(const Nvfp4Matrix& m, OutputWindow w, DType target, WindowOut out) {
-  auto tables = std::make_unique<BlockTables<Bits>>(m.global_scale, target == DType::kBF16);
+void CutBlock(const Bits* t, const uint8_t* v, uint64_t c, uint64_t end, unsigned char* at) {
+  for (; c < end; ++c, at += sizeof(Bits)) {
+    const uint8_t byte = v[c / 2];
+    const Bits x = t[c % 2 ? byte >> 4 : byte & 0x0F];
+    std::memcpy(at, &x, sizeof x);
+  }
+}
+
+template <typename Bits>
+void DequantizeRows(const Nvfp4Matrix& m, OutputWindow w, WindowOut out, BlockTables<Bits>* tables) {
   const uint64_t stride = out.row_stride ? out.row_stride : w.cols.size();
   const uint64_t row_bytes = m.cols / 2, row_blocks = m.cols / kNvfp4Block;
   for (uint64_t r = w.rows.begin; r < w.rows.end; ++r) {
@@ -103,14 +139,43 @@ void DequantizeRows(const Nvfp4Matrix& m, OutputWindow w, DType target, WindowOu
         c = end;
         continue;
       }
-      for (; c < end; ++c, at += sizeof(Bits)) {  // a block the window cuts
-        const uint8_t byte = v[c / 2];
-        const Bits x = t[c % 2 ? byte >> 4 : byte & 0x0F];
-        std::memcpy(at, &x, sizeof x);
-      }
+      CutBlock(t, v, c, end, at);
+      c = end;
     }
   }
 }
+
+#if SHARDCAST_NVFP4_X86
+// 16-bit targets with AVX2: a whole block's 8 bytes -> 16 nibble indices in value order -> the low and
+// the high bytes of their results by two shuffles of the scale's split table -> interleaved, stored.
+SHARDCAST_NVFP4_AVX2 void Rows16Avx2(const Nvfp4Matrix& m, OutputWindow w, WindowOut out,
+                                     BlockTables<uint16_t>* tables) {
+  const uint64_t stride = out.row_stride ? out.row_stride : w.cols.size();
+  const uint64_t row_bytes = m.cols / 2, row_blocks = m.cols / kNvfp4Block;
+  const __m128i nibble = _mm_set1_epi8(0x0F);
+  for (uint64_t r = w.rows.begin; r < w.rows.end; ++r) {
+    const uint8_t* v = m.values + (r - m.first_row) * row_bytes;
+    const uint8_t* s = m.scales + (r - m.first_row) * row_blocks;
+    unsigned char* o = static_cast<unsigned char*>(out.data) + (r - w.rows.begin) * stride * 2;
+    for (uint64_t c = w.cols.begin; c < w.cols.end;) {
+      const uint64_t b = c / kNvfp4Block, end = std::min(w.cols.end, (b + 1) * kNvfp4Block);
+      unsigned char* at = o + (c - w.cols.begin) * 2;
+      if (c % kNvfp4Block == 0 && end - c == kNvfp4Block) {
+        const uint8_t* split = tables->Split(s[b]);
+        const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + c / 2));
+        const __m128i idx = _mm_unpacklo_epi8(_mm_and_si128(x, nibble), _mm_and_si128(_mm_srli_epi16(x, 4), nibble));
+        const __m128i lo = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(split)), idx);
+        const __m128i hi = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(split + 16)), idx);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(at), _mm_unpacklo_epi8(lo, hi));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(at + 16), _mm_unpackhi_epi8(lo, hi));
+      } else {
+        CutBlock(tables->For(s[b]), v, c, end, at);
+      }
+      c = end;
+    }
+  }
+}
+#endif
 
 std::string ShapeText(const std::vector<uint64_t>& shape) {
   std::string s = "[";
@@ -126,7 +191,14 @@ uint64_t Numel(const std::vector<uint64_t>& s) {
 
 }  // namespace
 
-void DequantizeNvfp4(const Nvfp4Matrix& m, OutputWindow w, DType target, WindowOut out) {
+namespace nvfp4_internal {
+
+void DequantizeWithIsa(dequant_internal::Isa isa, const Nvfp4Matrix& m, OutputWindow w, DType target, WindowOut out) {
+  const auto supported = dequant_internal::SupportedIsas();
+  if (std::find(supported.begin(), supported.end(), isa) == supported.end()) {
+    throw Error(ErrorKind::kInvalidArgument, "nvfp4",
+                "this CPU cannot run the " + std::string(dequant_internal::IsaName(isa)) + " kernels");
+  }
   if (target != DType::kBF16 && target != DType::kF16 && target != DType::kF32) {
     throw Error(ErrorKind::kUnsupported, "nvfp4",
                 "cannot dequantize NVFP4 to " + std::string(DTypeName(target)) + " (targets: BF16, F16 or F32)");
@@ -142,10 +214,21 @@ void DequantizeNvfp4(const Nvfp4Matrix& m, OutputWindow w, DType target, WindowO
                     std::to_string(m.cols) + " values per row and rows from " + std::to_string(m.first_row));
   }
   if (target == DType::kF32) {
-    DequantizeRows<uint32_t>(m, w, target, out);
-  } else {
-    DequantizeRows<uint16_t>(m, w, target, out);
+    auto tables = std::make_unique<BlockTables<uint32_t>>(m.global_scale, false);
+    return DequantizeRows(m, w, out, tables.get());
   }
+  auto tables = std::make_unique<BlockTables<uint16_t>>(m.global_scale, target == DType::kBF16);
+#if SHARDCAST_NVFP4_X86
+  if (isa != dequant_internal::Isa::kBaseline) return Rows16Avx2(m, w, out, tables.get());
+#endif
+  DequantizeRows(m, w, out, tables.get());
+}
+
+}  // namespace nvfp4_internal
+
+void DequantizeNvfp4(const Nvfp4Matrix& m, OutputWindow w, DType target, WindowOut out) {
+  static const dequant_internal::Isa best = dequant_internal::SupportedIsas().back();
+  nvfp4_internal::DequantizeWithIsa(best, m, w, target, out);
 }
 
 void CheckNvfp4Triple(std::string_view key, DType weight, const std::vector<uint64_t>& weight_shape, DType scale,

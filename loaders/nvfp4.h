@@ -50,6 +50,15 @@ struct Nvfp4Matrix {
 // kInvalidArgument for cols not a multiple of 16 or a window outside what m holds.
 void DequantizeNvfp4(const Nvfp4Matrix& m, OutputWindow w, DType target, WindowOut out);
 
+namespace nvfp4_internal {
+
+// The kernels for `isa` (dequant_internal::SupportedIsas()): kBaseline looks every value up in its
+// scale's table (two values a byte for 16-bit targets); kAvx2 and kAvx512 shuffle a whole block in
+// registers for 16-bit targets. kInvalidArgument for an ISA this CPU lacks.
+void DequantizeWithIsa(dequant_internal::Isa isa, const Nvfp4Matrix& m, OutputWindow w, DType target, WindowOut out);
+
+}  // namespace nvfp4_internal
+
 // `key` is the weight's. Throws kCheckpoint naming the three keys and shapes unless the weight is U8
 // [out, in / 2], the scale F8_E4M3 [out, in / 16] and the global scale one F32 element.
 void CheckNvfp4Triple(std::string_view key, DType weight, const std::vector<uint64_t>& weight_shape, DType scale,

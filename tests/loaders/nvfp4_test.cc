@@ -69,6 +69,7 @@ TEST(Nvfp4, EveryScaleEveryNibbleEqualsTheRule) {
     for (uint64_t j = 0; j < cols / 2; ++j) values[r * cols / 2 + j] = static_cast<uint8_t>(j);
     for (uint64_t b = 0; b < cols / 16; ++b) scales[r * cols / 16 + b] = static_cast<uint8_t>(r);
   }
+  for (dequant_internal::Isa isa : dequant_internal::SupportedIsas()) {  // every kernel this CPU runs
   for (float global : {1.0f, 0.3f, 1.7e-3f, 2.5e4f}) {
     for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
       // an odd window, with a row stride
@@ -76,7 +77,7 @@ TEST(Nvfp4, EveryScaleEveryNibbleEqualsTheRule) {
       const uint64_t stride = w.cols.size() + 3;
       std::vector<unsigned char> out(w.rows.size() * stride * 4);
       const Nvfp4Matrix m{values.data() + 3 * cols / 2, scales.data() + 3 * cols / 16, global, 3, cols};
-      DequantizeNvfp4(m, w, t, WindowOut{out.data(), stride});
+      nvfp4_internal::DequantizeWithIsa(isa, m, w, t, WindowOut{out.data(), stride});
       uint64_t bad = 0;
       for (uint64_t r = w.rows.begin; r < w.rows.end; ++r) {
         for (uint64_t c = w.cols.begin; c < w.cols.end; ++c) {
@@ -87,13 +88,14 @@ TEST(Nvfp4, EveryScaleEveryNibbleEqualsTheRule) {
           // a NaN scale (E4M3 0x7F, 0xFF) gives NaN; its payload is the conversion's business
           const bool both_nan = std::isnan(AsFloat(want, t)) && std::isnan(AsFloat(got, t));
           if (got != want && !both_nan && bad++ < 3) {
-            ADD_FAILURE() << DTypeName(t) << " global " << global << " [" << r << ", " << c << "]: got 0x" << std::hex
+            ADD_FAILURE() << dequant_internal::IsaName(isa) << " " << DTypeName(t) << " global " << global << " [" << r << ", " << c << "]: got 0x" << std::hex
                           << got << " want 0x" << want;
           }
         }
       }
       EXPECT_EQ(bad, 0u);
     }
+  }
   }
 }
 
