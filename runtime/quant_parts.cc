@@ -67,8 +67,7 @@ std::optional<ManifestPart> ResolveNvfp4Part(const Checkpoint& ckpt, const FileI
                    global->info->dtype, global->info->shape);
   const uint64_t out = found.info->shape[0], in = found.info->shape[1] * 2;
   ManifestPart p{ck, DType::kU8, files.at(found.file), found.file->header().data_offset() + found.info->begin, out * in,
-                 {out, in}};
-  p.dequantize = true;
+                 {out, in}, /*dequantize=*/true, ManifestScale{}};
   p.packing = Packing::kNvfp4;
   ManifestScale& sc = p.scale;
   sc.key = scale_key;
@@ -144,8 +143,8 @@ std::optional<ManifestPart> ResolveMxfp4Part(const Checkpoint& ckpt, const FileI
   }
   CheckMxfp4Pair(ck, blocks->info->dtype, blocks->info->shape, scales->info->dtype, scales->info->shape, shape, target);
   ManifestPart p{Mxfp4BlocksKey(ck), blocks->info->dtype, files.at(blocks->file),
-                 blocks->file->header().data_offset() + blocks->info->begin, Numel(shape), shape};
-  p.dequantize = true;
+                 blocks->file->header().data_offset() + blocks->info->begin, Numel(shape), shape,
+                 /*dequantize=*/true, ManifestScale{}};
   p.packing = Packing::kMxfp4;
   ManifestScale& sc = p.scale;
   sc.key = Mxfp4ScalesKey(ck);
