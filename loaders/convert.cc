@@ -7,7 +7,9 @@
 
 #include "allocators/error.h"
 #include "allocators/lazy_zero.h"
+#include "loaders/mxfp4.h"
 #include "loaders/nvfp4.h"
+#include "loaders/quantization.h"
 
 namespace shardcast {
 namespace {
@@ -62,6 +64,13 @@ bool IsNvfp4Sidecar(const Checkpoint& in, const std::string& key) {
   return false;
 }
 
+// An MXFP4 pair's blocks (gpt-oss): the scales are then its sidecar, and the output is the model's key.
+bool IsMxfp4Blocks(const Checkpoint& in, const std::string& key) {
+  return QuantOf(in, key).role == QuantRole::kMxfp4Blocks;
+}
+
+std::string Mxfp4ParamKey(const std::string& blocks_key) { return blocks_key.substr(0, blocks_key.size() - 7); }
+
 // A lazy-zero scratch buffer, grown as needed and unmapped at the end.
 class Scratch {
  public:
@@ -115,6 +124,34 @@ class Producer {
     w.file->ReleasePages(w_at, w_bytes);
   }
 
+  // The model's [..., in, out] of an MXFP4 pair: each expert the requested bytes touch is read packed
+  // (blocks and scales) and the rows asked for are written transposed, as the stream does.
+  void Mxfp4(const std::string& key, uint64_t offset, unsigned char* out, uint64_t n) {
+    const Checkpoint::Entry& b = in_.Get(Mxfp4BlocksKey(key));
+    const Checkpoint::Entry& s = in_.Get(Mxfp4ScalesKey(key));
+    const std::vector<uint64_t>& bs = b.info->shape;  // [..., out, in / 32, 16]
+    const uint64_t rows_out = bs[bs.size() - 3], cols_in = bs[bs.size() - 2] * kMxfp4Group;
+    const uint64_t ts = DTypeSize(o_.target), row_bytes = rows_out * ts, expert_rows = cols_in;
+    const uint64_t r0 = offset / row_bytes, r1 = (offset + n + row_bytes - 1) / row_bytes;
+    const uint64_t blocks_per_expert = rows_out * cols_in / 2, scales_per_expert = rows_out * cols_in / kMxfp4Group;
+    const uint64_t ss = DTypeSize(s.info->dtype);
+    unsigned char* rows_buf = rows_.Get((r1 - r0) * row_bytes);
+    for (uint64_t r = r0; r < r1;) {
+      const uint64_t e = r / expert_rows, i0 = r % expert_rows, i1 = std::min(expert_rows, i0 + (r1 - r));
+      const uint64_t b_at = b.file->header().data_offset() + b.info->begin + e * blocks_per_expert;
+      const uint64_t s_at = s.file->header().data_offset() + s.info->begin + e * scales_per_expert * ss;
+      unsigned char* raw = raw_.Get(blocks_per_expert + scales_per_expert * ss);
+      b.file->ReadBytes(b_at, blocks_per_expert, raw, "tensor '" + Mxfp4BlocksKey(key) + "'");
+      s.file->ReadBytes(s_at, scales_per_expert * ss, raw + blocks_per_expert, "tensor '" + Mxfp4ScalesKey(key) + "'");
+      DequantizeMxfp4Transposed(Mxfp4Matrix{raw, raw + blocks_per_expert, 0, cols_in},
+                                OutputWindow{{i0, i1}, {0, rows_out}}, o_.target,
+                                WindowOut{rows_buf + (r - r0) * row_bytes});
+      b.file->ReleasePages(b_at, blocks_per_expert);
+      r += i1 - i0;
+    }
+    std::memcpy(out, rows_buf + (offset - r0 * row_bytes), n);
+  }
+
   // Dequantizes the NVFP4 rows that cover the requested bytes of [out, in], then copies the part asked for.
   void Nvfp4(const std::string& key, uint64_t offset, unsigned char* out, uint64_t n) {
     const std::string base = Nvfp4Base(key);
@@ -164,6 +201,10 @@ ConvertPlan PlanConvert(const Checkpoint& in, const ConvertOptions& o) {
         ++plan.dropped_scales;  // consumed by its NVFP4 weight's dequantization (input_scale: dropped)
         continue;
       }
+      if (QuantOf(in, t->key).role == QuantRole::kMxfp4Scales) {
+        ++plan.dropped_scales;  // consumed by its blocks' dequantization
+        continue;
+      }
       const bool is_scale = t->key.size() > 10 && t->key.compare(t->key.size() - 10, 10, "_scale_inv") == 0;
       if (is_scale) {
         const Checkpoint::Entry* weight = in.Find(t->key.substr(0, t->key.size() - 10));
@@ -174,7 +215,16 @@ ConvertPlan PlanConvert(const Checkpoint& in, const ConvertOptions& o) {
       }
       ConvertPlan::Output out{t->key, t->dtype, false};
       WriteEntry e{t->key, t->dtype, t->shape};
-      if (IsNvfp4Weight(in, *t)) {
+      if (IsMxfp4Blocks(in, t->key)) {
+        const std::string key = Mxfp4ParamKey(t->key);
+        const Checkpoint::Entry& scales = in.Get(Mxfp4ScalesKey(key));
+        const std::vector<uint64_t> shape = Mxfp4ModelShape(t->shape);
+        CheckMxfp4Pair(key, t->dtype, t->shape, scales.info->dtype, scales.info->shape, shape, o.target);
+        out = ConvertPlan::Output{key, t->dtype, false};
+        out.mxfp4 = true;
+        e = WriteEntry{key, o.target, shape};
+        ++plan.dequantized;
+      } else if (IsNvfp4Weight(in, *t)) {
         out.nvfp4 = true;
         e.dtype = o.target;
         e.shape = {t->shape[0], t->shape[1] * 2};
@@ -217,7 +267,9 @@ void WriteConvertedFile(const Checkpoint& in, const ConvertPlan& plan, size_t fi
     for (uint64_t off = 0; off < total; off += o.chunk_bytes) {
       const uint64_t n = std::min(o.chunk_bytes, total - off);
       unsigned char* buf = chunk.Get(n);
-      if (out.nvfp4) {
+      if (out.mxfp4) {
+        produce.Mxfp4(e.key, off, buf, n);
+      } else if (out.nvfp4) {
         produce.Nvfp4(e.key, off, buf, n);
       } else if (out.dequantize) {
         produce.Dequantized(e.key, off, buf, n);

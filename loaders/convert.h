@@ -43,6 +43,7 @@ struct ConvertPlan {
     DType source_dtype;  // in the input
     bool dequantize = false;  // fp8 with its block scales
     bool nvfp4 = false;       // a ModelOpt NVFP4 weight: U8 [out, in / 2] in, `target` [out, in] out
+    bool mxfp4 = false;       // "<key>_blocks" + "<key>_scales" in, the model's "<key>" [..., in, out] out
   };
   std::vector<CheckpointFile> files;  // the output layout
   std::vector<Output> outputs;        // by key order within files: files[f].entries[i] <-> outputs[k]

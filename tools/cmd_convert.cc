@@ -166,7 +166,7 @@ int RunConvert(const ConvertArgs& a) {
 
 void AddConvert(CLI::App& app, Runner* run) {
   auto args = std::make_shared<ConvertArgs>();
-  auto* cmd = app.add_subcommand("convert", "Rewrite an fp8 checkpoint with its weights dequantized (bf16, f16, f32)");
+  auto* cmd = app.add_subcommand("convert", "Rewrite an fp8, MXFP4 or NVFP4 checkpoint with its weights dequantized (bf16, f16, f32)");
   cmd->add_option("src", args->src, "input checkpoint directory")->required();
   cmd->add_option("dst", args->dst, "output directory (appears only when complete)")->required();
   cmd->add_option("--dtype", args->dtype, "bf16 (default), f16 or f32");

@@ -143,3 +143,42 @@ def test_inspect_names_each_entrys_quantization(checkpoints, shardcast_bin, tmp_
     table = subprocess.run([str(shardcast_bin), "inspect", str(checkpoints / "gpt_oss_mxfp4")], check=True,
                            capture_output=True, text=True, timeout=120).stdout
     assert "quant" in table.splitlines()[0] and "mxfp4 scales" in table
+
+
+def test_convert_writes_the_models_transpose_equal_to_transformers(checkpoints, shardcast_bin, tmp_path):
+    """`shardcast convert` of gpt-oss's MXFP4: every pair becomes the model's "<key>" [E, in, out] in bf16,
+    equal to convert_moe_packed_tensors bit for bit; the scales are gone, everything else is copied. A
+    large pair (83 MB of bf16, over one 64 MiB output chunk) has a chunk end inside a row of an expert."""
+    import subprocess
+    from safetensors.torch import load_file, save_file
+    from mxfp4_worker import reference
+
+    big = tmp_path / "big"
+    big.mkdir()
+    g = torch.Generator().manual_seed(3)
+    pair = {"e.experts_blocks": torch.randint(0, 256, (5, 2900, 90, 16), generator=g, dtype=torch.uint8),
+            "e.experts_scales": torch.randint(110, 135, (5, 2900, 90), generator=g, dtype=torch.uint8),
+            "e.bias": torch.randn(5, 2900, generator=g).to(torch.bfloat16)}
+    save_file(pair, str(big / "model.safetensors"))
+    (big / "config.json").write_text(json.dumps({"model_type": "gpt_oss", "quantization_config":
+                                                 {"quant_method": "mxfp4"}}))
+    for name, src in (("gpt_oss", checkpoints / "gpt_oss_mxfp4"), ("big", big)):
+        dst = tmp_path / f"{name}-bf16"
+        r = subprocess.run([str(shardcast_bin), "convert", str(src), str(dst)], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert "quantization_config" not in json.loads((dst / "config.json").read_text())
+        given, got = {}, {}
+        for f in sorted(src.glob("*.safetensors")):
+            given.update(load_file(str(f)))
+        for f in sorted(dst.glob("*.safetensors")):
+            got.update(load_file(str(f)))
+        params = sorted(k[: -len("_blocks")] for k in given if k.endswith("_blocks"))
+        assert params and sorted(got) == sorted(params + [k for k in given if not k.endswith(("_blocks", "_scales"))])
+        for key in params:
+            want = reference(given[key + "_blocks"], given[key + "_scales"], torch.bfloat16)
+            assert got[key].dtype == torch.bfloat16 and got[key].shape == want.shape, (key, got[key].shape, want.shape)
+            assert torch.equal(got[key].view(torch.int16), want.view(torch.int16)), key
+        for key in got:
+            if key not in params:
+                assert torch.equal(got[key].view(torch.uint8), given[key].view(torch.uint8)), key
