@@ -68,7 +68,16 @@ void CheckQuantMethod(std::string_view source, std::string_view config_json) {
   const auto& q = j["quantization_config"];
   if (!q.contains("quant_method")) return;
   const std::string method = q["quant_method"].is_string() ? q["quant_method"].get<std::string>() : q["quant_method"].dump();
-  if (method == "fp8" || method == "mxfp4" || method == "modelopt") return;
+  if (method == "fp8" || method == "mxfp4") return;
+  if (method == "modelopt") {  // ModelOpt names its format in quant_algo; shardcast reads the NVFP4 ones
+    const std::string algo = q.contains("quant_algo") && q["quant_algo"].is_string() ? q["quant_algo"].get<std::string>()
+                             : q.contains("quant_algo")                             ? q["quant_algo"].dump()
+                                                                                    : std::string("(none)");
+    if (algo == "NVFP4" || algo == "W4A16_NVFP4") return;
+    throw Error(ErrorKind::kCheckpoint, std::string(source),
+                "quantization_config.quant_algo \"" + algo.substr(0, 64) +
+                    "\" of quant_method modelopt is not one shardcast reads (NVFP4, W4A16_NVFP4)");
+  }
   throw Error(ErrorKind::kCheckpoint, std::string(source),
               "quantization_config.quant_method \"" + method.substr(0, 64) +
                   "\" is not one shardcast reads (fp8, mxfp4, modelopt): its tensors cannot be loaded as the "

@@ -39,9 +39,9 @@ TensorQuant QuantOf(const Checkpoint& ckpt, std::string_view key);
 std::string_view QuantRoleName(QuantRole role);
 
 // A checkpoint config's quantization_config.quant_method, checked before anything is paired: absent,
-// or one whose layout shardcast reads by key ("fp8", "mxfp4", "modelopt"). Anything else (e.g.
-// "bitsandbytes", "gptq", "awq") is kCheckpoint naming `source` and the method: its tensors would
-// otherwise be read as if they held the model's values.
+// or one whose layout shardcast reads by key ("fp8", "mxfp4", "modelopt" with quant_algo "NVFP4" or
+// "W4A16_NVFP4"). Anything else (e.g. "bitsandbytes", "gptq", "awq", modelopt's "FP8") is kCheckpoint
+// naming `source` and the method: its tensors would otherwise be read as if they held the model's values.
 void CheckQuantMethod(std::string_view source, std::string_view config_json);
 
 }  // namespace shardcast

@@ -1,4 +1,5 @@
 #include "loaders/nvfp4.h"
+#include "loaders/quantization.h"
 
 #include <gtest/gtest.h>
 
@@ -111,6 +112,21 @@ TEST(Nvfp4, RefusesWhatDoesNotPair) {
   EXPECT_SC_ERROR(DequantizeNvfp4(Nvfp4Matrix{v.data(), s.data(), 1.0f, 0, 16}, {{0, 1}, {0, 17}}, DType::kBF16,
                                   WindowOut{out.data()}),
                   ErrorKind::kInvalidArgument, "not within");
+}
+
+TEST(Nvfp4, ModelOptIsReadOnlyForItsNvfp4Algorithms) {
+  auto config = [](const std::string& q) { return R"({"model_type":"llama","quantization_config":)" + q + "}"; };
+  EXPECT_NO_THROW(CheckQuantMethod("c.json", config(R"({"quant_method":"modelopt","quant_algo":"NVFP4"})")));
+  EXPECT_NO_THROW(CheckQuantMethod("c.json", config(R"({"quant_method":"modelopt","quant_algo":"W4A16_NVFP4"})")));
+  EXPECT_NO_THROW(CheckQuantMethod("c.json", config(R"({"quant_method":"fp8"})")));
+  EXPECT_NO_THROW(CheckQuantMethod("c.json", config(R"({"quant_method":"mxfp4"})")));
+  // ModelOpt's FP8 has per-tensor scales shardcast does not pair: refused up front, not later by a key.
+  EXPECT_SC_ERROR(CheckQuantMethod("c.json", config(R"({"quant_method":"modelopt","quant_algo":"FP8"})")),
+                  ErrorKind::kCheckpoint, "quant_algo \"FP8\" of quant_method modelopt");
+  EXPECT_SC_ERROR(CheckQuantMethod("c.json", config(R"({"quant_method":"modelopt"})")), ErrorKind::kCheckpoint,
+                  "quant_algo \"(none)\"");
+  EXPECT_SC_ERROR(CheckQuantMethod("c.json", config(R"({"quant_method":"gptq"})")), ErrorKind::kCheckpoint,
+                  "\"gptq\" is not one shardcast reads");
 }
 
 }  // namespace
