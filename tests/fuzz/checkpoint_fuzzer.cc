@@ -1,6 +1,8 @@
 // libFuzzer target: Checkpoint::Open on a directory built from the input, then every tensor read.
 // Any input must either open and read or throw shardcast::Error; anything else is a bug. What is
-// accepted must read back exactly the bytes the input put in the files.
+// accepted must read back exactly the bytes the input put in the files. Every quantized pair the keys
+// name (fp8 and its scale, MXFP4 blocks and scales, an NVFP4 triple) is checked as the loaders check
+// it, and a pair that passes has its first row dequantized from the bytes read.
 //
 // Input layout (lengths little-endian, cut short where the input ends):
 //
@@ -26,6 +28,9 @@
 
 #include "allocators/error.h"
 #include "loaders/checkpoint.h"
+#include "loaders/mxfp4.h"
+#include "loaders/nvfp4.h"
+#include "loaders/quantization.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {
@@ -46,6 +51,48 @@ void Check(bool ok) {
 std::string Real(const std::string& path) {
   char buf[PATH_MAX];
   return realpath(path.c_str(), buf) ? std::string(buf) : std::string();
+}
+
+std::vector<unsigned char> ReadAll(const shardcast::Checkpoint& ckpt, const std::string& key) {
+  const shardcast::Checkpoint::Entry& e = ckpt.Get(key);
+  std::vector<unsigned char> out(e.info->nbytes());
+  e.file->ReadRows(*e.info, 0, e.info->rows(), out.data());
+  return out;
+}
+
+// The pairing checks of the quantized formats on what the fuzzer named, then one row through the
+// kernel. Each may throw shardcast::Error (a pair that does not fit); nothing else may happen.
+void Quantized(const shardcast::Checkpoint& ckpt, const std::string& key) {
+  using namespace shardcast;
+  const TensorQuant q = QuantOf(ckpt, key);
+  const Checkpoint::Entry* partner = q.partner.empty() ? nullptr : ckpt.Find(q.partner);
+  if (partner == nullptr) return;
+  const TensorInfo& t = *ckpt.Get(key).info;
+  const TensorInfo& p = *partner->info;
+  if (q.role == QuantRole::kMxfp4Blocks) {
+    const std::vector<uint64_t> model = Mxfp4ModelShape(t.shape);
+    CheckMxfp4Pair(key.substr(0, key.size() - 7), t.dtype, t.shape, p.dtype, p.shape, model, DType::kBF16);
+    const uint64_t rows = t.shape[t.shape.size() - 3], cols = t.shape[t.shape.size() - 2] * kMxfp4Group;
+    if (rows == 0 || cols == 0) return;
+    const std::vector<unsigned char> blocks = ReadAll(ckpt, key), scales = ReadAll(ckpt, q.partner);
+    std::vector<uint16_t> out(cols);
+    DequantizeMxfp4Transposed(Mxfp4Matrix{blocks.data(), scales.data(), 0, cols}, OutputWindow{{0, cols}, {0, 1}},
+                              DType::kBF16, WindowOut{out.data()});
+  } else if (q.role == QuantRole::kNvfp4Weight) {
+    const std::string base = key.size() > 7 ? key.substr(0, key.size() - 7) : key;
+    const Checkpoint::Entry* global = ckpt.Find(base + ".weight_scale_2");
+    if (global == nullptr) return;
+    CheckNvfp4Triple(key, t.dtype, t.shape, p.dtype, p.shape, global->info->dtype, global->info->shape);
+    const uint64_t rows = t.shape[0], cols = t.shape[1] * 2;
+    if (rows == 0 || cols == 0) return;
+    const std::vector<unsigned char> values = ReadAll(ckpt, key), scales = ReadAll(ckpt, q.partner);
+    const std::vector<unsigned char> g = ReadAll(ckpt, base + ".weight_scale_2");
+    float gs;
+    std::memcpy(&gs, g.data(), 4);
+    std::vector<uint16_t> out(cols);
+    DequantizeNvfp4(Nvfp4Matrix{values.data(), scales.data(), gs, 0, cols}, OutputWindow{{0, 1}, {0, cols}},
+                    DType::kBF16, WindowOut{out.data()});
+  }
 }
 
 }  // namespace
@@ -103,6 +150,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         Check(v.size == t.nbytes() && (v.size == 0 || std::memcmp(v.data, buf.data(), v.size) == 0));
       }
       f.ReleasePages(begin, t.nbytes());
+    }
+    for (const std::string& key : ckpt->keys()) {
+      try {
+        Quantized(*ckpt, key);
+      } catch (const Error&) {
+      }
     }
     (void)ckpt->total_bytes();
   } catch (const Error&) {

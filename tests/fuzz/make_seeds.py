@@ -55,6 +55,35 @@ def frame(flags, index, a, b=b""):
     return bytes([flags]) + struct.pack("<H", len(index)) + index + struct.pack("<H", len(a)) + a + b
 
 
+def safetensors(tensors):
+    """A safetensors file of (name, dtype, shape, data) in order, as the library lays one out."""
+    header, data = {}, b""
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def quantized_seeds():
+    """The quantized pairs the checkpoint fuzzer pairs and dequantizes: MXFP4 blocks + scales, an NVFP4
+    triple (with its input_scale), and fp8 with its block scale."""
+    rng = random.Random(3)
+    raw = lambda n: bytes(rng.randrange(256) for _ in range(n))
+    mxfp4 = safetensors([("e.experts_blocks", "U8", [2, 3, 1, 16], raw(96)),
+                         ("e.experts_scales", "U8", [2, 3, 1], bytes([120, 127, 130, 1, 255, 0]))])
+    nvfp4 = safetensors([("m.input_scale", "F32", [], struct.pack("<f", 1.0)),
+                         ("m.weight", "U8", [2, 16], raw(32)),
+                         ("m.weight_scale", "F8_E4M3", [2, 2], bytes([0x38, 0x7F, 0x01, 0x50])),
+                         ("m.weight_scale_2", "F32", [], struct.pack("<f", 0.37))])
+    fp8 = safetensors([("f.weight", "F8_E4M3", [2, 2], raw(4)),
+                       ("f.weight_scale_inv", "F32", [1, 1], struct.pack("<f", 0.5))])
+    write("checkpoint_fuzzer", "mxfp4_pair", frame(0b000000, b"", mxfp4))
+    write("checkpoint_fuzzer", "nvfp4_triple", frame(0b000000, b"", nvfp4))
+    write("checkpoint_fuzzer", "fp8_and_scale", frame(0b000000, b"", fp8))
+
+
 def checkpoint_seeds():
     idx = lambda wm: json.dumps({"metadata": {"total_size": 0}, "weight_map": wm}).encode()
     write("checkpoint_fuzzer", "index_two_files",
@@ -80,6 +109,7 @@ if __name__ == "__main__":
     header_seeds()
     index_seeds()
     checkpoint_seeds()
+    quantized_seeds()
     read_seeds()
     total = sum(p.stat().st_size for p in OUT.rglob("*") if p.is_file())
     print(f"{sum(1 for p in OUT.rglob('*') if p.is_file())} seeds, {total} bytes in {OUT}")
