@@ -9,21 +9,12 @@ mapping:      the explicit {key: (local, begin, end)} path over odd shapes (576 
 e8m0:         the transformers flow on the same DeepSeek-V3 with E8M0 scales ("scale_fmt": "ue8m0"),
               stored as F8_E8M0 tensors and as uint8 exponent bytes.
 """
-import datetime
-import json
 import os
-import sys
 
 import torch
-import torch.distributed as dist
 
 import shardcast
-
-
-def rows(n, world, rank):
-    chunk = -(-n // world)
-    begin = min(n, rank * chunk)
-    return begin, min(n, begin + chunk)
+from quant_workers import bf16_fsdp2, rows, run
 
 
 def reference(w, s, block=(128, 128)):
@@ -34,21 +25,11 @@ def reference(w, s, block=(128, 128)):
 
 
 def transformers_flow(root, rank, world, name="deepseek_fp8"):
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from transformers import AutoConfig, AutoModelForCausalLM, FineGrainedFP8Config
+    from transformers import AutoModelForCausalLM, FineGrainedFP8Config
     ckpt = os.path.join(root, name)
     ref = AutoModelForCausalLM.from_pretrained(ckpt, quantization_config=FineGrainedFP8Config(dequantize=True),
                                                dtype=torch.bfloat16)
-    config = AutoConfig.from_pretrained(ckpt)
-    del config.quantization_config  # the one line: a bf16 model of the fp8 checkpoint
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    shardcast.prepare(model, config=config)
-    mesh = init_device_mesh("cpu", (world,))
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = bf16_fsdp2(ckpt, world)  # the one line: a bf16 model of the fp8 checkpoint
     report = shardcast.load(model, ckpt, verify=True)
     want = dict(ref.named_parameters())
     bad = []
@@ -91,19 +72,12 @@ def mapping(root, rank, world):
 
 
 def main():
-    mode, root, out_path = sys.argv[1:4]
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    rank, world = dist.get_rank(), dist.get_world_size()
     modes = {"transformers": transformers_flow, "mapping": mapping,
              # E8M0 scales ("scale_fmt": "ue8m0"): as F8_E8M0 tensors, and as uint8 exponent bytes
              "e8m0": lambda root, rank, world: {name: transformers_flow(root, rank, world, name)
                                                 for name in ("deepseek_e8m0", "deepseek_u8")}}
     # all: the mapping check, and (at 2-3 ranks) the transformers one, in these same processes
-    names = (["mapping"] + (["transformers"] if 2 <= world <= 3 else [])) if mode == "all" else [mode]
-    result = {name: modes[name](root, rank, world) for name in names}
-    with open(f"{out_path}.{rank}", "w") as f:
-        json.dump(result, f)
-    dist.destroy_process_group()
+    run(modes, lambda world: ["mapping"] + (["transformers"] if 2 <= world <= 3 else []), timeout_s=60)
 
 
 if __name__ == "__main__":

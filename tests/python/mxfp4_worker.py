@@ -11,23 +11,14 @@ malformed:    checkpoints whose pair cannot be read (no scales, scales that disa
               blocks that are not the model's transpose, a quant_method shardcast does not read): the
               exception on this rank.
 """
-import datetime
-import json
 import os
-import sys
 
 import torch
-import torch.distributed as dist
 
 import shardcast
+from quant_workers import rows, run
 
 TARGETS = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
-
-
-def rows(n, world, rank):
-    chunk = -(-n // world)
-    begin = min(n, rank * chunk)
-    return begin, min(n, begin + chunk)
 
 
 def same_bits(a, b):
@@ -139,16 +130,8 @@ def malformed(root, rank, world):
 
 
 def main():
-    mode, root, out_path = sys.argv[1:4]
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
-    rank, world = dist.get_rank(), dist.get_world_size()
     modes = {"transformers": transformers_flow, "mapping": mapping, "malformed": malformed}
-    names = ["mapping", "transformers"] if mode == "all" else [mode]
-    result = {name: modes[name](root, rank, world) for name in names}
-    with open(f"{out_path}.{rank}", "w") as f:
-        json.dump(result, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    run(modes, lambda world: ["mapping", "transformers"])
 
 
 if __name__ == "__main__":

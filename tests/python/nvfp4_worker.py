@@ -8,15 +8,12 @@ fsdp2:     a tiny Llama whose linears are NVFP4, built in bf16, fully_shard on a
 malformed: triples that cannot be read (no weight_scale, no weight_scale_2, a scale of another shape):
            the exception on this rank.
 """
-import datetime
-import json
 import os
-import sys
 
 import torch
-import torch.distributed as dist
 
 import shardcast
+from quant_workers import bf16_fsdp2, rows, run
 
 TARGETS = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
@@ -34,12 +31,6 @@ def reference(packed, scale, global_scale, dtype):
     codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(out, 2 * half).long()
     block = scale.to(torch.float32) * global_scale.to(torch.float32).reshape(())
     return (E2M1[codes].view(out, -1, 16) * block.unsqueeze(-1)).reshape(out, 2 * half).to(dtype)
-
-
-def rows(n, world, rank):
-    chunk = -(-n // world)
-    begin = min(n, rank * chunk)
-    return begin, min(n, begin + chunk)
 
 
 def same(a, b):
@@ -88,19 +79,8 @@ def mapping(root, rank, world):
 
 
 def fsdp2(root, rank, world):
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from transformers import AutoConfig, AutoModelForCausalLM
     ckpt = os.path.join(root, "llama_nvfp4")
-    config = AutoConfig.from_pretrained(ckpt)
-    del config.quantization_config  # a bf16 model of the NVFP4 checkpoint
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    shardcast.prepare(model, config=config)
-    mesh = init_device_mesh("cpu", (world,))
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = bf16_fsdp2(ckpt, world)  # a bf16 model of the NVFP4 checkpoint
     report = shardcast.load(model, ckpt, verify=True)
     full = load_all(ckpt)
     want = {**{k: v for k, v in full.items()}, **dequantized(full, torch.bfloat16)}
@@ -130,16 +110,8 @@ def malformed(root, rank, world):
 
 
 def main():
-    mode, root, out_path = sys.argv[1:4]
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
-    rank, world = dist.get_rank(), dist.get_world_size()
     modes = {"mapping": mapping, "fsdp2": fsdp2, "malformed": malformed}
-    names = list(modes) if mode == "all" else [mode]
-    result = {name: modes[name](root, rank, world) for name in names}
-    with open(f"{out_path}.{rank}", "w") as f:
-        json.dump(result, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    run(modes, lambda world: list(modes))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,48 @@
+"""What the quantized-format test workers (fp8_worker.py, mxfp4_worker.py, nvfp4_worker.py) share: a rank's
+rows of an FSDP2 Shard(0), the bf16 FSDP2 model of a quantized checkpoint, and the worker's entry point."""
+import datetime
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+import shardcast
+
+
+def rows(n, world, rank):
+    """This rank's rows [begin, end) of n under FSDP2's Shard(0) (torch.chunk: ceil(n / world) each)."""
+    chunk = -(-n // world)
+    begin = min(n, rank * chunk)
+    return begin, min(n, begin + chunk)
+
+
+def bf16_fsdp2(ckpt, world):
+    """The one-line user flow: the checkpoint's config without quantization_config, a bf16 model on the
+    meta device, shardcast.prepare, fully_shard of every decoder layer and the root on a CPU mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoConfig, AutoModelForCausalLM
+    config = AutoConfig.from_pretrained(ckpt)
+    del config.quantization_config
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    shardcast.prepare(model, config=config)
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def run(modes, all_names, timeout_s=120):
+    """`python WORKER.py MODE ROOT OUT` under torchrun's variables: MODE ("all": all_names(world)) run
+    on this rank, each as modes[name](root, rank, world), the results written as JSON to OUT.<rank>."""
+    mode, root, out_path = sys.argv[1:4]
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    names = all_names(world) if mode == "all" else [mode]
+    result = {name: modes[name](root, rank, world) for name in names}
+    with open(f"{out_path}.{rank}", "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
