@@ -136,6 +136,7 @@ INSTANTIATE_TEST_SUITE_P(
                       LayoutCase{"ep", "deepseek", 2, "striped"},
                       // NVFP4 in column windows: W=4 cuts 48 columns at 12, inside 16-value blocks
                       LayoutCase{"shard1", "nvfp4", 4, "rank0"}, LayoutCase{"tp-fsdp", "nvfp4", 4, "each-rank"},
+                      LayoutCase{"hsdp-tp-fsdp", "nvfp4", 4, "striped"},  // and on an HSDP mesh
                       // W=8 (two "nodes" of 4), and a 3-d mesh (HSDP x FSDP x TP) with every source
                       LayoutCase{"tp-fsdp", "qwen", 8, "node-leader"}, LayoutCase{"ep", "deepseek", 8, "rank0"},
                       LayoutCase{"shard1", "qwen", 8, "each-rank"}, LayoutCase{"hsdp-tp-fsdp", "qwen", 8, "striped"},
