@@ -36,6 +36,12 @@ inline const char* kDeepseekFp8 = R"({"model_type":"deepseek_v3","num_hidden_lay
 inline const char* kLlamaNvfp4 = R"({"model_type":"llama","num_hidden_layers":2,"hidden_size":48,
   "num_attention_heads":3,"num_key_value_heads":1,"head_dim":16,"intermediate_size":37,"vocab_size":13,
   "torch_dtype":"bfloat16","quantization_config":{"quant_method":"modelopt","quant_algo":"NVFP4","group_size":16}})";
+// The same as a Qwen3-MoE: every expert's gate/up/down (in = 48 or 32) NVFP4 per expert key, fused by the
+// plan into one [E, ...] entry of parts; the dense layer's down_proj (in = 40) stays bf16. 5 experts.
+inline const char* kQwenNvfp4 = R"({"model_type":"qwen3_moe","num_hidden_layers":2,"hidden_size":48,
+  "num_attention_heads":4,"num_key_value_heads":2,"head_dim":16,"intermediate_size":40,"moe_intermediate_size":32,
+  "num_experts":5,"vocab_size":13,"mlp_only_layers":[0],"torch_dtype":"bfloat16","rope_theta":10000,
+  "quantization_config":{"quant_method":"modelopt","quant_algo":"NVFP4","group_size":16}})";
 inline const char* kLlamaF32 = R"({"model_type":"llama","num_hidden_layers":1,"hidden_size":32,"num_attention_heads":2,
   "intermediate_size":24,"vocab_size":9,"torch_dtype":"float32"})";
 inline const char* kSlow = R"({"model_type":"qwen3_moe","num_hidden_layers":2,"hidden_size":256,"num_attention_heads":4,
@@ -65,6 +71,7 @@ class LoadTest : public ::testing::Test {
     Write("deepseek", kDeepseekFp8, {});
     Write("llama_f32", kLlamaF32, {});
     Write("nvfp4", kLlamaNvfp4, {});
+    Write("qwen_nvfp4", kQwenNvfp4, {});
     Write("slow", kSlow, {});
     Write("missing", kQwen, [](ModelSpec& s) {
       for (size_t i = 0; i < s.entries.size(); ++i) {

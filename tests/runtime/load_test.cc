@@ -101,6 +101,21 @@ TEST_P(Nvfp4Exact, EveryRankHoldsItsRowsDequantized) {
   }
 }
 
+// Fused experts from per-expert NVFP4 keys: a Qwen3-MoE's [E, out, in] entries of E parts each.
+TEST_F(LoadTest, Nvfp4ExpertsFuseFromPerExpertKeys) {
+  for (const char* source : {"rank0", "each-rank"}) {
+    auto rs = Run(3, "dequant", "qwen_nvfp4", "qwen_nvfp4", source);
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_TRUE(rs[r].ok) << source << " rank " << r << ": " << rs[r].kind << ": " << rs[r].message;
+      EXPECT_GT(rs[r].checked, 0);
+      EXPECT_EQ(rs[r].mismatches, 0) << source << " rank " << r;
+      EXPECT_EQ(rs[r].verified, 1);
+      EXPECT_GT(rs[r].dequantized, 0u);
+      EXPECT_EQ(rs[r].skipped, 0);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldsAndSources, Nvfp4Exact,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("rank0", "each-rank")),
                          [](const auto& info) {
