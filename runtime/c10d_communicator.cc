@@ -303,7 +303,13 @@ std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::
     } else {
       options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
     }
-    return {c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rv.rank, rv.world_size, options), prefixed};
+    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rv.rank, rv.world_size, options);
+    // Gloo's mesh is complete on a rank when its own pairs are: a fast rank could go on and fail while
+    // rank 0 still connects, and rank 0 would then fail here, taking the store with it, so the others
+    // could not learn the cause. One barrier: no rank leaves the rendezvous before every rank's mesh is
+    // up, and every later failure goes through the agreement (the same error on every rank).
+    pg->barrier()->wait(timeout);
+    return {pg, prefixed};
   };
   std::optional<Made> made;
   try {
