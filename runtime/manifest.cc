@@ -106,14 +106,17 @@ class Resolver {
   ManifestPart Part(const PlanEntry& e, const std::string& ck, const Checkpoint::Entry& found) {
     if (auto packed = ResolveNvfp4(e, ck, found)) return std::move(*packed);
     if (IsFp8(found.info->dtype) && IsFloatingPoint(e.dtype) && !IsFp8(e.dtype)) return Dequantized(e, ck, found);
-    if (!CanConvert(found.info->dtype, e.dtype)) {
+    // E8M0 scales kept quantized ("scale_fmt": "ue8m0") may be stored as their exponent bytes (U8): the
+    // same bytes, which transformers views as float8_e8m0fnu after loading.
+    const DType stored = found.info->dtype == DType::kU8 && e.dtype == DType::kF8_E8M0 ? e.dtype : found.info->dtype;
+    if (!CanConvert(stored, e.dtype)) {
       throw Error(ErrorKind::kManifestMismatch, "key '" + e.key + "'",
                   "dtype " + std::string(DTypeName(found.info->dtype)) + " of '" + ck + "' in the checkpoint (" +
                       found.file->path() + ") but " + std::string(DTypeName(e.dtype)) +
                       " in rank 0's plan, and there is no conversion between them");
     }
     used_[found.key_index] = 1;
-    return ManifestPart{ck, found.info->dtype, file_index_.at(found.file),
+    return ManifestPart{ck, stored, file_index_.at(found.file),
                         found.file->header().data_offset() + found.info->begin, found.info->numel(),
                         found.info->shape};
   }

@@ -83,7 +83,7 @@ enum class Packing : uint8_t {
 // One checkpoint tensor that supplies consecutive elements of an entry.
 struct ManifestPart {
   std::string checkpoint_key;
-  DType source_dtype = DType::kBF16;  // in the checkpoint
+  DType source_dtype = DType::kBF16;  // in the checkpoint (U8 E8M0 exponent bytes for an F8_E8M0 entry: F8_E8M0)
   uint32_t file = 0;                  // index into Manifest::files
   uint64_t offset = 0;                // absolute byte offset of its data in that file
   uint64_t numel = 0;

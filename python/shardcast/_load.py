@@ -84,6 +84,11 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
     Every rank receives exactly its DTensor's local tensor: Shard(d) on any dim, uneven and empty pieces,
     _StridedShard (FSDP2 over TP), replicas of a piece (HSDP, TP replicas) each receiving the same bytes.
 
+    The model's dtypes decide what a quantized checkpoint becomes: a floating (bf16, f16, f32) parameter
+    of an fp8, MXFP4 or NVFP4 weight is dequantized in the stream; a parameter in the quantized layout
+    (transformers' FP8Linear/FP8Experts, see from_pretrained(keep_quantized=True)) receives the fp8
+    weight and its scale grid as they are stored.
+
     Options (None: SHARDCAST_* from the environment, else the default): source "auto" (default: rank 0
     decides, and the report's "source_reason" says why: each-rank when every rank sees the checkpoint on
     one node; node-leader, or striped for HSDP, on several nodes; rank0 when only rank 0 sees it), "rank0",

@@ -122,6 +122,9 @@ def _op_names(rule) -> List[str]:
     return [f"{type(op).__name__}{getattr(op, 'dim', '')}" for op in getattr(rule, "operations", []) or []]
 
 
+_SCALE_INV = "_scale_inv"
+
+
 def compositions(model, keys: Dict[str, Tuple[int, ...]]) -> Dict[str, List[str]]:
     """{model key: [checkpoint keys, concatenated in order]} for model entries not stored under their
     own key. Entries it cannot explain are left out; the load then names them as missing."""
@@ -156,14 +159,18 @@ def compositions(model, keys: Dict[str, Tuple[int, ...]]) -> Dict[str, List[str]
             if ops not in (["MergeModulelist0"], ["MergeModulelist0", "Concatenate1"]):
                 continue
             target = rule.target_patterns[0]
-            if not name.endswith(target):
+            # A kept-quantized fp8 model (FineGrainedFP8Config) fuses the experts' block scales the same
+            # way as their weights: "<fused>_scale_inv" from each "<expert>.weight_scale_inv", in the
+            # same order (the scale grid's rows follow the weight's rows block by block).
+            suffix = next((s for s in ("", _SCALE_INV) if name.endswith(target + s)), None)
+            if suffix is None:
                 continue
-            prefix = name[: len(name) - len(target)]
+            prefix = name[: len(name) - len(target) - len(suffix)]
             experts = int(shapes[name].shape[0])
             parts = []
             for e in range(experts):
                 for src in rule.source_patterns:
-                    parts.append(to_checkpoint(prefix + src.replace("*", str(e))))
+                    parts.append(to_checkpoint(prefix + src.replace("*", str(e)) + suffix))
             if all(p is not None for p in parts):
                 out[name] = parts
                 break

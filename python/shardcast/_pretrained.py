@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import torch
 
 from . import _prefetch
-from ._shardcast import CheckpointError, InvalidArgument
+from ._shardcast import CheckpointError, InvalidArgument, Unsupported
 
 __all__ = ["from_pretrained", "resolve_checkpoint", "shard_units"]
 
@@ -180,6 +180,33 @@ def _build_meta(config, dtype: Optional[torch.dtype], trust_remote_code: bool):
     return model
 
 
+# The quantization methods whose layout a kept-quantized load builds: transformers' own quantized modules
+# hold the checkpoint's tensors unchanged (fp8 weights and their block scales, fused experts included).
+_KEPT_QUANTIZED = ("fp8",)
+
+
+def _quantized_layout(model, config, path: str, dtype: Optional[torch.dtype]) -> None:
+    """Replaces the meta model's modules by transformers' quantized ones for the checkpoint's
+    quantization_config (FP8Linear, FP8Experts: fp8 weights, F32 or E8M0 `*_scale_inv`), exactly as its
+    from_pretrained does before loading a pre-quantized checkpoint on a GPU, so the load keeps the
+    checkpoint's quantized tensors as they are."""
+    qc = getattr(config, "quantization_config", None)
+    if qc is None:
+        raise InvalidArgument(f"keep_quantized=True, but {path}/config.json has no quantization_config: the "
+                              f"checkpoint is not quantized")
+    from transformers.quantizers import AutoHfQuantizer
+    quantizer = AutoHfQuantizer.from_config(qc, pre_quantized=True)
+    method = str(getattr(quantizer.quantization_config.quant_method, "value",
+                         quantizer.quantization_config.quant_method))
+    if method not in _KEPT_QUANTIZED:
+        raise Unsupported(f"keep_quantized=True: {path} is quantized with '{method}', which shardcast loads only "
+                          f"dequantized (keep_quantized=False); kept quantized: {', '.join(_KEPT_QUANTIZED)}")
+    # transformers dequantizes on a machine without a suitable GPU (its validate_environment, not called
+    # here); the caller asked for the quantized layout, whatever this rank's device.
+    quantizer.quantization_config.dequantize = False
+    quantizer.preprocess_model(model, dtype=dtype)
+
+
 def _model_class(config, trust_remote_code: bool):
     from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
     try:
@@ -223,7 +250,8 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
                     target: Optional[str] = None, *, distributed_config=None, tp_size: Optional[int] = None,
                     ep_size: Optional[int] = None, fsdp_size: Optional[int] = None,
                     dp_replicate_size: Optional[int] = None, revision: Optional[str] = None,
-                    trust_remote_code: bool = False, prefetch: Optional[bool] = None, **load_kwargs) -> torch.nn.Module:
+                    trust_remote_code: bool = False, prefetch: Optional[bool] = None, keep_quantized: bool = False,
+                    **load_kwargs) -> torch.nn.Module:
     """An FSDP2 model with its checkpoint loaded, each rank holding only its own rows.
 
     Every rank calls it together (under torchrun; a single process with no launcher is a world of one).
@@ -234,7 +262,13 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
     distributed_config: transformers' DistributedConfig (or a dict of it), or its sizes as keywords
         (tp_size, ep_size, fsdp_size, dp_replicate_size): the model is laid out with transformers' own
         TP, EP and FSDP2 plans and meshes instead of `mesh`/`shard`/`fsdp_kwargs`, then loaded.
-    dtype: the model's parameter dtype; checkpoint tensors are converted while streamed.
+    dtype: the model's parameter dtype; checkpoint tensors are converted while streamed (fp8, MXFP4 and
+        NVFP4 weights dequantized with their scales).
+    keep_quantized: for an fp8 checkpoint (DeepSeek-V3, MiniMax-M2, FineGrainedFP8), build transformers'
+        quantized layout instead (FP8Linear/FP8Experts: fp8 weights and their `*_scale_inv` block scales,
+        experts fused) and load the checkpoint's bytes unchanged; `dtype` is then the other modules'.
+        FSDP2 shards each weight and its scale grid by their own rows; the all-gather before use pairs
+        them whole again.
     shard: which submodules get their own fully_shard before the root's (see `shard_units`).
     fsdp_kwargs: passed to every fully_shard (mp_policy, reshard_after_forward, offload_policy, ...).
     source, target, **load_kwargs: passed to shardcast.load (verify, chunk_bytes, timeout, strict_keys);
@@ -261,12 +295,16 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
                                       "meshes")
             _dist_ready("cuda" if target == "cuda" else "cpu")
             model = _build_meta(config, dtype, trust_remote_code)
+            if keep_quantized:
+                _quantized_layout(model, config, path, dtype)
             prepare(model, config=config, target=target or "cpu")
             model = _parallelize(model, config, dc, trust_remote_code)
         else:
             if mesh is None:
                 mesh = _default_mesh(target)
             model = _build_meta(config, dtype, trust_remote_code)
+            if keep_quantized:
+                _quantized_layout(model, config, path, dtype)
             prepare(model, config=config, target=target or "cpu")
             fully_shard = _fully_shard()
             kwargs = dict(fsdp_kwargs or {})

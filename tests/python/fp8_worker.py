@@ -8,12 +8,17 @@ mapping:      the explicit {key: (local, begin, end)} path over odd shapes (576 
               (w.float() * scale_expanded).to(bf16) rows.
 e8m0:         the transformers flow on the same DeepSeek-V3 with E8M0 scales ("scale_fmt": "ue8m0"),
               stored as F8_E8M0 tensors and as uint8 exponent bytes.
+kept:         from_pretrained(keep_quantized=True) of those three, FSDP2 and TP x FSDP: every local shard
+              equals DTensor's piece of transformers' own quantized parameter (fp8 weights, scales).
+refusals:     keep_quantized on a bf16 checkpoint; a kept-quantized model given a bf16 checkpoint.
 """
 import os
 
 import torch
+import torch.distributed as dist
 
 import shardcast
+from dtensor_ref import split_reference
 from quant_workers import bf16_fsdp2, rows, run
 
 
@@ -52,6 +57,106 @@ def transformers_flow(root, rank, world, name="deepseek_fp8"):
             "from_pretrained_source": [one.shardcast_report["source"], one.shardcast_report["source_reason"]]}
 
 
+def transformers_quantized(ckpt):
+    """transformers' own load of the fp8 checkpoint kept quantized (FP8Linear/FP8Experts holding the
+    checkpoint's fp8 weights and block scales, experts fused), as it loads on a GPU; on this CPU its
+    environment check would dequantize, so that check alone is lifted, for the reference only."""
+    from transformers import AutoModelForCausalLM
+    from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
+    check = FineGrainedFP8HfQuantizer.validate_environment
+    FineGrainedFP8HfQuantizer.validate_environment = lambda self, *args, **kwargs: None
+    try:
+        model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16)
+    finally:
+        FineGrainedFP8HfQuantizer.validate_environment = check
+    return {n: p.detach() for n, p in model.named_parameters()}
+
+
+def kept(root, rank, world):
+    """shardcast.from_pretrained(keep_quantized=True) of the fp8 checkpoints (F32, F8_E8M0 and uint8 E8M0
+    scales), FSDP2 in both sources, and TP x FSDP by transformers' plans at even worlds: each rank's local
+    shard of every parameter is DTensor's piece of transformers' own quantized parameter, bit for bit."""
+    out = {}
+    layouts = [("fsdp", {})] + ([("tp2", {"tp_size": 2})] if world % 2 == 0 else [])
+    for name in ("deepseek_fp8", "deepseek_e8m0", "deepseek_u8"):
+        ckpt = os.path.join(root, name)
+        want = transformers_quantized(ckpt)
+        for (layout, sizes), source in [(lo, s) for lo in layouts for s in ("rank0", "each-rank")]:
+            model = shardcast.from_pretrained(ckpt, keep_quantized=True, source=source, verify=True, **sizes)
+            report, bad, dtypes = model.shardcast_report, [], set()
+            got = dict(model.named_parameters())
+            for n, p in got.items():
+                local = p.to_local() if hasattr(p, "to_local") else p
+                ref = want[n]
+                if hasattr(p, "to_local"):
+                    ref = split_reference(ref, tuple(p.device_mesh.shape), p.placements, p.device_mesh.get_coordinate())
+                dtypes.add(str(local.dtype))
+                if local.dtype != ref.dtype or local.shape != ref.shape or not torch.equal(
+                        local.detach().contiguous().view(torch.uint8), ref.contiguous().view(torch.uint8)):
+                    bad.append(n)
+            out[f"{name}/{layout}/{source}"] = {
+                "bad": bad, "missing": sorted(set(want) - set(got)), "dtypes": sorted(dtypes),
+                "dequantized": report["dequantized"], "verify": report["ranks"][rank]["verify"],
+                "sharded": [n for n, p in got.items() if hasattr(p, "placements")
+                            and any(type(x).__name__ != "Replicate" for x in p.placements)]}
+    return out
+
+
+def kept_cuda(root, rank, world):
+    """On a GPU: transformers' own quantized from_pretrained (device_map="cuda", no check lifted) against
+    shardcast.from_pretrained(keep_quantized=True, target="cuda"), every parameter bit for bit."""
+    from transformers import AutoModelForCausalLM
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    ckpt = os.path.join(root, "deepseek_fp8")
+    ref = AutoModelForCausalLM.from_pretrained(ckpt, device_map="cuda")
+    want = {n: p.detach().cpu() for n, p in ref.named_parameters()}
+    del ref
+    model = shardcast.from_pretrained(ckpt, keep_quantized=True, target="cuda", verify=True)
+    bad, devices, dtypes = [], set(), set()
+    for n, p in model.named_parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        devices.add(local.device.type)
+        dtypes.add(str(local.dtype))
+        ref = split_reference(want[n], tuple(p.device_mesh.shape), p.placements, p.device_mesh.get_coordinate())
+        if local.dtype != ref.dtype or local.shape != ref.shape or not torch.equal(
+                local.detach().cpu().contiguous().view(torch.uint8), ref.contiguous().view(torch.uint8)):
+            bad.append(n)
+    return {"bad": bad, "missing": sorted(set(want) - {n for n, _ in model.named_parameters()}),
+            "devices": sorted(devices), "dtypes": sorted(dtypes), "verify": model.shardcast_report["ranks"][rank]["verify"]}
+
+
+def refusals(root, rank, world):
+    """keep_quantized on a checkpoint that is not fp8, and a kept-quantized model given a bf16 checkpoint:
+    one error on every rank, naming what differed."""
+    out = {}
+    for label, call in (
+            ("not_quantized", lambda: shardcast.from_pretrained(os.path.join(root, "bf16"), keep_quantized=True)),
+            ("fp8_model_bf16_checkpoint", lambda: shardcast.load(_quantized_meta(root), os.path.join(root, "bf16")))):
+        try:
+            call()
+            out[label] = None
+        except shardcast.ShardcastError as e:
+            out[label] = [type(e).__name__, str(e)]
+    return out
+
+
+def _quantized_meta(root):
+    """The kept-quantized FSDP2 DeepSeek-V3 (fp8 weights), before loading."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.quantizers import AutoHfQuantizer
+    config = AutoConfig.from_pretrained(os.path.join(root, "deepseek_fp8"))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    quantizer = AutoHfQuantizer.from_config(config.quantization_config, pre_quantized=True)
+    quantizer.preprocess_model(model, dtype=torch.bfloat16)
+    shardcast.prepare(model, config=config)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    fully_shard(model, mesh=mesh)
+    return model
+
+
 def mapping(root, rank, world):
     from safetensors.torch import load_file
     path = os.path.join(root, "odd")
@@ -75,9 +180,11 @@ def main():
     modes = {"transformers": transformers_flow, "mapping": mapping,
              # E8M0 scales ("scale_fmt": "ue8m0"): as F8_E8M0 tensors, and as uint8 exponent bytes
              "e8m0": lambda root, rank, world: {name: transformers_flow(root, rank, world, name)
-                                                for name in ("deepseek_e8m0", "deepseek_u8")}}
+                                                for name in ("deepseek_e8m0", "deepseek_u8")},
+             "kept": kept, "kept_cuda": kept_cuda, "refusals": refusals}
     # all: the mapping check, and (at 2-3 ranks) the transformers one, in these same processes
-    run(modes, lambda world: ["mapping"] + (["transformers"] if 2 <= world <= 3 else []), timeout_s=60)
+    run(modes, lambda world: ["mapping"] + (["transformers"] if 2 <= world <= 3 else []), timeout_s=60,
+        backend=lambda mode: "cpu:gloo,cuda:nccl" if mode.endswith("_cuda") else "gloo")
 
 
 if __name__ == "__main__":

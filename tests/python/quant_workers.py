@@ -35,11 +35,13 @@ def bf16_fsdp2(ckpt, world):
     return model
 
 
-def run(modes, all_names, timeout_s=120):
+def run(modes, all_names, timeout_s=120, backend="gloo"):
     """`python WORKER.py MODE ROOT OUT` under torchrun's variables: MODE ("all": all_names(world)) run
-    on this rank, each as modes[name](root, rank, world), the results written as JSON to OUT.<rank>."""
+    on this rank, each as modes[name](root, rank, world), the results written as JSON to OUT.<rank>.
+    backend: init_process_group's, or a callable(MODE) giving it."""
     mode, root, out_path = sys.argv[1:4]
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    backend = backend(mode) if callable(backend) else backend
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     rank, world = dist.get_rank(), dist.get_world_size()
     names = all_names(world) if mode == "all" else [mode]
     result = {name: modes[name](root, rank, world) for name in names}

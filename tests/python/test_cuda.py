@@ -46,3 +46,22 @@ def test_cli_load_over_nccl(shardcast_bin, tmp_path):
     import json
     j = json.loads(report.read_text())
     assert j["backend"] == "nccl" and all(x["verify"] == "ok" for x in j["ranks"]), j
+
+
+def test_kept_quantized_fp8_equals_transformers_on_cuda(shardcast_bin, tmp_path):
+    """fp8 kept quantized on the GPU: transformers' own quantized from_pretrained(device_map="cuda") (its
+    FP8Linear/FP8Experts path on a GPU with compute capability >= 8.9; below that it dequantizes, and this
+    test says so) against shardcast.from_pretrained(keep_quantized=True, target="cuda"), bit for bit."""
+    import json
+    import ranks
+    from test_fp8 import DEEPSEEK_FP8
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("transformers keeps fp8 quantized only on compute capability >= 8.9")
+    (tmp_path / "deepseek.json").write_text(json.dumps(DEEPSEEK_FP8))
+    subprocess.run([str(shardcast_bin), "synth", "--config", str(tmp_path / "deepseek.json"), "--out",
+                    str(tmp_path / "deepseek_fp8"), "--max-shard-size", "1M", "--seed", "3"], check=True,
+                   capture_output=True, timeout=300)
+    (r,) = ranks.run("fp8_worker.py", "kept_cuda", tmp_path, 1, tmp_path)
+    t = r["kept_cuda"]
+    assert t["bad"] == [] and t["missing"] == [], t
+    assert t["devices"] == ["cuda"] and "torch.float8_e4m3fn" in t["dtypes"] and t["verify"] == "ok", t

@@ -47,6 +47,10 @@ def checkpoints(tmp_path_factory, shardcast_bin):
     (root / "odd").mkdir()
     save_file(tensors, str(root / "odd" / "model.safetensors"))
     write_e8m0_twins(root / "deepseek_fp8", root)
+    plain = {k: v for k, v in DEEPSEEK_FP8.items() if k != "quantization_config"}
+    (root / "bf16.json").write_text(json.dumps(plain))
+    subprocess.run([str(shardcast_bin), "synth", "--config", str(root / "bf16.json"), "--out", str(root / "bf16"),
+                    "--seed", "3"], check=True, capture_output=True, timeout=300)
     return root
 
 
@@ -105,3 +109,36 @@ def test_e8m0_scales_equal_transformers(checkpoints, tmp_path, world):
         for name, t in r["e8m0"].items():
             assert t["bad"] == [] and t["from_pretrained_bad"] == [], (rank, name, t["bad"], t["from_pretrained_bad"])
             assert t["dequantized"] > 10 and t["verify"] == "ok", (name, t)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_kept_quantized_equals_transformers_quantized(checkpoints, tmp_path, world):
+    """keep_quantized=True: transformers' quantized layout (fp8 weights, F32 or E8M0 block scales, experts
+    fused with their scales), loaded with the checkpoint's bytes unchanged. Each rank's shard of every
+    parameter equals DTensor's piece of transformers' own quantized load (FSDP2 at W=1-3, where the
+    weights' 256 and 384 rows and the scales' 2 and 3 rows do not divide; TP x FSDP at W=2), both
+    sources. FSDP2 cuts a weight and its scale grid each by its own rows (not block-aligned): what FSDP2
+    lays out, and the all-gather before use makes both whole again."""
+    results = ranks.run("fp8_worker.py", "kept", checkpoints, world, tmp_path)
+    for rank, r in enumerate(results):
+        cases = r["kept"]
+        assert len(cases) == 3 * 2 * (2 if world % 2 == 0 else 1), sorted(cases)
+        for case, t in cases.items():
+            assert t["bad"] == [] and t["missing"] == [], (rank, case, t["bad"], t["missing"])
+            assert t["dequantized"] == 0 and t["verify"] == "ok", (case, t)
+            scale = "torch.float8_e8m0fnu" if "e8m0" in case or "u8" in case else "torch.float32"
+            assert {"torch.float8_e4m3fn", scale, "torch.bfloat16"} <= set(t["dtypes"]), (case, t["dtypes"])
+            if world > 1:
+                fused_scales = [n for n in t["sharded"] if n.endswith("experts.gate_up_proj_scale_inv")]
+                assert fused_scales, (case, "the fused experts' scales are sharded like any parameter")
+
+
+def test_kept_quantized_refusals(checkpoints, tmp_path):
+    """keep_quantized on an unquantized checkpoint, and fp8 parameters given a bf16 checkpoint (never cast
+    into fp8 without scales): the same error on every rank, naming the checkpoint or the key and dtypes."""
+    results = ranks.run("fp8_worker.py", "refusals", checkpoints, 2, tmp_path)
+    assert results[0]["refusals"] == results[1]["refusals"]
+    r = results[0]["refusals"]
+    assert r["not_quantized"][0] == "InvalidArgument" and "no quantization_config" in r["not_quantized"][1], r
+    kind, text = r["fp8_model_bf16_checkpoint"]
+    assert kind == "ManifestMismatch" and "BF16" in text and "F8_E4M3" in text and "no conversion" in text, r
