@@ -16,7 +16,7 @@ import os
 import torch
 
 import shardcast
-from quant_workers import rows, run
+from quant_workers import packed, rows, run
 
 TARGETS = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
@@ -53,6 +53,7 @@ def mapping(root, rank, world):
             report = shardcast.load(m, path, source=source, verify=True, chunk_bytes=4096)
             out[f"{source}/{tname}"] = {"bad": [k for k, (t, _, _) in m.items() if not same_bits(t, want[k])],
                                         "checked": len(m), "dequantized": report["dequantized"]}
+    out.update(packed(full, path, rank, world))
     return out
 
 

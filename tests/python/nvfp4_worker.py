@@ -13,7 +13,7 @@ import os
 import torch
 
 import shardcast
-from quant_workers import bf16_fsdp2, rows, run
+from quant_workers import bf16_fsdp2, packed, rows, run
 
 TARGETS = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
@@ -75,6 +75,7 @@ def mapping(root, rank, world):
         out[f"{source}/{tname}"] = {
             "bad": [k for k, (t, b, e) in m.items() if not same(t, want[k][b:e])],
             "checked": len(m), "dequantized": report["dequantized"], "skipped": report["skipped_keys"]}
+    out.update(packed(full, path, rank, world))
     return out
 
 

@@ -17,6 +17,25 @@ def rows(n, world, rank):
     return begin, min(n, begin + chunk)
 
 
+def packed(full, path, rank, world):
+    """The explicit mapping of every stored tensor (but 0-dim ones) into a tensor of its own dtype, rows
+    under FSDP2's rule, both sources: the quantized bytes kept as stored, never paired or dequantized."""
+    out = {}
+    for source in ("rank0", "each-rank"):
+        m = {}
+        for key, t in full.items():
+            if t.dim() > 0:
+                b, e = rows(t.shape[0], world, rank)
+                m[key] = (torch.empty((e - b,) + tuple(t.shape[1:]), dtype=t.dtype), b, e)
+        report = shardcast.load(m, path, source=source, verify=True, chunk_bytes=4096)
+        out[f"{source}/packed"] = {
+            "bad": [k for k, (t, b, e) in m.items()
+                    if not torch.equal(t.view(torch.uint8), full[k][b:e].contiguous().view(torch.uint8))],
+            "checked": len(m), "dequantized": report["dequantized"], "skipped": report["skipped_keys"],
+            "dtypes": sorted({str(t.dtype) for t, _, _ in m.values()})}
+    return out
+
+
 def bf16_fsdp2(ckpt, world):
     """The one-line user flow: the checkpoint's config without quantization_config, a bf16 model on the
     meta device, shardcast.prepare, fully_shard of every decoder layer and the root on a CPU mesh."""
