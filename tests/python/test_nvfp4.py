@@ -10,8 +10,8 @@ import pytest
 
 import ranks
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+import torch
+import transformers  # noqa: F401 -- required: a missing package fails, never skips
 
 from nvfp4_worker import reference  # noqa: E402
 
