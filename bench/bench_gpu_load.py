@@ -15,6 +15,11 @@ checkpoint is read into the page cache, or with --cold evicted from it; the byte
     bench/bench_gpu_load.py [--layers 40] [--cold] [--repeat 2] [--work out/bench-peers]
                             [--out bench/results/gpu-load.json]
 
+With --fp8 the checkpoint is instead a DeepSeek-V3-shaped fp8 one (128 x 128 block scales, written by
+`shardcast synth`), kept quantized by both: transformers' own FP8 path (`from_pretrained(ckpt,
+device_map="cuda")` on a GPU of compute capability >= 8.9) against `shardcast.from_pretrained(ckpt,
+target="cuda", keep_quantized=True)`.
+
 Needs a CUDA device; without one it says so and exits 1.
 """
 import argparse
@@ -34,7 +39,33 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 METHODS = ("transformers", "shardcast")
 
 
-def worker(method, ckpt, out):
+# A DeepSeek-V3 of ~166 MB of fp8 per layer (every quantized dim a multiple of the 128 x 128 block).
+DEEPSEEK_FP8 = {
+    "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 2048,
+    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_attention_heads": 16, "num_key_value_heads": 16,
+    "q_lora_rank": 768, "kv_lora_rank": 256, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "n_routed_experts": 32, "n_shared_experts": 1, "num_experts_per_tok": 4, "n_group": 1, "topk_group": 1,
+    "first_k_dense_replace": 1, "vocab_size": 32000, "max_position_embeddings": 4096, "rope_theta": 10000,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                            "weight_block_size": [128, 128]},
+}
+
+
+def write_fp8_checkpoint(path, layers, shardcast_bin):
+    """`shardcast synth` of DEEPSEEK_FP8 with `layers` layers, renamed into place once whole."""
+    import shutil
+    partial = path.with_name(path.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    (partial / "config.json").write_text(json.dumps({**DEEPSEEK_FP8, "num_hidden_layers": layers}))
+    subprocess.run([str(shardcast_bin), "synth", "--config", str(partial / "config.json"), "--out", str(partial / "ckpt"),
+                    "--max-shard-size", "500M", "--seed", "1"], check=True, capture_output=True, timeout=1800)
+    (partial / "ckpt").rename(path)
+    shutil.rmtree(partial)
+
+
+def worker(method, ckpt, out, kind="bf16"):
     import torch
     torch.cuda.init()
     torch.zeros(1, device="cuda")
@@ -46,10 +77,10 @@ def worker(method, ckpt, out):
     if method == "shardcast":
         import shardcast
     t1 = time.monotonic()
-    if method == "transformers":
+    if method == "transformers":  # an fp8 checkpoint stays fp8 on a GPU of compute capability >= 8.9
         model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16, device_map="cuda")
     else:
-        model = shardcast.from_pretrained(ckpt, target="cuda")
+        model = shardcast.from_pretrained(ckpt, target="cuda", keep_quantized=kind == "fp8")
     torch.cuda.synchronize()
     t2 = time.monotonic()
     crc = 0
@@ -74,11 +105,12 @@ def free_port():
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        return worker(*sys.argv[2:5])
+        return worker(*sys.argv[2:6])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=40)
     ap.add_argument("--cold", action="store_true", help="evict the checkpoint from the page cache before each run")
     ap.add_argument("--repeat", type=int, default=2, help="runs of each method, interleaved; the table: the median")
+    ap.add_argument("--fp8", action="store_true", help="a DeepSeek-V3-shaped fp8 checkpoint, kept quantized by both")
     ap.add_argument("--work", default=str(ROOT / "out/bench-peers"))
     ap.add_argument("--out", default=str(ROOT / "bench/results/gpu-load.json"))
     args = ap.parse_args()
@@ -88,12 +120,16 @@ def main():
         return 1
     work = pathlib.Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    ckpt = work / f"qwen3-moe-{args.layers}L"
+    build = pathlib.Path(os.environ.get("SHARDCAST_BUILD_DIR", ROOT / "build"))
+    kind = "fp8" if args.fp8 else "bf16"
+    ckpt = work / (f"deepseek-fp8-{args.layers}L" if args.fp8 else f"qwen3-moe-{args.layers}L")
     if not ckpt.is_dir():
-        write_checkpoint(ckpt, args.layers)
+        if args.fp8:
+            write_fp8_checkpoint(ckpt, args.layers, build / "tools" / "shardcast")
+        else:
+            write_checkpoint(ckpt, args.layers)
     files = sorted(ckpt.glob("*.safetensors"))
     size = sum(f.stat().st_size for f in files)
-    build = pathlib.Path(os.environ.get("SHARDCAST_BUILD_DIR", ROOT / "build"))
     runs, resident = {m: [] for m in METHODS}, []
     for _ in range(args.repeat):  # interleaved: drift hits both alike
         for method in METHODS:
@@ -102,13 +138,13 @@ def main():
             out.unlink(missing_ok=True)
             env = dict(os.environ, PYTHONPATH=str(build / "python"), MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(free_port()), HF_HUB_DISABLE_PROGRESS_BARS="1", PYTHONWARNINGS="ignore")
-            r = subprocess.run([sys.executable, __file__, "--worker", method, str(ckpt), str(out)], env=env,
+            r = subprocess.run([sys.executable, __file__, "--worker", method, str(ckpt), str(out), kind], env=env,
                                capture_output=True, text=True, timeout=1800)
             if r.returncode != 0 or not out.exists():
                 raise SystemExit(f"{method} failed (exit {r.returncode}):\n{r.stdout[-2000:]}{r.stderr[-3000:]}")
             runs[method].append(json.loads(out.read_text()))
     same = len({(x["crc"], x["names_crc"]) for rs in runs.values() for x in rs}) == 1
-    print(f"checkpoint {size / 1e9:.2f} GB ({args.layers} layers), one GPU, {'cold' if args.cold else 'warm'} page "
+    print(f"{kind} checkpoint {size / 1e9:.2f} GB ({args.layers} layers), one GPU, {'cold' if args.cold else 'warm'} page "
           f"cache ({min(resident) / 1e9:.2f}-{max(resident) / 1e9:.2f} GB resident before each run), "
           f"median of {args.repeat} run(s)")
     print(f"{'method':<14} {'total s':>8} {'import':>7} {'load':>7} {'GB/s':>6} {'GPU peak':>9} {'host peak':>10}  runs")
@@ -123,7 +159,7 @@ def main():
               + ", ".join(f"{t:.2f}" for t in s["all_seconds"]))
     print(f"every parameter identical across methods and runs: {same}")
     pathlib.Path(args.out).write_text(json.dumps(
-        {"checkpoint_bytes": size, "layers": args.layers, "repeat": args.repeat, "device": torch.cuda.get_device_name(),
+        {"checkpoint": kind, "checkpoint_bytes": size, "layers": args.layers, "repeat": args.repeat, "device": torch.cuda.get_device_name(),
          "page_cache": "cold" if args.cold else "warm", "resident_bytes_before": resident, "identical": same,
          "summary": summary, "runs": runs}, indent=2) + "\n")
     if not same:
