@@ -1,5 +1,6 @@
 #include "loaders/dtype.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstring>
 
@@ -73,6 +74,16 @@ std::optional<DType> ParseDType(std::string_view name) {
   for (const auto& info : kTable) {
     if (info.name == name) return info.dtype;
   }
+  return std::nullopt;
+}
+
+std::optional<DType> ParseFloatDType(std::string_view name) {
+  std::string t;
+  for (char c : name) t += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (t.rfind("torch.", 0) == 0) t.erase(0, 6);
+  if (t == "bf16" || t == "bfloat16") return DType::kBF16;
+  if (t == "f16" || t == "fp16" || t == "float16") return DType::kF16;
+  if (t == "f32" || t == "fp32" || t == "float32") return DType::kF32;
   return std::nullopt;
 }
 

@@ -21,6 +21,9 @@ inline constexpr int kNumDTypes = 17;
 std::string_view DTypeName(DType dtype);
 size_t DTypeSize(DType dtype);                     // bytes per element
 std::optional<DType> ParseDType(std::string_view name);
+// The one parser of a floating dtype a user or a config names: "bf16", "bfloat16", "BF16",
+// "torch.bfloat16" (and f16/fp16/float16, f32/fp32/float32), any case; nullopt for anything else.
+std::optional<DType> ParseFloatDType(std::string_view name);
 bool IsFloatingPoint(DType dtype);                 // F16, BF16, F32, F64, F8_*
 bool IsFp8(DType dtype);                           // F8_E4M3, F8_E5M2, F8_E8M0
 

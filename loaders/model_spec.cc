@@ -66,11 +66,9 @@ std::string Config::String(const char* field, const std::string& fallback) const
 
 SpecBuilder::SpecBuilder(const Config& config, ModelSpec* spec) : config_(config), spec_(spec) {
   std::string dt = config.String("torch_dtype", config.String("dtype", "bfloat16"));
-  static const std::map<std::string, DType> kTorchDTypes = {
-      {"bfloat16", DType::kBF16}, {"float16", DType::kF16}, {"float32", DType::kF32}};
-  auto it = kTorchDTypes.find(dt);
-  if (it == kTorchDTypes.end()) config.Fail("torch_dtype \"" + dt + "\" is not bfloat16, float16 or float32");
-  dtype_ = it->second;
+  const std::optional<DType> parsed = ParseFloatDType(dt);
+  if (!parsed) config.Fail("torch_dtype \"" + dt + "\" is not bfloat16, float16 or float32");
+  dtype_ = *parsed;
   const auto& j = config.json();
   if (j.contains("quantization_config") && j["quantization_config"].is_object()) {
     const auto& q = j["quantization_config"];

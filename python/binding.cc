@@ -29,15 +29,11 @@ std::map<ErrorKind, py::object>& ExceptionTypes() {
   return *m;
 }
 
-Option OptionNamed(const std::string& name) {
-  static const std::map<std::string, Option> kByName = {
-      {"source", Option::kSource},          {"target", Option::kTarget},
-      {"chunk_bytes", Option::kChunkBytes}, {"staging_slots", Option::kStagingSlots},
-      {"readahead_bytes", Option::kReadaheadBytes}, {"timeout_ms", Option::kTimeoutMs},
-      {"verify", Option::kVerify},          {"strict_keys", Option::kStrictKeys}};  // one name per option
-  auto it = kByName.find(name);
-  if (it == kByName.end()) throw Error(ErrorKind::kInternal, "load options", "no option named " + name);
-  return it->second;
+Option OptionNamed(const std::string& name) {  // by OptionTable()'s keywords
+  for (const OptionInfo& info : OptionTable()) {
+    if (*info.keyword != '\0' && name == info.keyword) return info.option;
+  }
+  throw Error(ErrorKind::kInternal, "load options", "no option named " + name);
 }
 
 // Called on this rank as its messages complete, at most every 100 ms (and at the end), with the GIL.
@@ -208,8 +204,8 @@ py::dict SaveEntries(py::list entries, py::list layouts, const std::string& out_
     if (rq.max_shard_bytes == 0) throw Error(ErrorKind::kInvalidArgument, "max_shard_size=", "must be more than 0 bytes");
     if (!dtype.is_none()) {
       const std::string name = dtype.cast<std::string>();
-      auto d = ParseDType(name);
-      if (!d || (*d != DType::kF16 && *d != DType::kBF16 && *d != DType::kF32)) {
+      auto d = ParseFloatDType(name);
+      if (!d) {
         throw Error(ErrorKind::kInvalidArgument, "dtype=", "'" + name + "': a save converts to float16, bfloat16 or "
                                                                "float32 only (it never quantizes)");
       }

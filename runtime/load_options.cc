@@ -9,10 +9,6 @@
 namespace shardcast {
 namespace {
 
-constexpr Option kAll[] = {Option::kSource,    Option::kTarget,  Option::kChunkBytes,
-                           Option::kStagingSlots, Option::kReadaheadBytes, Option::kTimeoutMs,
-                           Option::kVerify,    Option::kStrictKeys, Option::kPread};
-
 [[noreturn]] void Bad(const std::string& origin, const std::string& text, const std::string& why) {
   throw Error(ErrorKind::kInvalidArgument, origin, "\"" + text + "\" " + why);
 }
@@ -30,29 +26,54 @@ const char* SourceName(Source source) {
   return "?";
 }
 
-const char* LoadOptionsBuilder::EnvironmentName(Option option) {
-  switch (option) {
-    case Option::kSource: return "SHARDCAST_SOURCE";
-    case Option::kTarget: return "SHARDCAST_TARGET";
-    case Option::kChunkBytes: return "SHARDCAST_CHUNK_BYTES";
-    case Option::kStagingSlots: return "SHARDCAST_STAGING_SLOTS";
-    case Option::kReadaheadBytes: return "SHARDCAST_READAHEAD_BYTES";
-    case Option::kTimeoutMs: return "SHARDCAST_TIMEOUT_MS";
-    case Option::kVerify: return "SHARDCAST_VERIFY";
-    case Option::kStrictKeys: return "SHARDCAST_STRICT_KEYS";
-    case Option::kPread: return "SHARDCAST_PREAD";
+const std::vector<OptionInfo>& OptionTable() {
+  static const std::vector<OptionInfo> kTable = {
+      {Option::kSource, "source", "--source", "SHARDCAST_SOURCE", false, "auto",
+       "auto (rank 0 decides from who sees the files, the nodes and the layout), rank0, each-rank, node-leader or "
+       "striped"},
+      {Option::kTarget, "target", "--target", "SHARDCAST_TARGET", false, "cpu", "cpu, pinned or cuda"},
+      {Option::kChunkBytes, "chunk_bytes", "--chunk-bytes", "SHARDCAST_CHUNK_BYTES", false, "64M",
+       "one staging slot, 4K-4G (e.g. 64M, 128MB)"},
+      {Option::kStagingSlots, "staging_slots", "--staging-slots", "SHARDCAST_STAGING_SLOTS", false, "4",
+       "slots in the staging ring, 2-64"},
+      {Option::kReadaheadBytes, "readahead_bytes", "--readahead-bytes", "SHARDCAST_READAHEAD_BYTES", false,
+       "256M for rank0 and node-leader, 0 for each-rank and striped", "read ahead of the stream; 0 off"},
+      {Option::kTimeoutMs, "timeout_ms", "--timeout-ms", "SHARDCAST_TIMEOUT_MS", false, "600000",
+       "per-collective and store timeout in ms (Python: timeout= in seconds)"},
+      {Option::kVerify, "verify", "--verify", "SHARDCAST_VERIFY", true, "0",
+       "xxHash every entry on every rank and compare with the sender"},
+      {Option::kStrictKeys, "strict_keys", "--strict-keys", "SHARDCAST_STRICT_KEYS", true, "0",
+       "fail on checkpoint keys the model does not own"},
+      {Option::kPread, "", "", "SHARDCAST_PREAD", false, "1",
+       "pread each piece into its shard; 0: read through an mmap of each file"},
+  };
+  return kTable;
+}
+
+const OptionInfo& InfoOf(Option option) {
+  for (const OptionInfo& info : OptionTable()) {
+    if (info.option == option) return info;
   }
-  return "?";
+  throw Error(ErrorKind::kInternal, "load options", "an option missing from OptionTable()");
+}
+
+std::string OptionTableMarkdown() {
+  std::string out = "| keyword | flag | variable | default | what |\n| --- | --- | --- | --- | --- |\n";
+  for (const OptionInfo& i : OptionTable()) {
+    auto code = [](const char* name) { return *name ? "`" + std::string(name) + "`" : std::string(); };
+    out += "| " + code(i.keyword) + " | " + code(i.flag) + " | " + code(i.environment) + " | " + i.default_text +
+           " | " + i.help + " |\n";
+  }
+  return out;
 }
 
 LoadOptionsBuilder& LoadOptionsBuilder::FromEnvironment() {
-  for (Option o : kAll) {
-    const char* name = EnvironmentName(o);
-    const char* v = std::getenv(name);
+  for (const OptionInfo& info : OptionTable()) {
+    const char* v = std::getenv(info.environment);
     if (v == nullptr || *v == '\0') continue;
-    auto it = values_.find(o);
+    auto it = values_.find(info.option);
     if (it != values_.end() && it->second.explicit_) continue;
-    values_[o] = Value{v, name, false};
+    values_[info.option] = Value{v, info.environment, false};
   }
   return *this;
 }

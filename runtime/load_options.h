@@ -71,6 +71,24 @@ enum class Option {
   kSource, kTarget, kChunkBytes, kStagingSlots, kReadaheadBytes, kTimeoutMs, kVerify, kStrictKeys, kPread,
 };
 
+// The one table of load options: every name an option goes by, its default and what it does. The builder
+// reads the environment through it, `shardcast load` makes its flags from it, the Python binding its
+// keywords, and `shardcast options` prints it as the README's table (a test keeps the two equal).
+struct OptionInfo {
+  Option option;
+  const char* keyword;      // the binding's name (Python's load(...) keyword; timeout= in seconds there);
+                            // "" where Python has none (the variable alone)
+  const char* flag;         // `shardcast load`'s flag; "" where it has none
+  const char* environment;  // the SHARDCAST_* variable
+  bool is_switch;           // a flag that takes no value (--verify); its variable is 0/1, true/false
+  const char* default_text;
+  const char* help;
+};
+const std::vector<OptionInfo>& OptionTable();
+const OptionInfo& InfoOf(Option option);
+// The table as Markdown: | keyword | flag | variable | default | what |.
+std::string OptionTableMarkdown();
+
 class LoadOptionsBuilder {
  public:
   // Records every SHARDCAST_* variable that is set (see LoadOptions); parsing waits for Build.
@@ -80,8 +98,6 @@ class LoadOptionsBuilder {
   LoadOptionsBuilder& Set(Option option, std::string value, std::string origin);
   // Throws kInvalidArgument naming the origin, the value and the bound.
   LoadOptions Build() const;
-
-  static const char* EnvironmentName(Option option);
 
  private:
   struct Value {

@@ -15,11 +15,7 @@
 namespace shardcast::tools {
 
 DType ParseFloatDType(const std::string& text, const std::string& origin) {
-  std::string t;
-  for (char c : text) t += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (t == "bf16" || t == "bfloat16") return DType::kBF16;
-  if (t == "f16" || t == "fp16" || t == "float16") return DType::kF16;
-  if (t == "f32" || t == "fp32" || t == "float32") return DType::kF32;
+  if (auto d = shardcast::ParseFloatDType(text)) return *d;
   throw Error(ErrorKind::kInvalidArgument, origin, "\"" + text + "\" is not bf16, f16 or f32");
 }
 

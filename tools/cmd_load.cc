@@ -25,10 +25,12 @@ namespace {
 struct LoadArgs {
   std::map<std::string, LoadAlgorithm> algorithms;  // --source names beyond the load options' own
   std::string checkpoint, config, json, backend = "gloo", dtype;
-  // Load options as given (empty: not given), parsed by LoadOptionsBuilder with the environment.
-  std::string source, target, chunk, staging_slots, readahead, timeout_ms;
+  // Load options as given, by OptionTable()'s flags (absent or empty: not given), parsed by
+  // LoadOptionsBuilder with the environment; switches (--verify) given when true.
+  std::map<Option, std::string> given;
+  std::map<Option, bool> switches;
   int nproc = 0, layers = -1, nodes = 1, replicas = 1, tp = 1;
-  bool verify = false, checksum_only = false, strict_keys = false, quiet = false, setup_only = false;
+  bool checksum_only = false, quiet = false, setup_only = false;
   std::vector<std::string> argv;  // as given, for the launcher
 };
 
@@ -36,15 +38,12 @@ struct LoadArgs {
 LoadOptions BuildOptions(const LoadArgs& a) {
   LoadOptionsBuilder b;
   b.FromEnvironment();
-  const std::pair<Option, std::pair<const std::string*, const char*>> flags[] = {
-      {Option::kSource, {&a.source, "--source"}},          {Option::kTarget, {&a.target, "--target"}},
-      {Option::kChunkBytes, {&a.chunk, "--chunk-bytes"}},   {Option::kStagingSlots, {&a.staging_slots, "--staging-slots"}},
-      {Option::kReadaheadBytes, {&a.readahead, "--readahead-bytes"}}, {Option::kTimeoutMs, {&a.timeout_ms, "--timeout-ms"}}};
-  for (const auto& [option, flag] : flags) {
-    if (!flag.first->empty()) b.Set(option, *flag.first, flag.second);
+  for (const auto& [option, text] : a.given) {
+    if (!text.empty()) b.Set(option, text, InfoOf(option).flag);
   }
-  if (a.verify) b.Set(Option::kVerify, "1", "--verify");
-  if (a.strict_keys) b.Set(Option::kStrictKeys, "1", "--strict-keys");
+  for (const auto& [option, on] : a.switches) {
+    if (on) b.Set(option, "1", InfoOf(option).flag);
+  }
   return b.Build();
 }
 
@@ -129,7 +128,8 @@ void PrintReport(const LoadReport& r) {
 
 // An algorithm named by --source (shardcast-bench's baseline), or none: shardcast's own Load.
 const LoadAlgorithm* AlgorithmOf(const LoadArgs& a) {
-  auto it = a.algorithms.find(a.source);
+  auto given_source = a.given.find(Option::kSource);
+  auto it = a.algorithms.find(given_source == a.given.end() ? "" : given_source->second);
   return it == a.algorithms.end() ? nullptr : &it->second;
 }
 
@@ -137,7 +137,7 @@ int RunRank(const LoadArgs& a) {
   Rendezvous rv = RendezvousFromEnvironment();
   const LoadAlgorithm* algorithm = AlgorithmOf(a);
   LoadArgs parsed = a;
-  if (algorithm != nullptr) parsed.source.clear();
+  if (algorithm != nullptr) parsed.given.erase(Option::kSource);
   LoadRequest rq;
   rq.checkpoint = a.checkpoint;
   // A rank whose options are bad still joins the handshake with that problem, so no rank waits for it.
@@ -201,7 +201,7 @@ int RunLoad(const LoadArgs& a) {
       argv.push_back(a.argv[i]);
     }
     LoadArgs parsed = a;
-    if (AlgorithmOf(a) != nullptr) parsed.source.clear();
+    if (AlgorithmOf(a) != nullptr) parsed.given.erase(Option::kSource);
     const LoadOptions o = BuildOptions(parsed);  // a bad option fails here once, not in every rank
     return LaunchLocalRanks(a.nproc, argv, o.timeout + std::chrono::seconds(10), a.nodes);
   }
@@ -221,7 +221,6 @@ void AddLoad(CLI::App& app, Runner* run, const std::vector<std::string>& argv,
   cmd->add_option("--checkpoint", args->checkpoint, "checkpoint directory or .safetensors file")->required();
   cmd->add_option("--config", args->config, "HF config.json (default: DIR/config.json)");
   cmd->add_option("--nproc", args->nproc, "launch N local ranks (like torchrun --standalone)");
-  cmd->add_option("--source", args->source, "auto (default: rank 0 decides from who sees the files, the nodes and the layout), rank0, each-rank, node-leader or striped" + extra);
   cmd->add_option("--dtype", args->dtype,
                   "bf16, f16 or f32: load block-quantized fp8 weights in this dtype, dequantized in the stream "
                   "(default: as the config declares them)");
@@ -230,22 +229,35 @@ void AddLoad(CLI::App& app, Runner* run, const std::vector<std::string>& argv,
                   "tensor parallel: T ranks (column/row-parallel linears, experts over them), FSDP over the "
                   "rest (default 1)");
   cmd->add_option("--nodes", args->nodes, "with --nproc: split the ranks into N nodes (LOCAL_RANK, GROUP_RANK)");
-  cmd->add_option("--target", args->target, "cpu (default), pinned or cuda");
   cmd->add_option("--backend", args->backend, "gloo (default) or nccl (with --target cuda; CUDA builds)");
-  cmd->add_option("--chunk-bytes", args->chunk, "staging slot size, e.g. 64M (default 64M, 4K-4G)");
-  cmd->add_option("--staging-slots", args->staging_slots, "staging ring slots, 2-64 (default 4)");
-  cmd->add_option("--readahead-bytes", args->readahead, "read ahead of the stream, e.g. 256M; 0 off (default: 256M for rank0 and node-leader, 0 for each-rank and striped)");
-  cmd->add_option("--timeout-ms", args->timeout_ms, "per-collective timeout in ms (default 600000)");
   cmd->add_option("--layers", args->layers, "keep only the first N decoder layers of the config");
-  cmd->add_flag("--verify", args->verify, "xxHash every entry on every rank and compare with the sender");
   cmd->add_flag("--checksum-only", args->checksum_only,
                 "receive and hash only, keep nothing (benchmarks); the report has each rank's digest of it");
-  cmd->add_flag("--strict-keys", args->strict_keys, "fail on checkpoint keys the model does not own");
   cmd->add_flag("--quiet", args->quiet, "no progress output");
   cmd->add_flag("--setup-only", args->setup_only,
                 "handshake, allocation and schedule only; move no bytes (measures per-rank setup)");
   cmd->add_option("--json", args->json, "write the per-rank report as JSON (rank 0)");
+  for (const OptionInfo& info : OptionTable()) {  // the load options, by the one table
+    if (*info.flag == '\0') continue;
+    const std::string help = std::string(info.help) + " (default " + info.default_text + "; " + info.environment + ")" +
+                             (info.option == Option::kSource ? extra : "");
+    if (info.is_switch) {
+      cmd->add_flag(info.flag, args->switches[info.option], help);
+    } else {
+      cmd->add_option(info.flag, args->given[info.option], help);
+    }
+  }
   cmd->callback([args, run] { *run = [args] { return RunCommand("load", [&] { return RunLoad(*args); }); }; });
+}
+
+void AddOptions(CLI::App& app, Runner* run) {
+  app.add_subcommand("options", "Print the load options (keyword, flag, variable, default) as a Markdown table")
+      ->callback([run] {
+        *run = [] {
+          std::fputs(OptionTableMarkdown().c_str(), stdout);
+          return 0;
+        };
+      });
 }
 
 }  // namespace shardcast::tools

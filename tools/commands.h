@@ -21,6 +21,7 @@ void AddSynth(CLI::App& app, Runner* run);
 void AddPlan(CLI::App& app, Runner* run);
 void AddPrepare(CLI::App& app, Runner* run);
 void AddConvert(CLI::App& app, Runner* run);
+void AddOptions(CLI::App& app, Runner* run);  // `shardcast options`: the load options' table
 
 // How a rank loads once its communicator and shards exist, for a --source name the load options do not
 // have: shardcast-bench adds the full-broadcast baseline this way, so the shipped command has none.

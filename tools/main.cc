@@ -16,5 +16,6 @@ int main(int argc, char** argv) {
   shardcast::tools::AddPrepare(app, &run);
   shardcast::tools::AddLoad(app, &run, std::vector<std::string>(argv, argv + argc));
   shardcast::tools::AddConvert(app, &run);
+  shardcast::tools::AddOptions(app, &run);
   return shardcast::tools::RunMain(app, run, argc, argv);
 }

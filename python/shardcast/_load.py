@@ -70,7 +70,8 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
          source: Optional[str] = None, target: Optional[str] = None, verify: Optional[bool] = None,
          process_group=None, *, config=None, buffer_init: Optional[Dict[str, BufferInit]] = None,
          chunk_bytes: Optional[Union[int, str]] = None, staging_slots: Optional[int] = None,
-         timeout: Optional[float] = None, strict_keys: Optional[bool] = None, progress=None) -> dict:
+         timeout: Optional[float] = None, strict_keys: Optional[bool] = None, progress=None,
+         readahead_bytes: Optional[Union[int, str]] = None) -> dict:
     """The call after `fully_shard`: every rank receives only its own rows of every parameter.
 
     `model` is a module whose parameters are DTensors in any layout (FSDP2, HSDP, TP, EP, 2-D and 3-D
@@ -94,7 +95,8 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
     one node; node-leader, or striped for HSDP, on several nodes; rank0 when only rank 0 sees it), "rank0",
     "each-rank", "node-leader" (the first rank of each node reads its node's rows) or "striped" (each
     shard's rows read once, by one of its replicas); chunk_bytes (64 MiB; an int or "64M"); staging_slots (4); timeout seconds (600);
-    verify (False); strict_keys (False). Rank 0's chunk_bytes, staging_slots and source are used by every
+    verify (False); strict_keys (False); readahead_bytes (256M for rank0 and node-leader, 0 for the others).
+    `shardcast options` prints the table of them all, with their SHARDCAST_* variables. Rank 0's chunk_bytes, staging_slots and source are used by every
     rank; verify and strict_keys must match on every rank. progress: True for a progress line on rank 0
     (tqdm where installed), or a callable(done_bytes, total_bytes) called on this rank.
 
@@ -104,6 +106,7 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
     pg, rank, world, backend, store = _group(process_group)
     options = _options(source=source, target=target if target not in (None, "pinned") else None, verify=verify,
                        strict_keys=strict_keys, chunk_bytes=chunk_bytes, staging_slots=staging_slots,
+                       readahead_bytes=readahead_bytes,
                        timeout_ms=None if timeout is None else max(1, int(timeout * 1000)))
     if progress is True:
         progress = _progress_printer() if rank == 0 else None

@@ -23,6 +23,17 @@ TEST(DType, NamesRoundTripAndSizes) {
   EXPECT_FALSE(ParseDType("bf16").has_value());  // names are case-sensitive
 }
 
+TEST(DType, OneFloatDTypeParserForEveryWayItIsNamed) {
+  for (const char* name : {"bf16", "bfloat16", "BF16", "torch.bfloat16", "BFloat16"}) {
+    EXPECT_EQ(ParseFloatDType(name), DType::kBF16) << name;
+  }
+  for (const char* name : {"f16", "fp16", "float16", "F16", "torch.float16"}) EXPECT_EQ(ParseFloatDType(name), DType::kF16) << name;
+  for (const char* name : {"f32", "fp32", "float32", "F32", "torch.float32"}) EXPECT_EQ(ParseFloatDType(name), DType::kF32) << name;
+  for (const char* name : {"", "F8_E4M3", "float64", "int8", "torch.", "bf16 ", "torch.torch.bfloat16"}) {
+    EXPECT_FALSE(ParseFloatDType(name).has_value()) << name;
+  }
+}
+
 TEST(DType, BFloat16RoundsToNearestEven) {
   EXPECT_EQ(FloatToBFloat16Bits(1.0f), 0x3F80);
   float halfway;  // 1 + 2^-8: exactly between 0x3F80 and 0x3F81 -> even (0x3F80)

@@ -330,3 +330,23 @@ def test_a_killed_rank_leaves_no_output_and_no_process(shardcast_bin, tmp_path):
     errors = [line.split("]: ", 1)[1] for line in r.stderr.splitlines() if line.startswith("shardcast load [rank")]
     assert len(errors) == 2 and errors[0] == errors[1], r.stderr
     assert subprocess.run(["pgrep", "-f", str(ckpt)], capture_output=True).returncode == 1, "a rank is still running"
+
+
+def test_one_option_table(shardcast_bin):
+    """The load options come from one table: `shardcast options` prints it, the README carries exactly that
+    output, `shardcast load` has a flag for every row that names one, and Python's load() a keyword for
+    every row that names one (timeout_ms as timeout=, in seconds)."""
+    import inspect
+    import shardcast
+    table = sc(shardcast_bin, "options").stdout
+    rows = [[c.strip().strip("`") for c in line.split("|")[1:-1]] for line in table.splitlines()[2:]]
+    assert len(rows) >= 9, table
+    assert table in (ROOT / "README.md").read_text(), "the README's option table is not `shardcast options`' output"
+    help_text = sc(shardcast_bin, "load", "--help").stdout
+    params = inspect.signature(shardcast.load).parameters
+    for keyword, flag, variable, default, _ in rows:
+        assert variable.startswith("SHARDCAST_") and default, (keyword, variable, default)
+        if flag:
+            assert flag in help_text and variable in help_text, (flag, variable)
+        if keyword:
+            assert (keyword if keyword != "timeout_ms" else "timeout") in params, keyword

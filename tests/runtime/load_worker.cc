@@ -81,7 +81,7 @@ int LoadWorkerMain(int argc, char** argv) {
     // real node differs from the others).
     LoadOptionsBuilder b;
     auto def = [&b](Option o, const char* v) {
-      if (std::getenv(LoadOptionsBuilder::EnvironmentName(o)) == nullptr) b.Set(o, v, "worker default");
+      if (std::getenv(InfoOf(o).environment) == nullptr) b.Set(o, v, "worker default");
     };
     def(Option::kChunkBytes, "64K");  // small: exercise splitting and coalescing
     def(Option::kStagingSlots, "3");
