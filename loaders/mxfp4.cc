@@ -301,8 +301,8 @@ SHARDCAST_MXFP4_AVX2 void WriteTile(const Tile& tile, uint64_t value0, uint64_t 
 SHARDCAST_MXFP4_AVX2 void DecodeTile(const Rows& m, const uint8_t (*split)[2][16], uint64_t ot, uint64_t rows,
                                      uint64_t gt, uint64_t ga, uint64_t gb, uint64_t prefetch_end, Tile* tile) {
   for (uint64_t k = 0; k < rows; k += 2) {
-    for (uint64_t d = 0; d < 2; ++d) {  // the next tile's rows, while this one's are decoded
-      const uint64_t ahead = ot + k + d + kTileRows;
+    for (uint64_t d = 0; d < 2; ++d) {  // the rows two tiles on, while these are decoded
+      const uint64_t ahead = ot + k + d + 2 * kTileRows;
       if (ahead < prefetch_end) {
         _mm_prefetch(reinterpret_cast<const char*>(m.Group(ahead, ga)), _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(&m.scales[(ahead - m.first_row) * m.row_groups + ga]), _MM_HINT_T0);
