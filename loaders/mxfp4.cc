@@ -393,12 +393,19 @@ bool CanDequantizeMxfp4(DType blocks, DType scales, DType target) {
   return blocks == DType::kU8 && (scales == DType::kU8 || scales == DType::kF8_E8M0) && IsTarget(target);
 }
 
+namespace {
+// Detected once: SupportedIsas() builds a vector, too slow to ask per call of a small window.
+dequant_internal::Isa BestIsa() {
+  static const dequant_internal::Isa best = dequant_internal::SupportedIsas().back();
+  return best;
+}
+}  // namespace
+
 namespace mxfp4_internal {
 
 void DequantizeWithIsa(dequant_internal::Isa isa, const Mxfp4Matrix& m, OutputWindow w, DType target, WindowOut out,
                        Layout layout) {
-  const auto supported = dequant_internal::SupportedIsas();
-  if (std::find(supported.begin(), supported.end(), isa) == supported.end()) {
+  if (isa > BestIsa()) {  // SupportedIsas() is every ISA up to the best
     throw Error(ErrorKind::kInvalidArgument, "mxfp4",
                 "this CPU cannot run the " + std::string(dequant_internal::IsaName(isa)) + " kernels");
   }
@@ -420,12 +427,12 @@ void DequantizeWithIsa(dequant_internal::Isa isa, const Mxfp4Matrix& m, OutputWi
 }  // namespace mxfp4_internal
 
 void DequantizeMxfp4(const Mxfp4Matrix& m, OutputWindow w, DType target, WindowOut out) {
-  mxfp4_internal::DequantizeWithIsa(dequant_internal::SupportedIsas().back(), m, w, target, out,
+  mxfp4_internal::DequantizeWithIsa(BestIsa(), m, w, target, out,
                                     mxfp4_internal::Layout::kStored);
 }
 
 void DequantizeMxfp4Transposed(const Mxfp4Matrix& m, OutputWindow w, DType target, WindowOut out) {
-  mxfp4_internal::DequantizeWithIsa(dequant_internal::SupportedIsas().back(), m, w, target, out,
+  mxfp4_internal::DequantizeWithIsa(BestIsa(), m, w, target, out,
                                     mxfp4_internal::Layout::kTransposed);
 }
 
