@@ -322,17 +322,13 @@ SHARDCAST_MXFP4_AVX2 void DecodeTile(const Rows& m, const uint8_t (*split)[2][16
   }
 }
 
-// Outputs of at least this many bytes are written with non-temporal stores: they do not stay in the
-// cache anyway, and streaming them saves reading every output line before writing it.
-constexpr uint64_t kStreamMinBytes = 4ull << 20;
-
 SHARDCAST_MXFP4_AVX2 void TransposedAvx2(const Rows& m, OutputWindow w, DType target, unsigned char* out,
-                                         uint64_t stride) {
+                                         uint64_t stride, uint64_t stream_min_bytes) {
   const Tables& t = GetTables();
   const uint8_t(*split)[2][16] = t.split[TableFor(target)];
   const size_t ts = DTypeSize(target);
   const uintptr_t misalign = reinterpret_cast<uintptr_t>(out) % 64;
-  const bool stream = w.rows.size() * stride * ts >= kStreamMinBytes && stride * ts % 64 == 0 && misalign % ts == 0;
+  const bool stream = w.rows.size() * stride * ts >= stream_min_bytes && stride * ts % 64 == 0 && misalign % ts == 0;
   // Columns before row i0's first whole line: a tile of their own, so that the others are whole lines.
   const uint64_t lead = stream ? (64 - misalign) % 64 / ts : 0;
   const TileOut to{target, out, stride * ts, ts, w.rows.begin, w.cols.begin, stream};
@@ -404,7 +400,7 @@ dequant_internal::Isa BestIsa() {
 namespace mxfp4_internal {
 
 void DequantizeWithIsa(dequant_internal::Isa isa, const Mxfp4Matrix& m, OutputWindow w, DType target, WindowOut out,
-                       Layout layout) {
+                       Layout layout, KernelOptions options) {
   if (isa > BestIsa()) {  // SupportedIsas() is every ISA up to the best
     throw Error(ErrorKind::kInvalidArgument, "mxfp4",
                 "this CPU cannot run the " + std::string(dequant_internal::IsaName(isa)) + " kernels");
@@ -417,7 +413,7 @@ void DequantizeWithIsa(dequant_internal::Isa isa, const Mxfp4Matrix& m, OutputWi
 #if SHARDCAST_MXFP4_X86
   if (isa != dequant_internal::Isa::kBaseline) {
     if (layout == Layout::kStored) return StoredAvx2(rows, w, target, o, stride);
-    return TransposedAvx2(rows, w, target, o, stride);
+    return TransposedAvx2(rows, w, target, o, stride, options.stream_min_bytes);
   }
 #endif
   if (layout == Layout::kStored) return StoredBaseline(rows, w, target, o, stride);
