@@ -20,13 +20,16 @@
 //     result is exact in BF16: two significant bits, exponents 2^-128 .. 2^130, or inf);
 //   - a 32-value group (16 bytes) is four byte shuffles of the group's two 16-byte tables (the low
 //     and the high bytes of its 16 possible results) and an interleave, in registers;
-//   - the transpose goes through a 32 x 32 tile in L1: 32 stored rows of one group are decoded into
-//     it, then written as 32 output rows of 32 elements (one cache line of BF16) through 8 x 8
-//     register transposes.
+//   - the transpose goes through a 32 x 64 tile in L1: 32 stored rows of two groups are decoded into
+//     it, two rows per AVX2 register; 16 of its columns at a time go through 8 x 8 register
+//     transposes into a band of 16 output rows of 32 elements (one cache line of BF16 each), and
+//     each band row is written whole: non-temporal, past the cache, for a large output whose rows
+//     start on lines (the first tile of a band is cut short to reach a line), plain stores otherwise.
 //
-//   stored rows ot .. ot+31, group g          tile[k][j] = stored[ot + k][32 g + j]
-//   +----+----+----+                          output row 32 g + j, columns ot .. ot+31
-//   |    | g  |    |  --decode-->  tile  --8x8 transposes-->  out[32 g + j - i0][ot - o0 ..]
+//   stored rows ot .. ot+31, groups g, g+1     tile[k][j] = stored[ot + k][32 g + j]
+//   +----+-------+----+                        band[q][k] = tile[k][j0 + q], q < 16
+//   |    | g g+1 |    |  --decode-->  tile  --8x8 transposes-->  band  -->  out[32 g + j0 + q - i0][ot - o0 ..]
+//   +----+-------+----+
 
 namespace shardcast {
 namespace {
@@ -211,7 +214,7 @@ SHARDCAST_MXFP4_AVX2 inline void Transpose8x8Lanes(__m256i a[8]) {
 }
 
 constexpr uint64_t kTileRows = 32;   // stored rows per tile
-constexpr uint64_t kTileGroups = 4;  // groups per tile: one 64-byte line of each stored row
+constexpr uint64_t kTileGroups = 2;  // groups per tile: half a 64-byte line of each stored row
 constexpr uint64_t kTileValues = kTileGroups * kMxfp4Group;
 constexpr uint64_t kBandValues = 16;  // output rows transposed at a time
 
@@ -334,8 +337,10 @@ SHARDCAST_MXFP4_AVX2 void TransposedAvx2(const Rows& m, OutputWindow w, DType ta
   const TileOut to{target, out, stride * ts, ts, w.rows.begin, w.cols.begin, stream};
   Tile tile;
   const uint64_t g0 = w.rows.begin / kMxfp4Group, g1 = (w.rows.end + kMxfp4Group - 1) / kMxfp4Group;
-  // Tiles of 4 groups (128 output rows) outer, stored rows inner: each stored row's 64-byte line is
-  // read once, and the 128 output rows are written left to right, 32 columns at a time.
+  // Tiles of 2 groups (64 output rows) outer, stored rows inner: the 64 output rows are written left
+  // to right, 32 columns at a time, and a stored row's line is read by two bands in turn (the other
+  // half from L2: a band reads 5760 x 64 bytes for gpt-oss). Measured against 1 group (too few
+  // columns a decode) and 4 or 8 (a larger tile and more output streams): 2 is the fastest here.
   for (uint64_t gt = g0 / kTileGroups * kTileGroups; gt < g1; gt += kTileGroups) {
     const uint64_t ga = std::max(gt, g0), gb = std::min(gt + kTileGroups, g1);
     const uint64_t value0 = gt * kMxfp4Group;
