@@ -79,7 +79,9 @@ void DequantizeMxfp4(const Mxfp4Matrix& m, OutputWindow w, DType target, WindowO
 
 // Writes window `w` of the transpose [m.cols, *]: rows are stored columns (in), columns stored rows
 // (out). REQUIRES: m holds stored rows [w.cols.begin, w.cols.end) from m.first_row on. Throws as
-// DequantizeMxfp4, with the roles of rows and columns exchanged.
+// DequantizeMxfp4, with the roles of rows and columns exchanged. With AVX2, an output of 4 MiB or more
+// whose rows start on 64-byte lines is written with non-temporal stores (mxfp4_internal::KernelOptions):
+// it is in memory, not in the cache, when the call returns.
 void DequantizeMxfp4Transposed(const Mxfp4Matrix& m, OutputWindow w, DType target, WindowOut out);
 
 // --- checks for the stream, each naming the checkpoint key ------------------------------------
