@@ -338,9 +338,8 @@ SHARDCAST_MXFP4_AVX2 void TransposedAvx2(const Rows& m, OutputWindow w, DType ta
   Tile tile;
   const uint64_t g0 = w.rows.begin / kMxfp4Group, g1 = (w.rows.end + kMxfp4Group - 1) / kMxfp4Group;
   // Tiles of 2 groups (64 output rows) outer, stored rows inner: the 64 output rows are written left
-  // to right, 32 columns at a time, and a stored row's line is read by two bands in turn (the other
-  // half from L2: a band reads 5760 x 64 bytes for gpt-oss). Measured against 1 group (too few
-  // columns a decode) and 4 or 8 (a larger tile and more output streams): 2 is the fastest here.
+  // to right, 32 columns at a time, and a stored row's 64-byte line is read by two bands in turn.
+  // 1, 4 and 8 groups a tile measured slower than 2 (bench/RESULTS.md's machine).
   for (uint64_t gt = g0 / kTileGroups * kTileGroups; gt < g1; gt += kTileGroups) {
     const uint64_t ga = std::max(gt, g0), gb = std::min(gt + kTileGroups, g1);
     const uint64_t value0 = gt * kMxfp4Group;
