@@ -6,6 +6,8 @@
 //                                       in gpt-oss's range [112, 132), one thread
 //   BM_Nvfp4/-><target>/<isa>           a ModelOpt NVFP4 linear of the same size, [5760, 2880] as stored;
 //                                       random bytes, E4M3 block scales 0x20-0x5f, global scale 1/2688
+//   BM_Nvfp4Windows/16x64-><target>/<isa>  the same, one call per window of 16 rows x 64 columns (as
+//                                       tensor-parallel cuts call it): the per-call cost
 // Counters as in dequant_bench: GB/s (of output), memcpy_GB/s and x_memcpy (memcpy time / kernel time,
 // paired per iteration, the memcpy untimed), and mismatches: 4096 sampled outputs and the first output
 // row against the rule written out (E2M1 by its bits, times 2^(scale - 127) in double, one rounding;
@@ -14,6 +16,7 @@
 // On a shared machine run with --benchmark_repetitions=5 and compare medians.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -141,6 +144,21 @@ uint32_t Nvfp4Reference(const Nvfp4Input& in, uint64_t o, uint64_t i, DType targ
   return u;
 }
 
+// 4096 sampled outputs and the first row of [kOut, kIn] against the rule.
+uint64_t CountNvfp4Mismatches(const Nvfp4Input& in, DType target, const std::vector<unsigned char>& out) {
+  const size_t ts = DTypeSize(target);
+  std::mt19937_64 rng(1);
+  uint64_t bad = 0;
+  auto check = [&](uint64_t k) {
+    uint32_t got = 0;
+    std::memcpy(&got, out.data() + k * ts, ts);
+    bad += got != Nvfp4Reference(in, k / kIn, k % kIn, target);
+  };
+  for (int k = 0; k < 4096; ++k) check(rng() % (kOut * kIn));
+  for (uint64_t k = 0; k < kIn; ++k) check(k);
+  return bad;
+}
+
 void BM_Nvfp4(benchmark::State& state, DType target, dequant_internal::Isa isa) {
   const Nvfp4Input in;
   const size_t ts = DTypeSize(target);
@@ -151,16 +169,28 @@ void BM_Nvfp4(benchmark::State& state, DType target, dequant_internal::Isa isa) 
                                       WindowOut{out.data()});
     benchmark::DoNotOptimize(out.data());
   });
-  std::mt19937_64 rng(1);
-  uint64_t bad = 0;
-  auto check = [&](uint64_t k) {
-    uint32_t got = 0;
-    std::memcpy(&got, out.data() + k * ts, ts);
-    bad += got != Nvfp4Reference(in, k / kIn, k % kIn, target);
-  };
-  for (int k = 0; k < 4096; ++k) check(rng() % (kOut * kIn));
-  for (uint64_t k = 0; k < kIn; ++k) check(k);
-  state.counters["mismatches"] = static_cast<double>(bad);
+  state.counters["mismatches"] = static_cast<double>(CountNvfp4Mismatches(in, target, out));
+}
+
+// The same matrix as windows of 16 rows x 64 columns, one call each, as tensor-parallel cuts call the
+// kernel (runtime/quant_parts.cc): the per-call cost (its scale tables) against the work.
+constexpr uint64_t kWindowRows = 16, kWindowCols = 64;
+
+void BM_Nvfp4Windows(benchmark::State& state, DType target, dequant_internal::Isa isa) {
+  const Nvfp4Input in;
+  const size_t ts = DTypeSize(target);
+  const uint64_t out_bytes = kOut * kIn * ts;
+  std::vector<unsigned char> out(out_bytes);
+  TimeAgainstMemcpy(state, out_bytes, [&] {
+    for (uint64_t r = 0; r < kOut; r += kWindowRows) {
+      for (uint64_t c = 0; c < kIn; c += kWindowCols) {
+        const OutputWindow w{{r, std::min(kOut, r + kWindowRows)}, {c, std::min(kIn, c + kWindowCols)}};
+        nvfp4_internal::DequantizeWithIsa(isa, in.Matrix(), w, target, WindowOut{out.data() + (r * kIn + c) * ts, kIn});
+      }
+    }
+    benchmark::DoNotOptimize(out.data());
+  });
+  state.counters["mismatches"] = static_cast<double>(CountNvfp4Mismatches(in, target, out));
 }
 
 void Register() {
@@ -182,6 +212,14 @@ void Register() {
           "BM_Nvfp4/->" + std::string(DTypeName(t)) + "/" + std::string(dequant_internal::IsaName(isa));
       benchmark::RegisterBenchmark(name.c_str(), BM_Nvfp4, t, isa)->Unit(benchmark::kMillisecond)->UseRealTime()
           ->MinTime(1);
+    }
+  }
+  for (Isa isa : dequant_internal::SupportedIsas()) {
+    for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
+      const std::string name = "BM_Nvfp4Windows/16x64->" + std::string(DTypeName(t)) + "/" +
+                               std::string(dequant_internal::IsaName(isa));
+      benchmark::RegisterBenchmark(name.c_str(), BM_Nvfp4Windows, t, isa)->Unit(benchmark::kMillisecond)
+          ->UseRealTime()->MinTime(1);
     }
   }
 }

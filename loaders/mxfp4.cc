@@ -20,13 +20,16 @@
 //     result is exact in BF16: two significant bits, exponents 2^-128 .. 2^130, or inf);
 //   - a 32-value group (16 bytes) is four byte shuffles of the group's two 16-byte tables (the low
 //     and the high bytes of its 16 possible results) and an interleave, in registers;
-//   - the transpose goes through a 32 x 32 tile in L1: 32 stored rows of one group are decoded into
-//     it, then written as 32 output rows of 32 elements (one cache line of BF16) through 8 x 8
-//     register transposes.
+//   - the transpose goes through a 32 x 64 tile in L1: 32 stored rows of two groups are decoded into
+//     it, two rows per AVX2 register; 16 of its columns at a time go through 8 x 8 register
+//     transposes into a band of 16 output rows of 32 elements (one cache line of BF16 each), and
+//     each band row is written whole: non-temporal, past the cache, for a large output whose rows
+//     start on lines (the first tile of a band is cut short to reach a line), plain stores otherwise.
 //
-//   stored rows ot .. ot+31, group g          tile[k][j] = stored[ot + k][32 g + j]
-//   +----+----+----+                          output row 32 g + j, columns ot .. ot+31
-//   |    | g  |    |  --decode-->  tile  --8x8 transposes-->  out[32 g + j - i0][ot - o0 ..]
+//   stored rows ot .. ot+31, groups g, g+1     tile[k][j] = stored[ot + k][32 g + j]
+//   +----+-------+----+                        band[q][k] = tile[k][j0 + q], q < 16
+//   |    | g g+1 |    |  --decode-->  tile  --8x8 transposes-->  band  -->  out[32 g + j0 + q - i0][ot - o0 ..]
+//   +----+-------+----+
 
 namespace shardcast {
 namespace {
@@ -166,73 +169,188 @@ SHARDCAST_MXFP4_AVX2 void StoredAvx2(const Rows& m, OutputWindow w, DType target
   }
 }
 
-// rows a[0..7] (8 x 16-bit each) -> a[m] = column m.
-SHARDCAST_MXFP4_AVX2 inline void Transpose8x8(__m128i a[8]) {
-  const __m128i t0 = _mm_unpacklo_epi16(a[0], a[1]), t1 = _mm_unpackhi_epi16(a[0], a[1]);
-  const __m128i t2 = _mm_unpacklo_epi16(a[2], a[3]), t3 = _mm_unpackhi_epi16(a[2], a[3]);
-  const __m128i t4 = _mm_unpacklo_epi16(a[4], a[5]), t5 = _mm_unpackhi_epi16(a[4], a[5]);
-  const __m128i t6 = _mm_unpacklo_epi16(a[6], a[7]), t7 = _mm_unpackhi_epi16(a[6], a[7]);
-  const __m128i u0 = _mm_unpacklo_epi32(t0, t2), u1 = _mm_unpackhi_epi32(t0, t2);
-  const __m128i u2 = _mm_unpacklo_epi32(t1, t3), u3 = _mm_unpackhi_epi32(t1, t3);
-  const __m128i u4 = _mm_unpacklo_epi32(t4, t6), u5 = _mm_unpackhi_epi32(t4, t6);
-  const __m128i u6 = _mm_unpacklo_epi32(t5, t7), u7 = _mm_unpackhi_epi32(t5, t7);
-  a[0] = _mm_unpacklo_epi64(u0, u4);
-  a[1] = _mm_unpackhi_epi64(u0, u4);
-  a[2] = _mm_unpacklo_epi64(u1, u5);
-  a[3] = _mm_unpackhi_epi64(u1, u5);
-  a[4] = _mm_unpacklo_epi64(u2, u6);
-  a[5] = _mm_unpackhi_epi64(u2, u6);
-  a[6] = _mm_unpacklo_epi64(u3, u7);
-  a[7] = _mm_unpackhi_epi64(u3, u7);
+// Two stored rows' groups at once, row 0 in the low 128-bit lane and row 1 in the high one: the same
+// shuffles as DecodeGroup, lane by lane. Lane 0 of v[q] is row 0's values 8q .. 8q + 7, lane 1 row 1's.
+SHARDCAST_MXFP4_AVX2 inline void DecodeGroupPair(const uint8_t* bytes0, const uint8_t* bytes1,
+                                                 const uint8_t (*split0)[16], const uint8_t (*split1)[16],
+                                                 __m256i v[4]) {
+  const __m256i b = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(bytes1),
+                                        reinterpret_cast<const __m128i*>(bytes0));
+  const __m256i nib = _mm256_set1_epi8(0x0F);
+  const __m256i lo = _mm256_and_si256(b, nib), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), nib);
+  const __m256i tl = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(split1[0]),
+                                         reinterpret_cast<const __m128i*>(split0[0]));
+  const __m256i th = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(split1[1]),
+                                         reinterpret_cast<const __m128i*>(split0[1]));
+  const __m256i even_l = _mm256_shuffle_epi8(tl, lo), even_h = _mm256_shuffle_epi8(th, lo);
+  const __m256i odd_l = _mm256_shuffle_epi8(tl, hi), odd_h = _mm256_shuffle_epi8(th, hi);
+  const __m256i even0 = _mm256_unpacklo_epi8(even_l, even_h), even1 = _mm256_unpackhi_epi8(even_l, even_h);
+  const __m256i odd0 = _mm256_unpacklo_epi8(odd_l, odd_h), odd1 = _mm256_unpackhi_epi8(odd_l, odd_h);
+  v[0] = _mm256_unpacklo_epi16(even0, odd0);
+  v[1] = _mm256_unpackhi_epi16(even0, odd0);
+  v[2] = _mm256_unpacklo_epi16(even1, odd1);
+  v[3] = _mm256_unpackhi_epi16(even1, odd1);
 }
 
-constexpr uint64_t kTile = 32;  // stored rows per tile, = values per group
+// Each 128-bit lane of a[0..7] (8 x 16-bit) as an 8 x 8 matrix, rows a[0..7] -> a[m] = column m, in
+// both lanes at once.
+SHARDCAST_MXFP4_AVX2 inline void Transpose8x8Lanes(__m256i a[8]) {
+  const __m256i t0 = _mm256_unpacklo_epi16(a[0], a[1]), t1 = _mm256_unpackhi_epi16(a[0], a[1]);
+  const __m256i t2 = _mm256_unpacklo_epi16(a[2], a[3]), t3 = _mm256_unpackhi_epi16(a[2], a[3]);
+  const __m256i t4 = _mm256_unpacklo_epi16(a[4], a[5]), t5 = _mm256_unpackhi_epi16(a[4], a[5]);
+  const __m256i t6 = _mm256_unpacklo_epi16(a[6], a[7]), t7 = _mm256_unpackhi_epi16(a[6], a[7]);
+  const __m256i u0 = _mm256_unpacklo_epi32(t0, t2), u1 = _mm256_unpackhi_epi32(t0, t2);
+  const __m256i u2 = _mm256_unpacklo_epi32(t1, t3), u3 = _mm256_unpackhi_epi32(t1, t3);
+  const __m256i u4 = _mm256_unpacklo_epi32(t4, t6), u5 = _mm256_unpackhi_epi32(t4, t6);
+  const __m256i u6 = _mm256_unpacklo_epi32(t5, t7), u7 = _mm256_unpackhi_epi32(t5, t7);
+  a[0] = _mm256_unpacklo_epi64(u0, u4);
+  a[1] = _mm256_unpackhi_epi64(u0, u4);
+  a[2] = _mm256_unpacklo_epi64(u1, u5);
+  a[3] = _mm256_unpackhi_epi64(u1, u5);
+  a[4] = _mm256_unpacklo_epi64(u2, u6);
+  a[5] = _mm256_unpackhi_epi64(u2, u6);
+  a[6] = _mm256_unpacklo_epi64(u3, u7);
+  a[7] = _mm256_unpackhi_epi64(u3, u7);
+}
 
-// tile[k] holds stored row ot + k's group g; writes output rows i (32 g <= i < 32 g + 32, all of
-// them) columns ot .. ot + 31.
-SHARDCAST_MXFP4_AVX2 void WriteFullTile(const uint16_t (&tile)[kTile][kTile], DType target, unsigned char* out,
-                                        uint64_t stride, uint64_t out_row0, uint64_t out_col0) {
-  const size_t ts = DTypeSize(target);
-  for (uint64_t ib = 0; ib < 4; ++ib) {    // values 8 ib .. 8 ib + 7 of the group
-    for (uint64_t kb = 0; kb < 4; ++kb) {  // stored rows 8 kb .. 8 kb + 7 of the tile
-      __m128i a[8];
-      for (int k = 0; k < 8; ++k) a[k] = _mm_load_si128(reinterpret_cast<const __m128i*>(&tile[8 * kb + k][8 * ib]));
-      Transpose8x8(a);
-      for (int j = 0; j < 8; ++j) {
-        Store8(target, out + (out_row0 + 8 * ib + j) * stride * ts, out_col0 + 8 * kb, a[j]);
+constexpr uint64_t kTileRows = 32;   // stored rows per tile
+constexpr uint64_t kTileGroups = 2;  // groups per tile: half a 64-byte line of each stored row
+constexpr uint64_t kTileValues = kTileGroups * kMxfp4Group;
+constexpr uint64_t kBandValues = 16;  // output rows transposed at a time
+
+// tile.v[k][j] = stored[ot + k][value0 + j] as 16-bit result bits, value0 = 32 gt.
+struct Tile {
+  alignas(64) uint16_t v[kTileRows][kTileValues];
+};
+
+// Up to 16 output rows of a tile: band[q][k] = tile.v[k][j + q].
+struct Band {
+  alignas(64) uint16_t v[kBandValues][kTileRows];
+};
+
+// Where results go: output row i (a value, in) column o (a stored row, out). With `stream`, a tile of
+// 32 stored rows starts each output row at a 64-byte line (BF16 / F16: one line, F32: two), and
+// whole tiles are written with non-temporal stores.
+struct TileOut {
+  DType target;
+  unsigned char* out;
+  uint64_t stride_bytes, ts;
+  uint64_t i0, o0;  // the window's first row and column
+  bool stream;
+  unsigned char* At(uint64_t i, uint64_t o) const { return out + (i - i0) * stride_bytes + (o - o0) * ts; }
+};
+
+// band.v[q][k] for q < n, k < rows: 8 x 8 lane transposes where 16 values and 8 rows are whole.
+SHARDCAST_MXFP4_AVX2 void TransposeBand(const Tile& tile, uint64_t j, uint64_t n, uint64_t rows, Band* band) {
+  uint64_t k0 = 0;
+  if (n == kBandValues) {
+    for (; k0 + 8 <= rows; k0 += 8) {
+      __m256i a[8];
+      for (int k = 0; k < 8; ++k) a[k] = _mm256_load_si256(reinterpret_cast<const __m256i*>(&tile.v[k0 + k][j]));
+      Transpose8x8Lanes(a);
+      for (int q = 0; q < 8; ++q) {
+        _mm_store_si128(reinterpret_cast<__m128i*>(&band->v[q][k0]), _mm256_castsi256_si128(a[q]));
+        _mm_store_si128(reinterpret_cast<__m128i*>(&band->v[8 + q][k0]), _mm256_extracti128_si256(a[q], 1));
+      }
+    }
+  }
+  for (uint64_t q = 0; q < n; ++q) {
+    for (uint64_t k = k0; k < rows; ++k) band->v[q][k] = tile.v[k][j + q];
+  }
+}
+
+// One band row's `rows` results to `at`: non-temporal whole lines when `stream` (then rows is 32 and
+// `at` 64-byte aligned), plain stores otherwise.
+SHARDCAST_MXFP4_AVX2 void EmitRow(DType target, const uint16_t* row, uint64_t rows, bool stream, unsigned char* at) {
+  uint64_t k = 0;
+  if (target == DType::kF32) {
+    for (; k + 8 <= rows; k += 8) {
+      const __m128i x = _mm_load_si128(reinterpret_cast<const __m128i*>(row + k));
+      const __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16);
+      if (stream) {
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(at + 4 * k), w);
+      } else {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + 4 * k), w);
+      }
+    }
+  } else {
+    for (; k + 16 <= rows; k += 16) {
+      const __m256i x = _mm256_load_si256(reinterpret_cast<const __m256i*>(row + k));
+      if (stream) {
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(at + 2 * k), x);
+      } else {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + 2 * k), x);
+      }
+    }
+  }
+  for (; k < rows; ++k) StoreBits(target, at, k, row[k]);
+}
+
+// Writes output rows [va, vb) (values of the tile's groups, from value0 on), columns ot .. ot + rows - 1.
+SHARDCAST_MXFP4_AVX2 void WriteTile(const Tile& tile, uint64_t value0, uint64_t ot, uint64_t rows, uint64_t va,
+                                    uint64_t vb, const TileOut& to) {
+  const bool stream = to.stream && rows == kTileRows;
+  Band band;
+  for (uint64_t v = va; v < vb;) {
+    // 16 values from a multiple of 16, or the values up to the next one
+    const uint64_t n = std::min(vb - v, kBandValues - (v - value0) % kBandValues);
+    TransposeBand(tile, v - value0, n, rows, &band);
+    for (uint64_t q = 0; q < n; ++q) EmitRow(to.target, band.v[q], rows, stream, to.At(v + q, ot));
+    v += n;
+  }
+}
+
+// Stored rows [ot, ot + rows), groups [ga, gb) of the tile from group gt on, decoded into `tile`.
+SHARDCAST_MXFP4_AVX2 void DecodeTile(const Rows& m, const uint8_t (*split)[2][16], uint64_t ot, uint64_t rows,
+                                     uint64_t gt, uint64_t ga, uint64_t gb, uint64_t prefetch_end, Tile* tile) {
+  for (uint64_t k = 0; k < rows; k += 2) {
+    for (uint64_t d = 0; d < 2; ++d) {  // the rows two tiles on, while these are decoded
+      const uint64_t ahead = ot + k + d + 2 * kTileRows;
+      if (ahead < prefetch_end) {
+        _mm_prefetch(reinterpret_cast<const char*>(m.Group(ahead, ga)), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(&m.scales[(ahead - m.first_row) * m.row_groups + ga]), _MM_HINT_T0);
+      }
+    }
+    const uint64_t k1 = std::min(k + 1, rows - 1);  // an odd last row decodes itself twice
+    for (uint64_t g = ga; g < gb; ++g) {
+      __m256i x[4];
+      DecodeGroupPair(m.Group(ot + k, g), m.Group(ot + k1, g), split[m.Scale(ot + k, g)], split[m.Scale(ot + k1, g)], x);
+      uint16_t* r0 = &tile->v[k][(g - gt) * kMxfp4Group];
+      uint16_t* r1 = &tile->v[k1][(g - gt) * kMxfp4Group];
+      for (int q = 0; q < 4; ++q) {
+        _mm_store_si128(reinterpret_cast<__m128i*>(r0 + 8 * q), _mm256_castsi256_si128(x[q]));
+        _mm_store_si128(reinterpret_cast<__m128i*>(r1 + 8 * q), _mm256_extracti128_si256(x[q], 1));
       }
     }
   }
 }
 
 SHARDCAST_MXFP4_AVX2 void TransposedAvx2(const Rows& m, OutputWindow w, DType target, unsigned char* out,
-                                         uint64_t stride) {
+                                         uint64_t stride, uint64_t stream_min_bytes) {
   const Tables& t = GetTables();
-  const int table = TableFor(target);
+  const uint8_t(*split)[2][16] = t.split[TableFor(target)];
   const size_t ts = DTypeSize(target);
-  alignas(64) uint16_t tile[kTile][kTile];
+  const uintptr_t misalign = reinterpret_cast<uintptr_t>(out) % 64;
+  const bool stream = w.rows.size() * stride * ts >= stream_min_bytes && stride * ts % 64 == 0 && misalign % ts == 0;
+  // Columns before row i0's first whole line: a tile of their own, so that the others are whole lines.
+  const uint64_t lead = stream ? (64 - misalign) % 64 / ts : 0;
+  const TileOut to{target, out, stride * ts, ts, w.rows.begin, w.cols.begin, stream};
+  Tile tile;
   const uint64_t g0 = w.rows.begin / kMxfp4Group, g1 = (w.rows.end + kMxfp4Group - 1) / kMxfp4Group;
-  // Groups outer, stored rows inner: the 32 output rows of a group are written left to right (32
-  // sequential streams); the other order scatters every 64-byte store to another page (a TLB miss each).
-  for (uint64_t g = g0; g < g1; ++g) {
-    for (uint64_t ot = w.cols.begin; ot < w.cols.end; ot += kTile) {
-      const uint64_t rows = std::min(kTile, w.cols.end - ot);
-      for (uint64_t k = 0; k < rows; ++k) {
-        const Group16 x = DecodeGroup(m.Group(ot + k, g), t.split[table][m.Scale(ot + k, g)]);
-        for (int q = 0; q < 4; ++q) _mm_store_si128(reinterpret_cast<__m128i*>(&tile[k][8 * q]), x.v[q]);
-      }
-      const uint64_t ia = std::max(w.rows.begin, g * kMxfp4Group), ib = std::min(w.rows.end, (g + 1) * kMxfp4Group);
-      if (rows == kTile && ib - ia == kMxfp4Group) {
-        WriteFullTile(tile, target, out, stride, ia - w.rows.begin, ot - w.cols.begin);
-        continue;
-      }
-      // A partial tile (the window's last stored rows, or a group the window cuts): element by element.
-      for (uint64_t i = ia; i < ib; ++i) {
-        unsigned char* o = out + (i - w.rows.begin) * stride * ts;
-        for (uint64_t k = 0; k < rows; ++k) StoreBits(target, o, ot + k - w.cols.begin, tile[k][i - g * kMxfp4Group]);
-      }
+  // Tiles of 2 groups (64 output rows) outer, stored rows inner: the 64 output rows are written left
+  // to right, 32 columns at a time, and a stored row's 64-byte line is read by two bands in turn.
+  // 1, 4 and 8 groups a tile measured slower than 2 (bench/RESULTS.md's machine).
+  for (uint64_t gt = g0 / kTileGroups * kTileGroups; gt < g1; gt += kTileGroups) {
+    const uint64_t ga = std::max(gt, g0), gb = std::min(gt + kTileGroups, g1);
+    const uint64_t value0 = gt * kMxfp4Group;
+    const uint64_t va = std::max(w.rows.begin, ga * kMxfp4Group), vb = std::min(w.rows.end, gb * kMxfp4Group);
+    for (uint64_t ot = w.cols.begin, rows = 0; ot < w.cols.end; ot += rows) {
+      rows = std::min(w.cols.end - ot, ot < w.cols.begin + lead ? w.cols.begin + lead - ot : kTileRows);
+      DecodeTile(m, split, ot, rows, gt, ga, gb, w.cols.end, &tile);
+      WriteTile(tile, value0, ot, rows, va, vb, to);
     }
   }
+  if (stream) _mm_sfence();
 }
 
 #endif  // SHARDCAST_MXFP4_X86
@@ -275,12 +393,19 @@ bool CanDequantizeMxfp4(DType blocks, DType scales, DType target) {
   return blocks == DType::kU8 && (scales == DType::kU8 || scales == DType::kF8_E8M0) && IsTarget(target);
 }
 
+namespace {
+// Detected once: SupportedIsas() builds a vector, too slow to ask per call of a small window.
+dequant_internal::Isa BestIsa() {
+  static const dequant_internal::Isa best = dequant_internal::SupportedIsas().back();
+  return best;
+}
+}  // namespace
+
 namespace mxfp4_internal {
 
 void DequantizeWithIsa(dequant_internal::Isa isa, const Mxfp4Matrix& m, OutputWindow w, DType target, WindowOut out,
-                       Layout layout) {
-  const auto supported = dequant_internal::SupportedIsas();
-  if (std::find(supported.begin(), supported.end(), isa) == supported.end()) {
+                       Layout layout, KernelOptions options) {
+  if (isa > BestIsa()) {  // SupportedIsas() is every ISA up to the best
     throw Error(ErrorKind::kInvalidArgument, "mxfp4",
                 "this CPU cannot run the " + std::string(dequant_internal::IsaName(isa)) + " kernels");
   }
@@ -292,7 +417,7 @@ void DequantizeWithIsa(dequant_internal::Isa isa, const Mxfp4Matrix& m, OutputWi
 #if SHARDCAST_MXFP4_X86
   if (isa != dequant_internal::Isa::kBaseline) {
     if (layout == Layout::kStored) return StoredAvx2(rows, w, target, o, stride);
-    return TransposedAvx2(rows, w, target, o, stride);
+    return TransposedAvx2(rows, w, target, o, stride, options.stream_min_bytes);
   }
 #endif
   if (layout == Layout::kStored) return StoredBaseline(rows, w, target, o, stride);
@@ -302,12 +427,12 @@ void DequantizeWithIsa(dequant_internal::Isa isa, const Mxfp4Matrix& m, OutputWi
 }  // namespace mxfp4_internal
 
 void DequantizeMxfp4(const Mxfp4Matrix& m, OutputWindow w, DType target, WindowOut out) {
-  mxfp4_internal::DequantizeWithIsa(dequant_internal::SupportedIsas().back(), m, w, target, out,
+  mxfp4_internal::DequantizeWithIsa(BestIsa(), m, w, target, out,
                                     mxfp4_internal::Layout::kStored);
 }
 
 void DequantizeMxfp4Transposed(const Mxfp4Matrix& m, OutputWindow w, DType target, WindowOut out) {
-  mxfp4_internal::DequantizeWithIsa(dequant_internal::SupportedIsas().back(), m, w, target, out,
+  mxfp4_internal::DequantizeWithIsa(BestIsa(), m, w, target, out,
                                     mxfp4_internal::Layout::kTransposed);
 }
 

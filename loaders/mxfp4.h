@@ -79,7 +79,9 @@ void DequantizeMxfp4(const Mxfp4Matrix& m, OutputWindow w, DType target, WindowO
 
 // Writes window `w` of the transpose [m.cols, *]: rows are stored columns (in), columns stored rows
 // (out). REQUIRES: m holds stored rows [w.cols.begin, w.cols.end) from m.first_row on. Throws as
-// DequantizeMxfp4, with the roles of rows and columns exchanged.
+// DequantizeMxfp4, with the roles of rows and columns exchanged. With AVX2, an output of 4 MiB or more
+// whose rows start on 64-byte lines is written with non-temporal stores (mxfp4_internal::KernelOptions):
+// it is in memory, not in the cache, when the call returns.
 void DequantizeMxfp4Transposed(const Mxfp4Matrix& m, OutputWindow w, DType target, WindowOut out);
 
 // --- checks for the stream, each naming the checkpoint key ------------------------------------
@@ -103,10 +105,19 @@ namespace mxfp4_internal {
 
 enum class Layout : uint8_t { kStored, kTransposed };
 
+// The transposed AVX2 kernel writes a window whose output (rows x row stride) is at least
+// stream_min_bytes with non-temporal stores, 64-byte lines at a time, when its rows start on lines
+// alike (a row stride of whole lines, an output aligned to the element): such an output does not stay
+// in the cache anyway, and streaming saves reading each line before writing it. Tests lower it to
+// run that path on small windows.
+struct KernelOptions {
+  uint64_t stream_min_bytes = 4ull << 20;  // default 4 MiB
+};
+
 // The kernels for `isa` (dequant_internal::SupportedIsas()); kAvx512 runs the AVX2 ones (the work is
 // byte shuffles on 16-byte groups, and the bound is memory). kInvalidArgument for one this CPU lacks.
 void DequantizeWithIsa(dequant_internal::Isa isa, const Mxfp4Matrix& m, OutputWindow w, DType target,
-                       WindowOut out, Layout layout);
+                       WindowOut out, Layout layout, KernelOptions options = {});
 
 }  // namespace mxfp4_internal
 }  // namespace shardcast

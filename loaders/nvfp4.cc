@@ -1,6 +1,7 @@
 #include "loaders/nvfp4.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -23,7 +24,7 @@
 //   values:        | v0 v1 .. v15| v16 .. v31| ...
 //
 // A block's 16 possible outputs depend on its scale byte alone (the global scale is one per tensor), so
-// each scale byte's 16 target values are computed once per call, when first met, with the rule's exact
+// each scale byte's 16 target values are computed once, when first met, with the rule's exact
 // arithmetic (E4M3 scale x global in f32, E2M1 value x that in f32, one rounding to the target); every
 // value is then a table lookup, a whole block 8 bytes -> 16 values. For a 16-bit target the table is
 // also kept as its 16 low and 16 high bytes, so that with AVX2 a whole block is two byte shuffles of
@@ -98,6 +99,43 @@ class BlockTables {
   uint8_t split_[256 * 32];
   std::unique_ptr<uint32_t[]> pairs_;  // 256 KiB, made on the first Pairs()
 };
+
+// The tables of the last kCachedTables (global scale, target) keys this thread used, most recent
+// first: the tables depend on those two alone (the ISA only picks which parts are built, lazily), and
+// they keep what earlier calls built, so that many small windows (tensor-parallel cuts) do not
+// rebuild them per call. Thread-local, so no locking; up to ~17 KiB a key, and 256 KiB more for a
+// 16-bit key the baseline kernel used.
+constexpr size_t kCachedTables = 4;
+
+struct CachedTables {
+  uint32_t global_bits = 0;
+  DType target = DType::kBF16;
+  std::unique_ptr<BlockTables<uint16_t>> t16;  // BF16, F16
+  std::unique_ptr<BlockTables<uint32_t>> t32;  // F32
+};
+
+thread_local uint64_t tables_built = 0;
+
+CachedTables& TablesFor(float global, DType target) {
+  thread_local std::array<CachedTables, kCachedTables> cache;
+  thread_local size_t used = 0;
+  uint32_t bits;
+  std::memcpy(&bits, &global, 4);
+  size_t i = 0;
+  while (i < used && !(cache[i].global_bits == bits && cache[i].target == target)) ++i;
+  if (i == used) {  // a miss: the least recent entry (or a free one) becomes this key's
+    if (used < kCachedTables) ++used;
+    i = used - 1;
+    CachedTables& e = cache[i];
+    e.global_bits = bits;
+    e.target = target;
+    e.t16.reset(target == DType::kF32 ? nullptr : new BlockTables<uint16_t>(global, target == DType::kBF16));
+    e.t32.reset(target == DType::kF32 ? new BlockTables<uint32_t>(global, false) : nullptr);
+    ++tables_built;
+  }
+  std::rotate(cache.begin(), cache.begin() + i, cache.begin() + i + 1);
+  return cache[0];
+}
 
 // One block the window cuts, element by element.
 template <typename Bits>
@@ -191,11 +229,18 @@ uint64_t Numel(const std::vector<uint64_t>& s) {
 
 }  // namespace
 
+namespace {
+// Detected once: SupportedIsas() builds a vector, too slow to ask per call of a small window.
+dequant_internal::Isa BestIsa() {
+  static const dequant_internal::Isa best = dequant_internal::SupportedIsas().back();
+  return best;
+}
+}  // namespace
+
 namespace nvfp4_internal {
 
 void DequantizeWithIsa(dequant_internal::Isa isa, const Nvfp4Matrix& m, OutputWindow w, DType target, WindowOut out) {
-  const auto supported = dequant_internal::SupportedIsas();
-  if (std::find(supported.begin(), supported.end(), isa) == supported.end()) {
+  if (isa > BestIsa()) {  // SupportedIsas() is every ISA up to the best
     throw Error(ErrorKind::kInvalidArgument, "nvfp4",
                 "this CPU cannot run the " + std::string(dequant_internal::IsaName(isa)) + " kernels");
   }
@@ -213,22 +258,20 @@ void DequantizeWithIsa(dequant_internal::Isa isa, const Nvfp4Matrix& m, OutputWi
                     std::to_string(w.cols.begin) + ", " + std::to_string(w.cols.end) + ") is not within " +
                     std::to_string(m.cols) + " values per row and rows from " + std::to_string(m.first_row));
   }
-  if (target == DType::kF32) {
-    auto tables = std::make_unique<BlockTables<uint32_t>>(m.global_scale, false);
-    return DequantizeRows(m, w, out, tables.get());
-  }
-  auto tables = std::make_unique<BlockTables<uint16_t>>(m.global_scale, target == DType::kBF16);
+  CachedTables& tables = TablesFor(m.global_scale, target);
+  if (target == DType::kF32) return DequantizeRows(m, w, out, tables.t32.get());
 #if SHARDCAST_NVFP4_X86
-  if (isa != dequant_internal::Isa::kBaseline) return Rows16Avx2(m, w, out, tables.get());
+  if (isa != dequant_internal::Isa::kBaseline) return Rows16Avx2(m, w, out, tables.t16.get());
 #endif
-  DequantizeRows(m, w, out, tables.get());
+  DequantizeRows(m, w, out, tables.t16.get());
 }
+
+uint64_t TablesBuilt() { return tables_built; }
 
 }  // namespace nvfp4_internal
 
 void DequantizeNvfp4(const Nvfp4Matrix& m, OutputWindow w, DType target, WindowOut out) {
-  static const dequant_internal::Isa best = dequant_internal::SupportedIsas().back();
-  nvfp4_internal::DequantizeWithIsa(best, m, w, target, out);
+  nvfp4_internal::DequantizeWithIsa(BestIsa(), m, w, target, out);
 }
 
 void CheckNvfp4Triple(std::string_view key, DType weight, const std::vector<uint64_t>& weight_shape, DType scale,

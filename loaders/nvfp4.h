@@ -24,7 +24,8 @@
 // elements, 0: the window's width). It reads stored rows [r0, r1) (from `first_row` on) and their
 // scale blocks [c0 / 16, ceil(c1 / 16)).
 //
-// Thread safety: pure functions; single-threaded, any split of a window gives the same bytes.
+// Thread safety: pure functions; single-threaded, any split of a window gives the same bytes. Each
+// thread keeps the lookup tables of the last few (global scale, target) pairs it used.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +57,10 @@ namespace nvfp4_internal {
 // scale's table (two values a byte for 16-bit targets); kAvx2 and kAvx512 shuffle a whole block in
 // registers for 16-bit targets. kInvalidArgument for an ISA this CPU lacks.
 void DequantizeWithIsa(dequant_internal::Isa isa, const Nvfp4Matrix& m, OutputWindow w, DType target, WindowOut out);
+
+// How many times this thread has built a (global scale, target) key's tables. A call reuses the tables
+// of the last 4 keys the thread used (any ISA), so repeated windows of one tensor build them once.
+uint64_t TablesBuilt();
 
 }  // namespace nvfp4_internal
 

@@ -65,15 +65,27 @@ uint32_t Load(const std::vector<unsigned char>& out, uint64_t i, DType target) {
   return h;
 }
 
-// Runs one window and compares every element (and that the stride's gap is untouched) with the reference.
+// How a test places a window's output: `misalign` elements past a 64-byte line, and the kernel options.
+struct Placement {
+  uint64_t misalign = 0;
+  mxfp4_internal::KernelOptions options;
+};
+
+// Runs one window and compares every element (and that the stride's gap and the bytes around the
+// output are untouched) with the reference.
 void ExpectWindow(Isa isa, const Matrix& m, Layout layout, OutputWindow w, DType target, uint64_t stride,
-                  const std::string& what) {
+                  const std::string& what, Placement at = {}) {
   const uint64_t width = w.cols.size(), pitch = stride ? stride : width;
   const size_t ts = DTypeSize(target);
-  std::vector<unsigned char> out((w.rows.size() * pitch + 1) * ts, 0xAB);
+  std::vector<unsigned char> buffer((w.rows.size() * pitch + 1) * ts + 64 + at.misalign * ts + 64, 0xAB);
+  const uint64_t lead_bytes = (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64 + at.misalign * ts;
   const uint64_t first_stored = layout == Layout::kStored ? w.rows.begin : w.cols.begin;
-  mxfp4_internal::DequantizeWithIsa(isa, m.From(first_stored), w, target, WindowOut{out.data(), stride}, layout);
+  mxfp4_internal::DequantizeWithIsa(isa, m.From(first_stored), w, target,
+                                    WindowOut{buffer.data() + lead_bytes, stride}, layout, at.options);
+  const std::vector<unsigned char> out(buffer.begin() + lead_bytes, buffer.end());
   uint64_t bad = 0;
+  for (uint64_t b = 0; b < lead_bytes; ++b) bad += buffer[b] != 0xAB;
+  for (uint64_t b = w.rows.size() * pitch * ts; b < out.size(); ++b) bad += out[b] != 0xAB;
   for (uint64_t r = 0; r < w.rows.size(); ++r) {
     for (uint64_t c = 0; c < pitch; ++c) {
       const uint64_t i = r * pitch + c;
@@ -166,6 +178,49 @@ TEST(Mxfp4, EveryWindowEveryIsaEqualsTheReference) {
                      Name(isa, t, Layout::kTransposed) + where);
       }
     }
+  }
+}
+
+TEST(Mxfp4, StreamedTransposedWindowsEqualTheReference) {
+  // The transposed kernel's streamed path (whole 64-byte lines, non-temporal) on small windows: row
+  // strides of whole lines, outputs 0 to 31 elements past a line (so the first tile of every group
+  // band is cut to reach a line), windows that start and end inside groups, 16-value bands and tiles,
+  // odd stored-row counts; and the same windows unstreamed.
+  const Matrix m(203, 320, 13);  // 203 stored rows: six full 32-row tiles and 11 more
+  struct Case {
+    OutputWindow w;  // transposed: rows are values (in), columns stored rows (out)
+    uint64_t stride;  // elements; a multiple of 32 (BF16, F16) or 16 (F32) keeps rows on lines
+  };
+  const Case cases[] = {{{{0, 320}, {0, 203}}, 224},  {{{5, 301}, {3, 200}}, 224}, {{{37, 38}, {0, 203}}, 256},
+                        {{{64, 192}, {1, 202}}, 256}, {{{17, 150}, {33, 130}}, 128}, {{{0, 320}, {40, 72}}, 64},
+                        {{{250, 319}, {0, 65}}, 96}};
+  mxfp4_internal::KernelOptions always;
+  always.stream_min_bytes = 0;
+  for (Isa isa : dequant_internal::SupportedIsas()) {
+    for (DType t : kTargets) {
+      for (const Case& c : cases) {
+        for (uint64_t misalign : {0, 1, 8, 13, 31}) {
+          for (const bool streamed : {true, false}) {
+            const std::string what = Name(isa, t, Layout::kTransposed) + " window [" + std::to_string(c.w.rows.begin) +
+                                     ", " + std::to_string(c.w.rows.end) + ") x [" + std::to_string(c.w.cols.begin) +
+                                     ", " + std::to_string(c.w.cols.end) + ") misaligned " + std::to_string(misalign) +
+                                     (streamed ? " streamed" : "");
+            ExpectWindow(isa, m, Layout::kTransposed, c.w, t, c.stride, what,
+                         Placement{misalign, streamed ? always : mxfp4_internal::KernelOptions{}});
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Mxfp4, LargeTransposedWindowStreamsByDefault) {
+  // One window past the default threshold (4 MiB of BF16: 1024 x 2112), packed, as the stream writes an
+  // expert's rows; the kernel chooses to stream by itself.
+  const Matrix m(2112, 1024, 17);
+  for (Isa isa : dequant_internal::SupportedIsas()) {
+    ExpectWindow(isa, m, Layout::kTransposed, {{0, 1024}, {0, 2112}}, DType::kBF16, 0,
+                 Name(isa, DType::kBF16, Layout::kTransposed) + " 4 MiB window", Placement{8, {}});
   }
 }
 

@@ -100,6 +100,76 @@ TEST(Nvfp4, EveryScaleEveryNibbleEqualsTheRule) {
   }
 }
 
+// A stored matrix [rows, cols] of random values and E4M3 scales 0x20-0x5f (finite, positive).
+struct RandomNvfp4 {
+  uint64_t rows, cols;
+  std::vector<uint8_t> values, scales;
+  RandomNvfp4(uint64_t r, uint64_t c, uint32_t seed) : rows(r), cols(c), values(r * c / 2), scales(r * c / 16) {
+    std::mt19937 rng(seed);
+    for (auto& b : values) b = static_cast<uint8_t>(rng());
+    for (auto& b : scales) b = static_cast<uint8_t>(0x20 + rng() % 0x40);
+  }
+  // Runs window `w` and counts its elements that differ from the rule.
+  uint64_t Mismatches(dequant_internal::Isa isa, float global, DType t, OutputWindow w) const {
+    const size_t ts = DTypeSize(t);
+    std::vector<unsigned char> out(w.rows.size() * w.cols.size() * ts, 0xAB);
+    const Nvfp4Matrix m{values.data(), scales.data(), global, 0, cols};
+    nvfp4_internal::DequantizeWithIsa(isa, m, w, t, WindowOut{out.data()});
+    uint64_t bad = 0;
+    for (uint64_t r = w.rows.begin; r < w.rows.end; ++r) {
+      for (uint64_t c = w.cols.begin; c < w.cols.end; ++c) {
+        const uint8_t byte = values[r * cols / 2 + c / 2];
+        const uint32_t want = ReferenceBits(c % 2 ? byte >> 4 : byte & 0x0F, scales[r * cols / 16 + c / 16], global, t);
+        uint32_t got = 0;
+        std::memcpy(&got, out.data() + ((r - w.rows.begin) * w.cols.size() + c - w.cols.begin) * ts, ts);
+        bad += got != want;
+      }
+    }
+    return bad;
+  }
+};
+
+TEST(Nvfp4, CachedTablesFollowTheGlobalScaleAndTheTarget) {
+  // Windows of one matrix with globals and targets interleaved, more keys than the cache holds and
+  // keys coming back after they were evicted: every window must use its own key's tables.
+  const RandomNvfp4 m(40, 96, 3);
+  const float globals[] = {1.0f / 2688, 0.75f, 1.0f / 2688, 3.0f, -0.5f, 1e-3f, 0.75f, 1.0f / 2688};
+  for (dequant_internal::Isa isa : dequant_internal::SupportedIsas()) {
+    for (int round = 0; round < 2; ++round) {
+      for (float g : globals) {
+        for (DType t : {DType::kBF16, DType::kF16, DType::kF32, DType::kBF16}) {
+          EXPECT_EQ(m.Mismatches(isa, g, t, {{3, 19}, {16, 80}}), 0u)
+              << dequant_internal::IsaName(isa) << " " << DTypeName(t) << " global " << g;
+          EXPECT_EQ(m.Mismatches(isa, g, t, {{20, 21}, {5, 91}}), 0u)
+              << dequant_internal::IsaName(isa) << " " << DTypeName(t) << " global " << g << " (cut row)";
+        }
+      }
+    }
+  }
+}
+
+TEST(Nvfp4, RepeatedWindowsBuildTheirTablesOnce) {
+  // The tables of the last 4 (global scale, target) keys a thread used are kept, whatever the ISA.
+  const RandomNvfp4 m(32, 64, 4);
+  const auto isas = dequant_internal::SupportedIsas();
+  const float g1 = 0.0123f, g2 = 0.0456f;  // keys no other test uses
+  const uint64_t before = nvfp4_internal::TablesBuilt();
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(m.Mismatches(isas[i % isas.size()], g1, DType::kBF16, {{0, 16}, {0, 64}}), 0u);
+  EXPECT_EQ(nvfp4_internal::TablesBuilt() - before, 1u);
+  // four keys in turn: each built once
+  const std::pair<float, DType> four[] = {{g1, DType::kBF16}, {g1, DType::kF32}, {g2, DType::kBF16}, {g2, DType::kF16}};
+  for (int round = 0; round < 3; ++round) {
+    for (const auto& [g, t] : four) EXPECT_EQ(m.Mismatches(isas.back(), g, t, {{16, 32}, {0, 64}}), 0u);
+  }
+  EXPECT_EQ(nvfp4_internal::TablesBuilt() - before, 4u);
+  // a fifth evicts the least recently used, (g1, BF16), which is then built again
+  EXPECT_EQ(m.Mismatches(isas.back(), g2, DType::kF32, {{0, 1}, {0, 64}}), 0u);
+  EXPECT_EQ(m.Mismatches(isas.back(), g2, DType::kF16, {{0, 1}, {0, 64}}), 0u);
+  EXPECT_EQ(nvfp4_internal::TablesBuilt() - before, 5u);
+  EXPECT_EQ(m.Mismatches(isas.back(), g1, DType::kBF16, {{0, 1}, {0, 64}}), 0u);
+  EXPECT_EQ(nvfp4_internal::TablesBuilt() - before, 6u);
+}
+
 TEST(Nvfp4, RefusesWhatDoesNotPair) {
   const std::string key = "model.layers.0.mlp.up_proj.weight";
   EXPECT_NO_THROW(CheckNvfp4Triple(key, DType::kU8, {64, 16}, DType::kF8_E4M3, {64, 2}, DType::kF32, {}));
