@@ -110,6 +110,9 @@ int LoadWorkerMain(int argc, char** argv) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       };
     }
+    if (scenario == "inflight" && rv.rank == 0) {
+      rq.progress = [](uint64_t, uint64_t) { std::cout << "MESSAGE" << std::endl; };  // one line a message
+    }
     std::unique_ptr<Communicator> comm =
         rv.world_size == 1 ? CreateLocalCommunicator() : CreateGlooCommunicator(rv, rq.options.timeout);
     ModelSpec spec = BuildModelSpec(config);
