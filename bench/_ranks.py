@@ -1,6 +1,6 @@
 """The benchmarks' rank launcher: a benchmark script run again as W worker processes on this machine, with
 torchrun's variables, each writing its result as JSON; bench_peers.py, bench_save.py and
-bench_layout_sources.py use it.
+bench_layout_sources.py use it, and bench_gpu_load.py its free_port.
 
 Each rank runs `python SCRIPT --worker ARGS...` with MASTER_ADDR/MASTER_PORT (a free local port), WORLD_SIZE,
 RANK and LOCAL_RANK set, the build's python package ($SHARDCAST_BUILD_DIR/python, default build/python) on
@@ -17,7 +17,8 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _free_port():
+def free_port():
+    """A TCP port on 127.0.0.1 that was free a moment ago (for MASTER_PORT)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -30,7 +31,7 @@ def launch(script, worker_args, world, results, what, timeout_s, env=None, rank_
     env: more variables for every rank; rank_env(r): more for rank r alone.
     A rank that fails ends the others (they would wait in a collective until their own timeout), and so does
     the deadline; either exits with a message naming the ranks that failed."""
-    base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world),
+    base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
                 PYTHONPATH=str(pathlib.Path(os.environ.get("SHARDCAST_BUILD_DIR", ROOT / "build")) / "python"), TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore",
                 OMP_NUM_THREADS="1", **(env or {}))
     procs = [subprocess.Popen([sys.executable, str(script), "--worker", *map(str, worker_args)],

@@ -26,13 +26,13 @@ import argparse
 import json
 import os
 import pathlib
-import socket
 import statistics
 import subprocess
 import sys
 import time
 import zlib
 
+from _ranks import free_port
 from bench_peers import set_page_cache, write_checkpoint
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -95,12 +95,6 @@ def worker(method, ckpt, out, kind="bf16"):
     pathlib.Path(out).write_text(json.dumps(result))
     if method == "shardcast":
         torch.distributed.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main():

@@ -110,7 +110,10 @@ class C10dCommunicator : public Communicator {
       } catch (...) {
       }
 #endif
-      backend_.reset();  // closes the pairs: peers blocked on us see "connection closed" at once
+      // Closes the pairs (peers blocked on us see "connection closed" at once) when the last pending
+      // send is gone: each send's unbound buffer holds gloo's context, so its pairs stay open until the
+      // caller destroys its PendingSends. Joins the worker threads: no collective is left running.
+      backend_.reset();
     }
   }
 

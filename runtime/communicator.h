@@ -36,7 +36,11 @@ struct Rendezvous {
 };
 Rendezvous RendezvousFromEnvironment();  // throws kInvalidArgument naming the variable on bad values
 
-// A pending send; Wait throws like the collectives do.
+// A pending send; Wait throws like the collectives do. Destroying it, waited for or not, ends the
+// transport's use of the bytes: once the destructor returns the transport neither reads them nor will
+// (a send not yet completed is cancelled, a write in progress waited out). So its bytes may be freed
+// after it, never before; Abort alone does not promise this. Gloo: the send's unbound buffer dies with
+// the c10d work, and gloo's pairs drop operations on a buffer that is gone.
 class PendingSend {
  public:
   virtual ~PendingSend() = default;
@@ -80,6 +84,7 @@ class Communicator {
   // The publisher (usually rank 0, which hosts the store) waits until `n` ranks fetched, or `wait`.
   virtual void AwaitFailureAcks(int n, std::chrono::milliseconds wait) {}
   // Tears the transport down so peers blocked on us fail fast instead of waiting out their timeout.
+  // Sends still pending are not cancelled by it: destroy them (PendingSend) before freeing their bytes.
   virtual void Abort() = 0;
 };
 

@@ -86,7 +86,10 @@ void Schedule::FillBatch() {
       groups[it->second].second.push_back(Item{i, &p.holdings[h]});
     }
   }
-  for (auto& [holders, items] : groups) {
+  for (auto& group : groups) {
+    // Not a structured binding: the lambdas below capture `holders`, which C++17 (clang) forbids for a binding.
+    const auto& holders = group.first;
+    const auto& items = group.second;
     const int dest = holders->front();
     Message pack{0, dest, holders, {}, 0};
     auto flush = [&] {

@@ -65,9 +65,15 @@ class Engine {
       return RunLoop();
     } catch (...) {
       // Sends still in flight point into the staging ring and the forward buffers, which unwinding is
-      // about to free: abort the communicator first (its transport stops touching them; peers blocked on
-      // us fail at once and learn the cause from the failure the caller publishes).
-      if (!reading_.inflight.empty() || !forwarding_.inflight.empty()) comm_.Abort();
+      // about to free. Abort first (peers blocked on us fail at once and learn the cause from the failure
+      // the caller publishes), then release every pending send while its bytes are still mapped: that,
+      // not the abort, is what ends the transport's use of them (communicator.h, PendingSend). Gloo's
+      // abort does not cancel a send whose receiver has not posted its receive yet; destroying the send
+      // does, and waits out a write in progress.
+      if (!reading_.inflight.empty() || !forwarding_.inflight.empty()) {
+        comm_.Abort();
+        ReleaseSends();
+      }
       throw;
     }
   }
@@ -119,6 +125,13 @@ class Engine {
       return true;
     };
     return o;
+  }
+
+  // Drops every pending send without waiting for it (the failure path). REQUIRES: the buffers they
+  // read from are still alive.
+  void ReleaseSends() {
+    reading_.inflight.clear();
+    forwarding_.inflight.clear();
   }
 
   void Retire(SendSlots* s) {
@@ -250,6 +263,8 @@ class Engine {
   std::vector<DeviceBuffer> forward_device_;
   DeviceBuffer device_bounce_;
   Buffer bounce_;
+  // After every buffer a send may read from, so that even a path that skips Run's catch destroys the
+  // pending sends (members are destroyed in reverse order) before those buffers.
   SendSlots reading_, forwarding_;
   StreamResult r_;
 };

@@ -8,7 +8,10 @@
 // is a coalesced pack.
 //
 // Thread safety: internal. Failure: throws; the caller turns it into one agreed error. A failure with sends
-// in flight aborts the communicator before the buffers those sends read from are freed.
+// in flight aborts the communicator, then releases those sends (the transport is done with their bytes)
+// before the buffers they read from are freed. A receive's work is destroyed before Recv returns or throws.
+// Known gap: a broadcast that timed out on a caller's Gloo group (not owned, so Abort does not join
+// its worker threads) may still run on that group's worker until gloo's own timeout.
 #pragma once
 
 #include <functional>

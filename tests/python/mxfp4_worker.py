@@ -16,7 +16,7 @@ import os
 import torch
 
 import shardcast
-from quant_workers import packed, rows, run
+from quant_workers import malformed_errors, packed, rows, run
 
 TARGETS = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
@@ -113,21 +113,14 @@ def transformers_flow(root, rank, world):
 
 
 def malformed(root, rank, world):
-    """Each malformed checkpoint under ROOT/malformed: the exception class and message on this rank."""
-    base = os.path.join(root, "malformed")
-    out = {}
+    """Each malformed checkpoint under ROOT/malformed ("x.experts", its shape from the blocks): the error on this rank."""
     from shardcast._mapping import checkpoint_keys, entry_shape
-    for name in sorted(os.listdir(base)):
-        path = os.path.join(base, name)
+
+    def mapping_for(path):
         shape = entry_shape(checkpoint_keys(path), "x.experts")
         b, e = rows(shape[0], world, rank)
-        m = {"x.experts": (torch.empty((e - b,) + tuple(shape[1:]), dtype=torch.bfloat16), b, e)}
-        try:
-            shardcast.load(m, path, timeout=60)
-            out[name] = {"type": None}
-        except shardcast.ShardcastError as e:
-            out[name] = {"type": type(e).__name__, "message": str(e)}
-    return out
+        return {"x.experts": (torch.empty((e - b,) + tuple(shape[1:]), dtype=torch.bfloat16), b, e)}
+    return malformed_errors(root, mapping_for)
 
 
 def main():

@@ -13,7 +13,7 @@ import os
 import torch
 
 import shardcast
-from quant_workers import bf16_fsdp2, packed, rows, run
+from quant_workers import bf16_fsdp2, malformed_errors, packed, rows, run
 
 TARGETS = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
@@ -96,18 +96,9 @@ def fsdp2(root, rank, world):
 
 
 def malformed(root, rank, world):
-    """Each malformed checkpoint under ROOT/malformed: the exception class and message on this rank."""
-    base = os.path.join(root, "malformed")
-    out = {}
-    for name in sorted(os.listdir(base)):
-        b, e = rows(40, world, rank)
-        m = {"x.weight": (torch.empty((e - b, 64), dtype=torch.bfloat16), b, e)}
-        try:
-            shardcast.load(m, os.path.join(base, name), timeout=60)
-            out[name] = {"type": None}
-        except shardcast.ShardcastError as err:
-            out[name] = {"type": type(err).__name__, "message": str(err)}
-    return out
+    """Each malformed checkpoint under ROOT/malformed ("x.weight" [40, 64]): the error on this rank."""
+    b, e = rows(40, world, rank)
+    return malformed_errors(root, lambda path: {"x.weight": (torch.empty((e - b, 64), dtype=torch.bfloat16), b, e)})
 
 
 def main():

@@ -1,7 +1,10 @@
 """What the quantized-format test workers (fp8_worker.py, mxfp4_worker.py, nvfp4_worker.py) share: a rank's
-rows of an FSDP2 Shard(0), the bf16 FSDP2 model of a quantized checkpoint, and the worker's entry point."""
+rows of an FSDP2 Shard(0), the bf16 FSDP2 model of a quantized checkpoint, the malformed-checkpoint loop and
+the worker's entry point; and what their tests (test_mxfp4.py, test_nvfp4.py) share: the checkpoints they
+write and the check that a malformed one is the same error on every rank."""
 import datetime
 import json
+import os
 import sys
 
 import torch
@@ -52,6 +55,52 @@ def bf16_fsdp2(ckpt, world):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
+
+
+def malformed_errors(root, mapping_for):
+    """Each checkpoint under ROOT/malformed, loaded into mapping_for(its path) on this rank: the exception
+    class and message ({"type": None} where it loaded)."""
+    base = os.path.join(root, "malformed")
+    out = {}
+    for name in sorted(os.listdir(base)):
+        path = os.path.join(base, name)
+        mapping = mapping_for(path)
+        try:
+            shardcast.load(mapping, path, timeout=60)
+            out[name] = {"type": None}
+        except shardcast.ShardcastError as err:
+            out[name] = {"type": type(err).__name__, "message": str(err)}
+    return out
+
+
+def write_two_files(path, first, second):
+    """A checkpoint in two files with an index: the tensors of `first` in one, those of `second` in the other."""
+    from safetensors.torch import save_file
+    names = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
+    path.mkdir()
+    weight_map = {}
+    for name, tensors in names.items():
+        save_file(tensors, str(path / name))
+        weight_map.update({k: name for k in tensors})
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def write_cases(root, cases):
+    """One single-file checkpoint ROOT/NAME per case NAME: its tensors."""
+    from safetensors.torch import save_file
+    for name, tensors in cases.items():
+        (root / name).mkdir(parents=True)
+        save_file(tensors, str(root / name / "model.safetensors"))
+
+
+def assert_one_error_everywhere(results, says, kind="CheckpointError"):
+    """Every rank's result["malformed"][NAME] is the same `kind` and message, holding every word of says[NAME]."""
+    for name, words in says.items():
+        seen = [r["malformed"][name] for r in results]
+        assert all(s["type"] == kind for s in seen), (name, seen)
+        assert len({s["message"] for s in seen}) == 1, (name, seen)  # the same on every rank
+        for w in words:
+            assert w in seen[0]["message"], (name, w, seen[0]["message"])
 
 
 def run(modes, all_names, timeout_s=120, backend="gloo"):

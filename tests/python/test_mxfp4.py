@@ -12,6 +12,8 @@ import ranks
 import torch
 import transformers  # noqa: F401 -- required: a missing package fails, never skips
 
+from quant_workers import assert_one_error_everywhere, write_cases, write_two_files  # noqa: E402
+
 MODULES_NOT_CONVERTED = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
 
 
@@ -19,7 +21,6 @@ def write_pairs(path):
     """Hand-made pairs over two files (the blocks in one, the scales in the other, with an index):
     every scale byte 0..255 (2^-127 .. 2^128: subnormal, F16 underflow and overflow, BF16 inf), experts
     that do not divide over 2..4 ranks, a pair with fewer experts than ranks, and a 2-D pair."""
-    from safetensors.torch import save_file
     g = torch.Generator().manual_seed(0)
     shapes = {"a.experts": (5, 96, 2), "b.linear": (40, 1), "c.experts": (3, 33, 3)}  # (E..., out, in / 32)
     blocks, scales = {}, {}
@@ -27,12 +28,7 @@ def write_pairs(path):
         blocks[key + "_blocks"] = torch.randint(0, 256, (*lead, groups, 16), generator=g, dtype=torch.uint8)
         scales[key + "_scales"] = torch.randint(0, 256, (*lead, groups), generator=g, dtype=torch.uint8)
     scales["a.experts_scales"] = torch.arange(5 * 96 * 2, dtype=torch.int64).remainder(256).to(torch.uint8).reshape(5, 96, 2)
-    path.mkdir()
-    save_file(blocks, str(path / "model-00001-of-00002.safetensors"))
-    save_file(scales, str(path / "model-00002-of-00002.safetensors"))
-    weight_map = {k: "model-00001-of-00002.safetensors" for k in blocks}
-    weight_map.update({k: "model-00002-of-00002.safetensors" for k in scales})
-    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    write_two_files(path, blocks, scales)
 
 
 def write_gpt_oss(path):
@@ -102,19 +98,15 @@ def test_every_rank_equals_transformers(checkpoints, tmp_path, world):
 def write_malformed(root):
     """One checkpoint per way an MXFP4 pair can be wrong (a model shape that is not the blocks'
     transpose is the C++ test's: the explicit mapping takes its shape from the checkpoint)."""
-    from safetensors.torch import save_file
     blocks = torch.zeros(5, 40, 2, 16, dtype=torch.uint8)
     scales = torch.full((5, 40, 2), 127, dtype=torch.uint8)
-    cases = {
+    write_cases(root, {
         "no_scales": {"x.experts_blocks": blocks},
         "scales_disagree": {"x.experts_blocks": blocks, "x.experts_scales": scales[:, :, :1].contiguous()},
         "not_16_a_group": {"x.experts_blocks": torch.zeros(5, 40, 4, 8, dtype=torch.uint8),
                            "x.experts_scales": torch.zeros(5, 40, 4, dtype=torch.uint8)},
         "unknown_method": {"x.experts_blocks": blocks, "x.experts_scales": scales},
-    }
-    for name, tensors in cases.items():
-        (root / name).mkdir(parents=True)
-        save_file(tensors, str(root / name / "model.safetensors"))
+    })
     (root / "unknown_method" / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "gptq"}}))
 
 
@@ -122,16 +114,11 @@ def write_malformed(root):
 def test_malformed_pairs_are_one_checkpoint_error_on_every_rank(tmp_path, world):
     write_malformed(tmp_path / "ck" / "malformed")
     results = ranks.run("mxfp4_worker.py", "malformed", tmp_path / "ck", world, tmp_path)
-    says = {"no_scales": ["x.experts_blocks' [5, 40, 2, 16]", "has no 'x.experts_scales'"],
-            "scales_disagree": ["x.experts", "[5, 40, 2, 16]", "[5, 40, 1]", "[5, 64, 40]"],
-            "not_16_a_group": ["x.experts", "[5, 40, 4, 8]", "[5, 40, 4]"],
-            "unknown_method": ["config.json", "\"gptq\""]}
-    for name, words in says.items():
-        seen = [r["malformed"][name] for r in results]
-        assert all(s["type"] == "CheckpointError" for s in seen), (name, seen)
-        assert len({s["message"] for s in seen}) == 1, (name, seen)  # the same on every rank
-        for w in words:
-            assert w in seen[0]["message"], (name, w, seen[0]["message"])
+    assert_one_error_everywhere(results, {
+        "no_scales": ["x.experts_blocks' [5, 40, 2, 16]", "has no 'x.experts_scales'"],
+        "scales_disagree": ["x.experts", "[5, 40, 2, 16]", "[5, 40, 1]", "[5, 64, 40]"],
+        "not_16_a_group": ["x.experts", "[5, 40, 4, 8]", "[5, 40, 4]"],
+        "unknown_method": ["config.json", "\"gptq\""]})
 
 
 def test_inspect_names_each_entrys_quantization(checkpoints, shardcast_bin, tmp_path):

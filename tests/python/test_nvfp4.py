@@ -14,6 +14,7 @@ import torch
 import transformers  # noqa: F401 -- required: a missing package fails, never skips
 
 from nvfp4_worker import reference  # noqa: E402
+from quant_workers import assert_one_error_everywhere, write_cases, write_two_files  # noqa: E402
 
 QUANT = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}
 
@@ -29,7 +30,6 @@ def write_triples(path):
     """Hand-made triples over two files (values in one, scales in the other, with an index): every E4M3
     scale byte 0..255 (zero, subnormals, 448, NaN, negatives), 37 rows (no world size 2..4 divides
     them), 3 rows (fewer than 4 ranks), an F16-overflowing global, and an input_scale (consumed)."""
-    from safetensors.torch import save_file
     g = torch.Generator().manual_seed(0)
     every = torch.arange(37 * 16, dtype=torch.int64).remainder(256).to(torch.uint8).reshape(37, 16)
     parts = {"a": triple(g, 37, 256, every, 1.7e-3), "b": triple(g, 3, 32), "c": triple(g, 50, 48, None, 2.5e4)}
@@ -39,12 +39,7 @@ def write_triples(path):
         scales[m + ".weight_scale"] = scale
         scales[m + ".weight_scale_2"] = global_scale
     scales["a.input_scale"] = torch.tensor(0.02, dtype=torch.float32)
-    path.mkdir()
-    save_file(values, str(path / "model-00001-of-00002.safetensors"))
-    save_file(scales, str(path / "model-00002-of-00002.safetensors"))
-    weight_map = {k: "model-00001-of-00002.safetensors" for k in values}
-    weight_map.update({k: "model-00002-of-00002.safetensors" for k in scales})
-    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    write_two_files(path, values, scales)
     (path / "config.json").write_text(json.dumps({"quantization_config": QUANT}))
 
 
@@ -74,17 +69,13 @@ def write_llama(path):
 
 def write_malformed(root):
     """One checkpoint per way an NVFP4 triple can be wrong, for "x.weight" [40, 64]."""
-    from safetensors.torch import save_file
     packed, scale, global_scale = triple(torch.Generator().manual_seed(2), 40, 64)
-    cases = {
+    write_cases(root, {
         "no_weight_scale": {"x.weight": packed, "x.weight_scale_2": global_scale},
         "no_weight_scale_2": {"x.weight": packed, "x.weight_scale": scale},
         "scale_disagrees": {"x.weight": packed, "x.weight_scale": scale[:, :3].contiguous(),
                             "x.weight_scale_2": global_scale},
-    }
-    for name, tensors in cases.items():
-        (root / name).mkdir(parents=True)
-        save_file(tensors, str(root / name / "model.safetensors"))
+    })
 
 
 @pytest.fixture(scope="module")
@@ -122,16 +113,10 @@ def test_every_rank_equals_the_reference(checkpoints, tmp_path, world):
             assert m["checked"] == 3 and m["dequantized"] == 3 and m["skipped"] == 0, (case, m)
         f = r["fsdp2"]
         assert f["bad"] == [] and f["dequantized"] == 12 and f["skipped"] == 0, (rank, f)
-        says = {"no_weight_scale": ["'x.weight' U8 [40, 32]", "'x.weight_scale_2' F32 []", "no 'x.weight_scale'"],
-                "no_weight_scale_2": ["'x.weight' U8 [40, 32]", "'x.weight_scale' F8_E4M3 [40, 4]",
-                                      "no 'x.weight_scale_2'"],
-                "scale_disagrees": ["x.weight", "U8 [40, 32]", "F8_E4M3 [40, 3]", "do not pair"]}
-        for name, words in says.items():
-            seen = r["malformed"][name]
-            assert seen["type"] == "CheckpointError", (rank, name, seen)
-            assert seen["message"] == results[0]["malformed"][name]["message"]  # the same on every rank
-            for w in words:
-                assert w in seen["message"], (name, w, seen["message"])
+    assert_one_error_everywhere(results, {
+        "no_weight_scale": ["'x.weight' U8 [40, 32]", "'x.weight_scale_2' F32 []", "no 'x.weight_scale'"],
+        "no_weight_scale_2": ["'x.weight' U8 [40, 32]", "'x.weight_scale' F8_E4M3 [40, 4]", "no 'x.weight_scale_2'"],
+        "scale_disagrees": ["x.weight", "U8 [40, 32]", "F8_E4M3 [40, 3]", "do not pair"]})
 
 
 def test_convert_nvfp4_to_bf16_equals_the_twin(shardcast_bin, tmp_path):

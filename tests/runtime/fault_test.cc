@@ -124,3 +124,56 @@ TEST_F(LoadTest, AMalformedFaultIsAnErrorNamingTheValue) {
 
 }  // namespace
 }  // namespace shardcast
+
+namespace shardcast {
+namespace {
+
+// Whether process `pid` is stopped (state T in /proc/PID/stat).
+bool Stopped(pid_t pid) {
+  const std::string stat = testing::ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
+}
+
+// Regression (issue 20): a stream that fails while its sends are in flight. The engine must end the
+// transport's use of the staging ring (release the pending sends) before it frees it, and every rank
+// must still end with the one agreed error: no signal, no hang.
+//
+// The in-flight state is certain, not likely. Rank 1 stops itself (SIGSTOP) at its first stream message,
+// before it posts any receive, and gloo writes a send only once its receiver has posted the receive:
+// every send rank 0 posts to rank 1 stays pending in the transport, pointing into rank 0's staging
+// slots. With 64 slots nothing makes rank 0 wait for rank 1 within its first kFailAt messages, and rank
+// 1's pieces come at least every 9 messages (the "slow" model's largest piece is 4 chunks), so rank 0
+// fails (a refused allocation) with sends to rank 1 pending. Only then (rank 0 printed its message
+// kFailAt - 1) is rank 1 continued: it finds rank 0 gone and learns rank 0's error from the store.
+TEST_F(LoadTest, AStreamThatFailsWithSendsInFlightEndsWithOneErrorOnEveryRank) {
+  constexpr int kFailAt = 20;
+  std::string waited;  // what the test saw go wrong while it held rank 1 stopped
+  auto rs = Run(
+      2, "inflight", "slow", "slow", "rank0",
+      [&](std::vector<Subprocess>& ranks) {
+        for (int i = 1; i < kFailAt && waited.empty(); ++i) {
+          auto line = ranks[0].ReadLine(std::chrono::seconds(60));
+          if (!line || *line != "MESSAGE") waited = "rank 0 did not stream message " + std::to_string(i);
+        }
+        for (int i = 0; i < 600 && waited.empty() && !Stopped(ranks[1].pid()); ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+        if (waited.empty() && !Stopped(ranks[1].pid())) waited = "rank 1 never stopped before its first receive";
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0's next step is the fault
+        kill(ranks[1].pid(), SIGCONT);
+      },
+      [&](int rank) -> std::vector<std::string> {
+        return {rank == 0 ? "SHARDCAST_FAULT=0:stream:enomem:" + std::to_string(kFailAt) : "SHARDCAST_FAULT=1:stream:stop:1",
+                "SHARDCAST_STAGING_SLOTS=64", "SHARDCAST_TIMEOUT_MS=5000"};
+      });
+  EXPECT_EQ(waited, "");
+  ExpectSameError(rs, "IoError", {"rank 0 allocation", "injected by SHARDCAST_FAULT"});
+  for (size_t r = 0; r < rs.size(); ++r) {
+    EXPECT_EQ(rs[r].exit_status, 0) << "rank " << r << " ended by a signal or an error exit (128 + signal)";
+    EXPECT_LT(rs[r].seconds, 30.0) << "rank " << r << " waited out timeouts: " << rs[r].message;
+  }
+}
+
+}  // namespace
+}  // namespace shardcast

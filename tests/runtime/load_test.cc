@@ -134,8 +134,8 @@ TEST_P(LayoutExact, EveryRankHoldsExactlyItsPiece) {
   const auto [layout, ckpt, world, source] = GetParam();
   const std::string scenario = std::string(ckpt) == "deepseek" || std::string(ckpt) == "nvfp4" ? "dequant" : "exact";
   // Two "nodes" (GROUP_RANK), so node-leader has two readers.
-  auto rs = Run(world, scenario, ckpt, ckpt, source, nullptr, [&, w = world](int rank) {
-    return std::vector<std::string>{std::string("TEST_LAYOUT=") + layout,
+  auto rs = Run(world, scenario, ckpt, ckpt, source, nullptr, [l = layout, w = world](int rank) {  // C++17: no binding captured
+    return std::vector<std::string>{std::string("TEST_LAYOUT=") + l,
                                     "GROUP_RANK=" + std::to_string(rank * 2 / w)};
   });
   ExpectEveryRankExactAndVerified(rs);
