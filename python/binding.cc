@@ -14,6 +14,7 @@
 #include "loaders/posix_file.h"
 #include "runtime/buffer_init.h"
 #include "runtime/c10d_communicator.h"
+#include "runtime/handshake.h"
 #include "runtime/load.h"
 #include "runtime/save.h"
 #include "runtime/torch_dtype.h"

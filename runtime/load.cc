@@ -10,6 +10,8 @@
 #include "allocators/error.h"
 #include "runtime/failure.h"
 #include "runtime/fault.h"
+#include "runtime/handshake.h"
+#include "runtime/stream.h"
 #include "runtime/verdict.h"
 #include "runtime/verify.h"
 

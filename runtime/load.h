@@ -18,9 +18,10 @@
 
 #include "allocators/memory_probe.h"
 #include "runtime/communicator.h"
-#include "runtime/handshake.h"
+#include "runtime/key_mapping.h"
+#include "runtime/load_options.h"
 #include "runtime/materializer.h"
-#include "runtime/stream.h"
+#include "runtime/progress.h"
 
 namespace shardcast {
 

@@ -25,19 +25,11 @@
 #include <vector>
 
 #include "loaders/checkpoint.h"
+#include "runtime/key_mapping.h"
 #include "runtime/load_options.h"
 #include "runtime/plan.h"
 
 namespace shardcast {
-
-struct KeyMapping {
-  std::string add_prefix;    // default "": checkpoint key = add_prefix + model key
-  std::string strip_prefix;  // default "": checkpoint key = model key without this prefix
-  std::map<std::string, std::string> tied;  // model key -> model key it shares storage with
-  // model key -> checkpoint keys whose elements, concatenated in order, are the entry's: a fused
-  // expert tensor [E, 2I, H] is [gate_0, up_0, gate_1, up_1, ...] (transformers 5's MoE layout).
-  std::map<std::string, std::vector<std::string>> compose;
-};
 
 // The reader's options that shape the stream. Every rank runs with these, whatever it asked for.
 struct StreamParams {

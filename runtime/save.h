@@ -31,8 +31,9 @@
 #include <vector>
 
 #include "runtime/communicator.h"
+#include "runtime/load_options.h"
 #include "runtime/materializer.h"
-#include "runtime/stream.h"
+#include "runtime/progress.h"
 
 namespace shardcast {
 

@@ -18,6 +18,7 @@
 
 #include "runtime/communicator.h"
 #include "runtime/digest.h"
+#include "runtime/progress.h"
 #include "runtime/route.h"
 #include "runtime/sink.h"
 #include "runtime/staging_ring.h"
@@ -31,9 +32,6 @@ struct StreamStats {
   uint64_t bytes_stored = 0;    // into this rank's sink
   uint64_t messages = 0;        // that this rank took part in
 };
-
-// Called on every rank as its messages complete: this rank's bytes done and its total.
-using Progress = std::function<void(uint64_t done, uint64_t total)>;
 
 struct StreamContext {
   Communicator* comm = nullptr;

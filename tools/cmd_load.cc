@@ -12,6 +12,7 @@
 #include "allocators/error.h"
 #include "loaders/model_spec.h"
 #include "loaders/synth.h"
+#include "runtime/handshake.h"
 #include "runtime/load.h"
 #include "runtime/parallel_plan.h"
 #include "tools/cli_util.h"

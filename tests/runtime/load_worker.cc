@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "loaders/checkpoint.h"
 #include "loaders/synth.h"
 #include "runtime/load.h"
 #include "runtime/rope.h"
