@@ -31,7 +31,7 @@ inline void ApplyTestLayout(const std::string& name, int world, const ModelSpec&
     const std::vector<uint32_t> mesh = hsdp ? std::vector<uint32_t>{2, w / 4, 2} : std::vector<uint32_t>{w / 2, 2};
     auto on = [&](std::vector<Placement> p) {
       if (hsdp) p.insert(p.begin(), Placement{});
-      return Layout{mesh, all(false), p};
+      return Layout{mesh, all(false), p, {}};
     };
     o->layouts = {on({Placement{Placement::kStridedShard, 0, 2}, shard(0)}), on({shard(0), shard(1)}),
                   on({shard(0), Placement{}})};
@@ -41,7 +41,7 @@ inline void ApplyTestLayout(const std::string& name, int world, const ModelSpec&
       o->layout_of[e.key] = e.shape.size() >= 2 ? static_cast<uint32_t>(n++ % 2) : 2;
     }
   } else if (name == "shard1" || name == "ep") {
-    o->layouts = {Layout{{w}, all(false), {shard(1)}}, Layout{{w}, all(true), {shard(0)}}};
+    o->layouts = {Layout{{w}, all(false), {shard(1)}, {}}, Layout{{w}, all(true), {shard(0)}, {}}};
     for (const SpecEntry& e : spec.entries) {
       if (e.role != Role::kParameter || e.shape.size() < 2) continue;
       o->layout_of[e.key] = name == "ep" && e.shape.size() == 3 ? 1 : 0;
