@@ -43,7 +43,7 @@ class PinnedRegistration {
   PinnedRegistration& operator=(const PinnedRegistration&) = delete;
 
  private:
-  void* p_;
+  [[maybe_unused]] void* p_;  // used only in CUDA builds (unregistered in the destructor)
 };
 
 AllocatorStats PinnedStats();
