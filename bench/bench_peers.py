@@ -12,7 +12,11 @@ by save_pretrained; 12 layers ~2 GB, 40 ~6 GB) made an FSDP2 model at world size
                              flow) -> accelerate.utils.fsdp_utils.fsdp2_load_full_state_dict
   dcp                        the same, then set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True)
 
-each in its own launch of W processes, timed on every rank from just after init_process_group (torch
+each in its own launch of W processes. With --layout ep or tp, the same checkpoint on transformers' EP x FSDP
+(DistributedConfig(ep_size=2, fsdp_size=W): experts on their own mesh) or TP x FSDP (tp_size=2,
+fsdp_size=W/2: its tp_plan) layout, through the two calls that take one: transformers' from_pretrained and
+shardcast.from_pretrained(distributed_config=...), with and without prefetch. Each rank's pieces must be
+the same under both (the CRCs below). Runs are timed on every rank from just after init_process_group (torch
 imported, transformers and the method's library not) to the model ready on every rank (a barrier):
 
   import  transformers' AutoConfig and AutoModelForCausalLM (modeling_auto), and the method's library
@@ -29,8 +33,8 @@ sorted parameter-name order, and over the names, must be the same under every me
 Before each method the checkpoint is read into the page cache, or with --cold evicted from it
 (posix_fadvise DONTNEED); the bytes still resident (mincore) are reported.
 
-    bench/bench_peers.py [--world-size 4] [--layers 12] [--cold] [--methods a,b,...] [--repeat 1]
-                         [--out bench/results/peers.json]
+    bench/bench_peers.py [--world-size 4] [--layers 12] [--cold] [--layout fsdp|ep|tp] [--methods a,b,...]
+                         [--repeat 1] [--out bench/results/peers.json, peers-ep.json, peers-tp.json]
 """
 import argparse
 import json
@@ -99,23 +103,34 @@ def shard(model, world):
     fully_shard(model, mesh=mesh)
 
 
-def run_transformers(ckpt, world, clock):
+# --layout: the DistributedConfig keywords for a world of W (fsdp: FSDP2 over the whole world).
+LAYOUTS = {
+    "fsdp": lambda world: {"fsdp_size": world},
+    "ep": lambda world: {"ep_size": 2, "fsdp_size": world},
+    "tp": lambda world: {"tp_size": 2, "fsdp_size": world // 2},
+}
+
+
+def run_transformers(ckpt, world, clock, layout):
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.distributed import DistributedConfig
     return AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16,
-                                                distributed_config=DistributedConfig(fsdp_size=world))
+                                                distributed_config=DistributedConfig(**LAYOUTS[layout](world)))
 
 
 def run_shardcast_from_pretrained(prefetch=None):
-    def run(ckpt, world, clock):
+    def run(ckpt, world, clock, layout):
+        import torch
+        from transformers.distributed import DistributedConfig
         import shardcast
-        return shardcast.from_pretrained(ckpt, fsdp_size=world, prefetch=prefetch)
+        return shardcast.from_pretrained(ckpt, distributed_config=DistributedConfig(**LAYOUTS[layout](world)),
+                                         dtype=torch.bfloat16, prefetch=prefetch)
     return run
 
 
 def run_shardcast(source):
-    def run(ckpt, world, clock):
+    def run(ckpt, world, clock, layout):
         import shardcast
         model = meta_model(ckpt)
         shardcast.prepare(model, config=model.config)
@@ -129,7 +144,7 @@ def run_shardcast(source):
 
 def run_from_rank0(load_full_state_dict):
     """accelerate's and DCP's flow: every rank shards a meta model; rank 0 reads the whole checkpoint."""
-    def run(ckpt, world, clock):
+    def run(ckpt, world, clock, layout):
         import torch
         from transformers import AutoModelForCausalLM
         model = meta_model(ckpt)
@@ -155,13 +170,14 @@ def dcp_load(model, full_sd, rank0):
     set_model_state_dict(model, full_sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
-# build and shard inside one call, timed as load
+# build and shard inside one call, timed as load; the only methods that take a layout other than fsdp
 FOLDED = {"transformers", "shardcast-from-pretrained", "shardcast-from-pretrained-prefetch"}
 # name -> (what its import phase imports besides transformers, how it builds, shards and loads)
 METHODS = {
     "transformers": (["transformers.distributed"], run_transformers),
-    "shardcast-from-pretrained": (["shardcast"], run_shardcast_from_pretrained()),
-    "shardcast-from-pretrained-prefetch": (["shardcast"], run_shardcast_from_pretrained(prefetch=True)),
+    "shardcast-from-pretrained": (["transformers.distributed", "shardcast"], run_shardcast_from_pretrained()),
+    "shardcast-from-pretrained-prefetch": (["transformers.distributed", "shardcast"],
+                                           run_shardcast_from_pretrained(prefetch=True)),
     "shardcast-each-rank": (["shardcast"], run_shardcast("each-rank")),
     "shardcast-rank0": (["shardcast"], run_shardcast("rank0")),
     "accelerate": (["accelerate.utils.fsdp_utils"], run_from_rank0(accelerate_load)),
@@ -180,7 +196,7 @@ def local_crcs(model):
     return {"crc": crc, "names_crc": zlib.crc32(" ".join(n for n, _ in params).encode())}
 
 
-def worker(method, ckpt, out):
+def worker(method, ckpt, out, layout):
     import datetime
     import importlib
     import torch.distributed as dist
@@ -193,7 +209,7 @@ def worker(method, ckpt, out):
     for name in ["transformers.models.auto.modeling_auto", *modules]:
         importlib.import_module(name)
     clock.lap("import")
-    model = run(ckpt, dist.get_world_size(), clock)
+    model = run(ckpt, dist.get_world_size(), clock, layout)
     dist.barrier()
     clock.lap("load")
     sampler.stop = True
@@ -252,7 +268,8 @@ def summary(method, ranks):
 def print_table(summaries, size, args, resident):
     seen = [b / 1e9 for b in resident]
     cached = f"{min(seen):.2f}-{max(seen):.2f} GB resident before each method"
-    print(f"checkpoint {size / 1e9:.2f} GB ({args.layers} layers), world size {args.world_size}, "
+    print(f"checkpoint {size / 1e9:.2f} GB ({args.layers} layers), world size {args.world_size}, layout "
+          f"{args.layout} {LAYOUTS[args.layout](args.world_size)}, "
           f"{'cold' if args.cold else 'warm'} page cache ({cached}), median of {args.repeat} run(s)")
     print(f"{'method':<26} {'total s':>8} " + " ".join(f"{p:>7}" for p in PHASES)
           + f" {'r0 anon':>8} {'r0 file':>8} {'oth anon':>8}")
@@ -265,19 +282,28 @@ def print_table(summaries, size, args, resident):
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        return worker(*sys.argv[2:5])
+        return worker(*sys.argv[2:6])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world-size", type=int, default=4)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--cold", action="store_true", help="evict the checkpoint from the page cache before each method")
-    ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of: {', '.join(METHODS)}")
+    ap.add_argument("--layout", default="fsdp", choices=list(LAYOUTS),
+                    help="fsdp (FSDP2 over the world), ep (EP 2 x FSDP W), tp (TP 2 x FSDP W/2)")
+    ap.add_argument("--methods", help=f"comma-separated, of: {', '.join(METHODS)} (default: every one that takes "
+                                      "the layout)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each method, interleaved; the table: the median")
     ap.add_argument("--work", default=str(ROOT / "out/bench-peers"))
-    ap.add_argument("--out", default=str(ROOT / "bench/results/peers.json"))
+    ap.add_argument("--out", help="default bench/results/peers.json (fsdp), peers-LAYOUT.json (ep, tp)")
     args = ap.parse_args()
-    methods = args.methods.split(",")
+    takes = [m for m in METHODS if args.layout == "fsdp" or m in FOLDED]
+    methods = args.methods.split(",") if args.methods else takes
     if unknown := [m for m in methods if m not in METHODS]:
         ap.error(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(METHODS)}")
+    if cannot := [m for m in methods if m not in takes]:
+        ap.error(f"{', '.join(cannot)} build FSDP2 alone (fully_shard), not --layout {args.layout}; these take it: "
+                 f"{', '.join(takes)}")
+    args.out = args.out or str(ROOT / "bench/results" / ("peers.json" if args.layout == "fsdp"
+                                                         else f"peers-{args.layout}.json"))
     work = pathlib.Path(args.work)
     ckpt = work / f"qwen3-moe-{args.layers}L"
     if not ckpt.is_dir():
@@ -288,7 +314,7 @@ def main():
     for _ in range(args.repeat):  # interleaved, so drift on a shared machine hits every method alike
         for method in methods:
             resident.append(set_page_cache(files, args.cold))
-            runs[method].append(launch(__file__, [method, ckpt, work / method], args.world_size, work / method,
+            runs[method].append(launch(__file__, [method, ckpt, work / method, args.layout], args.world_size, work / method,
                                        method, timeout_s=3600, env={"HF_HUB_DISABLE_PROGRESS_BARS": "1"}))
     crcs = {m: [[(r["crc"], r["names_crc"]) for r in ranks] for ranks in rs] for m, rs in runs.items()}
     same = len({tuple(run) for per_run in crcs.values() for run in per_run}) == 1
@@ -299,6 +325,7 @@ def main():
     print(f"every rank's local shards identical across methods and runs: {same}")
     pathlib.Path(args.out).write_text(json.dumps(
         {"checkpoint_bytes": size, "layers": args.layers, "world_size": args.world_size, "repeat": args.repeat,
+         "layout": args.layout, "distributed_config": LAYOUTS[args.layout](args.world_size),
          "page_cache": "cold" if args.cold else "warm", "resident_bytes_before": resident, "identical": same,
          "summary": summaries, "all_seconds": {m: [max(r["seconds"] for r in ranks) for ranks in rs]
                                                for m, rs in runs.items()},
