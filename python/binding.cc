@@ -14,7 +14,6 @@
 #include "loaders/posix_file.h"
 #include "runtime/buffer_init.h"
 #include "runtime/c10d_communicator.h"
-#include "runtime/handshake.h"
 #include "runtime/load.h"
 #include "runtime/save.h"
 #include "runtime/torch_dtype.h"
@@ -167,7 +166,7 @@ py::dict LoadEntries(py::list entries, py::list layouts, const std::string& chec
       plan.emplace(Plan::Build(std::move(spec), world_size, plan_options));
       state.emplace(RankState::Adopt(*plan, rank, std::move(tensors)));
     } catch (const Error& e) {
-      FailHandshake(*comm, e.kind(), e.what());
+      FailLoad(*comm, e);
     }
     report = Load(*comm, &*state, rq);
   }

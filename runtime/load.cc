@@ -81,6 +81,8 @@ StreamResult Stream(Communicator& comm, const Route& route, const StreamContext&
 
 }  // namespace
 
+void FailLoad(Communicator& comm, const Error& problem) { FailHandshake(comm, problem.kind(), problem.what()); }
+
 LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   if (state->rank() != comm.rank()) {
     FailHandshake(comm, ErrorKind::kInvalidArgument,

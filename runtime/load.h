@@ -71,4 +71,9 @@ std::vector<RankReport> GatherReports(Communicator& comm, const RankReport& mine
 // for comm.rank() (checked). Allocates the state's shards unless checksum_only.
 LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& request);
 
+// For a rank that cannot get as far as Load (its config, plan or state failed: bad input, no memory):
+// call this where the other ranks call Load. Every rank's Load then throws one error naming this rank's
+// problem, instead of waiting for it until the timeout. Always throws that error here too.
+[[noreturn]] void FailLoad(Communicator& comm, const Error& problem);
+
 }  // namespace shardcast

@@ -12,7 +12,6 @@
 #include "allocators/error.h"
 #include "loaders/model_spec.h"
 #include "loaders/synth.h"
-#include "runtime/handshake.h"
 #include "runtime/load.h"
 #include "runtime/parallel_plan.h"
 #include "tools/cli_util.h"
@@ -179,7 +178,7 @@ int RunRank(const LoadArgs& a) {
     po.device_index = rv.local_rank;
     state = std::make_unique<RankState>(RankState::Prepare(*plan, rv.rank, po));
   } catch (const Error& e) {
-    FailHandshake(*comm, e.kind(), e.what());
+    FailLoad(*comm, e);
   }
   LoadReport report = algorithm != nullptr ? (*algorithm)(*comm, state.get(), rq) : Load(*comm, state.get(), rq);
   if (rv.rank == 0) {
