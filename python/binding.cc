@@ -166,7 +166,7 @@ py::dict LoadEntries(py::list entries, py::list layouts, const std::string& chec
       plan.emplace(Plan::Build(std::move(spec), world_size, plan_options));
       state.emplace(RankState::Adopt(*plan, rank, std::move(tensors)));
     } catch (const Error& e) {
-      FailLoad(*comm, e);
+      FailLoad(*comm, e.kind(), e.what());
     }
     report = Load(*comm, &*state, rq);
   }

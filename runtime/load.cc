@@ -81,7 +81,9 @@ StreamResult Stream(Communicator& comm, const Route& route, const StreamContext&
 
 }  // namespace
 
-void FailLoad(Communicator& comm, const Error& problem) { FailHandshake(comm, problem.kind(), problem.what()); }
+void FailLoad(Communicator& comm, ErrorKind kind, const std::string& problem) {
+  FailHandshake(comm, kind, problem);
+}
 
 LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   if (state->rank() != comm.rank()) {

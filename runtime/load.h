@@ -71,9 +71,9 @@ std::vector<RankReport> GatherReports(Communicator& comm, const RankReport& mine
 // for comm.rank() (checked). Allocates the state's shards unless checksum_only.
 LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& request);
 
-// For a rank that cannot get as far as Load (its config, plan or state failed: bad input, no memory):
-// call this where the other ranks call Load. Every rank's Load then throws one error naming this rank's
-// problem, instead of waiting for it until the timeout. Always throws that error here too.
-[[noreturn]] void FailLoad(Communicator& comm, const Error& problem);
+// For a rank that failed before it could call Load (its config, plan or state: bad input, no memory):
+// call this where the other ranks call Load. It enters the handshake with the problem, so every rank
+// raises the same error at once instead of waiting. Always throws. (Save's twin: FailSave.)
+[[noreturn]] void FailLoad(Communicator& comm, ErrorKind kind, const std::string& problem);
 
 }  // namespace shardcast

@@ -178,7 +178,7 @@ int RunRank(const LoadArgs& a) {
     po.device_index = rv.local_rank;
     state = std::make_unique<RankState>(RankState::Prepare(*plan, rv.rank, po));
   } catch (const Error& e) {
-    FailLoad(*comm, e);
+    FailLoad(*comm, e.kind(), e.what());
   }
   LoadReport report = algorithm != nullptr ? (*algorithm)(*comm, state.get(), rq) : Load(*comm, state.get(), rq);
   if (rv.rank == 0) {

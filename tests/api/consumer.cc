@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
       plan.emplace(shardcast::Plan::Build(shardcast::BuildModelSpec(config), rv.world_size));
       state.emplace(shardcast::RankState::Prepare(*plan, rv.rank));
     } catch (const shardcast::Error& e) {
-      shardcast::FailLoad(*comm, e);
+      shardcast::FailLoad(*comm, e.kind(), e.what());
     }
     const shardcast::LoadReport report = shardcast::Load(*comm, &*state, request);
     if (broken_rank >= 0) {
