@@ -87,8 +87,8 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
 
     The model's dtypes decide what a quantized checkpoint becomes: a floating (bf16, f16, f32) parameter
     of an fp8, MXFP4 or NVFP4 weight is dequantized in the stream; a parameter in the quantized layout
-    (transformers' FP8Linear/FP8Experts, see from_pretrained(keep_quantized=True)) receives the fp8
-    weight and its scale grid as they are stored.
+    (transformers' FP8Linear/FP8Experts or Mxfp4GptOssExperts, see from_pretrained(keep_quantized=True))
+    receives the fp8 weight and its scale grid, or the MXFP4 blocks and their scales, as they are stored.
 
     Options (None: SHARDCAST_* from the environment, else the default): source "auto" (default: rank 0
     decides, and the report's "source_reason" says why: each-rank when every rank sees the checkpoint on
@@ -210,8 +210,11 @@ def _mapping_shapes(path: str, keys: Dict[str, bool]) -> Dict[str, list]:
 
 
 def _compositions(model, path: str) -> Dict[str, list]:
-    # A model type without conversion rules composes nothing: the checkpoint is not even read.
-    return compositions(model, checkpoint_keys(path)) if conversion_rules(model) else {}
+    # A model type without conversion rules or packed (uint8) parameters composes nothing: the
+    # checkpoint is not even read.
+    if not conversion_rules(model) and not any(p.dtype == torch.uint8 for p in model.parameters()):
+        return {}
+    return compositions(model, checkpoint_keys(path))
 
 
 def _materialize(model: torch.nn.Module, target: Optional[str], config, buffer_init) -> None:

@@ -15,6 +15,8 @@ import stat
 import struct
 from typing import Dict, List, Optional, Tuple
 
+import torch
+
 
 def _header_of(fd: int) -> dict:
     # Checked through the descriptor: a FIFO or device named by a hostile index must not hang this rank
@@ -123,14 +125,35 @@ def _op_names(rule) -> List[str]:
 
 
 _SCALE_INV = "_scale_inv"
+_BLOCKS = "_blocks"
+
+
+def merged_blocks_shape(blocks: Tuple[int, ...]) -> Tuple[int, ...]:
+    """The shape of an MXFP4 "<key>_blocks" [..., out, in / 32, 16] with its last two dims merged, as
+    transformers' quantized gpt-oss experts hold it: [..., out, in / 2] (the same bytes)."""
+    return tuple(blocks[:-2]) + (blocks[-2] * blocks[-1],)
+
+
+def packed_mxfp4(model, keys: Dict[str, Tuple[int, ...]]) -> Dict[str, List[str]]:
+    """{model key: ["<key>_blocks"]} for every uint8 parameter the checkpoint holds as MXFP4 blocks of the
+    parameter's merged shape (kept quantized: the packed bytes as they are; its "<key>_scales" load as
+    their own parameter). A shape that does not merge is left out: the C++ core names both shapes."""
+    out: Dict[str, List[str]] = {}
+    for name, p in model.named_parameters():
+        blocks = keys.get(name + _BLOCKS)
+        if (p.dtype == torch.uint8 and name not in keys and blocks is not None and len(blocks) >= 3
+                and merged_blocks_shape(blocks) == tuple(p.shape)):
+            out[name] = [name + _BLOCKS]
+    return out
 
 
 def compositions(model, keys: Dict[str, Tuple[int, ...]]) -> Dict[str, List[str]]:
     """{model key: [checkpoint keys, concatenated in order]} for model entries not stored under their
     own key. Entries it cannot explain are left out; the load then names them as missing."""
+    packed = packed_mxfp4(model, keys)
     rules = conversion_rules(model)
     if not rules:
-        return {}
+        return packed
     renames = [(r.source_patterns[0], r.target_patterns[0]) for r in rules
                if type(r).__name__ == "WeightRenaming" and len(r.source_patterns) == 1]
     converters = [r for r in rules if type(r).__name__ == "WeightConverter"]
@@ -143,12 +166,12 @@ def compositions(model, keys: Dict[str, Tuple[int, ...]]) -> Dict[str, List[str]
                 return name.replace(dst, src)
         return None
 
-    out: Dict[str, List[str]] = {}
+    out: Dict[str, List[str]] = dict(packed)
     names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
     shapes = dict(model.named_parameters())
     shapes.update(dict(model.named_buffers()))
     for name in names:
-        if name in keys:
+        if name in keys or name in out:
             continue
         plain = to_checkpoint(name)
         if plain is not None:

@@ -181,15 +181,16 @@ def _build_meta(config, dtype: Optional[torch.dtype], trust_remote_code: bool):
 
 
 # The quantization methods whose layout a kept-quantized load builds: transformers' own quantized modules
-# hold the checkpoint's tensors unchanged (fp8 weights and their block scales, fused experts included).
-_KEPT_QUANTIZED = ("fp8",)
+# hold the checkpoint's tensors unchanged (fp8 weights and their block scales, fused experts included;
+# MXFP4 experts' packed blocks, with their E8M0 scales beside them).
+_KEPT_QUANTIZED = ("fp8", "mxfp4")
 
 
 def _quantized_layout(model, config, path: str, dtype: Optional[torch.dtype]) -> None:
     """Replaces the meta model's modules by transformers' quantized ones for the checkpoint's
-    quantization_config (FP8Linear, FP8Experts: fp8 weights, F32 or E8M0 `*_scale_inv`), exactly as its
-    from_pretrained does before loading a pre-quantized checkpoint on a GPU, so the load keeps the
-    checkpoint's quantized tensors as they are."""
+    quantization_config, as its from_pretrained does before loading a pre-quantized checkpoint on a GPU,
+    so the load keeps the checkpoint's quantized tensors as they are: FP8Linear/FP8Experts (fp8 weights,
+    F32 or E8M0 `*_scale_inv`), or Mxfp4GptOssExperts (see `_mxfp4_layout`)."""
     qc = getattr(config, "quantization_config", None)
     if qc is None:
         raise InvalidArgument(f"keep_quantized=True, but {path}/config.json has no quantization_config: the "
@@ -204,7 +205,45 @@ def _quantized_layout(model, config, path: str, dtype: Optional[torch.dtype]) ->
     # transformers dequantizes on a machine without a suitable GPU (its validate_environment, not called
     # here); the caller asked for the quantized layout, whatever this rank's device.
     quantizer.quantization_config.dequantize = False
-    quantizer.preprocess_model(model, dtype=dtype)
+    if method == "mxfp4":
+        _mxfp4_layout(model, quantizer, path)
+    else:
+        quantizer.preprocess_model(model, dtype=dtype)
+
+
+def _mxfp4_layout(model, quantizer, path: str) -> None:
+    """gpt-oss kept in MXFP4: every converted GptOssMLP becomes transformers' Mxfp4GptOssMLP around an
+    Mxfp4GptOssExperts, whose `gate_up_proj` / `down_proj` are uint8 [E, out, in / 2], the checkpoint's
+    `*_blocks` [E, out, in / 32, 16] with the last two dims merged (the same bytes). transformers keeps
+    the matching `*_scales` [E, out, in / 32] outside the parameters (a GPU swizzle into a triton
+    precision config, which needs its Hub kernels); here they are uint8 parameters of the same module,
+    so FSDP2 and transformers' EP plan (extended by the quantizer's own `update_parallel_plan`, as for
+    fp8) cut them over experts exactly as their blocks. Nothing is swizzled: a rank that runs the
+    experts hands its local blocks and scales to transformers' `swizzle_mxfp4_convertops` on its GPU."""
+    from transformers.integrations.mxfp4 import Mxfp4GptOssExperts, Mxfp4GptOssMLP
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
+    from transformers.quantizers.quantizers_utils import should_convert_module
+    model.is_quantized = True
+    model.quantization_method = quantizer.quantization_config.quant_method
+    skip = quantizer.get_modules_to_not_convert(model, quantizer.quantization_config.modules_to_not_convert,
+                                                getattr(model, "_keep_in_fp32_modules", None))
+    converted = 0
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, GptOssMLP) or not should_convert_module(f"{name}.experts", skip):
+            continue
+        with torch.device("meta"):
+            experts = Mxfp4GptOssExperts(model.config)
+            for proj in ("gate_up_proj", "down_proj"):
+                packed = getattr(experts, proj)  # [E, out, in / 2]
+                scales = torch.zeros(*packed.shape[:-1], packed.shape[-1] * 2 // 32, dtype=torch.uint8)
+                experts.register_parameter(f"{proj}_scales", torch.nn.Parameter(scales, requires_grad=False))
+            model.set_submodule(name, Mxfp4GptOssMLP(module.router, experts))
+        converted += 1
+    if converted == 0:
+        raise Unsupported(f"keep_quantized=True: {path} is MXFP4, but {type(model).__name__} has no gpt-oss "
+                          f"experts (GptOssMLP) to keep quantized outside modules_to_not_convert")
+    quantizer.update_parallel_plan(model, model.tp_plan)
+    quantizer.update_parallel_plan(model, model.ep_plan)
 
 
 def _model_class(config, trust_remote_code: bool):
@@ -264,11 +303,12 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
         TP, EP and FSDP2 plans and meshes instead of `mesh`/`shard`/`fsdp_kwargs`, then loaded.
     dtype: the model's parameter dtype; checkpoint tensors are converted while streamed (fp8, MXFP4 and
         NVFP4 weights dequantized with their scales).
-    keep_quantized: for an fp8 checkpoint (DeepSeek-V3, MiniMax-M2, FineGrainedFP8), build transformers'
-        quantized layout instead (FP8Linear/FP8Experts: fp8 weights and their `*_scale_inv` block scales,
-        experts fused) and load the checkpoint's bytes unchanged; `dtype` is then the other modules'.
-        FSDP2 shards each weight and its scale grid by their own rows; the all-gather before use pairs
-        them whole again.
+    keep_quantized: for an fp8 checkpoint (DeepSeek-V3, MiniMax-M2, FineGrainedFP8) or an MXFP4 one
+        (gpt-oss), build transformers' quantized layout instead (FP8Linear/FP8Experts: fp8 weights and
+        their `*_scale_inv` block scales, experts fused; Mxfp4GptOssExperts: the packed uint8 blocks,
+        with their uint8 E8M0 `*_scales` as parameters beside them) and load the checkpoint's bytes
+        unchanged; `dtype` is then the other modules'. FSDP2 shards each weight and its scales by their
+        own rows (MXFP4: both over experts); the all-gather before use pairs them whole again.
     shard: which submodules get their own fully_shard before the root's (see `shard_units`).
     fsdp_kwargs: passed to every fully_shard (mp_policy, reshard_after_forward, offload_policy, ...).
     source, target, **load_kwargs: passed to shardcast.load (verify, chunk_bytes, timeout, strict_keys);
@@ -312,6 +352,8 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
                 fully_shard(unit, mesh=mesh, **kwargs)
             fully_shard(model, mesh=mesh, **kwargs)
         model.shardcast_report = load(model, path, source=source, target=target, config=config, **load_kwargs)
+        if not keep_quantized and hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config  # dequantized, as transformers drops it after dequantizing
         return model
     finally:
         if ahead is not None:

@@ -48,7 +48,26 @@ def output_tensors(model) -> Dict[str, Tuple[Tuple[int, ...], torch.dtype]]:
         for name, p in model.named_parameters(remove_duplicate=False):
             names.setdefault(id(p), name)
         sd = {k: v for k, v in sd.items() if names.get(id(_tensor(model, k)), k) == k}
+    sd = _mxfp4_blocks(model, sd)
     return {k: (tuple(v.shape), v.dtype) for k, v in sd.items()}
+
+
+def _mxfp4_blocks(model, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Kept-quantized gpt-oss experts (transformers' Mxfp4GptOssExperts, see from_pretrained) written as
+    the MXFP4 checkpoints hold them, as transformers' own quantized save does: "<proj>_blocks"
+    [E, out, in / 32, 16] (the parameter's bytes, last dim split) beside "<proj>_scales"."""
+    try:
+        from transformers.integrations.mxfp4 import Mxfp4GptOssExperts
+    except ImportError:
+        return sd
+    packed = {f"{name}.{proj}" for name, m in model.named_modules() if isinstance(m, Mxfp4GptOssExperts)
+              for proj in ("gate_up_proj", "down_proj")}
+    out = {}
+    for k, v in sd.items():
+        if k in packed and v.dtype == torch.uint8 and v.dim() >= 2 and v.shape[-1] % 16 == 0:
+            k, v = k + "_blocks", v.reshape(*v.shape[:-1], v.shape[-1] // 16, 16)
+        out[k] = v
+    return out
 
 
 def _tensor(model, name):
@@ -120,19 +139,33 @@ def _written_dtype(model, dtype) -> Optional[torch.dtype]:
     return None
 
 
+_QUANTIZED_DTYPES = (torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2, getattr(torch, "float8_e8m0fnu", torch.uint8))
+
+
+def _holds_quantized(model) -> bool:
+    """Whether any parameter is in a quantized dtype (fp8, or packed bytes): a model loaded dequantized
+    from a quantized checkpoint has none, and its config must not say it is quantized."""
+    return any(p.dtype in _QUANTIZED_DTYPES for p in model.parameters())
+
+
 def config_texts(model, config, dtype) -> Tuple[str, str]:
     """(config.json, generation_config.json) as save_pretrained writes them, with dtype set to what is
-    written; "" where there is none."""
+    written; "" where there is none. A quantization_config is dropped where the model holds no quantized
+    parameter (transformers drops it from a model it dequantized), so the checkpoint never claims a
+    format its tensors are not in."""
     written = _written_dtype(model, dtype)
     name = str(written).split(".")[1] if written is not None else None
     cfg = config if config is not None else getattr(model, "config", None)
     if cfg is None:
         return "", ""
+    dequantized = not _holds_quantized(model)
     if isinstance(cfg, (str, os.PathLike)):
         with open(cfg) as f:
             cfg = json.load(f)
     if isinstance(cfg, dict):
         cfg = dict(cfg)
+        if dequantized:
+            cfg.pop("quantization_config", None)
         if name is not None:
             cfg["dtype"] = name
             if "torch_dtype" in cfg:
@@ -141,6 +174,8 @@ def config_texts(model, config, dtype) -> Tuple[str, str]:
     else:
         import copy
         cfg = copy.deepcopy(cfg)
+        if dequantized and hasattr(cfg, "quantization_config"):
+            del cfg.quantization_config
         if name is not None:
             cfg.dtype = name
         cfg.architectures = [type(model).__name__.removeprefix("FSDP")]

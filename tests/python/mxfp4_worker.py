@@ -7,6 +7,13 @@ transformers: a tiny gpt-oss whose experts are MXFP4 (random blocks and scales),
               checkpoint's config without quantization_config, fully_shard on a CPU mesh (FSDP, and
               HSDP 2 x W/2 at even W), shardcast.load: every parameter equals transformers'
               Mxfp4Config(dequantize=True) load, and so do the logits; shardcast.from_pretrained too.
+kept:         from_pretrained(keep_quantized=True): transformers' quantized gpt-oss layout (Mxfp4GptOssExperts,
+              the packed blocks as uint8 [E, out, in / 2], their E8M0 scales beside them) on FSDP2, HSDP
+              and EP x FSDP (transformers' EP plan) meshes, both sources: each rank's local shard of
+              every parameter is DTensor's piece of what transformers' quantized load hands its GPU
+              swizzle; all-gathered and dequantized with transformers' convert_moe_packed_tensors, the
+              experts equal its Mxfp4Config(dequantize=True) load; shardcast.save writes the checkpoint's
+              blocks and scales back byte for byte.
 malformed:    checkpoints whose pair cannot be read (no scales, scales that disagree with the blocks,
               blocks that are not the model's transpose, a quant_method shardcast does not read): the
               exception on this rank.
@@ -109,6 +116,101 @@ def transformers_flow(root, rank, world):
                                             "logits": logits_equal(model, ref) if mesh_name == "fsdp" else None}
     one = shardcast.from_pretrained(ckpt, dtype=torch.bfloat16)
     out["from_pretrained"] = {"bad": compare(one, want), "dequantized": one.shardcast_report["dequantized"]}
+    # Dequantized: the model's config no longer says MXFP4 (transformers drops it too), and saved with
+    # the checkpoint's own config.json, neither does the bf16 checkpoint's.
+    import json
+    saved = os.path.join(root, f"saved-dequantized-{world}")
+    shardcast.save(one, saved, overwrite=True, config=os.path.join(ckpt, "config.json"))
+    with open(os.path.join(saved, "config.json")) as f:
+        out["from_pretrained"]["saved_quantization_config"] = json.load(f).get("quantization_config")
+    out["from_pretrained"]["model_quantization_config"] = hasattr(one.config, "quantization_config")
+    return out
+
+
+def quantized_reference(ckpt):
+    """What transformers' quantized load of the MXFP4 checkpoint holds before its GPU swizzle, by name
+    of the kept-quantized model: the checkpoint's tensors, each "<proj>_blocks" as the uint8
+    [E, out, in / 2] that `swizzle_mxfp4_convertops` reshapes it to, the experts' biases in the float32
+    Mxfp4GptOssExperts declares, everything else as stored. (transformers' own quantized load cannot run
+    here: it fetches its triton kernels from the Hub and swizzles on a GPU. Its save unswizzles back to
+    these same bytes: `Mxfp4ReverseDeserialize`.)"""
+    from safetensors.torch import load_file
+    full = load_file(os.path.join(ckpt, "model.safetensors"))
+    want = {}
+    for k, v in full.items():
+        if k.endswith("_blocks"):
+            want[k[: -len("_blocks")]] = v.reshape(*v.shape[:-2], -1)
+        elif k.endswith(("experts.gate_up_proj_bias", "experts.down_proj_bias")):
+            want[k] = v.to(torch.float32)
+        else:
+            want[k] = v
+    return full, want
+
+
+def kept(root, rank, world):
+    from dtensor_ref import split_reference
+    from transformers import AutoModelForCausalLM, Mxfp4Config
+    layouts = [("fsdp", "gpt_oss_mxfp4", {})]
+    if world % 2 == 0:  # transformers' EP plan needs the experts to divide over its ranks: six of them
+        layouts += [("hsdp", "gpt_oss_mxfp4", {"dp_replicate_size": 2, "fsdp_size": world // 2}),
+                    ("ep", "gpt_oss_mxfp4_6", {"ep_size": 2, "fsdp_size": world})]
+    references = {}
+    for name in {c for _, c, _ in layouts}:
+        ckpt = os.path.join(root, name)
+        ref = AutoModelForCausalLM.from_pretrained(ckpt, quantization_config=Mxfp4Config(dequantize=True),
+                                                   dtype=torch.bfloat16)
+        references[name] = quantized_reference(ckpt) + (
+            {n: p.detach() for n, p in ref.named_parameters() if n.endswith(("gate_up_proj", "down_proj"))},)
+        del ref
+    out = {}
+    for (layout, name, sizes), source in [(lo, s) for lo in layouts for s in ("rank0", "each-rank")]:
+        ckpt = os.path.join(root, name)
+        full, want, dequantized = references[name]
+        model = shardcast.from_pretrained(ckpt, keep_quantized=True, source=source, verify=True, **sizes)
+        report, bad, dtypes, sharded = model.shardcast_report, [], set(), []
+        got = dict(model.named_parameters())
+        for n, p in got.items():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            piece = want[n]
+            if hasattr(p, "to_local"):
+                piece = split_reference(piece, tuple(p.device_mesh.shape), p.placements, p.device_mesh.get_coordinate())
+                if any(type(x).__name__ != "Replicate" for x in p.placements):
+                    sharded.append(n)
+            dtypes.add(str(local.dtype))
+            if not same_bits(local.detach(), piece):
+                bad.append(n)
+        # Each expert's scales are cut exactly as its blocks: the same mesh, placements and local experts.
+        unpaired = []
+        for n in dequantized:
+            b, sc = got[n], got[n + "_scales"]
+            lb = b.to_local() if hasattr(b, "to_local") else b
+            ls = sc.to_local() if hasattr(sc, "to_local") else sc
+            if (getattr(b, "placements", None) != getattr(sc, "placements", None)
+                    or getattr(b, "device_mesh", None) != getattr(sc, "device_mesh", None) or lb.shape[0] != ls.shape[0]):
+                unpaired.append(n)
+        # The kept experts, gathered whole and dequantized by transformers: its dequantized load's values.
+        wrong = []
+        for n, d in dequantized.items():
+            blocks, scales = got[n], got[n + "_scales"]
+            blocks = blocks.full_tensor() if hasattr(blocks, "full_tensor") else blocks
+            scales = scales.full_tensor() if hasattr(scales, "full_tensor") else scales
+            blocks = blocks.detach().reshape(*scales.shape, 16)
+            if not same_bits(reference(blocks, scales.detach(), torch.bfloat16), d):
+                wrong.append(n)
+        case = {"bad": bad, "missing": sorted(set(want) - set(got)), "extra": sorted(set(got) - set(want)),
+                "dtypes": sorted(dtypes), "sharded": sharded, "dequantized": report["dequantized"],
+                "verify": report["ranks"][rank]["verify"], "skipped": report["skipped_keys"],
+                "experts_dequantized_wrong": wrong, "unpaired": unpaired, "experts_dequantized": len(dequantized)}
+        if source == "each-rank":  # saved back: the checkpoint's own tensors, byte for byte
+            from safetensors.torch import load_file
+            saved = os.path.join(root, f"saved-{layout}-{world}")
+            shardcast.save(model, saved, overwrite=True)
+            written = load_file(os.path.join(saved, "model.safetensors"))
+            case["saved_keys_differ"] = sorted(set(written) ^ set(full))
+            # (the experts' biases are written in the float32 they were loaded into: exact)
+            case["saved_bad"] = sorted(k for k in set(written) & set(full)
+                                       if not same_bits(written[k], full[k].to(written[k].dtype)))
+        out[f"{layout}/{source}"] = case
     return out
 
 
@@ -124,7 +226,7 @@ def malformed(root, rank, world):
 
 
 def main():
-    modes = {"transformers": transformers_flow, "mapping": mapping, "malformed": malformed}
+    modes = {"transformers": transformers_flow, "mapping": mapping, "malformed": malformed, "kept": kept}
     run(modes, lambda world: ["mapping", "transformers"])
 
 

@@ -31,12 +31,13 @@ def write_pairs(path):
     write_two_files(path, blocks, scales)
 
 
-def write_gpt_oss(path):
+def write_gpt_oss(path, experts=5):
     """A tiny gpt-oss as the released checkpoints are: experts as MXFP4 pairs (random blocks, scales in
     gpt-oss's range), their biases, attention, router, embeddings and norms in bf16, and
-    quantization_config {quant_method: mxfp4}. Five experts: no world size 2..4 divides them."""
+    quantization_config {quant_method: mxfp4}. Five experts: no world size 2..4 divides them (six: for
+    transformers' EP plan, which needs them to divide over its 2 ranks; FSDP2 over 4 leaves one empty)."""
     from safetensors.torch import load_file, save_file
-    cfg = transformers.GptOssConfig(hidden_size=64, intermediate_size=96, num_local_experts=5, num_experts_per_tok=2,
+    cfg = transformers.GptOssConfig(hidden_size=64, intermediate_size=96, num_local_experts=experts, num_experts_per_tok=2,
                                     head_dim=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                     vocab_size=37, max_position_embeddings=512, sliding_window=16,
                                     tie_word_embeddings=False)
@@ -67,6 +68,7 @@ def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("mxfp4")
     write_pairs(root / "pairs")
     write_gpt_oss(root / "gpt_oss_mxfp4")
+    write_gpt_oss(root / "gpt_oss_mxfp4_6", experts=6)
     return root
 
 
@@ -92,7 +94,9 @@ def test_every_rank_equals_transformers(checkpoints, tmp_path, world):
             assert c["bad"] == [], (rank, case, c["bad"])
             assert c["dequantized"] == 4 and c["verify"] == "ok" and c["skipped"] == 0, (case, c)
             assert c["logits"] in (True, None), (rank, case)
-        assert t["from_pretrained"]["bad"] == [] and t["from_pretrained"]["dequantized"] == 4, t["from_pretrained"]
+        f = t["from_pretrained"]
+        assert f["bad"] == [] and f["dequantized"] == 4, f
+        assert f["saved_quantization_config"] is None and f["model_quantization_config"] is False, f
 
 
 def write_malformed(root):
@@ -172,3 +176,29 @@ def test_convert_writes_the_models_transpose_equal_to_transformers(checkpoints, 
         for key in got:
             if key not in params:
                 assert torch.equal(got[key].view(torch.uint8), given[key].view(torch.uint8)), key
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_kept_quantized_equals_transformers_quantized_layout(checkpoints, tmp_path, world):
+    """from_pretrained(keep_quantized=True) of gpt-oss's MXFP4: transformers' quantized layout
+    (Mxfp4GptOssExperts: the packed blocks as uint8 [E, out, in / 2]) with each expert's E8M0 scales as
+    a uint8 parameter beside its blocks, so FSDP2 (5 experts over 2-4 ranks: uneven, an empty rank at
+    W=4), HSDP and transformers' EP plan cut both over the same experts. Each rank's shard equals
+    DTensor's piece of the bytes transformers' quantized load swizzles; gathered and dequantized by
+    transformers, the experts equal its Mxfp4Config(dequantize=True) load; save writes the checkpoint's
+    `*_blocks` / `*_scales` back byte for byte."""
+    results = ranks.run("mxfp4_worker.py", "kept", checkpoints, world, tmp_path, timeout=600)
+    for rank, r in enumerate(results):
+        cases = r["kept"]
+        assert len(cases) == (6 if world % 2 == 0 else 2), sorted(cases)
+        for case, t in cases.items():
+            assert t["bad"] == [] and t["missing"] == [] and t["extra"] == [], (rank, case, t)
+            assert t["experts_dequantized"] == 4 and t["experts_dequantized_wrong"] == [], (rank, case, t)
+            assert t["unpaired"] == [], (rank, case, "scales cut otherwise than their blocks", t["unpaired"])
+            assert t["dequantized"] == 0 and t["verify"] == "ok" and t["skipped"] == 0, (case, t)
+            assert {"torch.uint8", "torch.float32", "torch.bfloat16"} == set(t["dtypes"]), (case, t["dtypes"])
+            if world > 1 or case.startswith("ep"):
+                scales = [n for n in t["sharded"] if n.endswith("experts.gate_up_proj_scales")]
+                assert len(scales) == 2, (case, "the scales are cut like their blocks", t["sharded"])
+            if case.endswith("each-rank"):
+                assert t["saved_keys_differ"] == [] and t["saved_bad"] == [], (rank, case, t)
