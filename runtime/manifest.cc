@@ -118,7 +118,7 @@ class Resolver {
     used_[found.key_index] = 1;
     return ManifestPart{ck, stored, file_index_.at(found.file),
                         found.file->header().data_offset() + found.info->begin, found.info->numel(),
-                        found.info->shape};
+                        found.info->shape, /*dequantize=*/false, ManifestScale{}};
   }
 
   // An fp8 weight for a floating entry: dequantized with its block scales, never cast without them.
@@ -136,8 +136,8 @@ class Resolver {
     used_[found.key_index] = 1;
     used_[scale->key_index] = 1;
     ManifestPart p{ck, found.info->dtype, file_index_.at(found.file),
-                   found.file->header().data_offset() + found.info->begin, found.info->numel(), found.info->shape};
-    p.dequantize = true;
+                   found.file->header().data_offset() + found.info->begin, found.info->numel(), found.info->shape,
+                   /*dequantize=*/true, ManifestScale{}};
     p.scale.key = scale_key;
     p.scale.dtype = scale->info->dtype;
     p.scale.file = file_index_.at(scale->file);

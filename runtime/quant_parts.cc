@@ -141,7 +141,16 @@ std::optional<ManifestPart> ResolveMxfp4Part(const Checkpoint& ckpt, const FileI
                     " has no '" + Mxfp4ScalesKey(ck) + "' to dequantize it to the model's " + ShapeText(shape) +
                     " (MXFP4 blocks are never read without their scales)");
   }
-  CheckMxfp4Pair(ck, blocks->info->dtype, blocks->info->shape, scales->info->dtype, scales->info->shape, shape, target);
+  const std::vector<uint64_t>& bs = blocks->info->shape;
+  if (target == DType::kU8 && bs.size() >= 2) {  // kept quantized, but not the blocks' merged shape
+    std::vector<uint64_t> merged(bs.begin(), bs.end() - 2);
+    merged.push_back(bs[bs.size() - 2] * bs.back());
+    throw Error(ErrorKind::kManifestMismatch, "key '" + model_key + "'",
+                "'" + Mxfp4BlocksKey(ck) + "' " + ShapeText(bs) + " in " + blocks->file->path() +
+                    " kept quantized is " + ShapeText(merged) + " ([..., out, in / 2], as transformers' "
+                    "Mxfp4GptOssExperts holds it) but rank 0's plan has " + ShapeText(shape));
+  }
+  CheckMxfp4Pair(ck, blocks->info->dtype, bs, scales->info->dtype, scales->info->shape, shape, target);
   ManifestPart p{Mxfp4BlocksKey(ck), blocks->info->dtype, files.at(blocks->file),
                  blocks->file->header().data_offset() + blocks->info->begin, Numel(shape), shape,
                  /*dequantize=*/true, ManifestScale{}};

@@ -57,7 +57,9 @@ using FileIndex = std::unordered_map<const SafetensorsFile*, uint32_t>;
 // Rank 0: the part of entry `model_key` (shape, target dtype) when the checkpoint holds "<ck>_blocks";
 // nullopt when it holds no such tensor. `ck` is the entry's checkpoint key. Throws kCheckpoint naming
 // the key and every shape when "<ck>_scales" is missing or the pair does not make `shape`;
-// kUnsupported for dtypes it cannot dequantize (a non-floating target included).
+// kManifestMismatch for a U8 target (kept quantized) of another shape than the blocks' with their last
+// two dims merged (the matching one is composed from "<ck>_blocks" directly, never reaching here);
+// kUnsupported for other dtypes it cannot dequantize.
 std::optional<ManifestPart> ResolveMxfp4Part(const Checkpoint& ckpt, const FileIndex& files, const std::string& model_key,
                                              const std::string& ck, const std::vector<uint64_t>& shape, DType target);
 

@@ -214,6 +214,16 @@ def kept(root, rank, world):
     return out
 
 
+def kept_mismatch(root, rank, world):
+    """keep_quantized=True where one expert's blocks hold fewer groups than the model's experts: the error
+    on this rank."""
+    try:
+        shardcast.from_pretrained(os.path.join(root, "kept_mismatch"), keep_quantized=True, timeout=60)
+        return {"type": None}
+    except shardcast.ShardcastError as err:
+        return {"type": type(err).__name__, "message": str(err)}
+
+
 def malformed(root, rank, world):
     """Each malformed checkpoint under ROOT/malformed ("x.experts", its shape from the blocks): the error on this rank."""
     from shardcast._mapping import checkpoint_keys, entry_shape
@@ -226,7 +236,8 @@ def malformed(root, rank, world):
 
 
 def main():
-    modes = {"transformers": transformers_flow, "mapping": mapping, "malformed": malformed, "kept": kept}
+    modes = {"transformers": transformers_flow, "mapping": mapping, "malformed": malformed, "kept": kept,
+             "kept_mismatch": kept_mismatch}
     run(modes, lambda world: ["mapping", "transformers"])
 
 

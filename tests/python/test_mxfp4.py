@@ -202,3 +202,23 @@ def test_kept_quantized_equals_transformers_quantized_layout(checkpoints, tmp_pa
                 assert len(scales) == 2, (case, "the scales are cut like their blocks", t["sharded"])
             if case.endswith("each-rank"):
                 assert t["saved_keys_differ"] == [] and t["saved_bad"] == [], (rank, case, t)
+
+
+def test_kept_quantized_blocks_of_another_shape_are_one_error_on_every_rank(checkpoints, tmp_path):
+    """A checkpoint whose blocks for one expert tensor do not merge into the kept model's [E, out, in / 2]:
+    the same ManifestMismatch on every rank, naming the key, the blocks' shape, what they merge to, the file
+    and the model's shape."""
+    import shutil
+    from safetensors.torch import load_file, save_file
+    ck = tmp_path / "ck" / "kept_mismatch"
+    shutil.copytree(checkpoints / "gpt_oss_mxfp4", ck)
+    tensors = load_file(str(ck / "model.safetensors"))
+    key = "model.layers.1.mlp.experts.down_proj_blocks"
+    tensors[key] = tensors[key][:, :, :2].contiguous()
+    save_file(tensors, str(ck / "model.safetensors"), metadata={"format": "pt"})
+    results = ranks.run("mxfp4_worker.py", "kept_mismatch", tmp_path / "ck", 2, tmp_path)
+    seen = [r["kept_mismatch"] for r in results]
+    assert seen[0] == seen[1] and seen[0]["type"] == "ManifestMismatch", seen
+    for word in ("key 'model.layers.1.mlp.experts.down_proj'", key + "' [5, 64, 2, 16]", "kept quantized is [5, 64, 32]",
+                 "kept_mismatch/model.safetensors", "[5, 64, 48]"):
+        assert word in seen[0]["message"], (word, seen[0]["message"])
