@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 import shardcast
 from dtensor_ref import split_reference
-from quant_workers import bf16_fsdp2, rows, run
+from quant_workers import bf16_fsdp2, rows, run, shards_against
 
 
 def reference(w, s, block=(128, 128)):
@@ -83,22 +83,11 @@ def kept(root, rank, world):
         want = transformers_quantized(ckpt)
         for (layout, sizes), source in [(lo, s) for lo in layouts for s in ("rank0", "each-rank")]:
             model = shardcast.from_pretrained(ckpt, keep_quantized=True, source=source, verify=True, **sizes)
-            report, bad, dtypes = model.shardcast_report, [], set()
-            got = dict(model.named_parameters())
-            for n, p in got.items():
-                local = p.to_local() if hasattr(p, "to_local") else p
-                ref = want[n]
-                if hasattr(p, "to_local"):
-                    ref = split_reference(ref, tuple(p.device_mesh.shape), p.placements, p.device_mesh.get_coordinate())
-                dtypes.add(str(local.dtype))
-                if local.dtype != ref.dtype or local.shape != ref.shape or not torch.equal(
-                        local.detach().contiguous().view(torch.uint8), ref.contiguous().view(torch.uint8)):
-                    bad.append(n)
+            report, got = model.shardcast_report, dict(model.named_parameters())
+            bad, dtypes, sharded = shards_against(model, want)
             out[f"{name}/{layout}/{source}"] = {
-                "bad": bad, "missing": sorted(set(want) - set(got)), "dtypes": sorted(dtypes),
-                "dequantized": report["dequantized"], "verify": report["ranks"][rank]["verify"],
-                "sharded": [n for n, p in got.items() if hasattr(p, "placements")
-                            and any(type(x).__name__ != "Replicate" for x in p.placements)]}
+                "bad": bad, "missing": sorted(set(want) - set(got)), "dtypes": dtypes,
+                "dequantized": report["dequantized"], "verify": report["ranks"][rank]["verify"], "sharded": sharded}
     return out
 
 

@@ -23,7 +23,7 @@ import os
 import torch
 
 import shardcast
-from quant_workers import malformed_errors, packed, rows, run
+from quant_workers import malformed_errors, packed, rows, run, shards_against
 
 TARGETS = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
@@ -148,7 +148,6 @@ def quantized_reference(ckpt):
 
 
 def kept(root, rank, world):
-    from dtensor_ref import split_reference
     from transformers import AutoModelForCausalLM, Mxfp4Config
     layouts = [("fsdp", "gpt_oss_mxfp4", {})]
     if world % 2 == 0:  # transformers' EP plan needs the experts to divide over its ranks: six of them
@@ -167,18 +166,8 @@ def kept(root, rank, world):
         ckpt = os.path.join(root, name)
         full, want, dequantized = references[name]
         model = shardcast.from_pretrained(ckpt, keep_quantized=True, source=source, verify=True, **sizes)
-        report, bad, dtypes, sharded = model.shardcast_report, [], set(), []
-        got = dict(model.named_parameters())
-        for n, p in got.items():
-            local = p.to_local() if hasattr(p, "to_local") else p
-            piece = want[n]
-            if hasattr(p, "to_local"):
-                piece = split_reference(piece, tuple(p.device_mesh.shape), p.placements, p.device_mesh.get_coordinate())
-                if any(type(x).__name__ != "Replicate" for x in p.placements):
-                    sharded.append(n)
-            dtypes.add(str(local.dtype))
-            if not same_bits(local.detach(), piece):
-                bad.append(n)
+        report, got = model.shardcast_report, dict(model.named_parameters())
+        bad, dtypes, sharded = shards_against(model, want)
         # Each expert's scales are cut exactly as its blocks: the same mesh, placements and local experts.
         unpaired = []
         for n in dequantized:
@@ -198,7 +187,7 @@ def kept(root, rank, world):
             if not same_bits(reference(blocks, scales.detach(), torch.bfloat16), d):
                 wrong.append(n)
         case = {"bad": bad, "missing": sorted(set(want) - set(got)), "extra": sorted(set(got) - set(want)),
-                "dtypes": sorted(dtypes), "sharded": sharded, "dequantized": report["dequantized"],
+                "dtypes": dtypes, "sharded": sharded, "dequantized": report["dequantized"],
                 "verify": report["ranks"][rank]["verify"], "skipped": report["skipped_keys"],
                 "experts_dequantized_wrong": wrong, "unpaired": unpaired, "experts_dequantized": len(dequantized)}
         if source == "each-rank":  # saved back: the checkpoint's own tensors, byte for byte

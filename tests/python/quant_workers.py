@@ -39,6 +39,28 @@ def packed(full, path, rank, world):
     return out
 
 
+def shards_against(model, want):
+    """Each parameter's local shard against DTensor's piece of want[name] (the whole tensor), bit for bit:
+    (names that differ or have no reference, local dtypes seen, names sharded on some mesh dim)."""
+    from dtensor_ref import split_reference
+    bad, dtypes, sharded = [], set(), []
+    for n, p in model.named_parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        ref = want.get(n)
+        if ref is None:
+            bad.append(n)
+            continue
+        if hasattr(p, "to_local"):
+            ref = split_reference(ref, tuple(p.device_mesh.shape), p.placements, p.device_mesh.get_coordinate())
+            if any(type(x).__name__ != "Replicate" for x in p.placements):
+                sharded.append(n)
+        dtypes.add(str(local.dtype))
+        if local.dtype != ref.dtype or local.shape != ref.shape or not torch.equal(
+                local.detach().contiguous().view(torch.uint8), ref.contiguous().view(torch.uint8)):
+            bad.append(n)
+    return bad, sorted(dtypes), sharded
+
+
 def bf16_fsdp2(ckpt, world):
     """The one-line user flow: the checkpoint's config without quantization_config, a bf16 model on the
     meta device, shardcast.prepare, fully_shard of every decoder layer and the root on a CPU mesh."""
