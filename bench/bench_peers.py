@@ -12,7 +12,11 @@ by save_pretrained; 12 layers ~2 GB, 40 ~6 GB) made an FSDP2 model at world size
                              flow) -> accelerate.utils.fsdp_utils.fsdp2_load_full_state_dict
   dcp                        the same, then set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True)
 
-each in its own launch of W processes. With --layout ep or tp, the same checkpoint on transformers' EP x FSDP
+each in its own launch of W processes. With --model gpt-oss-mxfp4, a gpt-oss checkpoint whose experts are
+MXFP4 (gpt-oss-20b's widths and 32 experts, random blocks and scales in its range), made a bf16 FSDP2 model by
+transformers (Mxfp4Config(dequantize=True), what it does on CPU anyway) and by shardcast.from_pretrained
+(dequantized in the stream), and kept in MXFP4 by shardcast.from_pretrained(keep_quantized=True)
+(shardcast-kept-mxfp4: a different model, so its CRCs are compared only across its own runs). With --layout ep or tp, the same checkpoint on transformers' EP x FSDP
 (DistributedConfig(ep_size=2, fsdp_size=W): experts on their own mesh) or TP x FSDP (tp_size=2,
 fsdp_size=W/2: its tp_plan) layout, through the two calls that take one: transformers' from_pretrained and
 shardcast.from_pretrained(distributed_config=...), with and without prefetch. Each rank's pieces must be
@@ -34,6 +38,7 @@ Before each method the checkpoint is read into the page cache, or with --cold ev
 (posix_fadvise DONTNEED); the bytes still resident (mincore) are reported.
 
     bench/bench_peers.py [--world-size 4] [--layers 12] [--cold] [--layout fsdp|ep|tp] [--methods a,b,...]
+                         [--model qwen3-moe|gpt-oss-mxfp4]
                          [--repeat 1] [--out bench/results/peers.json, peers-ep.json, peers-tp.json]
 """
 import argparse
@@ -115,17 +120,21 @@ def run_transformers(ckpt, world, clock, layout):
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.distributed import DistributedConfig
+    kwargs = {}
+    if "mxfp4" in pathlib.Path(ckpt).name:  # what transformers does on CPU anyway, without its warning
+        from transformers import Mxfp4Config
+        kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
     return AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16,
-                                                distributed_config=DistributedConfig(**LAYOUTS[layout](world)))
+                                                distributed_config=DistributedConfig(**LAYOUTS[layout](world)), **kwargs)
 
 
-def run_shardcast_from_pretrained(prefetch=None):
+def run_shardcast_from_pretrained(prefetch=None, keep_quantized=False):
     def run(ckpt, world, clock, layout):
         import torch
         from transformers.distributed import DistributedConfig
         import shardcast
         return shardcast.from_pretrained(ckpt, distributed_config=DistributedConfig(**LAYOUTS[layout](world)),
-                                         dtype=torch.bfloat16, prefetch=prefetch)
+                                         dtype=torch.bfloat16, prefetch=prefetch, keep_quantized=keep_quantized)
     return run
 
 
@@ -171,13 +180,15 @@ def dcp_load(model, full_sd, rank0):
 
 
 # build and shard inside one call, timed as load; the only methods that take a layout other than fsdp
-FOLDED = {"transformers", "shardcast-from-pretrained", "shardcast-from-pretrained-prefetch"}
+FOLDED = {"transformers", "shardcast-from-pretrained", "shardcast-from-pretrained-prefetch", "shardcast-kept-mxfp4"}
 # name -> (what its import phase imports besides transformers, how it builds, shards and loads)
 METHODS = {
     "transformers": (["transformers.distributed"], run_transformers),
     "shardcast-from-pretrained": (["transformers.distributed", "shardcast"], run_shardcast_from_pretrained()),
     "shardcast-from-pretrained-prefetch": (["transformers.distributed", "shardcast"],
                                            run_shardcast_from_pretrained(prefetch=True)),
+    "shardcast-kept-mxfp4": (["transformers.distributed", "shardcast"],
+                             run_shardcast_from_pretrained(keep_quantized=True)),
     "shardcast-each-rank": (["shardcast"], run_shardcast("each-rank")),
     "shardcast-rank0": (["shardcast"], run_shardcast("rank0")),
     "accelerate": (["accelerate.utils.fsdp_utils"], run_from_rank0(accelerate_load)),
@@ -240,6 +251,57 @@ def write_checkpoint(path, layers):
     partial.rename(path)
 
 
+def write_gpt_oss_mxfp4(path, layers):
+    """gpt-oss-20b's widths (hidden and expert 2880, 32 experts; vocabulary cut to 32000) with its experts
+    as MXFP4 pairs, random blocks and scales in gpt-oss's exponent range, everything else bf16 from
+    save_pretrained, quantization_config {quant_method: mxfp4}; renamed into place once whole."""
+    import shutil
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, GptOssConfig
+    cfg = GptOssConfig(hidden_size=2880, intermediate_size=2880, num_local_experts=32, num_experts_per_tok=4,
+                       head_dim=64, num_hidden_layers=layers, num_attention_heads=64, num_key_value_heads=8,
+                       vocab_size=32000, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    partial = path.with_name(path.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    g = torch.Generator().manual_seed(1)
+    weight_map, shard, index, at = {}, {}, 0, 0
+
+    def flush():
+        nonlocal shard, index, at
+        if shard:
+            name = f"model-{index:05d}.safetensors"
+            save_file(shard, str(partial / name), metadata={"format": "pt"})
+            weight_map.update({k: name for k in shard})
+            shard, index, at = {}, index + 1, 0
+    for key, p in meta.state_dict().items():
+        if key.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            experts, n_in, n_out = p.shape  # the model's [E, in, out]
+            tensors = {key + "_blocks": torch.randint(0, 256, (experts, n_out, n_in // 32, 16), generator=g,
+                                                      dtype=torch.uint8),
+                       key + "_scales": torch.randint(116, 130, (experts, n_out, n_in // 32), generator=g,
+                                                      dtype=torch.uint8)}
+        else:
+            tensors = {key: (torch.randn(p.shape, generator=g) * 0.02).to(p.dtype)}
+        for k, t in tensors.items():
+            shard[k] = t
+            at += t.numel() * t.element_size()
+        if at >= 500_000_000:
+            flush()
+    flush()
+    (partial / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    config = cfg.to_dict()
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    config["architectures"] = ["GptOssForCausalLM"]
+    (partial / "config.json").write_text(json.dumps(config))
+    partial.rename(path)
+
+
 def set_page_cache(files, cold):
     """Evicts the files from the page cache (cold) or reads them into it (warm); returns the bytes
     resident afterwards (mincore)."""
@@ -268,7 +330,7 @@ def summary(method, ranks):
 def print_table(summaries, size, args, resident):
     seen = [b / 1e9 for b in resident]
     cached = f"{min(seen):.2f}-{max(seen):.2f} GB resident before each method"
-    print(f"checkpoint {size / 1e9:.2f} GB ({args.layers} layers), world size {args.world_size}, layout "
+    print(f"{args.model} checkpoint {size / 1e9:.2f} GB ({args.layers} layers), world size {args.world_size}, layout "
           f"{args.layout} {LAYOUTS[args.layout](args.world_size)}, "
           f"{'cold' if args.cold else 'warm'} page cache ({cached}), median of {args.repeat} run(s)")
     print(f"{'method':<26} {'total s':>8} " + " ".join(f"{p:>7}" for p in PHASES)
@@ -291,23 +353,31 @@ def main():
                     help="fsdp (FSDP2 over the world), ep (EP 2 x FSDP W), tp (TP 2 x FSDP W/2)")
     ap.add_argument("--methods", help=f"comma-separated, of: {', '.join(METHODS)} (default: every one that takes "
                                       "the layout)")
+    ap.add_argument("--model", default="qwen3-moe", choices=["qwen3-moe", "gpt-oss-mxfp4"],
+                    help="qwen3-moe (bf16, save_pretrained) or gpt-oss-mxfp4 (MXFP4 experts; default --layers 2 "
+                         "then, and the methods transformers, shardcast-from-pretrained, shardcast-kept-mxfp4)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each method, interleaved; the table: the median")
     ap.add_argument("--work", default=str(ROOT / "out/bench-peers"))
     ap.add_argument("--out", help="default bench/results/peers.json (fsdp), peers-LAYOUT.json (ep, tp)")
     args = ap.parse_args()
-    takes = [m for m in METHODS if args.layout == "fsdp" or m in FOLDED]
+    mxfp4 = args.model == "gpt-oss-mxfp4"
+    takes = [m for m in METHODS if (args.layout == "fsdp" or m in FOLDED) and (m != "shardcast-kept-mxfp4" or mxfp4)]
+    if mxfp4:
+        takes = [m for m in takes if m in ("transformers", "shardcast-from-pretrained", "shardcast-kept-mxfp4")]
+        if "--layers" not in sys.argv:
+            args.layers = 2
     methods = args.methods.split(",") if args.methods else takes
     if unknown := [m for m in methods if m not in METHODS]:
         ap.error(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(METHODS)}")
     if cannot := [m for m in methods if m not in takes]:
         ap.error(f"{', '.join(cannot)} build FSDP2 alone (fully_shard), not --layout {args.layout}; these take it: "
                  f"{', '.join(takes)}")
-    args.out = args.out or str(ROOT / "bench/results" / ("peers.json" if args.layout == "fsdp"
-                                                         else f"peers-{args.layout}.json"))
+    args.out = args.out or str(ROOT / "bench/results" / ("peers-mxfp4.json" if mxfp4 else "peers.json"
+                                                         if args.layout == "fsdp" else f"peers-{args.layout}.json"))
     work = pathlib.Path(args.work)
-    ckpt = work / f"qwen3-moe-{args.layers}L"
+    ckpt = work / f"{args.model}-{args.layers}L"
     if not ckpt.is_dir():
-        write_checkpoint(ckpt, args.layers)
+        (write_gpt_oss_mxfp4 if mxfp4 else write_checkpoint)(ckpt, args.layers)
     files = sorted(ckpt.glob("*.safetensors"))
     size = sum(f.stat().st_size for f in files)
     runs, resident = {m: [] for m in methods}, []
@@ -317,7 +387,10 @@ def main():
             runs[method].append(launch(__file__, [method, ckpt, work / method, args.layout], args.world_size, work / method,
                                        method, timeout_s=3600, env={"HF_HUB_DISABLE_PROGRESS_BARS": "1"}))
     crcs = {m: [[(r["crc"], r["names_crc"]) for r in ranks] for ranks in rs] for m, rs in runs.items()}
-    same = len({tuple(run) for per_run in crcs.values() for run in per_run}) == 1
+    # The kept-quantized model holds other tensors than the bf16 ones: its runs agree among themselves.
+    groups = {m: "kept" if m == "shardcast-kept-mxfp4" else "bf16" for m in crcs}
+    same = all(len({tuple(run) for m, per_run in crcs.items() if groups[m] == g for run in per_run}) == 1
+               for g in set(groups.values()))
     by_time = {m: sorted(rs, key=lambda ranks: max(r["seconds"] for r in ranks)) for m, rs in runs.items()}
     results = {m: rs[len(rs) // 2] for m, rs in by_time.items()}
     summaries = {m: summary(m, ranks) for m, ranks in results.items()}
@@ -325,7 +398,7 @@ def main():
     print(f"every rank's local shards identical across methods and runs: {same}")
     pathlib.Path(args.out).write_text(json.dumps(
         {"checkpoint_bytes": size, "layers": args.layers, "world_size": args.world_size, "repeat": args.repeat,
-         "layout": args.layout, "distributed_config": LAYOUTS[args.layout](args.world_size),
+         "model": args.model, "layout": args.layout, "distributed_config": LAYOUTS[args.layout](args.world_size),
          "page_cache": "cold" if args.cold else "warm", "resident_bytes_before": resident, "identical": same,
          "summary": summaries, "all_seconds": {m: [max(r["seconds"] for r in ranks) for ranks in rs]
                                                for m, rs in runs.items()},
