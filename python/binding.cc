@@ -97,16 +97,15 @@ LoadOptions OptionsFrom(py::dict opts, const std::string& source_flag = "source=
 // order every rank shares (the model's named_parameters/named_buffers order). options: {name: text},
 // only those the caller gave (the environment fills the rest; given ones win). problem: (kind name,
 // message) when the caller already failed on this rank: it is agreed in the handshake, so every rank
-// raises it instead of waiting.
+// raises it instead of waiting. store: this operation's own (a prefix of the group's store, _group.py): its
+// ranks make a Gloo group of their own over it, which a failure aborts without touching the caller's.
 py::dict LoadEntries(py::list entries, py::list layouts, const std::string& checkpoint, py::dict opts, py::dict tied,
-                     py::object backend_obj, py::object store_obj, int rank, int world_size, py::object progress,
+                     py::object store_obj, int rank, int world_size, py::object progress,
                      py::object problem, const std::string& store_host) {
-  c10::intrusive_ptr<c10d::Backend> backend;
   c10::intrusive_ptr<c10d::Store> store;
-  if (!backend_obj.is_none()) backend = backend_obj.cast<c10::intrusive_ptr<c10d::Backend>>();
   if (!store_obj.is_none()) store = store_obj.cast<c10::intrusive_ptr<c10d::Store>>();
-  if (world_size > 1 && !backend) {
-    throw Error(ErrorKind::kInvalidArgument, "process group", "no CPU backend for a world of " + std::to_string(world_size));
+  if (world_size > 1 && !store) {
+    throw Error(ErrorKind::kInvalidArgument, "process group", "no store for a world of " + std::to_string(world_size));
   }
   std::optional<Error> failed;
   if (!problem.is_none()) {
@@ -158,7 +157,7 @@ py::dict LoadEntries(py::list entries, py::list layouts, const std::string& chec
     py::gil_scoped_release nogil;
     std::unique_ptr<Communicator> comm =
         world_size == 1 ? CreateLocalCommunicator()
-                        : WrapC10dBackend(backend, rq.options.timeout, store, c10::Device(c10::kCPU), store_host);
+                        : CreateGlooCommunicatorOnStore(store, rank, world_size, rq.options.timeout, store_host);
     std::optional<Plan> plan;
     std::optional<RankState> state;
     try {
@@ -179,14 +178,12 @@ py::dict LoadEntries(py::list entries, py::list layouts, const std::string& chec
 // parse, is agreed in the save's first verdict, so every rank raises it.
 py::dict SaveEntries(py::list entries, py::list layouts, const std::string& out_dir, py::dict opts, py::object dtype,
                      const std::string& max_shard_size, bool overwrite, const std::string& config_json,
-                     const std::string& generation_config_json, py::object backend_obj, py::object store_obj, int rank,
+                     const std::string& generation_config_json, py::object store_obj, int rank,
                      int world_size, py::object progress, py::object problem, const std::string& store_host) {
-  c10::intrusive_ptr<c10d::Backend> backend;
   c10::intrusive_ptr<c10d::Store> store;
-  if (!backend_obj.is_none()) backend = backend_obj.cast<c10::intrusive_ptr<c10d::Backend>>();
   if (!store_obj.is_none()) store = store_obj.cast<c10::intrusive_ptr<c10d::Store>>();
-  if (world_size > 1 && !backend) {
-    throw Error(ErrorKind::kInvalidArgument, "process group", "no CPU backend for a world of " + std::to_string(world_size));
+  if (world_size > 1 && !store) {
+    throw Error(ErrorKind::kInvalidArgument, "process group", "no store for a world of " + std::to_string(world_size));
   }
   std::optional<Error> failed;
   if (!problem.is_none()) {
@@ -258,7 +255,7 @@ py::dict SaveEntries(py::list entries, py::list layouts, const std::string& out_
     py::gil_scoped_release nogil;
     std::unique_ptr<Communicator> comm =
         world_size == 1 ? CreateLocalCommunicator()
-                        : WrapC10dBackend(backend, rq.options.timeout, store, c10::Device(c10::kCPU), store_host);
+                        : CreateGlooCommunicatorOnStore(store, rank, world_size, rq.options.timeout, store_host);
     std::optional<Plan> plan;
     std::optional<RankState> state;
     try {
@@ -368,12 +365,12 @@ PYBIND11_MODULE(_shardcast, m) {
       },
       py::arg("options"), "The per-collective timeout in seconds the load will use, or None if the options are bad.");
   m.def("load_entries", &LoadEntries, py::arg("entries"), py::arg("layouts"), py::arg("checkpoint"), py::arg("options"),
-        py::arg("tied"), py::arg("backend"), py::arg("store"), py::arg("rank"), py::arg("world_size"),
+        py::arg("tied"), py::arg("store"), py::arg("rank"), py::arg("world_size"),
         py::arg("progress") = py::none(), py::arg("problem") = py::none(),
         py::arg("store_host") = "the process group's store");
   m.def("save_entries", &SaveEntries, py::arg("entries"), py::arg("layouts"), py::arg("out_dir"), py::arg("options"), py::arg("dtype"),
         py::arg("max_shard_size"), py::arg("overwrite"), py::arg("config_json"), py::arg("generation_config_json"),
-        py::arg("backend"), py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("progress") = py::none(),
+        py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("progress") = py::none(),
         py::arg("problem") = py::none(),
         py::arg("store_host") = "the process group's store");
 }

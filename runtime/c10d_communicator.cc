@@ -282,6 +282,59 @@ Error RendezvousError(const Rendezvous& rv, const char* phase, const std::except
                m);
 }
 
+namespace {
+
+// The Gloo group over `store`, with every rank's mesh up before it returns: a fast rank could go on and
+// fail while rank 0 still connects, and rank 0 would then fail here, taking the store with it, so the
+// others could not learn the cause. One barrier: no rank leaves the rendezvous before every rank's mesh
+// is up, and every later failure goes through the agreement (the same error on every rank).
+c10::intrusive_ptr<c10d::Backend> GlooGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
+                                            std::chrono::milliseconds timeout, const std::string& master_addr) {
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+  } else if (master_addr == "127.0.0.1" || master_addr == "localhost") {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  } else {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  }
+  auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
+  pg->barrier()->wait(timeout);
+  return pg;
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                                            int world_size, std::chrono::milliseconds timeout,
+                                                            std::string store_host) {
+  IgnoreBrokenPipes();
+  const char* env_addr = std::getenv("MASTER_ADDR");
+  const std::string master_addr = env_addr ? env_addr : "";
+  std::function<c10::intrusive_ptr<c10d::Backend>()> make = [store, rank, world_size, timeout, master_addr] {
+    return GlooGroup(store, rank, world_size, timeout, master_addr);
+  };
+  const std::string where = "rank " + std::to_string(rank) + ": this operation's Gloo group (" +
+                            std::to_string(world_size) + " ranks, over " + store_host + ")";
+  std::optional<c10::intrusive_ptr<c10d::Backend>> pg;
+  try {
+    pg = WithDeadline(std::move(make), RendezvousDeadline(timeout));
+  } catch (const c10::Error& e) {
+    const std::string m = Clean(e.what_without_backtrace());
+    throw Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, m);
+  } catch (const std::exception& e) {
+    const std::string m = Clean(e.what());
+    throw Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, m);
+  }
+  if (!pg) {
+    throw Error(ErrorKind::kCommTimeout, where,
+                "not every rank arrived within " + std::to_string(RendezvousDeadline(timeout).count()) +
+                    " ms: a rank died, is frozen, or does not call the same shardcast operation");
+  }
+  return std::make_unique<C10dCommunicator>(*pg, std::move(store), std::move(store_host), timeout,
+                                            c10::Device(c10::kCPU), /*owns=*/true);
+}
+
 std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::chrono::milliseconds timeout,
                                                      const char* phase) {
   IgnoreBrokenPipes();
@@ -297,22 +350,8 @@ std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::
     so.timeout = timeout;
     if (rv.rank == 0 && rv.listen_fd >= 0) so.masterListenFd = rv.listen_fd;  // bound by the launcher: no port race
     auto store = c10::make_intrusive<c10d::TCPStore>(rv.master_addr, so);
-    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("shardcast", store);
-    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
-      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-    } else if (rv.master_addr == "127.0.0.1" || rv.master_addr == "localhost") {
-      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    } else {
-      options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    }
-    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rv.rank, rv.world_size, options);
-    // Gloo's mesh is complete on a rank when its own pairs are: a fast rank could go on and fail while
-    // rank 0 still connects, and rank 0 would then fail here, taking the store with it, so the others
-    // could not learn the cause. One barrier: no rank leaves the rendezvous before every rank's mesh is
-    // up, and every later failure goes through the agreement (the same error on every rank).
-    pg->barrier()->wait(timeout);
-    return {pg, prefixed};
+    c10::intrusive_ptr<c10d::Store> prefixed = c10::make_intrusive<c10d::PrefixStore>("shardcast", store);
+    return {GlooGroup(prefixed, rv.rank, rv.world_size, timeout, rv.master_addr), prefixed};
   };
   std::optional<Made> made;
   try {

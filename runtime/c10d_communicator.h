@@ -1,6 +1,7 @@
 // runtime/c10d_communicator: a Communicator over any c10d Backend (Gloo here; NCCL's for device
-// buffers). Used with a backend shardcast created, or with the caller's existing process group, so
-// Python users need no second rendezvous.
+// buffers): one shardcast creates (CreateGlooCommunicator for the CLI; CreateGlooCommunicatorOnStore
+// over the caller's store, for Python's load and save), or the caller's own (WrapC10dBackend; shardcast
+// then cannot abort it, so a failed rank's peers wait out the timeout).
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -17,6 +18,16 @@ std::unique_ptr<Communicator> WrapC10dBackend(c10::intrusive_ptr<c10d::Backend> 
                                               c10::intrusive_ptr<c10d::Store> store = {},
                                               c10::Device device = c10::Device(c10::kCPU),
                                               std::string store_host = "the process group's store");
+
+// A Gloo group of its own for one load or save, made by `world_size` ranks over the caller's `store`
+// (give each operation its own prefix: its failure note and Gloo's rendezvous keys live there). It is
+// owned, so a rank that fails aborts it and the peers blocked on that rank fail at once, while the
+// caller's process groups are never touched and stay usable. Every rank's mesh is up before any
+// returns; a rank that does not arrive within RendezvousDeadline(timeout) is a CommTimeout naming
+// `store_host`. GLOO_SOCKET_IFNAME picks the interface; a loopback MASTER_ADDR, loopback.
+std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                                            int world_size, std::chrono::milliseconds timeout,
+                                                            std::string store_host);
 
 // "rank 0 (the store host at ADDR:PORT)": the store a Rendezvous makes, for failure messages.
 std::string StoreHost(const Rendezvous& rv);

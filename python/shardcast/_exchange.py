@@ -25,17 +25,13 @@ _CALLS: Dict[str, "itertools.count[int]"] = {}  # per group: its ranks make the 
 _PREFIX = "shardcast/exchange/"
 
 
-def channel(pg, default_store):
-    """(store, name) for the exchanges of a load over `pg`: the default store for the default group, else
-    the group's own store (c10d keeps one per group). None where torch.distributed is not running."""
+def channel(pg, store):
+    """(store, name) for the exchanges of a load over `pg`, whose own store is `store` (the default store
+    for the default group; c10d keeps one per group). None where torch.distributed is not running."""
     if pg is None:
         return None
     import torch.distributed as dist
-    c10d = dist.distributed_c10d
-    name = c10d._get_process_group_name(pg)
-    if default_store is not None:
-        return default_store, name
-    return dist.PrefixStore("shardcast-exchange", c10d._world.pg_map[pg][1]), name
+    return store, dist.distributed_c10d._get_process_group_name(pg)
 
 
 def _next(ch) -> int:

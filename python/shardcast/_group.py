@@ -1,67 +1,56 @@
-"""The process group a load or save runs over: its rank, size, CPU backend (a Gloo twin for an NCCL-only
-group, made once per group and released with it) and the default store."""
+"""The process group a load or save runs over: its rank and size, and the store of one operation.
+
+Each load or save runs over a Gloo group of its own (made in C++ by the group's ranks over the
+operation's store, runtime/c10d_communicator.h: CreateGlooCommunicatorOnStore), never over the
+caller's backends. So a rank that fails mid-stream aborts that group, and its peers blocked on it fail
+at once instead of waiting out the timeout; the caller's groups (NCCL-only ones included) are never
+touched and stay usable after a failure; and no c10d group is registered, so every rank's later
+new_group calls stay in step. The operation's store is a prefix of the group's own store, numbered per
+group (every rank of a group makes the same shardcast calls in the same order, as for collectives): each
+operation's failure note and Gloo rendezvous keys are its own, so a failure is never reported again by
+a later operation."""
 from __future__ import annotations
 
+import itertools
 import os
-from typing import Dict, Tuple
-
-import torch
+from typing import Dict
 
 from ._shardcast import InvalidArgument
 
-# Gloo twins of groups that have no CPU backend (NCCL-only), by the group's name: {name: (group, twin)}.
-_GLOO_TWINS: Dict[str, Tuple[object, object]] = {}
-_TWIN_TIMEOUT_S = 600  # shardcast's default collective timeout: how long a twin's members wait for each other
-
-
-def _release_gloo_twins(dist) -> None:
-    """Shuts down the twins of groups destroyed since (gone from c10d's registry, or their name now taken by
-    a group made after a re-init)."""
-    registry = dist.distributed_c10d._world.pg_map
-    for name, (pg, twin) in list(_GLOO_TWINS.items()):
-        if pg not in registry:
-            del _GLOO_TWINS[name]
-            twin.shutdown()
-
-
-def _cpu_backend(dist, pg):
-    """The group's CPU backend; for a group without one (NCCL-only), its Gloo twin: a ProcessGroupGloo made
-    once per group by the group's own ranks alone, over the group's own store. It is not a c10d group
-    (new_group is collective over the whole world, and even its local form moves the member ranks' group
-    counter out of step with the others'), so no rank outside the group takes part, and every rank's
-    later new_group calls stay in step. Shut down once the group is destroyed."""
-    try:
-        return pg._get_backend(torch.device("cpu"))
-    except Exception:  # noqa: BLE001 -- c10d raises RuntimeError or ValueError, by version
-        pass
-    import datetime
-    name = dist.distributed_c10d._get_process_group_name(pg)
-    entry = _GLOO_TWINS.get(name)
-    if entry is None or entry[0] is not pg:
-        store = dist.PrefixStore("shardcast-gloo-twin", dist.distributed_c10d._world.pg_map[pg][1])
-        twin = dist.ProcessGroupGloo(store, dist.get_rank(pg), dist.get_world_size(pg),
-                                     datetime.timedelta(seconds=_TWIN_TIMEOUT_S))
-        entry = _GLOO_TWINS[name] = (pg, twin)
-    return entry[1]
+_OPERATIONS: Dict[str, "itertools.count[int]"] = {}  # per group name: the number of its next operation
 
 
 def _group(process_group):
+    """(pg, rank, world, store): store is the group's own (the default store for the default group); pg
+    and store are None where torch.distributed is not running (a world of one)."""
     import torch.distributed as dist
     if not dist.is_available() or not dist.is_initialized():
-        _GLOO_TWINS.clear()  # destroy_process_group() took them with every other group
+        _OPERATIONS.clear()  # a later init_process_group starts every group afresh
         if process_group is not None:
             raise InvalidArgument("process_group given but torch.distributed is not initialized")
-        return None, 0, 1, None, None
-    _release_gloo_twins(dist)
-    pg = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
+        return None, 0, 1, None
+    c10d = dist.distributed_c10d
+    pg = process_group if process_group is not None else c10d._get_default_group()
     rank, world = dist.get_rank(pg), dist.get_world_size(pg)
-    backend = _cpu_backend(dist, pg)
-    store = dist.distributed_c10d._get_default_store() if process_group is None else None
-    return pg, rank, world, backend, store
+    if rank < 0:
+        raise InvalidArgument(f"this process (global rank {dist.get_rank()}) is not a member of process_group")
+    store = c10d._get_default_store() if process_group is None else c10d._world.pg_map[pg][1]
+    return pg, rank, world, store
+
+
+def operation_store(pg, store):
+    """The store of this rank's next load or save over `pg`: its own prefix of the group's store. None for a
+    world of one."""
+    if pg is None:
+        return None
+    import torch.distributed as dist
+    name = dist.distributed_c10d._get_process_group_name(pg)
+    n = next(_OPERATIONS.setdefault(name, itertools.count()))
+    return dist.PrefixStore(f"shardcast/op/{n}", store)
 
 
 def _store_host(store) -> str:
-    """Who serves the default group's store, for the message every rank raises if it stops answering."""
+    """Who serves the group's store, for the message every rank raises if it stops answering."""
     base = store
     while base is not None and hasattr(base, "underlying_store"):  # PrefixStore
         base = base.underlying_store

@@ -9,12 +9,12 @@ import torch
 
 from . import _shardcast
 from ._exchange import channel, computed_on_rank0, gathered
-from ._group import _group, _store_host
+from ._group import _group, _store_host, operation_store
 from ._layouts import _Layouts, _group_ranks, _local
 from ._mapping import checkpoint_keys, compositions, conversion_rules, entry_shape
 from ._prepare import (_PREPARED, BufferInit, _compute_buffers, _config_json, _match, _missing_buffers_error,
                        _non_persistent, _pin_buffers, _pinned_host)
-from ._shardcast import IoError, ShardcastError, Unsupported
+from ._shardcast import InvalidArgument, IoError, ShardcastError, Unsupported
 
 
 def _tied(model) -> Dict[str, str]:
@@ -35,6 +35,19 @@ def _options(**given) -> Dict[str, str]:
             continue
         out[name] = ("1" if value else "0") if isinstance(value, bool) else str(value)
     return out
+
+
+def _target(target: Optional[str]) -> Optional[str]:
+    """Where the shards live: the keyword, else SHARDCAST_TARGET (as for every option), else None (CPU).
+    Resolved once, in Python, because Python allocates them (and builds the mesh and the buffers)."""
+    if target is not None:
+        return target
+    env = os.environ.get("SHARDCAST_TARGET", "").strip()
+    if not env:
+        return None
+    if env not in ("cpu", "pinned", "cuda"):
+        raise InvalidArgument(f"SHARDCAST_TARGET={env!r} is not a target (cpu, pinned or cuda)")
+    return env
 
 
 def _progress_printer():
@@ -103,7 +116,8 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
     Returns the per-rank report; raises a ShardcastError subclass, the same on every rank, on any failure.
     """
     path = os.fspath(path)
-    pg, rank, world, backend, store = _group(process_group)
+    target = _target(target)
+    pg, rank, world, store = _group(process_group)
     options = _options(source=source, target=target if target not in (None, "pinned") else None, verify=verify,
                        strict_keys=strict_keys, chunk_bytes=chunk_bytes, staging_slots=staging_slots,
                        readahead_bytes=readahead_bytes,
@@ -117,8 +131,8 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
     ch = channel(pg, store)
     if isinstance(model, Mapping):
         entries, layouts, problem = _mapping_entries(model, path, ch, rank, world, timeout_s)
-        return _shardcast.load_entries(entries, layouts.table, path, options, {}, backend, store, rank, world,
-                                       progress, problem, _store_host(store) if store is not None else "")
+        return _shardcast.load_entries(entries, layouts.table, path, options, {}, operation_store(pg, store), rank,
+                                       world, progress, problem, _store_host(store) if store is not None else "")
 
     # Anything that fails on this rank from here on is carried into the handshake, so every rank
     # raises it instead of waiting for this one in a collective.
@@ -141,8 +155,8 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
         kind = type(e).__name__ if isinstance(e, ShardcastError) else "InternalError"
         problem = (kind, str(e) if isinstance(e, ShardcastError) else f"{type(e).__name__}: {e}")
         entries, layouts = [], _Layouts()
-    return _shardcast.load_entries(entries, layouts.table, path, options, _tied(model), backend, store, rank, world,
-                                   progress, problem, _store_host(store) if store is not None else "")
+    return _shardcast.load_entries(entries, layouts.table, path, options, _tied(model), operation_store(pg, store),
+                                   rank, world, progress, problem, _store_host(store) if store is not None else "")
 
 
 def _materialize_or_raise(model, target, config, buffer_init) -> None:

@@ -18,6 +18,7 @@ from typing import Dict, List, Optional, Tuple, Union
 import torch
 
 from . import _shardcast
+from ._shardcast import InvalidArgument
 from ._mapping import compositions
 
 _DTYPES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32"}
@@ -48,8 +49,39 @@ def output_tensors(model) -> Dict[str, Tuple[Tuple[int, ...], torch.dtype]]:
         for name, p in model.named_parameters(remove_duplicate=False):
             names.setdefault(id(p), name)
         sd = {k: v for k, v in sd.items() if names.get(id(_tensor(model, k)), k) == k}
-    sd = _mxfp4_blocks(model, sd)
+    sd = _per_expert_scales(model, _mxfp4_blocks(model, sd))
     return {k: (tuple(v.shape), v.dtype) for k, v in sd.items()}
+
+
+def _per_expert_scales(model, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Kept-quantized fp8 experts (FP8Experts): transformers' save reverts the fused weights to one tensor
+    per expert but leaves their block scales fused ("<experts>.gate_up_proj_scale_inv" [E, R, C]), a
+    layout no fp8 checkpoint has and serving engines do not read. They are written as the checkpoint
+    holds them instead: one "<expert>.<proj>.weight_scale_inv" per expert and source of the rule, each
+    taking an even share of the grid's rows, in the order load composes them (_mapping.compositions).
+    A grid whose rows do not split evenly stays fused."""
+    from ._mapping import _SCALE_INV, _op_names, conversion_rules
+    rules = [r for r in conversion_rules(model) if type(r).__name__ == "WeightConverter"
+             and _op_names(r) in (["MergeModulelist0"], ["MergeModulelist0", "Concatenate1"])]
+    if not rules:
+        return sd
+    out: Dict[str, torch.Tensor] = {}
+    for key, v in sd.items():
+        stem = key[: -len(_SCALE_INV)] if key.endswith(_SCALE_INV) else None
+        rule = next((r for r in rules if stem is not None and stem.endswith(r.target_patterns[0])), None)
+        if rule is None or v.dim() != 3:
+            out[key] = v
+            continue
+        prefix, n = stem[: len(stem) - len(rule.target_patterns[0])], len(rule.source_patterns)
+        experts, rows, cols = v.shape
+        if rows % n or not all(prefix + src.replace("*", "0") in sd for src in rule.source_patterns):
+            out[key] = v
+            continue
+        for e in range(experts):
+            for src in rule.source_patterns:
+                out[prefix + src.replace("*", str(e)) + _SCALE_INV] = torch.empty(
+                    (rows // n, cols), dtype=v.dtype, device="meta")
+    return out
 
 
 def _mxfp4_blocks(model, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -211,7 +243,8 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], mode: str = "
     The keys, shapes and files are those save_pretrained writes (per-expert tensors, restored module
     names, tied weights once, persistent buffers in, non-persistent out), split by max_shard_size
     ("5GB", decimal as in transformers; or bytes). dtype: None keeps each tensor's dtype; float16,
-    bfloat16 or float32 converts floating tensors on the way out. config: what to write as config.json
+    bfloat16 or float32 converts floating tensors on the way out (an InvalidArgument for a model kept
+    quantized, whose F32 block scales it would convert too). config: what to write as config.json
     (default model.config; a PretrainedConfig, a dict or a path), its dtype set to the written one.
 
     Atomic: everything is written into out_dir.tmp-<id>, and renamed into place only once every rank
@@ -221,12 +254,12 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], mode: str = "
 
     Returns the per-rank report; raises a ShardcastError subclass, the same on every rank, on any failure.
     """
-    from ._group import _group, _store_host
+    from ._group import _group, _store_host, operation_store
     from ._layouts import _Layouts, _group_ranks
     from ._load import _options, _progress_printer
     from ._shardcast import ShardcastError
     out_dir = os.fspath(out_dir)
-    pg, rank, world, backend, store = _group(process_group)
+    pg, rank, world, store = _group(process_group)
     options = _options(source=mode, chunk_bytes=chunk_bytes, staging_slots=staging_slots,
                        timeout_ms=None if timeout is None else max(1, int(timeout * 1000)))
     if progress is True:
@@ -240,6 +273,13 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], mode: str = "
             dtype = getattr(torch, dtype)  # "bfloat16"
         if dtype is not None:
             dtype_name = _DTYPES.get(dtype, str(dtype))
+            if _holds_quantized(model):
+                # The F32 block scales (*_scale_inv) are floating tensors too: converting them would change
+                # every dequantized weight, with the checkpoint still claiming its quantization.
+                raise InvalidArgument(
+                    f"save(dtype={dtype}) of a model holding quantized parameters (kept quantized: fp8 "
+                    f"weights with F32 block scales, or MXFP4 blocks): their scales would be converted too. "
+                    f"Save without dtype; the other modules keep the dtype they were loaded in")
         entries = plan_entries(model, layouts, _group_ranks(pg, world))
         if rank == 0:
             config_json, generation_json = config_texts(model, config, dtype)
@@ -248,5 +288,5 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], mode: str = "
         problem = (kind, str(e) if isinstance(e, ShardcastError) else f"{type(e).__name__}: {e}")
         entries, layouts = [], _Layouts()
     return _shardcast.save_entries(entries, layouts.table, out_dir, options, dtype_name, str(max_shard_size), bool(overwrite),
-                                   config_json, generation_json, backend, store, rank, world, progress, problem,
-                                   _store_host(store) if store is not None else "")
+                                   config_json, generation_json, operation_store(pg, store), rank, world, progress,
+                                   problem, _store_host(store) if store is not None else "")

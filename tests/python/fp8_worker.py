@@ -10,6 +10,8 @@ e8m0:         the transformers flow on the same DeepSeek-V3 with E8M0 scales ("s
               stored as F8_E8M0 tensors and as uint8 exponent bytes.
 kept:         from_pretrained(keep_quantized=True) of those three, FSDP2 and TP x FSDP: every local shard
               equals DTensor's piece of transformers' own quantized parameter (fp8 weights, scales).
+              The FSDP2 each-rank load of deepseek_fp8 is then saved back (byte for byte) and saved with
+              dtype=bfloat16 (refused).
 refusals:     keep_quantized on a bf16 checkpoint; a kept-quantized model given a bf16 checkpoint.
 """
 import os
@@ -88,7 +90,34 @@ def kept(root, rank, world):
             out[f"{name}/{layout}/{source}"] = {
                 "bad": bad, "missing": sorted(set(want) - set(got)), "dtypes": dtypes,
                 "dequantized": report["dequantized"], "verify": report["ranks"][rank]["verify"], "sharded": sharded}
+            if (name, layout, source) == ("deepseek_fp8", "fsdp", "each-rank"):
+                out["saved"] = saved_back(model, ckpt, os.path.join(root, f"saved-kept-{world}"))
     return out
+
+
+def saved_back(model, ckpt, out_dir):
+    """A kept-quantized model saved: the checkpoint's own tensors (fp8 weights, F32 block scales), byte for
+    byte; and save(dtype=bfloat16), which would round those scales, refused on every rank."""
+    import glob
+    from safetensors import safe_open
+
+    def tensors(d):
+        out = {}
+        for f in sorted(glob.glob(os.path.join(d, "*.safetensors"))):
+            with safe_open(f, "pt") as sf:
+                out.update({k: sf.get_tensor(k) for k in sf.keys()})
+        return out
+    shardcast.save(model, out_dir, overwrite=True)
+    dist.barrier()
+    a, b = tensors(ckpt), tensors(out_dir)
+    bad = sorted(k for k in set(a) & set(b) if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape
+                 or not torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)))
+    try:
+        shardcast.save(model, out_dir + "-bf16", dtype=torch.bfloat16, overwrite=True)
+        refused = None
+    except shardcast.ShardcastError as e:
+        refused = [type(e).__name__, str(e)]
+    return {"bad": bad, "keys_differ": sorted(set(a) ^ set(b)), "checked": len(set(a) & set(b)), "refused": refused}
 
 
 def kept_cuda(root, rank, world):

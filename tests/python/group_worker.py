@@ -4,7 +4,12 @@ MODE subgroup: world 3; ranks 0 and 1 load through a subgroup that has no CPU ba
 registered for cuda only, the shape of an NCCL-only group), twice; rank 2 never calls shardcast and
 makes a group with all ranks afterwards (which hangs if the group counters went out of step), and
 one world-wide load follows once the subgroup is destroyed.
+MODE failure: world 2; rank 1 fails mid-stream (its progress callback raises) in two loads in a row, each
+with its own cause, over source rank0 (rank 0 sends, rank 1 receives). Every rank must raise that
+load's cause (not the first one's) at once, not after the timeout, and the default group must still
+work afterwards (an all_reduce, then a load that succeeds).
 """
+import time
 import datetime
 import json
 import os
@@ -49,11 +54,7 @@ def subgroup(root, rank, world):
         groups = dict(dist.distributed_c10d._world.pg_names)
         count = dist.distributed_c10d._world.group_count
         out["first"] = load_rows(path, ref, sub, rank, 2)
-        twins_first = {n: id(t) for n, (_, t) in shardcast._group._GLOO_TWINS.items()}
         out["second"] = load_rows(path, ref, sub, rank, 2)
-        twins_second = {n: id(t) for n, (_, t) in shardcast._group._GLOO_TWINS.items()}
-        out["twins"] = len(twins_first)
-        out["same_twin"] = twins_first == twins_second
         out["registry_unchanged"] = (dict(dist.distributed_c10d._world.pg_names) == groups
                                      and dist.distributed_c10d._world.group_count == count)
         dist.destroy_process_group(sub)
@@ -64,7 +65,30 @@ def subgroup(root, rank, world):
     dist.all_reduce(x, group=everyone)
     out["world_group_sum"] = int(x.item())
     out["world"] = load_rows(path, ref, None, rank, world)  # a shardcast call after the subgroup went away
-    out["twins_after"] = len(shardcast._group._GLOO_TWINS)
+    return out
+
+
+def failure(root, rank, world):
+    from safetensors.torch import load_file
+    path = os.path.join(root, "model.safetensors")
+    ref = load_file(path)["w"]
+    b, e = rows(ref.shape[0], world, rank)
+    out = {"loads": []}
+    for cause in ("first cause: disk A", "second cause: disk B"):
+        def fail_here(done, total):
+            if rank == 1:
+                raise ValueError(cause)
+        t0 = time.monotonic()
+        try:
+            shardcast.load({"w": (torch.empty(e - b, ref.shape[1]), b, e)}, path, source="rank0", timeout=60,
+                           chunk_bytes=4096, progress=fail_here)
+            out["loads"].append({"cause": cause, "error": None})
+        except shardcast.ShardcastError as err:
+            out["loads"].append({"cause": cause, "error": str(err), "seconds": time.monotonic() - t0})
+    x = torch.ones(1)
+    dist.all_reduce(x)  # the caller's group, after two failed loads
+    out["all_reduce"] = int(x.item())
+    out["after"] = load_rows(path, ref, None, rank, world)
     return out
 
 
@@ -73,7 +97,7 @@ def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     try:
-        result = {"subgroup": subgroup}[mode](root, rank, world)
+        result = {"subgroup": subgroup, "failure": failure}[mode](root, rank, world)
         dist.barrier()
     finally:
         dist.destroy_process_group()

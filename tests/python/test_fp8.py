@@ -121,7 +121,11 @@ def test_kept_quantized_equals_transformers_quantized(checkpoints, tmp_path, wor
     lays out, and the all-gather before use makes both whole again."""
     results = ranks.run("fp8_worker.py", "kept", checkpoints, world, tmp_path)
     for rank, r in enumerate(results):
-        cases = r["kept"]
+        cases = dict(r["kept"])
+        saved = cases.pop("saved")
+        assert saved["bad"] == [] and saved["keys_differ"] == [] and saved["checked"] > 20, (rank, saved)
+        kind, text = saved["refused"]
+        assert kind == "InvalidArgument" and "save(dtype=torch.bfloat16)" in text and "scales" in text, saved["refused"]
         assert len(cases) == 3 * 2 * (2 if world % 2 == 0 else 1), sorted(cases)
         for case, t in cases.items():
             assert t["bad"] == [] and t["missing"] == [], (rank, case, t["bad"], t["missing"])

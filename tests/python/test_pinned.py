@@ -50,3 +50,20 @@ def test_pinned_with_cuda_gives_pinned_parameters_and_buffers(checkpoint):
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         assert t.device.type == "cpu" and t.is_pinned(), name
     assert torch.equal(model.lin.weight, ref.lin.weight) and torch.equal(model.scale, ref.scale)
+
+
+# Regression (review): SHARDCAST_TARGET reached only the report; the shards were allocated on the CPU
+# whatever it said, so "pinned" from the environment silently gave pageable memory.
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: pinned memory is supported")
+def test_shardcast_target_from_the_environment_is_the_keyword_s_twin(checkpoint, monkeypatch):
+    path, ref = checkpoint
+    monkeypatch.setenv("SHARDCAST_TARGET", "pinned")
+    with pytest.raises(shardcast.Unsupported, match='target="pinned": pinned host memory needs CUDA'):
+        shardcast.load(meta_model(), path)
+    monkeypatch.setenv("SHARDCAST_TARGET", "gpu")
+    with pytest.raises(shardcast.InvalidArgument, match="SHARDCAST_TARGET='gpu' is not a target"):
+        shardcast.load(meta_model(), path)
+    monkeypatch.setenv("SHARDCAST_TARGET", "cpu")
+    model = meta_model()
+    report = shardcast.load(model, path)
+    assert report["target"] == "cpu" and torch.equal(model.lin.weight, ref.lin.weight)
