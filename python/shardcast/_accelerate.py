@@ -14,7 +14,7 @@ and shardcast then streams each rank only its rows. No rank ever holds the full 
 from __future__ import annotations
 
 import os
-from typing import Optional, Union
+from typing import Any, Dict, Optional, Union
 
 import torch
 
@@ -25,13 +25,15 @@ __all__ = ["prepare_pretrained"]
 
 def prepare_pretrained(accelerator, path_or_local_repo_id: Union[str, os.PathLike],
                        dtype: Optional[torch.dtype] = torch.bfloat16, *, source: Optional[str] = None,
-                       revision: Optional[str] = None, trust_remote_code: bool = False, **load_kwargs):
+                       revision: Optional[str] = None, trust_remote_code: bool = False,
+                       buffer_init: Optional[Dict[str, Any]] = None, **load_kwargs):
     """`accelerator.prepare(model)` of a meta model, then `shardcast.load`; returns the prepared model
     with `model.shardcast_report`. Every rank calls it together. Create the optimizer afterwards:
     accelerate maps an optimizer's parameters by data pointer, which meta parameters do not have.
 
     The plugin's `cpu_ram_efficient_loading` is turned off for this call (shardcast does the loading;
-    accelerate's would broadcast rank 0's state dict, which on meta holds nothing).
+    accelerate's would broadcast rank 0's state dict, which on meta holds nothing). buffer_init: as for
+    shardcast.prepare (values for non-persistent buffers no built-in rule covers).
     """
     from transformers import AutoConfig
     from . import load, prepare
@@ -41,7 +43,7 @@ def prepare_pretrained(accelerator, path_or_local_repo_id: Union[str, os.PathLik
     model = _build_meta(config, dtype, trust_remote_code)
     device = getattr(accelerator, "device", torch.device("cpu"))
     target = "cuda" if torch.device(device).type == "cuda" else None
-    prepare(model, config=config, target=target or "cpu")
+    prepare(model, config=config, target=target or "cpu", buffer_init=buffer_init)
     plugin = getattr(getattr(accelerator, "state", None), "fsdp_plugin", None)
     efficient = getattr(plugin, "cpu_ram_efficient_loading", None)
     if efficient:

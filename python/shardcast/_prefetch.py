@@ -26,6 +26,8 @@ import os
 import threading
 from typing import List, Optional, Tuple
 
+from ._launch import launch
+
 _STEP = 32 << 20  # bytes per request: the thread can stop between two
 
 
@@ -42,12 +44,10 @@ def _mem_available() -> int:
 
 def _local_rank() -> Optional[Tuple[int, int]]:
     """(local rank, local world) on a single node under a launcher, (0, 1) alone; None on several nodes."""
-    env = os.environ
-    world = int(env.get("WORLD_SIZE", "1"))
-    local_world = int(env.get("LOCAL_WORLD_SIZE", str(world)))
-    if local_world != world:
+    where = launch()
+    if where.local_world != where.world:
         return None
-    return int(env.get("LOCAL_RANK", env.get("RANK", "0"))), local_world
+    return where.local_rank, where.local_world
 
 
 def share(files: List[Tuple[str, int]], local_rank: int, local_world: int, budget: int) -> List[Tuple[str, int, int]]:

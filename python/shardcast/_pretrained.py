@@ -32,6 +32,8 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import torch
 
 from . import _prefetch
+from ._launch import launch
+from ._load import _target
 from ._shardcast import CheckpointError, InvalidArgument, Unsupported
 
 __all__ = ["from_pretrained", "resolve_checkpoint", "shard_units"]
@@ -65,14 +67,29 @@ def resolve_checkpoint(path_or_repo_id: Union[str, os.PathLike], revision: Optio
 
 
 def _dist_ready(device_type: str) -> None:
-    """Initializes the default process group from torchrun's environment, or as a world of one."""
+    """Initializes the default process group from torchrun's or srun's variables, or, for a process no
+    launcher started, as a world of one. A launcher's world of several with no rendezvous address is an
+    InvalidArgument: never a world of one per process, each loading the whole model."""
     import torch.distributed as dist
     if dist.is_initialized():
         return
     backend = "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
     timeout = datetime.timedelta(minutes=10)
-    if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
-        dist.init_process_group(backend, timeout=timeout)
+    where = launch()
+    if where.world > 1:
+        missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+        if missing:
+            ask = ("MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1) and MASTER_PORT="
+                   "a free port" if where.launcher == "slurm" else "MASTER_ADDR and MASTER_PORT (torchrun sets both)")
+            raise InvalidArgument(
+                f"rank {where.rank} of {where.world} ({where.launcher}'s variables), and no {' or '.join(missing)}: "
+                f"export {ask}, or call torch.distributed.init_process_group before shardcast")
+    if where.launcher == "torchrun" and "MASTER_ADDR" in os.environ:
+        dist.init_process_group(backend, timeout=timeout)  # env://: torchrun's own store where it has one
+        return
+    if where.launcher == "slurm" and where.world > 1:
+        dist.init_process_group(backend, init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+                                rank=where.rank, world_size=where.world, timeout=timeout)
         return
     # A single process with no launcher: a world of one over a loopback store.
     import socket
@@ -290,7 +307,7 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
                     ep_size: Optional[int] = None, fsdp_size: Optional[int] = None,
                     dp_replicate_size: Optional[int] = None, revision: Optional[str] = None,
                     trust_remote_code: bool = False, prefetch: Optional[bool] = None, keep_quantized: bool = False,
-                    **load_kwargs) -> torch.nn.Module:
+                    buffer_init: Optional[Dict[str, Any]] = None, **load_kwargs) -> torch.nn.Module:
     """An FSDP2 model with its checkpoint loaded, each rank holding only its own rows.
 
     Every rank calls it together (under torchrun; a single process with no launcher is a world of one).
@@ -309,6 +326,8 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
         with their uint8 E8M0 `*_scales` as parameters beside them) and load the checkpoint's bytes
         unchanged; `dtype` is then the other modules'. FSDP2 shards each weight and its scales by their
         own rows (MXFP4: both over experts); the all-gather before use pairs them whole again.
+    buffer_init: values for non-persistent buffers no built-in rule covers (Gemma 3's
+        `*sliding_attention*inv_freq`), as for shardcast.prepare: {fnmatch pattern: callable(name, meta)}.
     shard: which submodules get their own fully_shard before the root's (see `shard_units`).
     fsdp_kwargs: passed to every fully_shard (mp_policy, reshard_after_forward, offload_policy, ...).
     source, target, **load_kwargs: passed to shardcast.load (verify, chunk_bytes, timeout, strict_keys);
@@ -323,6 +342,7 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
     from transformers import AutoConfig
     from . import load, prepare
 
+    target = _target(target)
     path = resolve_checkpoint(path_or_local_repo_id, revision=revision)
     ahead = _prefetch.start(path, force=bool(prefetch)) if prefetch is not False else None
     try:
@@ -337,7 +357,7 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
             model = _build_meta(config, dtype, trust_remote_code)
             if keep_quantized:
                 _quantized_layout(model, config, path, dtype)
-            prepare(model, config=config, target=target or "cpu")
+            prepare(model, config=config, target=target or "cpu", buffer_init=buffer_init)
             model = _parallelize(model, config, dc, trust_remote_code)
         else:
             if mesh is None:
@@ -345,7 +365,7 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
             model = _build_meta(config, dtype, trust_remote_code)
             if keep_quantized:
                 _quantized_layout(model, config, path, dtype)
-            prepare(model, config=config, target=target or "cpu")
+            prepare(model, config=config, target=target or "cpu", buffer_init=buffer_init)
             fully_shard = _fully_shard()
             kwargs = dict(fsdp_kwargs or {})
             for unit in shard_units(model, shard):

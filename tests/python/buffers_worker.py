@@ -4,6 +4,7 @@
 gemma:            prepare(buffer_init=...) for the buffers no rule covers (Gemma 3's embed_scale and
                   per-layer-type inv_freq); after fully_shard + load they must equal transformers' own,
                   and so must the logits.
+gemma_pretrained: the same through shardcast.from_pretrained(buffer_init=...).
 gemma_missing:    prepare without buffer_init: one ConfigError naming every such buffer.
 gemma_noprepare:  load without prepare: the same ConfigError on every rank, through the handshake.
 deepseek_fp32:    a bf16 model from_config on meta: prepare keeps e_score_correction_bias in fp32 (the
@@ -74,6 +75,20 @@ def gemma(root, rank, world):
             "logits_max_diff": float((logits - want).abs().max()), "verify": report["ranks"][rank]["verify"]}
 
 
+def gemma_pretrained(root, rank, world):
+    """The one-call API takes buffer_init too (it reaches prepare, before fully_shard)."""
+    from transformers import AutoModelForCausalLM
+    ckpt = os.path.join(root, "gemma3")
+    ref = AutoModelForCausalLM.from_pretrained(ckpt)
+    ref_buffers = {n: b.detach().clone() for n, b in ref.named_buffers()}
+    model = shardcast.from_pretrained(ckpt, dtype=torch.float32, verify=True, buffer_init={
+        "*sliding_attention*inv_freq": lambda name, meta: ref_buffers[name]})
+    bad = [n for n, b in model.named_buffers() if not torch.equal(b, ref_buffers[n])]
+    full = full_state(model)
+    bad += [n for n, p in ref.named_parameters() if not torch.equal(full[n].detach(), p.detach())]
+    return {"bad": bad, "verify": model.shardcast_report["ranks"][rank]["verify"]}
+
+
 def catch(fn):
     try:
         fn()
@@ -129,7 +144,8 @@ def main():
     mode, root, out_path = sys.argv[1:4]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
-    modes = {"gemma": gemma, "gemma_missing": gemma_missing, "gemma_noprepare": gemma_noprepare,
+    modes = {"gemma": gemma, "gemma_pretrained": gemma_pretrained, "gemma_missing": gemma_missing,
+             "gemma_noprepare": gemma_noprepare,
              "deepseek_fp32": deepseek_fp32, "alloc_fail": alloc_fail}
     # "all": every scenario in these same processes (start-up dominates on a small machine). Each failure
     # scenario is agreed by every rank, so the process group stays in step; alloc_fail runs last.

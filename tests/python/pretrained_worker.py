@@ -5,6 +5,8 @@ MODE compare: for every checkpoint under ROOT, shardcast.from_pretrained(...) ag
               every parameter and buffer gathered to full tensors, and the logits of one batch, must be
               equal bit for bit.
 MODE repo:    ROOT is a repo id; HF_HUB_CACHE points at a fake hub cache holding it; same comparison.
+MODE launched: ROOT/llama through from_pretrained with no process group and no torchrun variables,
+              only srun's (SLURM_PROCID, SLURM_NTASKS): the world is srun's, or an InvalidArgument.
 MODE accelerate: shardcast._accelerate.prepare_pretrained against from_pretrained + accelerate's own
               FSDP2 preparation (fsdp2_prepare_model: auto-wrap, embedding and tail groups), same comparison.
 """
@@ -107,8 +109,26 @@ def compare(name, path_or_id, ckpt_dir, mesh, fsdp_kwargs, accelerate=False):
             "verify": report["ranks"][dist.get_rank()]["verify"]}
 
 
+def launched(root, out_path):
+    """No process group yet: from_pretrained makes it from the launcher's variables (srun's here)."""
+    rank = os.environ.get("SLURM_PROCID", "?")
+    try:
+        model = shardcast.from_pretrained(os.path.join(root, "llama"), dtype=DTYPE, timeout=60)
+    except shardcast.ShardcastError as e:
+        result = {"error": type(e).__name__, "message": str(e)}
+    else:
+        p = model.model.embed_tokens.weight
+        result = {"world": dist.get_world_size(), "rank": dist.get_rank(), "rows": p.to_local().shape[0],
+                  "global_rows": p.shape[0], "report_world": model.shardcast_report["world_size"]}
+        dist.destroy_process_group()
+    with open(f"{out_path}.{rank}", "w") as f:
+        json.dump(result, f)
+
+
 def main():
     mode, root, out_path = sys.argv[1:4]
+    if mode == "launched":
+        return launched(root, out_path)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))

@@ -49,6 +49,11 @@ def test_buffer_init_given_to_prepare_survives_load(results):
         assert r["verify"] == "ok"
 
 
+def test_from_pretrained_passes_buffer_init_to_prepare(results):
+    for rank, r in enumerate(results["gemma_pretrained"]):
+        assert r["bad"] == [] and r["verify"] == "ok", (rank, r)
+
+
 @pytest.mark.parametrize("mode", ["gemma_missing", "gemma_noprepare"])
 def test_a_buffer_with_no_value_is_one_config_error_naming_all(results, mode):
     rs = results[mode]

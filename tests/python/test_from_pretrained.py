@@ -92,6 +92,39 @@ def fake_hub_cache(cache, repo_id, src):
     return snap
 
 
+def run_srun_tasks(root, world, out, master):
+    """`world` processes as srun starts them: SLURM_* variables, no RANK/WORLD_SIZE, no process group."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                                             "MASTER_ADDR", "MASTER_PORT")}
+    env.update(SLURM_NTASKS=str(world), SLURM_NTASKS_PER_NODE=f"{world}(x1)", TORCH_CPP_LOG_LEVEL="ERROR",
+               PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1",
+               **({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())} if master else {}))
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "pretrained_worker.py"), "launched", str(root),
+                               str(out)], env=dict(env, SLURM_PROCID=str(r), SLURM_LOCALID=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    try:
+        logs = [p.communicate(timeout=DEADLINE_S)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for r, p in enumerate(procs):
+        assert p.returncode == 0, f"task {r} failed:\n{logs[r][-4000:]}"
+    return [json.loads(open(f"{out}.{r}").read()) for r in range(world)]
+
+
+def test_srun_tasks_are_one_world_never_a_world_of_one_each(pretrained, tmp_path):
+    """Under srun with no process group, from_pretrained makes srun's world (each task its own rows);
+    without a rendezvous address it refuses, naming what to export, instead of a full model per task."""
+    got = run_srun_tasks(pretrained, 2, tmp_path / "with", master=True)
+    for rank, r in enumerate(got):
+        assert r.get("world") == 2 and r["rank"] == rank and r["report_world"] == 2, r
+    assert sum(r["rows"] for r in got) == got[0]["global_rows"] and all(r["rows"] < r["global_rows"] for r in got)
+    refused = run_srun_tasks(pretrained, 2, tmp_path / "without", master=False)
+    for rank, r in enumerate(refused):
+        assert r.get("error") == "InvalidArgument", r
+        assert f"rank {rank} of 2 (slurm's variables)" in r["message"] and "MASTER_ADDR" in r["message"], r
+
+
 def test_repo_id_resolves_from_local_hf_cache(pretrained, tmp_path):
     cache = tmp_path / "hub"
     snap = fake_hub_cache(cache, "tiny-org/tiny-llama", pretrained / "llama")
