@@ -147,6 +147,29 @@ def packed_mxfp4(model, keys: Dict[str, Tuple[int, ...]]) -> Dict[str, List[str]
     return out
 
 
+def _renamed_keys(rules, keys) -> Dict[str, str]:
+    """{model-side name: checkpoint key} for every checkpoint key transformers' renamings change, applied
+    forward exactly as transformers applies them when it loads (its patterns are regular expressions,
+    with anchors, groups and look-arounds, and renamings chain in order), so no rename has to be inverted.
+    A converter's per-expert source names are model-side names too: they come after the renamings."""
+    renamings = [r for r in rules if type(r).__name__ != "WeightConverter" and hasattr(r, "rename_source_key")]
+    if not renamings:
+        return {}
+    try:
+        from transformers.core_model_loading import apply_renamings
+    except ImportError:  # a transformers with rules but without this helper: each renaming in turn
+        def apply_renamings(key, transforms):
+            for t in transforms:
+                key, _ = t.rename_source_key(key)
+            return key
+    out: Dict[str, str] = {}
+    for key in keys:
+        name = apply_renamings(key, renamings)
+        if name != key:
+            out.setdefault(name, key)
+    return out
+
+
 def compositions(model, keys: Dict[str, Tuple[int, ...]]) -> Dict[str, List[str]]:
     """{model key: [checkpoint keys, concatenated in order]} for model entries not stored under their
     own key. Entries it cannot explain are left out; the load then names them as missing."""
@@ -154,17 +177,13 @@ def compositions(model, keys: Dict[str, Tuple[int, ...]]) -> Dict[str, List[str]
     rules = conversion_rules(model)
     if not rules:
         return packed
-    renames = [(r.source_patterns[0], r.target_patterns[0]) for r in rules
-               if type(r).__name__ == "WeightRenaming" and len(r.source_patterns) == 1]
     converters = [r for r in rules if type(r).__name__ == "WeightConverter"]
+    renamed = _renamed_keys(rules, keys)
 
     def to_checkpoint(name: str) -> Optional[str]:
         if name in keys:
             return name
-        for src, dst in renames:  # transformers renames checkpoint -> model; we go back
-            if dst in name and name.replace(dst, src) in keys:
-                return name.replace(dst, src)
-        return None
+        return renamed.get(name)
 
     out: Dict[str, List[str]] = dict(packed)
     names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]

@@ -26,6 +26,13 @@ def configs():
         "gpt_oss": t.GptOssConfig(intermediate_size=16, num_local_experts=5, num_experts_per_tok=2, head_dim=8,
                                   sliding_window=16, **common),
         "gemma2": t.Gemma2Config(intermediate_size=40, head_dim=8, **common),
+        # Checkpoint names that transformers renames with regular expressions ("mlp\\.router\\.gate\\.weight",
+        # "mlp\\.expert_bias", "mlp\\.shared_mlp\\.") around fused experts; and Phi-MoE's plain renames
+        # (".block_sparse_moe." -> ".mlp.", ".gate.weight" -> ".router.weight") with w1/w3/w2 experts.
+        "hy_v3": t.AutoConfig.for_model("hy_v3", intermediate_size=40, moe_intermediate_size=16, num_experts=5,
+                                        num_experts_per_tok=2, num_shared_experts=1, head_dim=8,
+                                        mlp_layer_types=["dense", "sparse"], **common),
+        "phimoe": t.PhimoeConfig(intermediate_size=16, num_local_experts=5, num_experts_per_tok=2, **common),
     }
     return out
 
