@@ -13,6 +13,7 @@ list(GET _torch_out 1 SHARDCAST_TORCH_VERSION)
 list(GET _torch_out 2 SHARDCAST_SITE_PACKAGES)
 list(GET _torch_out 3 SHARDCAST_TORCH_CUDA)   # the CUDA the wheel was built for, or "none"
 list(APPEND CMAKE_PREFIX_PATH ${_torch_prefix})
+set(SHARDCAST_TORCH_CMAKE_PREFIX ${_torch_prefix})   # recorded in the installed shardcast-config.cmake
 
 # The wheel's libtorch_cuda needs the NCCL/CUDA libraries of the nvidia-* wheels, which are newer than
 # the system toolkit's; point the linker at them (the loader finds them through libtorch's own RPATH).
