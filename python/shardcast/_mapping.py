@@ -124,6 +124,13 @@ def _op_names(rule) -> List[str]:
     return [f"{type(op).__name__}{getattr(op, 'dim', '')}" for op in getattr(rule, "operations", []) or []]
 
 
+def expert_merges(rules) -> list:
+    """The converters that stack per-expert tensors into one fused entry (MergeModulelist on dim 0,
+    optionally then Concatenate on dim 1): the only conversions shardcast streams."""
+    return [r for r in rules if type(r).__name__ == "WeightConverter"
+            and _op_names(r) in (["MergeModulelist0"], ["MergeModulelist0", "Concatenate1"])]
+
+
 _SCALE_INV = "_scale_inv"
 _BLOCKS = "_blocks"
 
@@ -177,7 +184,7 @@ def compositions(model, keys: Dict[str, Tuple[int, ...]]) -> Dict[str, List[str]
     rules = conversion_rules(model)
     if not rules:
         return packed
-    converters = [r for r in rules if type(r).__name__ == "WeightConverter"]
+    converters = expert_merges(rules)
     renamed = _renamed_keys(rules, keys)
 
     def to_checkpoint(name: str) -> Optional[str]:
@@ -197,9 +204,6 @@ def compositions(model, keys: Dict[str, Tuple[int, ...]]) -> Dict[str, List[str]
             out[name] = [plain]
             continue
         for rule in converters:
-            ops = _op_names(rule)
-            if ops not in (["MergeModulelist0"], ["MergeModulelist0", "Concatenate1"]):
-                continue
             target = rule.target_patterns[0]
             # A kept-quantized fp8 model (FineGrainedFP8Config) fuses the experts' block scales the same
             # way as their weights: "<fused>_scale_inv" from each "<expert>.weight_scale_inv", in the

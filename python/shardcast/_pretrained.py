@@ -349,23 +349,19 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         dc = _distributed_config(distributed_config, {"tp_size": tp_size, "ep_size": ep_size,
                                                       "fsdp_size": fsdp_size, "dp_replicate_size": dp_replicate_size})
+        if dc is not None and mesh is not None:
+            raise InvalidArgument("pass either mesh or distributed_config: transformers' plans make their own "
+                                  "meshes")
+        model = _build_meta(config, dtype, trust_remote_code)
+        if keep_quantized:
+            _quantized_layout(model, config, path, dtype)
+        prepare(model, config=config, target=target or "cpu", buffer_init=buffer_init)
         if dc is not None:
-            if mesh is not None:
-                raise InvalidArgument("pass either mesh or distributed_config: transformers' plans make their own "
-                                      "meshes")
             _dist_ready("cuda" if target == "cuda" else "cpu")
-            model = _build_meta(config, dtype, trust_remote_code)
-            if keep_quantized:
-                _quantized_layout(model, config, path, dtype)
-            prepare(model, config=config, target=target or "cpu", buffer_init=buffer_init)
             model = _parallelize(model, config, dc, trust_remote_code)
         else:
             if mesh is None:
                 mesh = _default_mesh(target)
-            model = _build_meta(config, dtype, trust_remote_code)
-            if keep_quantized:
-                _quantized_layout(model, config, path, dtype)
-            prepare(model, config=config, target=target or "cpu", buffer_init=buffer_init)
             fully_shard = _fully_shard()
             kwargs = dict(fsdp_kwargs or {})
             for unit in shard_units(model, shard):

@@ -60,9 +60,8 @@ def _per_expert_scales(model, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Te
     holds them instead: one "<expert>.<proj>.weight_scale_inv" per expert and source of the rule, each
     taking an even share of the grid's rows, in the order load composes them (_mapping.compositions).
     A grid whose rows do not split evenly stays fused."""
-    from ._mapping import _SCALE_INV, _op_names, conversion_rules
-    rules = [r for r in conversion_rules(model) if type(r).__name__ == "WeightConverter"
-             and _op_names(r) in (["MergeModulelist0"], ["MergeModulelist0", "Concatenate1"])]
+    from ._mapping import _SCALE_INV, conversion_rules, expert_merges
+    rules = expert_merges(conversion_rules(model))
     if not rules:
         return sd
     out: Dict[str, torch.Tensor] = {}
