@@ -3,7 +3,8 @@
 #   Debian packages: compilers, CMake, GoogleTest, Google Benchmark, mimalloc, nlohmann-json, simdjson, CLI11,
 #                    xxHash, gloo headers (the torch wheel ships none), clang (fuzzing), ccache.
 #   .venv/:          the pinned Python stack of tools/constraints.txt (torch, transformers, accelerate,
-#                    safetensors, huggingface_hub, numpy, pytest, scikit-build-core), then shardcast itself
+#                    safetensors, huggingface_hub, numpy, pytest, scikit-build-core; torchtitan with --no-deps
+#                    plus spmd_types and tyro, for tests/python/test_dcp_torchtitan.py), then shardcast itself
 #                    with `pip install --no-build-isolation .` (built in build/, the directory
 #                    tools/build.sh uses, so the tests' build reuses every object the install compiled).
 # shardcast is reinstalled when HEAD moved since the last install (or with SHARDCAST_REINSTALL=1); the
@@ -36,7 +37,8 @@ fi
 
 # The pinned stack: pip runs only when an installed version differs from tools/constraints.txt.
 wanted=(torch transformers accelerate safetensors huggingface_hub numpy pytest scikit-build-core)
-if ! .venv/bin/python - "${wanted[@]}" <<'EOF'
+pinned() {  # succeeds when every package named is installed at its tools/constraints.txt version
+.venv/bin/python - "$@" <<'EOF'
 import re, sys
 from importlib.metadata import PackageNotFoundError, version
 pins = {}
@@ -53,10 +55,20 @@ for name in sys.argv[1:]:
     if want and have.split("+")[0] != want.split("+")[0]:
         sys.exit(f"setup: {name} {have} is installed, tools/constraints.txt pins {want}")
 EOF
-then
+}
+if ! pinned "${wanted[@]}"; then
   echo "setup: installing ${wanted[*]} into .venv (pinned by tools/constraints.txt)"
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -c tools/constraints.txt "${wanted[@]}"
+fi
+
+# torchtitan, for tests/python/test_dcp_torchtitan.py: --no-deps (its declared training stack is not
+# imported by its models, parallelize_* and HF loading), plus the two packages that code imports.
+titan_deps=(spmd_types tyro)
+if ! pinned torchtitan "${titan_deps[@]}"; then
+  echo "setup: installing torchtitan (--no-deps) and ${titan_deps[*]} into .venv (pinned by tools/constraints.txt)"
+  .venv/bin/pip install -q -c tools/constraints.txt "${titan_deps[@]}"
+  .venv/bin/pip install -q --no-deps -c tools/constraints.txt torchtitan
 fi
 
 # shardcast itself, the way PyTorch extensions are installed: against the torch just installed.

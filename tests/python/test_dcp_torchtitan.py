@@ -1,0 +1,72 @@
+"""torchtitan 0.3.0 itself (issue 31, item 6): its own Qwen3-MoE and DeepSeek-V3 models, its own
+parallelize_qwen3 / parallelize_deepseekv3 and its own initial_load_in_hf step (CheckpointManager.dcp_load:
+adapter.to_hf, dcp.load, adapter.from_hf, model.load_state_dict), at world 4 over Gloo on a CPU mesh, FSDP
+and TP 2 x FSDP 2. Each checkpoint is loaded once through torch's HuggingFaceStorageReader (the fp8
+DeepSeek-V3 one through its QuantizedHuggingFaceStorageReader, called the way torchtitan's adapter calls
+it) and once through shardcast.dcp's, into identical fresh sharded models; every local shard of every
+rank must be bit-identical, and torch's must equal the checkpoint (dequantized block by block for fp8).
+
+One rank launch writes the checkpoints, one per layout runs every scenario with both readers.
+Skips when torchtitan (with spmd_types and tyro, its model code's imports) is not installed.
+"""
+import pytest
+import torch  # noqa: F401  (required: a missing one fails, never skips)
+
+pytest.importorskip("torchtitan.models.qwen3", reason="torchtitan 0.3.0 is not installed (tools/setup.sh "
+                    "installs it with --no-deps plus spmd_types and tyro, pinned in tools/constraints.txt)")
+pytest.importorskip("torchtitan.models.deepseek_v3", reason="torchtitan's deepseek_v3 does not import")
+
+import ranks  # noqa: E402
+
+SCENARIOS = {"qwen3_moe", "deepseek_v3", "deepseek_v3_fp8"}
+LAYOUTS = ["fsdp", "tp2fsdp2"]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tt_ckpt")
+    [written] = ranks.run("dcp_torchtitan_worker.py", "write", root, 1, tmp_path_factory.mktemp("tt_write"))
+    assert set(written["scenarios"]) == SCENARIOS
+    return root
+
+
+@pytest.fixture(scope="module")
+def loaded(checkpoints, tmp_path_factory):
+    """layout -> every rank's result; one launch of 4 ranks per layout, shared by the tests below."""
+    cache = {}
+
+    def get(layout):
+        if layout not in cache:
+            cache[layout] = ranks.run("dcp_torchtitan_worker.py", layout, checkpoints, 4,
+                                      tmp_path_factory.mktemp(f"tt_{layout}"), timeout=600)
+        return cache[layout]
+    return get
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_torch_reader_loads_torchtitan_models_exactly(loaded, layout):
+    for rank, result in enumerate(loaded(layout)):
+        assert set(result["scenarios"]) == SCENARIOS
+        for name, by_reader in result["scenarios"].items():
+            r = by_reader["torch"]
+            assert r["wrong"] == [] and r["missing"] == [], (layout, rank, name, r["wrong"], r["missing"])
+            assert len(r["crc"]) > 20, (layout, rank, name)
+            assert r["reader_class"] and r["reader_class"][0].startswith("torch.distributed.checkpoint."), r
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_shardcast_reader_gives_every_local_shard_bit_identical_to_torchs(loaded, layout):
+    results = loaded(layout)
+    if results[0]["no_shardcast"]:
+        pytest.skip(f"shardcast.dcp is not importable: {results[0]['no_shardcast']}")
+    if layout == "tp2fsdp2":  # the layout really is TP x FSDP: 2-D placements, FSDP's strided shards included
+        placements = results[0]["scenarios"]["deepseek_v3"]["torch"]["placements"]
+        assert "_StridedShard" in placements["layers.0.feed_forward.w1.weight"], placements
+    for rank, result in enumerate(results):
+        for name, by_reader in result["scenarios"].items():
+            ours, theirs = by_reader["shardcast"], by_reader["torch"]
+            assert ours["reader_class"] and ours["reader_class"][0].startswith("shardcast.dcp"), ours["reader_class"]
+            assert ours["wrong"] == [] and ours["missing"] == [], (layout, rank, name, ours["wrong"])
+            assert set(ours["crc"]) == set(theirs["crc"]), (layout, rank, name)
+            differ = sorted(k for k in theirs["crc"] if ours["crc"][k] != theirs["crc"][k])
+            assert differ == [], f"{layout} rank {rank} {name}: local shards differ from torch's reader: {differ}"
