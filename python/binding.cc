@@ -337,6 +337,25 @@ PYBIND11_MODULE(_shardcast, m) {
       "root as the loader resolves it; None when there is no such name. CheckpointError when it resolves "
       "outside the root or loops.");
   m.def(
+      "checkpoint_tensors",
+      [](const std::string& path) {
+        std::unique_ptr<Checkpoint> ck;
+        {
+          py::gil_scoped_release nogil;
+          ck = Checkpoint::Open(path);
+        }
+        py::list out;
+        for (const std::string& key : ck->keys()) {
+          const Checkpoint::Entry& e = ck->Get(key);
+          out.append(py::make_tuple(key, std::string(DTypeName(e.info->dtype)), e.info->shape, e.file->path()));
+        }
+        return out;
+      },
+      py::arg("path"),
+      "[(key, safetensors dtype name, shape, file path)] of every tensor of a checkpoint (a file, or a directory "
+      "with model.safetensors.index.json or model.safetensors), sorted by key: opened and validated by the "
+      "loader's own reader (headers, index, names beneath the root). CheckpointError naming the file otherwise.");
+  m.def(
       "layout_piece",
       [](std::vector<uint64_t> shape, py::list layouts, int rank) {
         PlanOptions o = LayoutsFrom(layouts, {});

@@ -1,0 +1,305 @@
+"""HuggingFaceStorageReader and QuantizedHuggingFaceStorageReader: torch's HF readers' surface, shardcast's
+engine underneath.
+
+DCP's load runs four steps on every rank; each is served here as follows:
+
+  read_metadata        rank 0 opens the checkpoint once with shardcast's validating reader (index, headers,
+                       names beneath the root); every rank receives the same key/dtype/shape/file list
+                       through the group's store and builds exactly the Metadata torch's reader builds
+  prepare_global_plan  the coordinator sees every rank's ReadItems; each becomes a box of its key's global
+                       tensor held by its rank (one "round" per read item of a key on a rank: one round in
+                       every layout DCP's default planner makes of an HF checkpoint), and every rank gets
+                       the whole table in its plan
+  read_data            one shardcast load per round over the table: the manifest agreed by every rank, then
+                       each rank's boxes streamed through the bounded staging ring (any box: rows, columns,
+                       inner blocks) straight into the planner's destination tensors; fp8 weights, MXFP4
+                       blocks and NVFP4 are dequantized in the stream by the quantized reader
+  (any failure)        the same ShardcastError on every rank within the timeout, which DCP then reports
+                       as its CheckpointException on every rank
+
+A destination that is contiguous and of the checkpoint's (or the dequantized) dtype is written in place;
+any other (a strided view, another dtype) receives a contiguous copy of its box, converted with copy_, as
+torch's reader converts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import torch
+from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader as _TorchReader
+from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex, StorageMeta,
+                                                   TensorProperties, TensorStorageMetadata)
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
+from torch.distributed.checkpoint.quantized_hf_storage import \
+    QuantizedHuggingFaceStorageReader as _TorchQuantizedReader
+from torch.futures import Future
+
+from .. import _shardcast
+from .._group import _group, _store_host, operation_store
+from .._layouts import _Layouts
+from .._load import _options
+from .._shardcast import InvalidArgument, ShardcastError
+from ._agree import on_rank0
+
+try:
+    from torch.distributed.checkpoint._hf_utils import _HFStorageInfo
+except ImportError:  # pragma: no cover -- every torch with hf_storage has it
+    _HFStorageInfo = None
+
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}
+for _name, _attr in (("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64"), ("F8_E8M0", "float8_e8m0fnu")):
+    if hasattr(torch, _attr):
+        _DTYPES[_name] = getattr(torch, _attr)
+
+_PLAN_KEY = "shardcast.dcp/boxes"  # the plan's storage_data: {this key: [round: {fqn: [(rank, offsets, lengths)]}]}
+
+
+def _torch_dtype(name: str, key: str, file: str) -> torch.dtype:
+    dtype = _DTYPES.get(name)
+    if dtype is None:
+        raise _shardcast.Unsupported(f"key '{key}' in {file}: dtype {name} has no torch equivalent")
+    return dtype
+
+
+class HuggingFaceStorageReader(_TorchReader):
+    """`torch.distributed.checkpoint.HuggingFaceStorageReader`, served by shardcast.
+
+        dcp.load(state_dict, storage_reader=shardcast.dcp.HuggingFaceStorageReader(path))
+
+    `path`: a Hugging Face checkpoint directory (model.safetensors.index.json and its files, or
+    model.safetensors) or one .safetensors file. `thread_count` is accepted for torch's signature; the
+    engine sizes its own reading. shardcast's options, keyword-only, as in `shardcast.load` (None: the
+    SHARDCAST_* variable, else the default): `source` ("auto", "each-rank", "rank0", "node-leader",
+    "striped"), `chunk_bytes`, `staging_slots`, `readahead_bytes`, `timeout` (seconds per collective and
+    per store wait), `verify`; `process_group` (the group `dcp.load` runs over; default: the default
+    group).
+
+    Collective where torch.distributed runs: every rank of the group calls read_metadata and read_data
+    together, as dcp.load does. After read_data, `last_report` holds this rank's report of each round.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike], thread_count: int = 1, *, source: Optional[str] = None,
+                 chunk_bytes: Optional[Union[int, str]] = None, staging_slots: Optional[int] = None,
+                 readahead_bytes: Optional[Union[int, str]] = None, timeout: Optional[float] = None,
+                 verify: Optional[bool] = None, process_group=None) -> None:
+        super().__init__(path=os.fspath(path), thread_count=thread_count)
+        self._shardcast_options = _options(
+            source=source, chunk_bytes=chunk_bytes, staging_slots=staging_slots, readahead_bytes=readahead_bytes,
+            verify=verify, timeout_ms=None if timeout is None else max(1, int(timeout * 1000)))
+        self._process_group = process_group
+        self._shapes: Dict[str, Tuple[int, ...]] = {}
+        self._dtypes: Dict[str, torch.dtype] = {}   # what the engine delivers for each key
+        self.last_report: Optional[List[dict]] = None
+
+    # -- metadata -----------------------------------------------------------------------------------------
+    def _timeout_s(self) -> float:
+        return _shardcast.load_timeout_seconds(self._shardcast_options) or 600.0
+
+    def _scan(self) -> List[list]:
+        """[[key, dtype name, shape, file]] of every tensor, by the loader's validating reader."""
+        return [[k, d, list(s), f] for k, d, s, f in _shardcast.checkpoint_tensors(os.fspath(self.path))]
+
+    def _tensors(self) -> List[list]:
+        return on_rank0(self._process_group, self._scan, self._timeout_s(), "the checkpoint's headers")
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """The Metadata torch's reader builds (one whole-tensor chunk per key, the file's dtype and shape),
+        from one reading of the checkpoint by rank 0."""
+        state_dict_metadata: Dict[str, TensorStorageMetadata] = {}
+        storage_data: Dict[MetadataIndex, Any] = {}
+        for key, dtype_name, shape, file in self._tensors():
+            dtype = _torch_dtype(dtype_name, key, file)
+            size = torch.Size(shape)
+            state_dict_metadata[key] = TensorStorageMetadata(
+                properties=TensorProperties(dtype=dtype), size=size,
+                chunks=[ChunkStorageMetadata(offsets=torch.Size([0] * len(shape)), sizes=size)])
+            storage_data[MetadataIndex(fqn=key, offset=[0] * len(shape))] = (
+                _HFStorageInfo(relative_path=file, shape=size, dtype=dtype) if _HFStorageInfo else file)
+        metadata = Metadata(state_dict_metadata=state_dict_metadata, storage_data=storage_data)
+        metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        self._adjust_metadata(metadata)
+        return metadata
+
+    def _adjust_metadata(self, metadata: Metadata) -> None:
+        """The plain reader delivers every key as stored."""
+
+    def _delivered_dtype(self, key: str, stored: torch.dtype) -> torch.dtype:
+        return stored
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.storage_data = metadata.storage_data
+        self.is_coordinator = is_coordinator
+        self._shapes = {k: tuple(v.size) for k, v in metadata.state_dict_metadata.items()
+                        if isinstance(v, TensorStorageMetadata)}
+        self._dtypes = {k: self._delivered_dtype(k, v.properties.dtype)
+                        for k, v in metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
+
+    # -- plans --------------------------------------------------------------------------------------------
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
+        """Every rank's read items as boxes of their keys: round j holds each rank's j-th item of a key."""
+        rounds: List[Dict[str, list]] = []
+        for rank, plan in enumerate(plans):
+            seen: Dict[str, int] = {}
+            for item in plan.items:
+                fqn = item.storage_index.fqn
+                j = seen[fqn] = seen.get(fqn, -1) + 1
+                while len(rounds) <= j:
+                    rounds.append({})
+                rounds[j].setdefault(fqn, []).append(
+                    (rank, [int(x) for x in item.storage_offsets], [int(x) for x in item.lengths]))
+        return [dataclasses.replace(plan, storage_data={_PLAN_KEY: rounds}) for plan in plans]
+
+    # -- data ---------------------------------------------------------------------------------------------
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
+        pg, rank, world, store = _group(self._process_group)
+        table = plan.storage_data.get(_PLAN_KEY) if isinstance(plan.storage_data, dict) else None
+        mine: List[Dict[str, Any]] = []
+        seen: Dict[str, int] = {}
+        for item in plan.items:
+            fqn = item.storage_index.fqn
+            j = seen[fqn] = seen.get(fqn, -1) + 1
+            while len(mine) <= j:
+                mine.append({})
+            mine[j][fqn] = item
+        problem = None
+        if table is None:
+            problem = ("InvalidArgument", f"rank {rank}: the load plan carries no boxes from shardcast's "
+                       "prepare_global_plan (a planner dropped the plan's storage_data?)")
+            table = [{}]
+        elif len(mine) > len(table):
+            problem = ("InternalError", f"rank {rank}: {len(mine)} read rounds planned here, {len(table)} globally")
+        reports = []
+        for j, boxes in enumerate(table):
+            reports.append(self._read_round(boxes, mine[j] if j < len(mine) else {}, planner, pg, rank, world, store,
+                                            problem))
+        self.last_report = reports
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _read_round(self, boxes: Dict[str, list], items: Dict[str, Any], planner: LoadPlanner, pg, rank: int,
+                    world: int, store, problem) -> dict:
+        """One shardcast load of every key in `boxes` (each rank's box of it), into this rank's items."""
+        entries, layouts, copies = [], _Layouts(), []
+        options = dict(self._shardcast_options)
+        try:
+            if problem is not None:
+                raise _shardcast.InternalError(problem[1])
+            devices = set()
+            for fqn in sorted(boxes):
+                held = boxes[fqn]
+                if fqn not in self._shapes:
+                    raise InvalidArgument(f"key '{fqn}' is planned but not in the checkpoint's metadata")
+                shape, dtype = self._shapes[fqn], self._dtypes[fqn]
+                key, swap = self._engine_key(fqn)
+                if swap:  # the engine's MXFP4 layout is [..., in, out]: the same box, its last two dims swapped
+                    shape = _swapped(shape)
+                    held = [(r, _swapped(o), _swapped(n)) for r, o, n in held]
+                layout = ((), tuple(r for r, _, _ in held), (),
+                          tuple((tuple(o), tuple(n)) for _, o, n in held))
+                item = items.get(fqn)
+                if item is None:
+                    local = torch.empty([0] * len(shape), dtype=dtype)
+                else:
+                    local = self._destination(item, planner, dtype, rank, copies, swap)
+                    devices.add(local.device)
+                entries.append((key, local, list(shape), "parameter", layouts.index(layout), None))
+            cuda = [d for d in devices if d.type == "cuda"]
+            if cuda:
+                if len(devices) > 1:
+                    raise InvalidArgument(f"rank {rank}: destinations on several devices ({sorted(map(str, devices))})")
+                options["target"] = "cuda"
+                entries = [(k, t if t.device == cuda[0] else t.to(cuda[0]), *rest) for k, t, *rest in entries]
+        except Exception as e:  # noqa: BLE001 -- carried into the agreement: every rank raises it
+            kind = type(e).__name__ if isinstance(e, ShardcastError) else "InternalError"
+            problem = (kind, str(e) if isinstance(e, ShardcastError) else f"rank {rank}: {type(e).__name__}: {e}")
+            entries, layouts, copies = [], _Layouts(), []
+        report = _shardcast.load_entries(entries, layouts.table, os.fspath(self.path), options, {},
+                                         operation_store(pg, store), rank, world, None, problem,
+                                         _store_host(store) if store is not None else "")
+        for item, dest, staged, swap in copies:
+            if staged is not None:
+                dest.copy_(staged.transpose(-1, -2) if swap else staged)
+            planner.commit_tensor(item, dest)
+        return report
+
+    def _engine_key(self, fqn: str) -> Tuple[str, bool]:
+        """The key the engine resolves for a checkpoint key, and whether its layout is the transpose of the
+        key's last two dims. The plain reader reads every key as it is stored."""
+        return fqn, False
+
+    @staticmethod
+    def _destination(item, planner: LoadPlanner, dtype: torch.dtype, rank: int, copies: list,
+                     swap: bool = False) -> torch.Tensor:
+        """The tensor the engine writes this item's box into: the planner's destination itself where it is
+        contiguous and of the delivered dtype, else a contiguous staging copy (copied in after the load)."""
+        dest = planner.resolve_tensor(item).detach()
+        lengths = tuple(int(x) for x in item.lengths)
+        if tuple(dest.shape) != lengths:
+            raise InvalidArgument(f"rank {rank}: key '{item.storage_index.fqn}': the planner's destination is "
+                                  f"{tuple(dest.shape)} but the read item is {lengths}")
+        if dest.dtype == dtype and dest.is_contiguous() and not swap:
+            copies.append((item, dest, None, False))
+            return dest
+        staged = torch.empty(_swapped(lengths) if swap else lengths, dtype=dtype, device=dest.device)
+        copies.append((item, dest, staged, swap))
+        return staged
+
+
+def _swapped(dims):
+    """The last two dims exchanged."""
+    dims = list(dims)
+    return tuple(dims[:-2] + [dims[-1], dims[-2]])
+
+
+class QuantizedHuggingFaceStorageReader(HuggingFaceStorageReader, _TorchQuantizedReader):
+    """`torch.distributed.checkpoint.QuantizedHuggingFaceStorageReader`, served by shardcast.
+
+    The same Metadata as torch's quantized reader (an MXFP4 "<name>_blocks" key reports its dequantized
+    size); every read of a quantized tensor is dequantized to `target_dtype` in shardcast's stream:
+    float8_e4m3fn weights with their "<name>.weight_scale_inv" block scales (fp32 or E8M0; DeepSeek-V3,
+    MiniMax-M2), MXFP4 "_blocks"/"_scales" pairs, and NVFP4. Any box works: one that cuts a scale block,
+    and a weight whose scale sits in another file. `block_size` is checked against the checkpoint's scale
+    grid, which decides.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike], thread_count: int = 1, target_dtype: torch.dtype = torch.float32,
+                 block_size: int = 128, **options: Any) -> None:
+        HuggingFaceStorageReader.__init__(self, path, thread_count, **options)
+        self.target_dtype = target_dtype
+        self.block_size = block_size
+        self._quantized: set = set()
+
+    def _adjust_metadata(self, metadata: Metadata) -> None:
+        keys = metadata.state_dict_metadata
+        self._quantized = set()
+        for fqn, md in keys.items():
+            if not isinstance(md, TensorStorageMetadata):
+                continue
+            if fqn.endswith(".weight_scale_inv") and fqn[: -len("_scale_inv")] in keys:
+                self._quantized.add(fqn[: -len("_scale_inv")])
+            elif fqn.endswith("_scales") and fqn[: -len("_scales")] + "_blocks" in keys:
+                blocks = fqn[: -len("_scales")] + "_blocks"
+                self._quantized.add(blocks)
+                *prefix, groups, block = keys[blocks].size
+                keys[blocks].size = torch.Size([*prefix, groups * block * 2])
+
+    def _delivered_dtype(self, key: str, stored: torch.dtype) -> torch.dtype:
+        return self.target_dtype if key in self._quantized else stored
+
+    def _engine_key(self, fqn: str) -> Tuple[str, bool]:
+        """An MXFP4 "<name>_blocks" key is resolved by its model name "<name>", which the engine dequantizes
+        in transformers' layout [..., in, out]; torch's reader reports [..., out, in]."""
+        if fqn in self._quantized and fqn.endswith("_blocks"):
+            return fqn[: -len("_blocks")], True
+        return fqn, False

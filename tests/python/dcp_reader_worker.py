@@ -1,0 +1,201 @@
+"""One rank of the shardcast.dcp reader tests: `dcp.load` through torch's HF readers and through shardcast's,
+into identical DTensor state dicts, compared bit for bit on every rank.
+
+    python dcp_reader_worker.py MODE ROOT OUT
+
+MODE "compare": every scenario below in one launch (ROOT holds the checkpoints the test wrote):
+  boxes      every key of a tiny llama checkpoint (transformers' save_pretrained, several files) as a
+             DTensor in a layout that cycles through Shard(0), Shard(1), Replicate on a 1-D mesh and, at
+             W=4, HSDP (Replicate, Shard(0)), 2-D (Shard(0), Shard(1)) and (Shard(1), Shard(0)) on (2, 2);
+             plus one key loaded into a float32 destination from its bf16 bytes
+  fsdp       the llama model itself, fully_shard'ed on a CPU mesh, dcp.load(model.state_dict())
+  quantized  an fp8 e4m3 checkpoint with 128x128 block scales (weights that cut a block; a scale in another
+             file than its weight) and an MXFP4 blocks/scales pair, through both quantized readers, to
+             float32 and bfloat16
+  metadata   read_metadata of both readers equal (keys, dtypes, sizes, chunks, files)
+MODE "truncated": this rank's own copy of the checkpoint (ROOT/copy-<rank>) is read; the test truncated
+  rank 1's. MODE "kill": SHARDCAST_FAULT kills a rank mid-stream. Both write the exception each survivor
+  raised.
+"""
+import json
+import os
+import sys
+import traceback
+import zlib
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import HuggingFaceStorageReader as TorchReader
+from torch.distributed.checkpoint.quantized_hf_storage import QuantizedHuggingFaceStorageReader as TorchQReader
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+import shardcast.dcp as sdcp
+
+
+def crc(t: torch.Tensor) -> int:
+    t = t.detach().contiguous()
+    return zlib.crc32(t.view(torch.uint8).numpy().tobytes()) if t.numel() else 0
+
+
+def layouts(world):
+    one = init_device_mesh("cpu", (world,))
+    out = [(one, [Shard(0)]), (one, [Shard(1)]), (one, [Replicate()])]
+    if world == 4:
+        two = init_device_mesh("cpu", (2, 2))
+        out += [(two, [Replicate(), Shard(0)]), (two, [Shard(0), Shard(1)]), (two, [Shard(1), Shard(0)])]
+    return out
+
+
+def sentinel_like(shape, dtype, mesh, placements):
+    full = torch.full(shape, -7, dtype=dtype) if dtype.is_floating_point else torch.full(shape, 7, dtype=dtype)
+    return distribute_tensor(full, mesh, placements)
+
+
+def state_dict(keys, world, dtype_of=None):
+    """{key: DTensor of the key's shape filled with a sentinel}, the layouts cycling over the keys."""
+    ls = layouts(world)
+    sd = {}
+    for i, (key, (shape, dtype)) in enumerate(sorted(keys.items())):
+        if dtype_of is not None:
+            dtype = dtype_of(key, dtype)
+        mesh, placements = ls[i % len(ls)]
+        if len(shape) < 2:
+            placements = [p if not isinstance(p, Shard) else Shard(0) for p in placements]
+        sd[key] = sentinel_like(shape, dtype, mesh, placements)
+    return sd
+
+
+def compare(a, b, what, problems):
+    checked = 0
+    for key in a:
+        la = a[key].to_local() if isinstance(a[key], DTensor) else a[key]
+        lb = b[key].to_local() if isinstance(b[key], DTensor) else b[key]
+        if la.dtype != lb.dtype or la.shape != lb.shape or crc(la) != crc(lb):
+            problems.append(f"{what}: {key} differs ({la.dtype} {tuple(la.shape)} vs {lb.dtype} {tuple(lb.shape)})")
+        checked += 1
+    return checked
+
+
+def checkpoint_keys(path):
+    from safetensors import safe_open
+    keys = {}
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(path, name), framework="pt") as f:
+                for k in f.keys():
+                    s = f.get_slice(k)
+                    keys[k] = (tuple(s.get_shape()), _dtype(s.get_dtype()))
+    return keys
+
+
+def _dtype(name):
+    return {"BF16": torch.bfloat16, "F32": torch.float32, "F16": torch.float16, "F8_E4M3": torch.float8_e4m3fn,
+            "U8": torch.uint8, "I64": torch.int64}[name]
+
+
+def boxes(root, world, problems):
+    path = os.path.join(root, "llama")
+    keys = checkpoint_keys(path)
+    widened = sorted(k for k, (_, d) in keys.items() if d == torch.bfloat16)[:1]
+    to = (lambda k, d: torch.float32 if k in widened else d)
+    theirs, ours = state_dict(keys, world, to), state_dict(keys, world, to)
+    dcp.load(theirs, storage_reader=TorchReader(path))
+    dcp.load(ours, storage_reader=sdcp.HuggingFaceStorageReader(path))
+    n = compare(theirs, ours, "boxes", problems)
+    for key in widened:
+        if ours[key].dtype != torch.float32:
+            problems.append(f"boxes: {key} was not widened")
+    return n
+
+
+def fsdp(root, world, problems):
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoConfig, AutoModelForCausalLM
+    path = os.path.join(root, "llama")
+    cfg = AutoConfig.from_pretrained(path)
+    mesh = init_device_mesh("cpu", (world,))
+    models = []
+    for _ in range(2):
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg)
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        model.to_empty(device="cpu")
+        with torch.no_grad():
+            for p in model.parameters():
+                p.to_local().fill_(-7)
+        models.append(model)
+    dcp.load(models[0].state_dict(), storage_reader=TorchReader(path))
+    dcp.load(models[1].state_dict(), storage_reader=sdcp.HuggingFaceStorageReader(path))
+    return compare(models[0].state_dict(), models[1].state_dict(), "fsdp", problems)
+
+
+def quantized(root, world, problems):
+    path = os.path.join(root, "quantized")
+    keys = checkpoint_keys(path)
+    n = 0
+    for target in (torch.float32, torch.bfloat16):
+        want = {}
+        for k, (shape, dtype) in keys.items():
+            if k.endswith("_scale_inv") or k.endswith("_scales"):
+                continue
+            if k.endswith("_blocks"):
+                want[k] = ((*shape[:-2], shape[-2] * shape[-1] * 2), target)
+            else:
+                want[k] = (shape, target if dtype == torch.float8_e4m3fn else dtype)
+        theirs, ours = state_dict(want, world), state_dict(want, world)
+        dcp.load(theirs, storage_reader=TorchQReader(path, target_dtype=target))
+        dcp.load(ours, storage_reader=sdcp.QuantizedHuggingFaceStorageReader(path, target_dtype=target))
+        n += compare(theirs, ours, f"quantized to {target}", problems)
+    return n
+
+
+def metadata(root, problems):
+    for name, make_t, make_s in (("llama", TorchReader, sdcp.HuggingFaceStorageReader),
+                                 ("quantized", TorchQReader, sdcp.QuantizedHuggingFaceStorageReader)):
+        path = os.path.join(root, name)
+        a, b = make_t(path).read_metadata(), make_s(path).read_metadata()
+        if a.state_dict_metadata != b.state_dict_metadata:
+            problems.append(f"metadata of {name}: state_dict_metadata differs")
+        if {k: (v.relative_path, v.shape, v.dtype) for k, v in a.storage_data.items()} != \
+                {k: (v.relative_path, v.shape, v.dtype) for k, v in b.storage_data.items()}:
+            problems.append(f"metadata of {name}: storage_data differs")
+    return 2
+
+
+def main():
+    mode, root, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    result = {}
+    try:
+        if mode == "compare":
+            problems = []
+            result["checked"] = {"boxes": boxes(root, world, problems), "fsdp": fsdp(root, world, problems),
+                                 "quantized": quantized(root, world, problems),
+                                 "metadata": metadata(root, problems)}
+            result["problems"] = problems
+            dist.barrier()  # rank 0 hosts the store: it stays until every rank read its last exchange
+        elif mode in ("truncated", "kill"):
+            path = os.path.join(root, f"copy-{rank}") if mode == "truncated" else os.path.join(root, "llama")
+            keys = checkpoint_keys(os.path.join(root, "llama"))
+            sd = state_dict(keys, world)
+            try:
+                dcp.load(sd, storage_reader=sdcp.HuggingFaceStorageReader(path, source="each-rank", timeout=20))
+                result["error"] = None
+            except BaseException as e:  # noqa: BLE001 -- DCP's CheckpointException is a BaseException
+                result["error"] = f"{type(e).__name__}: {e}"
+                failures = getattr(e, "failures", None) or {rank: (e, None)}  # CheckpointException: per rank
+                result["shardcast"] = sorted({f"{type(x[0]).__name__}: {x[0]}" for x in failures.values()})
+    except Exception:  # noqa: BLE001
+        result["crash"] = traceback.format_exc()
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(result, f)
+    os._exit(0)  # no teardown: a killed peer must not hang this rank's exit
+
+
+if __name__ == "__main__":
+    main()

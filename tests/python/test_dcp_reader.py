@@ -1,0 +1,101 @@
+"""shardcast.dcp.HuggingFaceStorageReader and QuantizedHuggingFaceStorageReader against torch's own readers,
+called the way DCP users call them: `dcp.load(state_dict, storage_reader=...)` over real Gloo ranks.
+
+Each world size is one launch running every scenario of dcp_reader_worker.py (DTensor boxes in every
+layout, a fully_shard'ed transformers model, fp8 and MXFP4 dequantized in the stream, the metadata), each
+rank comparing its local shards bit for bit. The fault launches check that a truncated copy on one rank,
+or a rank killed mid-stream, ends every rank with an error instead of a hang.
+"""
+import os
+import shutil
+
+import pytest
+import torch
+
+import ranks
+
+WORKER = "dcp_reader_worker.py"
+
+
+def _fp8_blocks(w: torch.Tensor, block: int = 128):
+    """(fp8 weight, fp32 scale_inv grid) of w quantized per block x block tile, as DeepSeek-V3 stores it."""
+    rows, cols = w.shape
+    gr, gc = -(-rows // block), -(-cols // block)
+    scale = torch.empty(gr, gc)
+    q = torch.empty(rows, cols, dtype=torch.float8_e4m3fn)
+    for i in range(gr):
+        for j in range(gc):
+            tile = w[i * block:(i + 1) * block, j * block:(j + 1) * block]
+            s = tile.abs().max().clamp(min=1e-6) / 448.0
+            scale[i, j] = s
+            q[i * block:(i + 1) * block, j * block:(j + 1) * block] = (tile / s).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def _write_quantized(path):
+    """Two files: fp8 weights (200 x 300 cuts a 128-block both ways; one weight's scale lives in the other
+    file), a bf16 norm, and an MXFP4 pair blocks [E=3, out=5, G=2, 16] / scales [3, 5, 2]."""
+    from safetensors.torch import save_file
+    g = torch.Generator().manual_seed(3)
+    a, b = {}, {}
+    for name, shape, where in (("layers.0.q_proj", (200, 300), a), ("layers.0.o_proj", (130, 96), a),
+                               ("layers.1.q_proj", (257, 129), b)):
+        q, s = _fp8_blocks(torch.randn(*shape, generator=g))
+        where[f"{name}.weight"] = q
+        (b if name == "layers.0.o_proj" else where)[f"{name}.weight_scale_inv"] = s
+    a["layers.0.norm.weight"] = torch.randn(300, generator=g).to(torch.bfloat16)
+    b["experts.down_proj_blocks"] = torch.randint(0, 256, (3, 5, 2, 16), dtype=torch.uint8, generator=g)
+    b["experts.down_proj_scales"] = torch.randint(118, 134, (3, 5, 2), dtype=torch.uint8, generator=g)
+    os.makedirs(path)
+    files = {"model-00001-of-00002.safetensors": a, "model-00002-of-00002.safetensors": b}
+    weight_map = {}
+    for name, tensors in files.items():
+        save_file(tensors, os.path.join(path, name), metadata={"format": "pt"})
+        weight_map.update({k: name for k in tensors})
+    import json
+    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+
+
+@pytest.fixture(scope="module")
+def root(tiny_checkpoints, tmp_path_factory):
+    src = tiny_checkpoints("rope-scaled", models=("llama",))
+    root = tmp_path_factory.mktemp("dcp")
+    shutil.copytree(src / "llama", root / "llama")
+    _write_quantized(str(root / "quantized"))
+    return root
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_dcp_load_equals_torch_readers_bit_for_bit(root, world, tmp_path):
+    results = ranks.run(WORKER, "compare", root, world, tmp_path, timeout=300)
+    for rank, r in enumerate(results):
+        assert "crash" not in r, f"rank {rank}:\n{r['crash']}"
+        assert r["problems"] == [], f"rank {rank}: {r['problems']}"
+        assert r["checked"]["boxes"] > 10 and r["checked"]["fsdp"] > 10 and r["checked"]["quantized"] == 10
+
+
+def test_truncated_copy_on_one_rank_fails_every_rank(root, tmp_path):
+    world = 3
+    for r in range(world):
+        shutil.copytree(root / "llama", root / f"copy-{r}", dirs_exist_ok=True)
+    victim = sorted(p for p in (root / "copy-1").iterdir() if p.suffix == ".safetensors")[0]
+    with open(victim, "r+b") as f:
+        f.truncate(os.path.getsize(victim) - 100)
+    results = ranks.run(WORKER, "truncated", root, world, tmp_path, timeout=120)
+    errors = [r.get("error") or r.get("crash") for r in results]
+    assert all(errors), errors
+    # DCP reports each rank's failure in its CheckpointException; each is the one agreed shardcast error,
+    # naming the file and rank 1, the same on every rank.
+    agreed = [r["shardcast"] for r in results]
+    assert agreed[0] and all(a == agreed[0] for a in agreed), agreed
+    assert any(victim.name in line and "rank 1" in line for line in agreed[0]), agreed[0]
+
+
+def test_rank_killed_mid_stream_ends_every_rank(root, tmp_path):
+    world = 3
+    results = ranks.run(WORKER, "kill", root, world, tmp_path, timeout=120, allow_fail=True, faulted=(1,),
+                        env={"SHARDCAST_FAULT": "1:stream:kill:1"})
+    assert results[1] is None
+    for rank in (0, 2):  # shardcast's group, or DCP's own collective after it, reports the lost peer
+        assert results[rank]["error"], results[rank]
