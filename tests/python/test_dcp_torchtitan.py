@@ -18,7 +18,8 @@ pytest.importorskip("torchtitan.models.deepseek_v3", reason="torchtitan's deepse
 
 import ranks  # noqa: E402
 
-SCENARIOS = {"qwen3_moe", "deepseek_v3", "deepseek_v3_fp8"}
+from dcp_torchtitan_worker import LAYOUT_SCENARIOS, SCENARIOS  # noqa: E402
+
 LAYOUTS = ["fsdp", "tp2fsdp2"]
 
 
@@ -26,7 +27,7 @@ LAYOUTS = ["fsdp", "tp2fsdp2"]
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("tt_ckpt")
     [written] = ranks.run("dcp_torchtitan_worker.py", "write", root, 1, tmp_path_factory.mktemp("tt_write"))
-    assert set(written["scenarios"]) == SCENARIOS
+    assert set(written["scenarios"]) == set(SCENARIOS)
     return root
 
 
@@ -46,7 +47,7 @@ def loaded(checkpoints, tmp_path_factory):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_torch_reader_loads_torchtitan_models_exactly(loaded, layout):
     for rank, result in enumerate(loaded(layout)):
-        assert set(result["scenarios"]) == SCENARIOS
+        assert set(result["scenarios"]) == set(LAYOUT_SCENARIOS[layout])
         for name, by_reader in result["scenarios"].items():
             r = by_reader["torch"]
             assert r["wrong"] == [] and r["missing"] == [], (layout, rank, name, r["wrong"], r["missing"])
@@ -62,6 +63,9 @@ def test_shardcast_reader_gives_every_local_shard_bit_identical_to_torchs(loaded
     if layout == "tp2fsdp2":  # the layout really is TP x FSDP: 2-D placements, FSDP's strided shards included
         placements = results[0]["scenarios"]["deepseek_v3"]["torch"]["placements"]
         assert "_StridedShard" in placements["layers.0.feed_forward.w1.weight"], placements
+    else:  # 3 experts at FSDP 4: torchtitan shards them on dim 1
+        placements = results[0]["scenarios"]["qwen3_moe_e3"]["torch"]["placements"]
+        assert placements["layers.0.moe.routed_experts.inner_experts.w1_EFD"] == "(Shard(dim=1),)", placements
     for rank, result in enumerate(results):
         for name, by_reader in result["scenarios"].items():
             ours, theirs = by_reader["shardcast"], by_reader["torch"]
