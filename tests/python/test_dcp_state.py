@@ -1,0 +1,213 @@
+"""shardcast.dcp's StorageWriter/StorageReader against torch's FileSystemWriter/FileSystemReader: a whole
+training state (FSDP2 params, AdamW moments and steps, a LambdaLR scheduler, a dataloader's byte items)
+saved at FSDP W=4 and loaded back at FSDP 4, HSDP 2x2, TP x FSDP 2x2 and FSDP 3 must equal torch's round
+trip of the same state bit for bit; nothing on disk is a pickle; every failure reaches every rank (DCP's
+CheckpointException carrying shardcast's exception) and none hangs. Two rank launches in all (W=4, W=3):
+Python start-up dominates. The metadata codec and the rank-file parser are also tested in this process
+as hostile input."""
+import io
+import json
+import os
+import pickle
+
+import pytest
+
+import ranks
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from shardcast import CheckpointError
+from shardcast.dcp._state import StorageReader, StorageWriter, _RankFile, decode_metadata, decode_value, encode_value
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """(root, per-rank results of the W=4 launch): ROOT/sc and ROOT/fs hold the same saved state."""
+    root = tmp_path_factory.mktemp("dcp-state")
+    return root, ranks.run("dcp_state_worker.py", "save4", root, 4, tmp_path_factory.mktemp("out4"))
+
+
+@pytest.fixture(scope="module")
+def loaded3(saved, tmp_path_factory):
+    root, _ = saved
+    return ranks.run("dcp_state_worker.py", "load3", root, 3, tmp_path_factory.mktemp("out3"))
+
+
+def _saved_full(per_rank):
+    full = per_rank[0]["save"]["full"]
+    assert all(r["save"]["full"] == full for r in per_rank)
+    return full
+
+
+@pytest.mark.parametrize("layout", ["fsdp", "hsdp", "tp"])
+def test_reshard_load_equals_torch_round_trip_bit_for_bit(saved, layout):
+    _, per_rank = saved
+    want = _saved_full(per_rank)
+    for rank, r in enumerate(per_rank):
+        got = r[f"load_{layout}"]
+        assert got["mismatch"] == [], f"rank {rank}: differs from torch's round trip: {got['mismatch'][:5]}"
+        assert got["full"] == want, f"rank {rank}: {[k for k in want if got['full'].get(k) != want[k]][:5]}"
+        assert got["keys"] == len(want) > 40
+
+
+def test_reshard_load_at_three_ranks_equals_torch_round_trip(saved, loaded3):
+    want = _saved_full(saved[1])
+    for rank, r in enumerate(loaded3):
+        assert r["load_fsdp"]["mismatch"] == [], f"rank {rank}: {r['load_fsdp']['mismatch'][:5]}"
+        assert r["load_fsdp"]["full"] == want
+
+
+def test_nothing_on_disk_is_a_pickle(saved):
+    from safetensors import safe_open
+    sc = saved[0] / "sc"
+    names = sorted(os.listdir(sc))
+    assert names == [".metadata.json"] + [f"__{r}_0.safetensors" for r in range(4)]
+    for name in names:
+        head = (sc / name).read_bytes()[:4]
+        assert head[:2] != b"PK" and head[:1] != b"\x80", f"{name} is a zip or a pickle"
+    json.loads((sc / ".metadata.json").read_text())
+    byte_items = 0
+    for name in names[1:]:
+        with safe_open(str(sc / name), framework="pt") as f:  # the safetensors package reads every rank file
+            for key in f.keys():
+                t = f.get_tensor(key)
+                if "@" not in key:  # a byte item: tagged JSON, not torch.save bytes
+                    assert t.dtype == torch.uint8
+                    json.loads(t.numpy().tobytes())
+                    byte_items += 1
+    assert byte_items > 10  # lr, betas, ..., the scheduler's fields, the dataloader's
+
+
+def test_metadata_round_trips_every_field_the_planners_read(saved):
+    root = saved[0]
+    with open(root / "fs" / ".metadata", "rb") as f:
+        theirs = pickle.load(f)  # torch's own, written by this test's ranks
+    ours = StorageReader(root / "sc").read_metadata()
+    assert ours.state_dict_metadata == theirs.state_dict_metadata
+    assert ours.planner_data == theirs.planner_data
+    assert set(ours.storage_data) == set(theirs.storage_data)
+    assert ours.version == theirs.version
+    assert ours.storage_meta.checkpoint_id == str(root / "sc")
+
+
+def _failures_name(res, *words):
+    assert res["type"] == "CheckpointException", res
+    assert all(w in res["message"] for w in words), res["message"][:2000]
+
+
+def test_truncated_rank_file_fails_on_every_rank(saved):
+    _, per_rank = saved
+    for r in per_rank:
+        res = r["faults"]["truncated"]
+        _failures_name(res, "__1_0.safetensors", "truncated")
+        assert ["CheckpointError", True] in res["failures"].values()
+
+
+def test_missing_rank_file_and_missing_metadata_fail_on_every_rank(saved):
+    for r in saved[1]:
+        _failures_name(r["faults"]["no_rank_file"], "__2_0.safetensors", "cannot open")
+        _failures_name(r["faults"]["no_metadata"], ".metadata.json", "not a finished checkpoint")
+
+
+def test_dtype_the_file_does_not_hold_fails_naming_key_and_file(saved):
+    for r in saved[1]:
+        _failures_name(r["faults"]["retyped"], "model.head.weight@", "torch.float32", "torch.int32", "__")
+
+
+def test_value_that_is_not_plain_data_is_refused_and_leaves_no_checkpoint(saved):
+    for r in saved[1]:
+        _failures_name(r["faults"]["opaque"], "dataloader.sampler", "Opaque", "allow_pickle")
+        assert ".metadata.json" not in r["faults"]["opaque_left"]
+
+
+def test_failed_overwrite_leaves_no_checkpoint_and_no_rank_hangs(saved):
+    for r in saved[1]:
+        _failures_name(r["faults"]["disk_full"], "rank 1", "__1_0.safetensors")
+        assert ".metadata.json" not in r["faults"]["disk_full_left"]
+
+
+# -- in this process: single-rank saves (no_dist), the codec and the parser as hostile input ------------
+
+def _single(tmp_path, writer):
+    state = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4), "x": {"a": (1, 2.5), "b": [None, b"\x00", {"k": "y"}]},
+             "buf": io.BytesIO(b"abc")}
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    return state
+
+
+def test_plain_values_read_back_with_their_types(tmp_path):
+    _single(tmp_path, StorageWriter(tmp_path))
+    back = {"w": torch.zeros(3, 4), "x": {"a": None, "b": [0, 0, {"k": 0}]}, "buf": None}
+    dcp.load(back, storage_reader=StorageReader(tmp_path), no_dist=True)
+    assert torch.equal(back["w"], torch.arange(12, dtype=torch.float32).reshape(3, 4))
+    assert back["x"] == {"a": (1, 2.5), "b": [None, b"\x00", {"k": "y"}]} and type(back["x"]["a"]) is tuple
+    assert back["buf"].getvalue() == b"abc"
+
+
+def test_value_codec_keeps_every_plain_type():
+    import collections
+    v = {3: (1, 2.5, float("inf")), "o": collections.OrderedDict(z=[True, None]), "s": torch.Size([2, 0]),
+         "d": torch.bfloat16, "b": b"\x00\xff", "t": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3),
+         "dev": torch.device("cpu"), "e": torch.empty(0, 4)}
+    back = decode_value(json.loads(json.dumps(encode_value(v, "v"), allow_nan=False)), "v")
+    assert list(back) == list(v) and back[3] == v[3] and type(back["o"]) is collections.OrderedDict
+    assert back["o"] == v["o"] and back["s"] == v["s"] and back["d"] is torch.bfloat16 and back["b"] == v["b"]
+    assert back["t"].dtype == torch.bfloat16 and torch.equal(back["t"], v["t"]) and back["e"].shape == (0, 4)
+    with pytest.raises(CheckpointError, match="unknown value tag"):
+        decode_value({"pickle": "x"}, "v")
+
+
+class _Custom:
+    def __eq__(self, other):
+        return isinstance(other, _Custom)
+
+
+def test_pickled_values_need_allow_pickle_on_both_sides(tmp_path):
+    state = {"obj": _Custom(), "w": torch.ones(2)}
+    with pytest.raises(CheckpointException, match="allow_pickle"):
+        dcp.save(state, storage_writer=StorageWriter(tmp_path / "a"), no_dist=True)
+    dcp.save(state, storage_writer=StorageWriter(tmp_path / "b", allow_pickle=True), no_dist=True)
+    with pytest.raises(CheckpointException, match="allow_pickle=True to the reader"):
+        dcp.load({"obj": None, "w": torch.zeros(2)}, storage_reader=StorageReader(tmp_path / "b"), no_dist=True)
+    back = {"obj": None, "w": torch.zeros(2)}
+    dcp.load(back, storage_reader=StorageReader(tmp_path / "b", allow_pickle=True), no_dist=True)
+    assert back["obj"] == _Custom()
+
+
+@pytest.mark.parametrize("edit,words", [
+    (lambda d: d["storage_data"][0].update(file="../../etc/passwd"), "not a rank file name"),
+    (lambda d: d["storage_data"][0].update(length=d["storage_data"][0]["length"] + 4), "matches no chunk"),
+    (lambda d: d["state_dict_metadata"]["w"]["properties"].update(dtype="float128"), "unknown dtype"),
+    (lambda d: d["state_dict_metadata"]["w"]["chunks"][0].update(sizes=[4, 4]), "outside the tensor"),
+    (lambda d: d["storage_data"].pop(), "no place in any rank file"),
+    (lambda d: d.update(planner_data={"w": [1.5]}), "planner_data"),
+    (lambda d: d.update(format="torch"), "not a shardcast"),
+])
+def test_hostile_metadata_is_refused_by_name(tmp_path, edit, words):
+    _single(tmp_path, StorageWriter(tmp_path))
+    doc = json.loads((tmp_path / ".metadata.json").read_text())
+    edit(doc)
+    with pytest.raises(CheckpointError, match=words):
+        decode_metadata(json.dumps(doc).encode(), "md")
+
+
+def test_hostile_rank_file_header_is_refused(tmp_path):
+    _single(tmp_path, StorageWriter(tmp_path))
+    path = tmp_path / "__0_0.safetensors"
+    raw = path.read_bytes()
+    (tmp_path / "big").write_bytes((1 << 40).to_bytes(8, "little") + raw[8:])
+    with pytest.raises(CheckpointError, match="exceeds the cap"):
+        _RankFile(str(tmp_path / "big"), 1 << 20)
+    (tmp_path / "tail").write_bytes(raw + b"\x00" * 8)
+    with pytest.raises(CheckpointError, match="trailing bytes"):
+        _RankFile(str(tmp_path / "tail"), 1 << 20)
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    key = next(k for k in header if k.startswith("w@"))
+    header[key]["data_offsets"][1] += 4
+    text = json.dumps(header).encode()
+    (tmp_path / "overlap").write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
+    with pytest.raises(CheckpointError, match="do not hold"):
+        _RankFile(str(tmp_path / "overlap"), 1 << 20)
