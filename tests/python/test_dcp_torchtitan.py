@@ -12,9 +12,10 @@ Skips when torchtitan (with spmd_types and tyro, its model code's imports) is no
 import pytest
 import torch  # noqa: F401  (required: a missing one fails, never skips)
 
-pytest.importorskip("torchtitan.models.qwen3", reason="torchtitan 0.3.0 is not installed (tools/setup.sh "
-                    "installs it with --no-deps plus spmd_types and tyro, pinned in tools/constraints.txt)")
-pytest.importorskip("torchtitan.models.deepseek_v3", reason="torchtitan's deepseek_v3 does not import")
+for _module in ("torchtitan.models.qwen3", "torchtitan.models.deepseek_v3"):
+    pytest.importorskip(_module, exc_type=ImportError,
+                        reason=f"{_module} does not import: torchtitan 0.3.0 is not installed (tools/setup.sh "
+                        "installs it with --no-deps plus spmd_types and tyro, pinned in tools/constraints.txt)")
 
 import ranks  # noqa: E402
 
