@@ -175,11 +175,13 @@ py::dict LoadEntries(py::list entries, py::list layouts, const std::string& chec
 // The save: entries as for load_entries, but each with its output tensors [(key, shape)] in
 // concatenation order (None: one tensor, its own key and shape). dtype: a safetensors dtype name or
 // None; max_shard_size: text for the one size parser ("5GB"). A problem, or an argument that fails to
-// parse, is agreed in the save's first verdict, so every rank raises it.
+// parse, is agreed in the save's first verdict, so every rank raises it. file_numbers ({output key: 1..n},
+// torch DCP's fqn_to_index_mapping), keep_other_files and numbered_files: SaveRequest's fields of those names.
 py::dict SaveEntries(py::list entries, py::list layouts, const std::string& out_dir, py::dict opts, py::object dtype,
                      const std::string& max_shard_size, bool overwrite, const std::string& config_json,
                      const std::string& generation_config_json, py::object store_obj, int rank,
-                     int world_size, py::object progress, py::object problem, const std::string& store_host) {
+                     int world_size, py::object progress, py::object problem, const std::string& store_host,
+                     py::dict file_numbers, bool keep_other_files, bool numbered_files) {
   c10::intrusive_ptr<c10d::Store> store;
   if (!store_obj.is_none()) store = store_obj.cast<c10::intrusive_ptr<c10d::Store>>();
   if (world_size > 1 && !store) {
@@ -191,6 +193,16 @@ py::dict SaveEntries(py::list entries, py::list layouts, const std::string& out_
     failed = Error(ErrorKindFromName(p.first), "", p.second);
   }
   SaveRequest rq;
+  rq.keep_other_files = keep_other_files;
+  rq.numbered_files = numbered_files;
+  for (auto [k, v] : file_numbers) {
+    const int64_t n = v.cast<int64_t>();
+    if ((n < 1 || n > UINT32_MAX) && !failed) {
+      failed = Error(ErrorKind::kInvalidArgument, "key '" + k.cast<std::string>() + "'",
+                     "file number " + std::to_string(n) + " (fqn_to_index_mapping's numbers start at 1)");
+    }
+    rq.file_numbers[k.cast<std::string>()] = static_cast<uint32_t>(std::max<int64_t>(n, 0));
+  }
   rq.out_dir = out_dir;
   rq.overwrite = overwrite;
   rq.config_json = config_json;
@@ -391,5 +403,6 @@ PYBIND11_MODULE(_shardcast, m) {
         py::arg("max_shard_size"), py::arg("overwrite"), py::arg("config_json"), py::arg("generation_config_json"),
         py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("progress") = py::none(),
         py::arg("problem") = py::none(),
-        py::arg("store_host") = "the process group's store");
+        py::arg("store_host") = "the process group's store", py::arg("file_numbers") = py::dict(),
+        py::arg("keep_other_files") = false, py::arg("numbered_files") = false);
 }

@@ -224,6 +224,48 @@ void WriteText(const std::string& dir, const std::string& name, const std::strin
   ::close(fd);
 }
 
+namespace {
+
+// `from` (a folder) into `to` (created): files hard-linked or copied, links as links, folders recursively.
+void LinkTree(const std::filesystem::path& from, const std::filesystem::path& to, bool top) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::directory_iterator listing(from, ec);
+  if (ec) Fail(from.string(), "cannot list the folder to keep its files", ec.value());
+  for (const fs::directory_entry& e : listing) {
+    const std::string name = e.path().filename().string();
+    const fs::path dest = to / name;
+    if (fs::symlink_status(dest, ec).type() != fs::file_type::not_found) continue;  // written by this save
+    const fs::file_status st = e.symlink_status(ec);
+    const bool safetensors = name.size() >= 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0;
+    if (top && fs::is_regular_file(st) && (safetensors || name == "model.safetensors.index.json")) continue;
+    if (fs::is_symlink(st)) {
+      fs::copy_symlink(e.path(), dest, ec);
+    } else if (fs::is_directory(st)) {
+      if (!fs::create_directory(dest, ec) && ec) Fail(dest.string(), "cannot create the folder kept from " + e.path().string(), ec.value());
+      LinkTree(e.path(), dest, false);
+      FsyncPath(dest.string(), true);
+      continue;
+    } else if (fs::is_regular_file(st)) {
+      if (::link(e.path().c_str(), dest.c_str()) == 0) continue;
+      fs::copy_file(e.path(), dest, ec);
+      if (!ec) FsyncPath(dest.string(), false);
+    } else {
+      continue;  // sockets, fifos: nothing a checkpoint holds
+    }
+    if (ec) Fail(dest.string(), "cannot carry over " + e.path().string(), ec.value());
+  }
+}
+
+}  // namespace
+
+void CarryOver(const std::string& from, const std::string& to) {
+  struct stat st {};
+  if (::stat(from.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return;
+  LinkTree(from, to, true);
+  FsyncPath(to, true);
+}
+
 void Commit(const std::string& tmp, const std::string& out_dir) {
   FsyncPath(tmp, true);
   if (::rename(tmp.c_str(), out_dir.c_str()) == 0) {  // out_dir did not exist (or was an empty directory)

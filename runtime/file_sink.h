@@ -67,6 +67,12 @@ void RemoveTree(const std::string& path);
 void Create(const std::string& dir, const std::vector<ManifestFile>& files, const std::vector<std::string>& headers);
 // Writes a small file in `dir` and fsyncs it.
 void WriteText(const std::string& dir, const std::string& name, const std::string& text);
+// Carries what an existing `from` holds into `to`, for a save that keeps the other files of the
+// out_dir it replaces: every name `to` does not have, except *.safetensors files and
+// model.safetensors.index.json at the top (the checkpoint being replaced); folders are recreated,
+// files hard-linked (copied where linking fails), symlinks copied as links; fsyncs `to`. Nothing when
+// `from` does not exist. Failure: kIo naming the path.
+void CarryOver(const std::string& from, const std::string& to);
 // Puts `tmp` in place as `out_dir` atomically: rename when out_dir does not exist, else (overwrite)
 // exchange the two and remove the old tree, now at `tmp`; fsyncs the parent. No instant shows a
 // partial out_dir.

@@ -162,6 +162,7 @@ void Write(Communicator& comm, RankState* state, const SaveRequest& rq, const Ag
     if (!rq.generation_config_json.empty()) {
       output_dir::WriteText(a.tmp_dir, "generation_config.json", rq.generation_config_json);
     }
+    if (rq.keep_other_files) output_dir::CarryOver(a.out_dir, a.tmp_dir);
     output_dir::Commit(a.tmp_dir, a.out_dir);
     committed = true;
   });

@@ -11,8 +11,9 @@
 //   3. stream: the Schedule of that manifest, read from each rank's shards (ShardSource), written at
 //      the segments' file offsets (FileSink); route save-rank0 or save-each-rank
 //   4. each rank fdatasyncs what it wrote                                                  "save write"
-//   5. commit (rank 0): index, config.json, generation_config.json, then the directory renamed into
-//      place atomically (exchanged with an existing out_dir under overwrite)               "save commit"
+//   5. commit (rank 0): index, config.json, generation_config.json (and, keep_other_files, the other
+//      files of an existing out_dir), then the directory renamed into place atomically (exchanged
+//      with an existing out_dir under overwrite)                                          "save commit"
 //   6. every rank's report, gathered to every rank
 //
 // A kill -9 of any rank at any moment leaves the previous out_dir intact, or no out_dir: never a
@@ -58,6 +59,22 @@ struct SaveRequest {
   std::string config_json;                   // default "": no config.json
   std::string generation_config_json;        // default "": no generation_config.json
   Progress progress;                         // default none
+  // Default empty: output tensors go into files by max_shard_bytes, in model order. Else every output
+  // tensor's file number, 1 to n (torch DCP's fqn_to_index_mapping; keys no entry writes are ignored):
+  // the files are model-0000k-of-0000n.safetensors, n the largest number in the map, each holding the
+  // tensors numbered k (a number no tensor has makes no file), and the index is written even for n = 1.
+  // An output tensor without a number is kInvalidArgument. Rank 0's governs: its files are in the
+  // agreed manifest.
+  std::map<std::string, uint32_t> file_numbers;
+  // Default false: one file by max_shard_bytes is model.safetensors, without an index (save_pretrained's
+  // names). True: files are always model-0000k-of-0000n.safetensors with an index, also for n = 1 (torch
+  // DCP's HF writer's names); implied by file_numbers.
+  bool numbered_files = false;
+  // Default false: an existing out_dir is replaced as a whole (under overwrite). True: what an existing
+  // out_dir holds besides its *.safetensors files and model.safetensors.index.json, and that this save
+  // does not write itself (a tokenizer, a README, folders), is carried into the new out_dir before the
+  // one atomic swap, as hard links (copies where the filesystem has none).
+  bool keep_other_files = false;
 };
 
 struct SaveRankReport {

@@ -5,7 +5,9 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <unordered_set>
 
@@ -64,22 +66,24 @@ void Entries(const Plan& plan, const SaveRequest& rq, Manifest* m) {
   }
 }
 
-std::string FileName(size_t i, size_t n) {
-  if (n == 1) return "model.safetensors";
+std::string FileName(size_t i, size_t n, bool numbered) {
+  if (n == 1 && !numbered) return "model.safetensors";
   char buf[64];
   std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", i + 1, n);
   return buf;
 }
 
+struct FileGroup {
+  std::string name;
+  std::vector<ManifestPart*> parts;
+};
+
 // Output tensors to files in model order, greedily up to max_shard_bytes (a larger tensor gets a file
-// of its own), as transformers' split_torch_state_dict_into_shards does; within a file, wider dtypes
-// first so that every tensor stays aligned; headers, absolute offsets, and the index.
-void Files(const SaveRequest& rq, Agreed* a) {
-  Manifest& m = a->manifest;
+// of its own), as transformers' split_torch_state_dict_into_shards does.
+std::vector<FileGroup> BySize(const SaveRequest& rq, Manifest& m) {
   std::vector<std::vector<ManifestPart*>> files(1);
-  uint64_t in_file = 0, total = 0, parameters = 0;
+  uint64_t in_file = 0;
   for (ManifestEntry& e : m.entries) {
-    if (e.role == Role::kParameter) parameters += Numel(e.shape);
     for (ManifestPart& p : e.parts) {
       const uint64_t bytes = p.numel * DTypeSize(p.source_dtype);
       if (!files.back().empty() && (bytes > rq.max_shard_bytes || in_file + bytes > rq.max_shard_bytes)) {
@@ -88,12 +92,57 @@ void Files(const SaveRequest& rq, Agreed* a) {
       }
       files.back().push_back(&p);
       in_file += bytes;
-      total += bytes;
     }
   }
+  std::vector<FileGroup> out;
+  for (size_t f = 0; f < files.size(); ++f) {
+    out.push_back(FileGroup{FileName(f, files.size(), rq.numbered_files), std::move(files[f])});
+  }
+  return out;
+}
+
+// Output tensors to the files their numbers name (SaveRequest::file_numbers), in model order within each:
+//   {a: 2, b: 1, c: 2, z: 3}, outputs a b c  ->  model-00001-of-00003: b   model-00002-of-00003: a c
+std::vector<FileGroup> ByNumber(const SaveRequest& rq, Manifest& m) {
+  uint32_t n = 0;
+  for (const auto& [key, number] : rq.file_numbers) {
+    if (number == 0) throw Error(ErrorKind::kInvalidArgument, "key '" + key + "'", "file number 0 (they start at 1)");
+    n = std::max(n, number);
+  }
+  std::map<uint32_t, std::vector<ManifestPart*>> files;
+  for (ManifestEntry& e : m.entries) {
+    for (ManifestPart& p : e.parts) {
+      auto it = rq.file_numbers.find(p.checkpoint_key);
+      if (it == rq.file_numbers.end()) {
+        throw Error(ErrorKind::kInvalidArgument, "key '" + p.checkpoint_key + "'",
+                    "has no file number (fqn_to_index_mapping names " + std::to_string(rq.file_numbers.size()) +
+                        " tensors, not this one)");
+      }
+      files[it->second].push_back(&p);
+    }
+  }
+  std::vector<FileGroup> out;
+  for (auto& [number, parts] : files) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "model-%05u-of-%05u.safetensors", number, n);
+    out.push_back(FileGroup{buf, std::move(parts)});
+  }
+  return out;
+}
+
+// The files (by size or by number); within a file, wider dtypes first so that every tensor stays
+// aligned; headers, absolute offsets, and the index.
+void Files(const SaveRequest& rq, Agreed* a) {
+  Manifest& m = a->manifest;
+  uint64_t total = 0, parameters = 0;
+  for (ManifestEntry& e : m.entries) {
+    if (e.role == Role::kParameter) parameters += Numel(e.shape);
+    for (ManifestPart& p : e.parts) total += p.numel * DTypeSize(p.source_dtype);
+  }
+  std::vector<FileGroup> files = rq.file_numbers.empty() ? BySize(rq, m) : ByNumber(rq, m);
   nlohmann::json weight_map = nlohmann::json::object();
   for (size_t f = 0; f < files.size(); ++f) {
-    auto& parts = files[f];
+    auto& parts = files[f].parts;
     std::stable_sort(parts.begin(), parts.end(), [](const ManifestPart* x, const ManifestPart* y) {
       return DTypeSize(x->source_dtype) > DTypeSize(y->source_dtype);
     });
@@ -101,7 +150,7 @@ void Files(const SaveRequest& rq, Agreed* a) {
     for (const ManifestPart* p : parts) entries.push_back(WriteEntry{p->checkpoint_key, p->source_dtype, p->shape});
     std::string header = BuildHeader(entries, {{"format", "pt"}});
     uint64_t offset = header.size();
-    const std::string name = FileName(f, files.size());
+    const std::string& name = files[f].name;
     for (ManifestPart* p : parts) {
       p->file = static_cast<uint32_t>(f);
       p->offset = offset;
@@ -111,7 +160,7 @@ void Files(const SaveRequest& rq, Agreed* a) {
     m.files.push_back(ManifestFile{name, offset, XXH3_64bits(header.data(), header.size())});
     a->headers.push_back(std::move(header));
   }
-  if (files.size() > 1) {
+  if (files.size() > 1 || rq.numbered_files || !rq.file_numbers.empty()) {
     nlohmann::json index = {{"metadata", {{"total_parameters", parameters}, {"total_size", total}}},
                             {"weight_map", weight_map}};
     a->index = index.dump(2) + "\n";
@@ -125,7 +174,8 @@ void Files(const SaveRequest& rq, Agreed* a) {
 nlohmann::json Params(const SaveRequest& rq) {
   return {{"out_dir", Absolute(rq.out_dir)}, {"mode", SourceName(rq.options.source)},
           {"dtype", rq.dtype ? std::string(DTypeName(*rq.dtype)) : "as held"}, {"overwrite", rq.overwrite},
-          {"max_shard_bytes", rq.max_shard_bytes}};
+          {"max_shard_bytes", rq.max_shard_bytes}, {"keep_other_files", rq.keep_other_files},
+          {"numbered_files", rq.numbered_files}};
 }
 
 

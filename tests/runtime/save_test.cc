@@ -13,7 +13,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "loaders/checkpoint.h"
@@ -71,6 +73,57 @@ nlohmann::json Check(const Plan& plan, const std::string& dir, std::optional<DTy
           {"skipped", static_cast<int64_t>(out->keys().size()) - checked}, {"files", out->num_files()}};
 }
 
+// TEST_BOXES (3 ranks): every parameter in explicit boxes, as code that shards without DTensor declares
+// them (torch DCP's chunks): matrices in three uneven boxes, vectors held whole by ranks 0 and 2
+// (replicas: written once) and as an empty box by rank 1, scalars by rank 1 alone.
+//
+//   [R, C]   rank 0  rows [0, R/2), every column      0 0 0 0 0 0
+//            rank 1  rows [R/2, R), columns [0, C/3)   1 1 2 2 2 2
+//            rank 2  rows [R/2, R), columns [C/3, C)   1 1 2 2 2 2
+void ApplyTestBoxes(const ModelSpec& spec, PlanOptions* o) {
+  for (const SpecEntry& e : spec.entries) {
+    if (e.role != Role::kParameter) continue;
+    const std::vector<uint64_t>& s = e.shape;
+    const std::vector<uint64_t> zero(s.size(), 0);
+    Layout l;
+    if (s.size() >= 2) {
+      const uint64_t r1 = s[0] / 2, c1 = s[1] / 3;
+      Box top{zero, s}, left{zero, s}, right{zero, s};
+      top.size[0] = r1;
+      left.offset[0] = right.offset[0] = r1;
+      left.size[0] = right.size[0] = s[0] - r1;
+      left.size[1] = c1;
+      right.offset[1] = c1;
+      right.size[1] = s[1] - c1;
+      l.ranks = {0, 1, 2};
+      l.boxes = {top, left, right};
+    } else if (s.size() == 1) {
+      l.ranks = {0, 1, 2};
+      l.boxes = {Box{zero, s}, Box{zero, zero}, Box{zero, s}};
+    } else {
+      l.ranks = {1};
+      l.boxes = {Box{{}, {}}};
+    }
+    o->layout_of[e.key] = static_cast<uint32_t>(o->layouts.size());
+    o->layouts.push_back(std::move(l));
+  }
+}
+
+// SAVE_FILE_NUMBERS: "alternate" numbers the saved entries 1, 2, 1, 2, ... and names a key no entry has
+// number 3 (so n = 3, and no third file); "missing" leaves the first entry out.
+std::map<std::string, uint32_t> TestFileNumbers(const std::string& how, const ModelSpec& spec) {
+  std::map<std::string, uint32_t> out;
+  if (how.empty()) return out;
+  uint32_t i = 0;
+  for (const SpecEntry& e : spec.entries) {
+    if (e.role == Role::kNonPersistentBuffer) continue;
+    if (!(how == "missing" && i == 0)) out[e.key] = 1 + i % 2;
+    ++i;
+  }
+  out["not.in.the.model"] = 3;
+  return out;
+}
+
 int SaveWorkerMain(char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::string config = argv[4], mode = Env("SAVE_MODE", argv[5]);  // SAVE_MODE: one rank asks for another
@@ -99,6 +152,10 @@ int SaveWorkerMain(char** argv) {
     PlanOptions plan_options;  // FSDP2's, HSDP's (TEST_REPLICAS) or TEST_LAYOUT's layouts
     if (const char* replicas = std::getenv("TEST_REPLICAS")) plan_options.replicas = std::atoi(replicas);
     if (const char* layout = std::getenv("TEST_LAYOUT")) ApplyTestLayout(layout, rv.world_size, spec, &plan_options);
+    if (std::getenv("TEST_BOXES") != nullptr) ApplyTestBoxes(spec, &plan_options);
+    rq.file_numbers = TestFileNumbers(Env("SAVE_FILE_NUMBERS", ""), spec);
+    rq.keep_other_files = std::string(Env("SAVE_KEEP_OTHERS", "0")) == "1";
+    rq.numbered_files = std::string(Env("SAVE_NUMBERED", "0")) == "1";
     Plan plan = Plan::Build(std::move(spec), rv.world_size, plan_options);
     RankState state = RankState::Prepare(plan, rv.rank);
     Fill(&state);
@@ -119,6 +176,12 @@ int SaveWorkerMain(char** argv) {
     }
     setrlimit(RLIMIT_FSIZE, &old);
     out = Check(plan, rq.out_dir, rq.dtype);
+    uint64_t written = 0;  // by every rank: each byte once, replicas or not
+    for (const SaveRankReport& r : report.ranks) written += r.bytes_written;
+    if (written != report.total_bytes) {
+      std::cerr << "every rank wrote " << written << " bytes for " << report.total_bytes << "\n";
+      out["mismatches"] = out["mismatches"].get<int64_t>() + 1;
+    }
     out["ok"] = true;
     out["written"] = report.ranks[rv.rank].bytes_written;
   } catch (const Error& e) {
@@ -349,6 +412,64 @@ TEST_F(SaveTest, RanksAskingForDifferentSavesFailTogether) {
                        [](int r) { return r == 2 ? Env{"SAVE_DTYPE=F16"} : Env{}; }),
                   "InvalidArgument", {"save layout", "[rank 2]", "dtype is \"as held\" on rank 0 but \"F16\""});
   EXPECT_FALSE(std::filesystem::exists(Path("differ")));
+}
+
+// Explicit boxes (torch DCP's chunks, code that shards without DTensor): uneven 2-d boxes, replicas and
+// empty boxes land bit exact, each byte written once (by the lowest holder of a replicated box). With
+// numbered_files, one file is model-00001-of-00001.safetensors with an index, as torch DCP names it.
+TEST_F(SaveTest, ExplicitBoxesLandBitExactAndEachByteIsWrittenOnce) {
+  for (const std::string mode : {"each-rank", "rank0"}) {
+    SCOPED_TRACE(mode);
+    const std::string out = "boxes_" + mode;
+    ExpectOk(Save(3, "qwen", mode, out, {"TEST_BOXES=1", "SAVE_NUMBERED=1", "SAVE_MAX_SHARD=100000000"}),
+             Saved(Path("qwen") + "/config.json"));
+    EXPECT_TRUE(std::filesystem::exists(Path(out) + "/model-00001-of-00001.safetensors"));
+    EXPECT_TRUE(std::filesystem::exists(Path(out) + "/model.safetensors.index.json"));
+    EXPECT_TRUE(Leftovers(out).empty());
+  }
+}
+
+// file_numbers (DCP's fqn_to_index_mapping): every tensor in the file its number names, files named by
+// the largest number (a number no tensor has makes no file), an index; a tensor without a number is one
+// InvalidArgument on every rank, and nothing is written.
+TEST_F(SaveTest, FileNumbersPlaceEveryTensorAndATensorWithoutOneIsRefused) {
+  const std::string out = "numbered";
+  ExpectOk(Save(2, "qwen", "each-rank", out, {"SAVE_FILE_NUMBERS=alternate"}), Saved(Path("qwen") + "/config.json"));
+  EXPECT_TRUE(std::filesystem::exists(Path(out) + "/model-00001-of-00003.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(Path(out) + "/model-00002-of-00003.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(Path(out) + "/model-00003-of-00003.safetensors"));
+  const nlohmann::json index = nlohmann::json::parse(testing::ReadFile(Path(out) + "/model.safetensors.index.json"));
+  int i = 0;
+  for (const auto& e : BuildModelSpec(Path("qwen") + "/config.json").entries) {
+    if (e.role == Role::kNonPersistentBuffer) continue;
+    EXPECT_EQ(index["weight_map"][e.key], i++ % 2 ? "model-00002-of-00003.safetensors" : "model-00001-of-00003.safetensors")
+        << e.key;
+  }
+  ExpectSameError(Save(2, "qwen", "each-rank", "numbered_missing", {"SAVE_FILE_NUMBERS=missing"}), "InvalidArgument",
+                  {"save layout", "has no file number"});
+  EXPECT_FALSE(std::filesystem::exists(Path("numbered_missing")));
+}
+
+// keep_other_files: a save over an existing out_dir keeps what the checkpoint does not hold (a tokenizer,
+// a folder) and drops the replaced checkpoint's safetensors files and index, in the one atomic swap.
+TEST_F(SaveTest, KeepOtherFilesCarriesTheRestOfAnExistingOutDirAcrossTheSwap) {
+  const std::string out = "kept";
+  const int64_t n = Saved(Path("qwen") + "/config.json");
+  ExpectOk(Save(2, "qwen", "each-rank", out), n);
+  std::filesystem::create_directories(Path(out) + "/extra");
+  testing::WriteFile(Path(out) + "/tokenizer.json", "{\"tok\": 1}");
+  testing::WriteFile(Path(out) + "/extra/notes.txt", "notes");
+  testing::WriteFile(Path(out) + "/model-00009-of-00009.safetensors", "stale");
+  ExpectOk(Save(2, "qwen", "rank0", out, {"SAVE_OVERWRITE=1", "SAVE_KEEP_OTHERS=1", "SAVE_FILE_NUMBERS=alternate"}), n);
+  EXPECT_EQ(testing::ReadFile(Path(out) + "/tokenizer.json"), "{\"tok\": 1}");
+  EXPECT_EQ(testing::ReadFile(Path(out) + "/extra/notes.txt"), "notes");
+  std::set<std::string> safetensors;
+  for (auto& f : std::filesystem::directory_iterator(Path(out))) {
+    if (f.path().extension() == ".safetensors") safetensors.insert(f.path().filename().string());
+  }
+  EXPECT_EQ(safetensors, (std::set<std::string>{"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors"}));
+  EXPECT_TRUE(std::filesystem::exists(Path(out) + "/config.json"));
+  EXPECT_TRUE(Leftovers(out).empty());
 }
 
 // Regression (issue 20): a save asked for node-leader or striped ran as rank0, and its report named
