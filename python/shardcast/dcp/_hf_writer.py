@@ -1,0 +1,299 @@
+"""HuggingFaceStorageWriter: torch's HF writer's surface, shardcast's save engine underneath.
+
+    import torch.distributed.checkpoint as dcp
+    from shardcast.dcp import HuggingFaceStorageWriter
+
+    dcp.save(hf_state_dict, storage_writer=HuggingFaceStorageWriter(path))
+
+writes a finished Hugging Face checkpoint (model-0000k-of-0000n.safetensors + model.safetensors.index.json)
+in one pass: no gather, no per-rank files, no consolidation afterwards. torch's writer with
+save_distributed=True, enable_consolidation=True writes every rank's pieces into files of its own under
+path/sharded, then rank 0 reads them all back and writes the whole tensors; here each rank writes its
+pieces once, at their final offsets.
+
+How DCP's steps map onto shardcast's save (runtime/save.h):
+
+    prepare_global_plan   the coordinator sees every rank's WriteItems after DCP's planner kept each
+    (coordinator)         replicated item on one rank. Each key becomes an explicit-box layout: the
+                          chunk (offsets, sizes) of every rank that writes a non-empty piece of it.
+                          The key order, global shapes, dtypes and that layout table go into every
+                          rank's plan (storage_data). A non-tensor item is an InvalidArgument here.
+    write_data            every rank: its own chunks (planner.resolve_data) as the local tensors of
+    (every rank)          those layouts, an empty one where it writes nothing, into save_entries: rank 0
+                          lays the files out (by fqn_to_index_mapping, else by max_shard_size), every
+                          rank pwrites its boxes at their offsets, rank 0 commits the directory
+                          atomically. One agreed error on every rank, never a hang.
+    finish                nothing: the index was written with the files.
+
+`path` may already hold a checkpoint and other files (config.json, a tokenizer): the new checkpoint is
+built in path.tmp-<id> and swapped in atomically; what the old directory holds besides its safetensors
+files and index is carried over (hard links). A save killed midway leaves the previous `path` as it was;
+its leftover tmp directory is removed by the next save.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Dict, List, Optional, Tuple, Union
+
+import torch
+from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
+from torch.futures import Future
+
+from .. import _shardcast
+from .._shardcast import InvalidArgument, ShardcastError, Unsupported
+
+__all__ = ["HuggingFaceStorageWriter"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _SaveLayout:
+    """What the coordinator put in every rank's plan: the save's entries in one order, and their layouts.
+
+    keys: (key, global shape, dtype, layout index), in the state dict's order; layout index -1 (a tensor
+    of no elements) is replicated. layouts: the table save_entries takes, explicit boxes only."""
+    keys: Tuple[Tuple[str, Tuple[int, ...], torch.dtype, int], ...]
+    layouts: list
+
+
+class HuggingFaceStorageWriter(StorageWriter):
+    """torch.distributed.checkpoint.hf_storage.HuggingFaceStorageWriter, written by shardcast's save engine.
+
+    Positional arguments as torch's: path; fqn_to_index_mapping ({key: file number from 1}: torchtitan
+    passes the original checkpoint's index so that files keep their layout; None splits by max_shard_size);
+    thread_count, save_distributed, enable_consolidation and thread_count_consolidation are accepted and
+    change nothing: every rank always writes its own pieces into the finished files.
+
+    Keyword-only (shardcast's): max_shard_size ("5GB", decimal as transformers', or bytes; without a
+    mapping), mode ("each-rank": every rank writes, one filesystem every rank sees at the same path;
+    "rank0": rank 0 writes what the others stream to it, for node-local disks), timeout (seconds per
+    collective), process_group (the group dcp.save runs over; default the default group), chunk_bytes,
+    staging_slots, progress (True, or a callable(done_bytes, total_bytes)).
+
+    Every failure is a shardcast error (InvalidArgument, CommError, IoError, ...) on every rank, which DCP
+    wraps in its CheckpointException.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike], fqn_to_index_mapping: Optional[Dict[str, int]] = None,
+                 thread_count: int = 1, save_distributed: bool = False, enable_consolidation: bool = False,
+                 thread_count_consolidation: int = 1, *, max_shard_size: Union[int, str] = "5GB",
+                 mode: str = "each-rank", timeout: Optional[float] = None, process_group=None,
+                 chunk_bytes: Optional[Union[int, str]] = None, staging_slots: Optional[int] = None,
+                 progress=None) -> None:
+        super().__init__()
+        self.path = os.fspath(path)
+        self.fqn_to_index_mapping = fqn_to_index_mapping
+        self.thread_count = thread_count
+        self.save_distributed = save_distributed
+        self.enable_consolidation = enable_consolidation
+        self.thread_count_consolidation = thread_count_consolidation
+        self.max_shard_size = max_shard_size
+        self.mode = mode
+        self.timeout = timeout
+        self.process_group = process_group
+        self.chunk_bytes = chunk_bytes
+        self.staging_slots = staging_slots
+        self.progress = progress
+        self.is_coordinator = False
+        self.report: Optional[dict] = None  # this rank's save report (runtime/save.h), after write_data
+
+    # -- StorageWriter ------------------------------------------------------------------------------------
+    def reset(self, checkpoint_id: Union[str, os.PathLike, None] = None) -> None:
+        if checkpoint_id:
+            self.path = os.fspath(checkpoint_id)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Union[str, os.PathLike]) -> bool:
+        return FileSystem.validate_checkpoint_id(checkpoint_id)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
+        self.is_coordinator = is_coordinator
+
+    def storage_meta(self) -> Optional[StorageMeta]:
+        return StorageMeta(checkpoint_id=self.path)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
+        if not any(p.usable for p in plans):  # DCP's plan cache: every rank keeps its cached final plan
+            return plans
+        if not all(p.usable for p in plans):
+            raise Unsupported("a save plan cached on some ranks only (DefaultSavePlanner(enable_plan_caching=True) "
+                              "after the state dict changed): save without plan caching")
+        layout = _global_layout(plans)
+        return [dataclasses.replace(p, storage_data=layout) for p in plans]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
+        from .._group import _group, _store_host, operation_store
+        from .._load import _options, _progress_printer
+        pg, rank, world, store = _group(self.process_group)
+        options = _options(source=self.mode, chunk_bytes=self.chunk_bytes, staging_slots=self.staging_slots,
+                           timeout_ms=None if self.timeout is None else max(1, int(self.timeout * 1000)))
+        progress = self.progress
+        if progress is True:
+            progress = _progress_printer() if rank == 0 else None
+        elif progress is False:
+            progress = None
+        layout: _SaveLayout = plan.storage_data
+        problem, entries, table = None, [], []
+        try:  # anything that fails here is agreed in the save's first verdict: every rank raises it
+            if not isinstance(layout, _SaveLayout):
+                raise InvalidArgument(f"this rank's save plan carries {type(layout).__name__}, not shardcast's layout: "
+                                      f"HuggingFaceStorageWriter.prepare_global_plan did not run on the coordinator")
+            entries, table = _local_entries(layout, plan.items, planner, rank), layout.layouts
+        except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
+            kind = type(e).__name__ if isinstance(e, ShardcastError) else "InternalError"
+            problem = (kind, str(e) if isinstance(e, ShardcastError) else f"{type(e).__name__}: {e}")
+            entries, table = [], []
+        numbers = {str(k): int(v) for k, v in (self.fqn_to_index_mapping or {}).items()}
+        self.report = _shardcast.save_entries(
+            entries, table, self.path, options, None, str(self.max_shard_size), True, "", "",
+            operation_store(pg, store), rank, world, progress, problem,
+            _store_host(store) if store is not None else "", file_numbers=numbers, keep_other_files=True,
+            numbered_files=True)
+        results = [WriteResult(index=item.index, size_in_bytes=_nbytes(item), storage_data=None)
+                   for item in plan.items]
+        fut: Future = Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
+        """Nothing to do: the files and the index were committed together in write_data."""
+
+    @property
+    def metadata_path(self) -> str:
+        return "model.safetensors.index.json"
+
+
+def _nbytes(item: WriteItem) -> int:
+    if item.tensor_data is None:
+        return 0
+    n = 1
+    for s in item.tensor_data.chunk.sizes:
+        n *= s
+    return n * item.tensor_data.properties.dtype.itemsize
+
+
+def _ordered_keys(plans: List[SavePlan]) -> List[str]:
+    """Every key once, in the state dict's order: each rank's plan lists its items in that order, but DCP's
+    planner kept each replicated item on one rank only, so no one plan has them all. A key first seen in a
+    later plan goes right after the key before it there."""
+    after: Dict[Optional[str], List[str]] = {}
+    seen = set()
+    for plan in plans:
+        prev = None
+        for item in plan.items:
+            key = item.index.fqn
+            if key not in seen:
+                seen.add(key)
+                after.setdefault(prev, []).append(key)
+            prev = key
+    out, stack = [], list(reversed(after.get(None, [])))
+    while stack:  # depth first: a key, then what came right after it
+        key = stack.pop()
+        out.append(key)
+        stack.extend(reversed(after.get(key, [])))
+    return out
+
+
+def _global_layout(plans: List[SavePlan]) -> _SaveLayout:
+    """The coordinator's decision (see the module's doc): every key's global shape, dtype and boxes."""
+    from .._layouts import _Layouts
+    shapes: Dict[str, Tuple[Tuple[int, ...], torch.dtype, int]] = {}
+    boxes: Dict[str, List[Tuple[int, Tuple[int, ...], Tuple[int, ...]]]] = {}
+    not_tensors: List[str] = []
+    for rank, plan in enumerate(plans):
+        for item in plan.items:
+            key = item.index.fqn
+            if item.type == WriteItemType.BYTE_IO or item.tensor_data is None:
+                not_tensors.append(key)
+                continue
+            td = item.tensor_data
+            shape, dtype = tuple(int(s) for s in td.size), td.properties.dtype
+            first = shapes.setdefault(key, (shape, dtype, rank))
+            if first[:2] != (shape, dtype):
+                raise InvalidArgument(f"key '{key}': rank {first[2]} saves it as {list(first[0])} {first[1]} but rank "
+                                      f"{rank} as {list(shape)} {dtype}")
+            offsets, sizes = tuple(int(o) for o in td.chunk.offsets), tuple(int(s) for s in td.chunk.sizes)
+            mine = boxes.setdefault(key, [])
+            if any(r == rank for r, _, _ in mine):
+                raise Unsupported(f"key '{key}': rank {rank} saves several chunks of it (a ShardedTensor with several "
+                                  f"local shards); shardcast writes one box per rank and tensor")
+            if all(sizes):  # an empty chunk writes nothing: that rank is left out of the layout
+                mine.append((rank, offsets, sizes))
+    if not_tensors:
+        raise InvalidArgument(f"'{not_tensors[0]}' is not a tensor (DCP would store it as pickled bytes)"
+                              + (f", nor are {len(not_tensors) - 1} more" if len(not_tensors) > 1 else "")
+                              + ": a Hugging Face checkpoint holds tensors only; leave it out of the state dict, or "
+                              "save it with torch's FileSystemWriter")
+    layouts = _Layouts()
+    keys = []
+    for key in _ordered_keys(plans):
+        shape, dtype, _ = shapes[key]
+        held = boxes[key]
+        _check_cover(key, shape, held)
+        if not held:  # a tensor of no elements: nothing to write, every rank passes an empty one
+            keys.append((key, shape, dtype, -1))
+            continue
+        layout = ((), tuple(r for r, _, _ in held), (), tuple((o, s) for _, o, s in held))
+        keys.append((key, shape, dtype, layouts.index(layout)))
+    return _SaveLayout(keys=tuple(keys), layouts=layouts.table)
+
+
+def _check_cover(key: str, shape: Tuple[int, ...], held) -> None:
+    """The distinct boxes of a key cover it exactly: each element once (identical boxes are replicas,
+    written once by the lowest rank). Volumes always; pairwise overlap where there are few boxes (DCP's
+    default planner checks that itself)."""
+    distinct = sorted({(o, s) for _, o, s in held})
+    numel = 1
+    for n in shape:
+        numel *= n
+    volume = 0
+    for _, s in distinct:
+        v = 1
+        for n in s:
+            v *= n
+        volume += v
+    overlap = None
+    if len(distinct) <= 64:
+        for i, (oa, sa) in enumerate(distinct):
+            for ob, sb in distinct[i + 1:]:
+                if all(a < b + m and b < a + n for a, n, b, m in zip(oa, sa, ob, sb)):
+                    overlap = (oa, sa, ob, sb)
+                    break
+            if overlap:
+                break
+    if overlap is not None or volume != numel:
+        why = (f"chunks at {list(overlap[0])} (size {list(overlap[1])}) and {list(overlap[2])} (size {list(overlap[3])}) "
+               f"overlap" if overlap is not None else f"the ranks' chunks hold {volume} elements of {numel}")
+        raise InvalidArgument(f"key '{key}' of shape {list(shape)}: {why}; every element must be saved by exactly one "
+                              f"chunk")
+
+
+def _local_entries(layout: _SaveLayout, items: List[WriteItem], planner: SavePlanner, rank: int) -> list:
+    """save_entries' entries on this rank: its chunk of every key it writes, an empty tensor for the others."""
+    mine = {item.index.fqn: item for item in items if item.type != WriteItemType.BYTE_IO}
+    entries = []
+    for key, shape, dtype, index in layout.keys:
+        item = mine.get(key)
+        sizes = None if item is None else tuple(int(s) for s in item.tensor_data.chunk.sizes)
+        if index == -1:
+            local = torch.empty(shape, dtype=dtype)
+        elif item is None or not all(sizes):
+            local = torch.empty((0,) * len(shape), dtype=dtype)
+        else:
+            local = planner.resolve_data(item)
+            if not isinstance(local, torch.Tensor):
+                raise InvalidArgument(f"key '{key}': the planner resolved it to {type(local).__name__}, not a tensor")
+            local = local.detach()
+            if tuple(local.shape) != sizes:
+                raise InvalidArgument(f"key '{key}' on rank {rank}: the planner resolved a tensor of shape "
+                                      f"{list(local.shape)} for a chunk of {list(sizes)}")
+            if not local.is_contiguous():
+                local = local.contiguous()
+        entries.append((key, local, list(shape), "parameter", index, None))
+    return entries

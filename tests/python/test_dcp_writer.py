@@ -1,0 +1,170 @@
+"""shardcast.dcp.HuggingFaceStorageWriter behind dcp.save, against torch's own HuggingFaceStorageWriter
+(save_distributed=True, enable_consolidation=True) on the same state dicts: 1-d meshes of 3 and 4 ranks with
+dims that do not divide, an empty piece, Shard(1), fp8, replicated DTensors and plain tensors; a tiny real
+Llama under FSDP2; a 2x2 TP x FSDP mesh. Every tensor must equal torch's and the unsharded truth byte for
+byte, each byte written once, the files laid out by fqn_to_index_mapping or max_shard_size, loadable by
+safetensors and from_pretrained. Then the failures (tests/python/dcp_writer_worker.py): a non-tensor item,
+a mapping missing a key, one rank failing, a rank killed mid-write. One launch per world size."""
+import json
+import os
+
+import pytest
+
+import ranks
+
+import torch
+
+
+@pytest.fixture(scope="module", params=[3, 4])
+def run(request, tmp_path_factory):
+    world = request.param
+    tmp = tmp_path_factory.mktemp(f"dcp-writer-{world}")
+    per_rank = ranks.run("dcp_writer_worker.py", "all", tmp, world, tmp, allow_fail=(world == 4),
+                         faulted=(1,) if world == 4 else (), timeout=600)
+    saved = tmp / f"all-{world}-saved"
+    return world, per_rank, saved
+
+
+def tensors(d):
+    """{key: tensor} of every safetensors file directly in d (a file: that file), read by safetensors."""
+    from safetensors import safe_open
+    files = [d] if os.path.isfile(d) else [os.path.join(d, f) for f in sorted(os.listdir(d)) if f.endswith(".safetensors")]
+    out = {}
+    for f in files:
+        with safe_open(f, framework="pt") as st:
+            for k in st.keys():
+                assert k not in out, f"{k} in two files of {d}"
+                out[k] = st.get_tensor(k)
+    return out
+
+
+def same_bytes(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+        a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+
+
+def expect_equal(ours, theirs, what):
+    assert sorted(ours) == sorted(theirs), what
+    for k in ours:
+        assert same_bytes(ours[k], theirs[k]), f"{what}: {k} ({ours[k].dtype} {list(ours[k].shape)} vs " \
+                                               f"{theirs[k].dtype} {list(theirs[k].shape)})"
+
+
+def index(d):
+    with open(os.path.join(d, "model.safetensors.index.json")) as f:
+        return json.load(f)
+
+
+def survivors(per_rank, world):
+    return [r for r in range(world) if not (world == 4 and r == 1)]
+
+
+@pytest.mark.parametrize("name", ["dims", "dims-mapped", "llama", "tp_fsdp"])
+def test_every_tensor_equals_torchs_consolidated_writer_byte_for_byte(run, name):
+    world, per_rank, saved = run
+    if name == "tp_fsdp" and world != 4:
+        pytest.skip("a 2x2 mesh needs 4 ranks")
+    for r in survivors(per_rank, world):
+        assert per_rank[r] is not None and name.split("-")[0] in per_rank[r], f"rank {r} reported nothing"
+    ours = tensors(saved / name)
+    expect_equal(ours, tensors(saved / f"{name}-torch"), f"{name} against torch's writer")
+    truth = saved / f"{name.split('-')[0]}.truth"
+    expect_equal(ours, tensors(truth), f"{name} against the unsharded tensors")
+    # the index names every tensor's file, and every file it names holds exactly its tensors
+    weight_map = index(saved / name)["weight_map"]
+    assert sorted(weight_map) == sorted(ours)
+    for f in set(weight_map.values()):
+        assert sorted(tensors(saved / name / f)) == sorted(k for k, v in weight_map.items() if v == f)
+
+
+def test_each_byte_is_written_once_by_one_rank(run):
+    world, per_rank, saved = run
+    for r in survivors(per_rank, world):
+        for scenario, key in (("dims", "split"), ("dims", "mapped"), ("llama", None)):
+            report = per_rank[r][scenario][key] if key else per_rank[r][scenario]
+            assert report["written_by_all"] == report["total_bytes"], (scenario, key, report)
+    # the replicated DTensor and the plain tensor were written by one rank each: the others wrote less
+    written = [per_rank[r]["dims"]["split"]["written"] for r in range(world)]  # rank 1 reported dims before the kill
+    assert sum(written) == per_rank[0]["dims"]["split"]["total_bytes"]
+
+
+def test_files_follow_the_mapping_or_max_shard_size(run):
+    world, per_rank, saved = run
+    split = per_rank[0]["dims"]["split"]["files"]
+    assert len(split) > 1 and all(f.startswith("model-") for f in split)  # 1KB shards
+    mapped = index(saved / "dims-mapped")["weight_map"]
+    assert set(mapped.values()) == {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}
+    assert mapped["model.embed_tokens.weight"] == "model-00001-of-00002.safetensors"  # number 1 (index 0)
+    assert mapped["model.layers.0.a.weight"] == "model-00002-of-00002.safetensors"  # number 2 (index 1)
+    assert len(mapped) == 7
+    llama = index(saved / "llama")["weight_map"]
+    assert llama["model.layers.0.mlp.up_proj.weight"] == "model-00001-of-00002.safetensors"
+    assert llama["model.layers.1.mlp.up_proj.weight"] == "model-00002-of-00002.safetensors"
+    # what torch's writer leaves besides the checkpoint: its per-rank files (ours leaves none)
+    assert index(saved / "tp_fsdp" if world == 4 else saved / "dims-mapped")  # one file: an index too, as torch's
+    assert sorted(os.listdir(saved / "dims-mapped")) == ["model-00001-of-00002.safetensors",
+                                                         "model-00002-of-00002.safetensors",
+                                                         "model.safetensors.index.json"]
+    assert not [n for n in os.listdir(saved) if ".tmp-" in n and not n.startswith("llama")]  # the kill's is llama's
+
+
+def test_the_llama_loads_with_from_pretrained_and_keeps_its_config(run):
+    from transformers import LlamaForCausalLM
+    world, per_rank, saved = run
+    d = saved / "llama"
+    assert (d / "config.json").exists()  # written before the save, kept across its swap
+    assert not (d / "model.safetensors").exists()  # the stale single file was dropped with the old checkpoint
+    model = LlamaForCausalLM.from_pretrained(d, dtype=torch.bfloat16)
+    truth = tensors(saved / "llama.truth")
+    state = model.state_dict()
+    for k, v in truth.items():
+        assert same_bytes(state[k], v), k
+
+
+def test_placements_are_the_real_2d_ones(run):
+    world, per_rank, saved = run
+    if world != 4:
+        pytest.skip("a 2x2 mesh needs 4 ranks")
+    p = per_rank[0]["tp_fsdp"]["placements"]
+    assert "Shard(dim=1)" in p["model.mlp.down_proj.weight"], p
+    assert "Replicate" in p["model.mlp.down_proj.bias"], p
+
+
+@pytest.mark.parametrize("case,words", [("bytes_io", ["InvalidArgument", "optimizer.step_blob", "not a tensor"]),
+                                        ("unmapped", ["InvalidArgument", "model.v", "no file number"]),
+                                        ("one_rank_fails", ["cannot resolve its data", "rank 1"])])
+def test_a_failure_is_raised_on_every_rank(run, case, words):
+    world, per_rank, saved = run
+    for r in survivors(per_rank, world):
+        got = per_rank[r]["errors"][case]
+        assert got["type"] is not None, f"rank {r} did not fail"
+        # DCP wraps every rank's error in CheckpointException; the coordinator's planning error reaches all
+        if case != "bytes_io":
+            for w in words:
+                assert w in got["message"], (r, got)
+        else:
+            assert "optimizer.step_blob" in got["message"] and "not a tensor" in got["message"], (r, got)
+        assert got["seconds"] < 60
+    assert per_rank[0]["errors"]["left"] == []  # nothing written, no tmp dirs
+
+
+def test_a_rank_killed_mid_write_leaves_the_previous_checkpoint_and_the_next_save_works(run):
+    world, per_rank, saved = run
+    if world != 4:
+        pytest.skip("the kill runs in the 4-rank launch")
+    from dcp_writer_worker import tree_digest
+    assert per_rank[1] is None or "kill" not in per_rank[1], "the killed rank finished"
+    for r in (0, 2, 3):
+        got = per_rank[r]["kill"]
+        assert got["type"] is not None, f"rank {r} did not fail"
+        assert got["seconds"] < 20 + 20 + 15, got  # shardcast's timeout, then DCP's collective over the group
+    d = saved / "llama"
+    assert tree_digest(d) == per_rank[0]["kill"]["before"], "the previous checkpoint changed"
+    # The next save (one process) succeeds over the leftovers, removes them, and keeps config.json.
+    import torch.distributed.checkpoint as dcp
+    from shardcast.dcp._hf_writer import HuggingFaceStorageWriter
+    truth = tensors(saved / "llama.truth")
+    dcp.save(truth, storage_writer=HuggingFaceStorageWriter(d, max_shard_size="20KB"))
+    expect_equal(tensors(d), truth, "the save after the kill")
+    assert (d / "config.json").exists()
+    assert not [n for n in os.listdir(saved) if n.startswith("llama.tmp-")]
