@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""`dcp.load` of a Hugging Face checkpoint the way torchtitan and DCP users call it, against shardcast: one
+dense Llama checkpoint (bf16, save_pretrained; --layers 16 ~1.9 GB, 48 ~5.6 GB) loaded into an FSDP2 model
+(meta -> fully_shard per layer and root -> to_empty) at world size W on CPU/Gloo by
+
+  torch-t1         dcp.load(model.state_dict(), storage_reader=torch's HuggingFaceStorageReader(path)), its default
+  torch-t4         the same with thread_count=4 (its best here: one thread per file, at most 4)
+  shardcast-dcp    dcp.load(model.state_dict(), storage_reader=shardcast.dcp.HuggingFaceStorageReader(path))
+  shardcast-load   shardcast.load(model, path)
+
+each in its own launch of W processes, the methods interleaved round by round (--repeat). Timed on every rank
+from just before the call to the end of a barrier after it (the slowest rank's time is reported); peaks are
+each rank's /proc/self/status RssAnon and RssFile above their value just before the call, sampled every 5 ms.
+Correctness next to every timing: each rank's CRC32 over its local shards in sorted name order must be the
+same under every method and run. Before each run the checkpoint is read into the page cache, or with --cold
+evicted from it (posix_fadvise DONTNEED).
+
+    bench/bench_dcp_load.py [--world-size 4] [--layers 16] [--cold] [--repeat 3] [--methods a,b]
+                            [--out bench/results/dcp-load.json]
+"""
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+import zlib
+
+from _ranks import ROOT, launch
+from bench_peers import Sampler, meta_model, set_page_cache, shard
+
+METHODS = ("torch-t1", "torch-t4", "shardcast-dcp", "shardcast-load")
+
+
+def worker(method, ckpt, out):
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    world = dist.get_world_size()
+    model = meta_model(ckpt)
+    shard(model, world)
+    model.to_empty(device="cpu")
+    import shardcast
+    import shardcast.dcp
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    dist.barrier()
+    sampler = Sampler()
+    sampler.start()
+    start = time.monotonic()
+    if method == "shardcast-load":
+        shardcast.load(model, ckpt)
+    else:
+        reader = {"torch-t1": lambda: HuggingFaceStorageReader(ckpt),
+                  "torch-t4": lambda: HuggingFaceStorageReader(ckpt, thread_count=4),
+                  "shardcast-dcp": lambda: shardcast.dcp.HuggingFaceStorageReader(ckpt)}[method]()
+        dcp.load(model.state_dict(), storage_reader=reader)
+    dist.barrier()
+    seconds = time.monotonic() - start
+    sampler.stop = True
+    sampler.join()
+    crc, nbytes = 0, 0
+    for name, p in sorted(model.state_dict().items()):
+        local = p.to_local() if hasattr(p, "to_local") else p
+        data = local.detach().contiguous().view(torch.uint8).numpy().tobytes()
+        crc, nbytes = zlib.crc32(data, zlib.crc32(name.encode(), crc)), nbytes + len(data)
+    result = {"rank": dist.get_rank(), "seconds": seconds, "crc": crc, "local_bytes": nbytes,
+              "peak_rss_anon": sampler.peak["RssAnon"] - sampler.base["RssAnon"],
+              "peak_rss_file": sampler.peak["RssFile"] - sampler.base["RssFile"]}
+    pathlib.Path(f"{out}.{dist.get_rank()}").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def write_checkpoint(path, layers):
+    """A dense Llama (hidden 2048, intermediate 5632, vocab 32000, untied) by save_pretrained, renamed into
+    place once whole."""
+    import shutil
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers, num_attention_heads=16,
+                      num_key_value_heads=16, vocab_size=32000, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    partial = path.with_name(path.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial, max_shard_size="500MB")
+    partial.rename(path)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--worker", nargs=3)
+    ap.add_argument("--world-size", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--cold", action="store_true")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(*args.worker)
+    ckpt = ROOT / "out" / f"dcp-llama-{args.layers}L"
+    if not ckpt.exists():
+        ckpt.parent.mkdir(parents=True, exist_ok=True)
+        write_checkpoint(ckpt, args.layers)
+    files = sorted(str(p) for p in ckpt.iterdir() if p.suffix == ".safetensors")
+    size = sum(os.path.getsize(f) for f in files)
+    methods = args.methods.split(",")
+    runs = {m: [] for m in methods}
+    tmp = ROOT / "out" / "dcp-load-results"
+    tmp.mkdir(parents=True, exist_ok=True)
+    for round_ in range(args.repeat):
+        for m in methods:
+            resident = set_page_cache(files, args.cold)
+            ranks = launch(pathlib.Path(__file__), [m, ckpt, tmp / m], args.world_size, tmp / m, m, 1800)
+            runs[m].append({"seconds": max(r["seconds"] for r in ranks), "crcs": [r["crc"] for r in ranks],
+                            "rank0_anon": ranks[0]["peak_rss_anon"], "rank0_file": ranks[0]["peak_rss_file"],
+                            "max_anon": max(r["peak_rss_anon"] for r in ranks),
+                            "node_anon_file": sum(r["peak_rss_anon"] + r["peak_rss_file"] for r in ranks),
+                            "local_bytes": [r["local_bytes"] for r in ranks], "resident_before": resident})
+            print(f"round {round_ + 1} {m:15s} {runs[m][-1]['seconds']:7.2f} s", flush=True)
+    reference = runs[methods[0]][0]["crcs"]
+    for m in methods:
+        for r in runs[m]:
+            if r["crcs"] != reference:
+                raise SystemExit(f"{m}: local shards differ from {methods[0]}'s ({r['crcs']} vs {reference})")
+    best_torch = min((statistics.median(r["seconds"] for r in runs[m]) for m in methods if m.startswith("torch")),
+                     default=None)
+    print(f"\n{size / 1e9:.2f} GB, W={args.world_size}, {'cold' if args.cold else 'warm'}, median of {args.repeat}; "
+          f"shards CRC-identical across methods")
+    print(f"{'method':15s} {'median s':>9s} {'GB/s':>6s} {'vs best torch':>13s} {'rank0 anon':>10s} "
+          f"{'rank0 file':>10s} {'node peak':>10s}")
+    summary = {}
+    for m in methods:
+        med = statistics.median(r["seconds"] for r in runs[m])
+        pick = sorted(runs[m], key=lambda r: r["seconds"])[len(runs[m]) // 2]
+        summary[m] = {"median_seconds": med, "gb_per_s": size / med / 1e9, "runs": runs[m]}
+        ratio = f"{best_torch / med:.2f}x" if best_torch else "-"
+        print(f"{m:15s} {med:9.2f} {size / med / 1e9:6.2f} {ratio:>13s} {pick['rank0_anon'] / 1e9:8.2f}GB "
+              f"{pick['rank0_file'] / 1e9:8.2f}GB {pick['node_anon_file'] / 1e9:8.2f}GB")
+    out = pathlib.Path(args.out or ROOT / "bench" / "results" / f"dcp-load-{args.layers}L{'-cold' if args.cold else ''}.json")
+    out.write_text(json.dumps({"bytes": size, "world_size": args.world_size, "cold": args.cold,
+                               "repeat": args.repeat, "methods": summary}, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
