@@ -28,7 +28,7 @@ import time
 import zlib
 
 from _ranks import ROOT, launch
-from bench_peers import Sampler, meta_model, set_page_cache, shard
+from bench_peers import Sampler, meta_model, save_random_model, set_page_cache, shard
 
 METHODS = ("torch-t1", "torch-t4", "shardcast-dcp", "shardcast-load")
 
@@ -73,19 +73,11 @@ def worker(method, ckpt, out):
 
 
 def write_checkpoint(path, layers):
-    """A dense Llama (hidden 2048, intermediate 5632, vocab 32000, untied) by save_pretrained, renamed into
-    place once whole."""
-    import shutil
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
-    cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers, num_attention_heads=16,
-                      num_key_value_heads=16, vocab_size=32000, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    partial = path.with_name(path.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial, max_shard_size="500MB")
-    partial.rename(path)
+    """A dense Llama (hidden 2048, intermediate 5632, vocab 32000, untied)."""
+    from transformers import LlamaConfig
+    save_random_model(LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers,
+                                  num_attention_heads=16, num_key_value_heads=16, vocab_size=32000,
+                                  tie_word_embeddings=False), path)
 
 
 def main():

@@ -236,13 +236,19 @@ def worker(method, ckpt, out, layout):
 
 
 def write_checkpoint(path, layers):
-    """save_pretrained into a sibling folder, renamed into place once whole: a killed write is not reused."""
+    from transformers import Qwen3MoeConfig
+    save_random_model(Qwen3MoeConfig(hidden_size=1024, intermediate_size=2816, moe_intermediate_size=768,
+                                     num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=4,
+                                     head_dim=64, num_experts=32, num_experts_per_tok=4, vocab_size=32000,
+                                     tie_word_embeddings=False), path)
+
+
+def save_random_model(cfg, path):
+    """A bf16 model of `cfg` (seed 0) by save_pretrained into a sibling folder, renamed into place once
+    whole: a killed write is not reused."""
     import shutil
     import torch
-    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
-    cfg = Qwen3MoeConfig(hidden_size=1024, intermediate_size=2816, moe_intermediate_size=768, num_hidden_layers=layers,
-                         num_attention_heads=16, num_key_value_heads=4, head_dim=64, num_experts=32,
-                         num_experts_per_tok=4, vocab_size=32000, tie_word_embeddings=False)
+    from transformers import AutoModelForCausalLM
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     partial = path.with_name(path.name + ".partial")
