@@ -137,8 +137,9 @@ def _single(tmp_path, writer):
     return state
 
 
-def test_plain_values_read_back_with_their_types(tmp_path):
-    _single(tmp_path, StorageWriter(tmp_path))
+@pytest.mark.parametrize("threads", [1, 3])
+def test_plain_values_read_back_with_their_types(tmp_path, threads):
+    _single(tmp_path, StorageWriter(tmp_path, thread_count=threads))
     back = {"w": torch.zeros(3, 4), "x": {"a": None, "b": [0, 0, {"k": 0}]}, "buf": None}
     dcp.load(back, storage_reader=StorageReader(tmp_path), no_dist=True)
     assert torch.equal(back["w"], torch.arange(12, dtype=torch.float32).reshape(3, 4))

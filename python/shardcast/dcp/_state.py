@@ -419,18 +419,20 @@ def _header_bytes(entries: List[Tuple[str, str, List[int], int]], meta: Dict[str
     return text + b" " * (-len(text) % 8)
 
 
-def _write_all(fd: int, buf, path: str, what: str) -> None:
+def _write_all(fd: int, buf, at: int, path: str, what: str) -> None:
+    """buf's bytes at file offset `at` (pwrite: threads write their own items side by side)."""
     view = memoryview(buf).cast("B")
     done = 0
     while done < len(view):
         try:
-            done += os.write(fd, view[done:done + DEFAULT_BLOCK_BYTES])
+            done += os.pwrite(fd, view[done:done + DEFAULT_BLOCK_BYTES], at + done)
         except OSError as e:
             raise IoError(f"rank {_rank()}: cannot write {what} to {path}: {e.strerror or e}") from e
 
 
-def _write_tensor(fd: int, t: torch.Tensor, block_bytes: int, path: str, key: str) -> None:
-    """t's elements, row-major, in pieces of at most block_bytes (a device tensor is staged piece by piece)."""
+def _write_tensor(fd: int, t: torch.Tensor, at: int, block_bytes: int, path: str, key: str) -> None:
+    """t's elements, row-major, at file offset `at`, in pieces of at most block_bytes (a device tensor is
+    staged piece by piece)."""
     t = t.detach()
     if t.numel() == 0:
         return
@@ -439,7 +441,18 @@ def _write_tensor(fd: int, t: torch.Tensor, block_bytes: int, path: str, key: st
         piece = flat[start:start + block_bytes]
         if piece.device.type != "cpu":
             piece = piece.cpu()
-        _write_all(fd, piece.numpy(), path, f"tensor '{key}'")
+        _write_all(fd, piece.numpy(), at + start, path, f"tensor '{key}'")
+
+
+def _bins(sizes: List[int], n: int) -> List[List[int]]:
+    """Indices of `sizes` in n bins of about equal sums, largest first (each bin one writer thread)."""
+    bins: List[List[int]] = [[] for _ in range(n)]
+    sums = [0] * n
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        j = sums.index(min(sums))
+        bins[j].append(i)
+        sums[j] += sizes[i]
+    return [sorted(b) for b in bins if b]
 
 
 class _RankFile:
@@ -574,21 +587,24 @@ class StorageWriter(_TorchStorageWriter):
     `overwrite` (True, as torch's: an existing checkpoint in `path` is replaced; its metadata is removed
     before any rank writes, so an interrupted overwrite leaves no checkpoint rather than a mixed one),
     `sync_files` (True: every rank file, the metadata and the directory are fsynced), `block_bytes` (64 MiB:
-    the largest piece staged from a device or handed to one write), `allow_pickle` (False: see the
-    module's doc).
+    the largest piece staged from a device or handed to one write), `thread_count` (1, as torch's: threads
+    writing this rank's items into its one file side by side, each at its offset), `allow_pickle` (False:
+    see the module's doc).
 
     Each rank writes one file, __<rank>_0.safetensors: its header first (every item's dtype, shape and
-    offsets come from the plan), then each tensor as the planner resolves it, one at a time. The
+    offsets come from the plan), then each item at its offset (pwrite) as the planner resolves it, one at a
+    time per thread. The
     coordinator writes .metadata.json in finish(), last and atomically, and removes rank files of an
     earlier save in `path` that the new metadata does not name.
     """
 
     def __init__(self, path: Union[str, os.PathLike], *, overwrite: bool = True, sync_files: bool = True,
-                 block_bytes: int = DEFAULT_BLOCK_BYTES, allow_pickle: bool = False) -> None:
+                 block_bytes: int = DEFAULT_BLOCK_BYTES, thread_count: int = 1, allow_pickle: bool = False) -> None:
         super().__init__()
-        if block_bytes < 1:
-            raise InvalidArgument(f"block_bytes must be positive, not {block_bytes}")
+        if block_bytes < 1 or thread_count < 1:
+            raise InvalidArgument(f"block_bytes and thread_count must be positive, not {block_bytes}, {thread_count}")
         self.path = os.fspath(path)
+        self.thread_count = thread_count
         self.overwrite, self.sync_files, self.block_bytes, self.allow_pickle = (
             overwrite, sync_files, block_bytes, allow_pickle)
         self.save_id = uuid.uuid4().hex
@@ -676,22 +692,35 @@ class StorageWriter(_TorchStorageWriter):
             raise InternalError(f"rank {self.rank}: two items of the plan have the same key in {path}")
         header = _header_bytes([(k, c, s, n) for _, k, c, s, n in layout], {"format": "pt", "writer": FORMAT})
         results, at = [], 8 + len(header)
+        for it, key, code, shape, length in layout:
+            encoding = blobs[id(it)][1] if it.type == WriteItemType.BYTE_IO else "tensor"
+            results.append(WriteResult(index=it.index, size_in_bytes=length,
+                                       storage_data=StoredItem(name, key, at, length, encoding)))
+            at += length
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         except OSError as e:
             raise IoError(f"rank {self.rank}: cannot create {path}: {e.strerror or e}") from e
         try:
-            _write_all(fd, len(header).to_bytes(8, "little") + header, path, "the header")
-            for it, key, code, shape, length in layout:
-                if it.type == WriteItemType.BYTE_IO:
-                    blob, encoding = blobs[id(it)]
-                    _write_all(fd, blob, path, f"byte item '{key}'")
-                else:
-                    encoding = "tensor"
-                    self._write_tensor(fd, it, planner, path, key, shape)
-                results.append(WriteResult(index=it.index, size_in_bytes=length,
-                                           storage_data=StoredItem(name, key, at, length, encoding)))
-                at += length
+            _write_all(fd, len(header).to_bytes(8, "little") + header, 0, path, "the header")
+
+            def write(indices: List[int]) -> None:
+                for i in indices:
+                    it, key, _, shape, _ = layout[i]
+                    if it.type == WriteItemType.BYTE_IO:
+                        _write_all(fd, blobs[id(it)][0], results[i].storage_data.offset, path, f"byte item '{key}'")
+                    else:
+                        self._write_tensor(fd, it, planner, path, key, shape, results[i].storage_data.offset)
+
+            groups = _bins([n for _, _, _, _, n in layout], self.thread_count)
+            if len(groups) <= 1:
+                for g in groups:
+                    write(g)
+            else:
+                from concurrent.futures import ThreadPoolExecutor
+                with ThreadPoolExecutor(len(groups)) as pool:
+                    for f in [pool.submit(write, g) for g in groups]:
+                        f.result()  # the first failure, once every thread has stopped
             if self.sync_files:
                 os.fsync(fd)
         finally:
@@ -701,13 +730,13 @@ class StorageWriter(_TorchStorageWriter):
         return fut
 
     def _write_tensor(self, fd: int, it: WriteItem, planner: SavePlanner, path: str, key: str,
-                      shape: List[int]) -> None:
+                      shape: List[int], at: int) -> None:
         t = planner.resolve_data(it)
         want = it.tensor_data.properties.dtype
         if not isinstance(t, torch.Tensor) or list(t.shape) != shape or t.dtype != want:
             got = f"{list(t.shape)} of {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
             raise InternalError(f"rank {self.rank}: '{key}': the planner resolved {got}, its plan says {shape} of {want}")
-        _write_tensor(fd, t, self.block_bytes, path, key)
+        _write_tensor(fd, t, at, self.block_bytes, path, key)
 
     def finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
         from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
