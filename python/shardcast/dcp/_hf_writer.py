@@ -181,7 +181,7 @@ def _nbytes(item: WriteItem) -> int:
 def _ordered_keys(plans: List[SavePlan]) -> List[str]:
     """Every key once, in the state dict's order: each rank's plan lists its items in that order, but DCP's
     planner kept each replicated item on one rank only, so no one plan has them all. A key first seen in a
-    later plan goes right after the key before it there."""
+    later plan goes right after the key before it there (plan 0: a c d, plan 1: a b -> a b c d)."""
     after: Dict[Optional[str], List[str]] = {}
     seen = set()
     for plan in plans:
@@ -190,7 +190,8 @@ def _ordered_keys(plans: List[SavePlan]) -> List[str]:
             key = item.index.fqn
             if key not in seen:
                 seen.add(key)
-                after.setdefault(prev, []).append(key)
+                following = after.setdefault(prev, [])
+                following.insert(len(following) if prev is None else 0, key)  # a plan's first key: after the rest
             prev = key
     out, stack = [], list(reversed(after.get(None, [])))
     while stack:  # depth first: a key, then what came right after it
