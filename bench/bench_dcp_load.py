@@ -8,14 +8,18 @@ dense Llama checkpoint (bf16, save_pretrained; --layers 16 ~1.9 GB, 48 ~5.6 GB) 
   shardcast-dcp    dcp.load(model.state_dict(), storage_reader=shardcast.dcp.HuggingFaceStorageReader(path))
   shardcast-load   shardcast.load(model, path)
 
-each in its own launch of W processes, the methods interleaved round by round (--repeat). Timed on every rank
+With --fp8, the same Llama with every linear weight stored as DeepSeek-V3 stores it (float8_e4m3fn with a
+float32 weight_scale_inv per 128x128 block; embeddings, norms and lm_head bf16), loaded into the bf16 model:
+torch-t1/torch-t4 are then torch's QuantizedHuggingFaceStorageReader(target_dtype=torch.bfloat16) and
+shardcast-dcp shardcast.dcp.QuantizedHuggingFaceStorageReader (shardcast.load dequantizes it by itself).
+Each method runs in its own launch of W processes, the methods interleaved round by round (--repeat). Timed on every rank
 from just before the call to the end of a barrier after it (the slowest rank's time is reported); peaks are
 each rank's /proc/self/status RssAnon and RssFile above their value just before the call, sampled every 5 ms.
 Correctness next to every timing: each rank's CRC32 over its local shards in sorted name order must be the
 same under every method and run. Before each run the checkpoint is read into the page cache, or with --cold
 evicted from it (posix_fadvise DONTNEED).
 
-    bench/bench_dcp_load.py [--world-size 4] [--layers 16] [--cold] [--repeat 3] [--methods a,b]
+    bench/bench_dcp_load.py [--world-size 4] [--layers 16] [--fp8] [--cold] [--repeat 3] [--methods a,b]
                             [--out bench/results/dcp-load.json]
 """
 import argparse
@@ -52,9 +56,15 @@ def worker(method, ckpt, out):
     if method == "shardcast-load":
         shardcast.load(model, ckpt)
     else:
-        reader = {"torch-t1": lambda: HuggingFaceStorageReader(ckpt),
-                  "torch-t4": lambda: HuggingFaceStorageReader(ckpt, thread_count=4),
-                  "shardcast-dcp": lambda: shardcast.dcp.HuggingFaceStorageReader(ckpt)}[method]()
+        if "fp8" in pathlib.Path(ckpt).name:
+            from torch.distributed.checkpoint.quantized_hf_storage import QuantizedHuggingFaceStorageReader as Q
+            bf16 = {"target_dtype": torch.bfloat16}
+            reader = {"torch-t1": lambda: Q(ckpt, **bf16), "torch-t4": lambda: Q(ckpt, thread_count=4, **bf16),
+                      "shardcast-dcp": lambda: shardcast.dcp.QuantizedHuggingFaceStorageReader(ckpt, **bf16)}[method]()
+        else:
+            reader = {"torch-t1": lambda: HuggingFaceStorageReader(ckpt),
+                      "torch-t4": lambda: HuggingFaceStorageReader(ckpt, thread_count=4),
+                      "shardcast-dcp": lambda: shardcast.dcp.HuggingFaceStorageReader(ckpt)}[method]()
         dcp.load(model.state_dict(), storage_reader=reader)
     dist.barrier()
     seconds = time.monotonic() - start
@@ -80,22 +90,67 @@ def write_checkpoint(path, layers):
                                   tie_word_embeddings=False), path)
 
 
+def write_fp8_checkpoint(path, layers):
+    """The Llama of write_checkpoint with its linear weights in fp8 e4m3 and a float32 weight_scale_inv per
+    128 x 128 block (random weights, scaled per block as DeepSeek-V3's are), in files of ~500 MB with the
+    index and config.json."""
+    import shutil
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers, num_attention_heads=16,
+                      num_key_value_heads=16, vocab_size=32000, tie_word_embeddings=False)
+    with torch.device("meta"):
+        shapes = {k: tuple(v.shape) for k, v in AutoModelForCausalLM.from_config(cfg).state_dict().items()}
+    partial = path.with_name(path.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    g = torch.Generator().manual_seed(0)
+    files, current, size, weight_map = [], {}, 0, {}
+    for key, shape in shapes.items():
+        if key.endswith("proj.weight"):
+            rows, cols = shape
+            w = torch.randn(shape, generator=g) * 0.02
+            scale = w.view(rows // 128, 128, cols // 128, 128).abs().amax(dim=(1, 3)) / 448.0
+            q = (w.view(rows // 128, 128, cols // 128, 128) / scale[:, None, :, None]).view(shape)
+            current[key], current[key + "_scale_inv"] = q.to(torch.float8_e4m3fn), scale.float()
+            size += q.numel() + scale.numel() * 4
+        else:
+            current[key] = (torch.randn(shape, generator=g) * 0.02).to(torch.bfloat16)
+            size += current[key].numel() * 2
+        if size > 500e6:
+            files.append(current)
+            current, size = {}, 0
+    files.append(current)
+    for i, tensors in enumerate(files, 1):
+        name = f"model-{i:05d}-of-{len(files):05d}.safetensors"
+        save_file(tensors, str(partial / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, name))
+    (partial / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    config = cfg.to_dict()
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                     "weight_block_size": [128, 128]}
+    (partial / "config.json").write_text(json.dumps(config))
+    partial.rename(path)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worker", nargs=3)
     ap.add_argument("--world-size", type=int, default=4)
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--cold", action="store_true")
+    ap.add_argument("--fp8", action="store_true")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.worker:
         return worker(*args.worker)
-    ckpt = ROOT / "out" / f"dcp-llama-{args.layers}L"
+    ckpt = ROOT / "out" / f"dcp-llama{'-fp8' if args.fp8 else ''}-{args.layers}L"
     if not ckpt.exists():
         ckpt.parent.mkdir(parents=True, exist_ok=True)
-        write_checkpoint(ckpt, args.layers)
+        (write_fp8_checkpoint if args.fp8 else write_checkpoint)(ckpt, args.layers)
     files = sorted(str(p) for p in ckpt.iterdir() if p.suffix == ".safetensors")
     size = sum(os.path.getsize(f) for f in files)
     methods = args.methods.split(",")
@@ -131,7 +186,7 @@ def main():
         ratio = f"{best_torch / med:.2f}x" if best_torch else "-"
         print(f"{m:15s} {med:9.2f} {size / med / 1e9:6.2f} {ratio:>13s} {pick['rank0_anon'] / 1e9:8.2f}GB "
               f"{pick['rank0_file'] / 1e9:8.2f}GB {pick['node_anon_file'] / 1e9:8.2f}GB")
-    out = pathlib.Path(args.out or ROOT / "bench" / "results" / f"dcp-load-{args.layers}L{'-cold' if args.cold else ''}.json")
+    out = pathlib.Path(args.out or ROOT / "bench" / "results" / f"dcp-load{'-fp8' if args.fp8 else ''}-{args.layers}L{'-cold' if args.cold else ''}.json")
     out.write_text(json.dumps({"bytes": size, "world_size": args.world_size, "cold": args.cold,
                                "repeat": args.repeat, "methods": summary}, indent=1))
     print(f"wrote {out}")
