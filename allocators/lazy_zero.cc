@@ -43,4 +43,18 @@ void LazyZeroFree(void* p, size_t bytes) {
 
 AllocatorStats LazyZeroStats() { return g_stats.Read(); }
 
+bool PrefaultForWrite(void* p, size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
+  if (p == nullptr || end <= begin) return false;
+  return madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) == 0;
+#else
+  (void)p;
+  (void)bytes;
+  return false;
+#endif
+}
+
 }  // namespace shardcast

@@ -30,4 +30,12 @@ void* LazyZeroAllocate(size_t bytes, const LazyZeroOptions& options = {});
 void LazyZeroFree(void* p, size_t bytes);
 AllocatorStats LazyZeroStats();
 
+// Commits the whole pages inside [p, p + bytes) for writing in one call (MADV_POPULATE_WRITE, Linux
+// 5.14+), for memory about to be written in full: the kernel zero-fills them in a batch instead of one
+// trapped fault per 4 KiB page, which a pread into fresh memory pays from inside the kernel's copy (about
+// 1.8 against 2.2 GB/s on the dev VM, bench in the commit that added this). Pages already present are
+// left as they are (their bytes too). Best effort: returns false, having done nothing, where the kernel
+// lacks it or `bytes` holds no whole page; never throws.
+bool PrefaultForWrite(void* p, size_t bytes);
+
 }  // namespace shardcast

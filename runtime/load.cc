@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "allocators/error.h"
+#include "allocators/lazy_zero.h"
 #include "runtime/failure.h"
 #include "runtime/fault.h"
 #include "runtime/handshake.h"
@@ -30,12 +31,25 @@ double CpuSeconds() {
   return s(u.ru_utime) + s(u.ru_stime);
 }
 
+// The host shards about to be written in full, committed in one call each instead of a fault per page as
+// the stream writes them (allocators/lazy_zero.h); small ones are not worth the call.
+void Prefault(RankState& state) {
+  constexpr size_t kMinBytes = 1 << 20;
+  for (LocalTensor& t : state.tensors()) {
+    if (t.is_meta() || !t.tensor.device().is_cpu() || t.tensor.nbytes() < kMinBytes) continue;
+    PrefaultForWrite(t.tensor.data_ptr(), t.tensor.nbytes());
+  }
+}
+
 // Shard storage for this rank's rows, or the same error on every rank.
 void Allocate(Communicator& comm, RankState* state, bool checksum_only) {
   Problem local;
   try {
     FaultPoint("allocate", comm.rank());
-    if (!checksum_only) state->AllocateShards();
+    if (!checksum_only) {
+      state->AllocateShards();
+      Prefault(*state);
+    }
   } catch (const std::exception& e) {
     local = AsProblem(e);
     local.message = "cannot allocate this rank's shards: " + local.message;  // the verdict names the rank
