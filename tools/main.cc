@@ -9,6 +9,7 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"shardcast: memory-efficient model materialization for FSDP2"};
+  app.set_version_flag("--version", "shardcast " SHARDCAST_VERSION);  // the same as shardcast.__version__
   shardcast::tools::Runner run;
   shardcast::tools::AddInspect(app, &run);
   shardcast::tools::AddSynth(app, &run);

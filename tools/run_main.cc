@@ -16,9 +16,7 @@ int RunMain(CLI::App& app, const Runner& run, int argc, char** argv) {
   app.require_subcommand(1);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
+  } catch (const CLI::Success& e) {  // --help, --help-all, --version: printed, exit 0
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     app.exit(e);

@@ -29,6 +29,7 @@ from ._load import load
 from ._prepare import BufferInit, prepare  # noqa: F401  (BufferInit: the buffer_init callable's type)
 from ._pretrained import from_pretrained
 from ._save import save
+from ._version import __version__  # noqa: F401  (written once, in _version.py)
 
 __all__ = [
     "prepare", "load", "save", "ShardcastError", "ManifestMismatch", "CheckpointError", "CommTimeout", "CommError",

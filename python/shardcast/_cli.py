@@ -3,7 +3,9 @@
 `pip install` puts the binary at shardcast/bin/shardcast, next to this file, with a RUNPATH that finds
 the torch wheel's libtorch (cmake/Install.cmake), so no LD_LIBRARY_PATH is needed and torch is not
 imported here: the command starts as fast as the binary does. In an editable install this file is the
-source tree's and the binary is in site-packages; the distribution's file list finds it there.
+source tree's and the binary is in site-packages; the distribution's file list finds it there. From a
+build tree (PYTHONPATH=build/python) it is that build's tools/shardcast. `python -m shardcast` is this
+same entry (__main__.py).
 """
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ from typing import List, Optional
 def _candidates() -> List[str]:
     here = os.path.dirname(os.path.abspath(__file__))
     found = [os.path.join(here, "bin", "shardcast")]
+    build = os.path.dirname(os.path.dirname(here))  # PYTHONPATH=build/python: the same build's command
+    if os.path.isfile(os.path.join(build, "CMakeCache.txt")):
+        found.append(os.path.join(build, "tools", "shardcast"))
     try:
         from importlib.metadata import PackageNotFoundError, files
         try:
