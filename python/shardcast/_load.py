@@ -11,6 +11,7 @@ from . import _shardcast
 from ._exchange import channel, computed_on_rank0, gathered
 from ._group import _group, _store_host, operation_store
 from ._layouts import _Layouts, _group_ranks, _local
+from ._log import logged
 from ._mapping import checkpoint_keys, compositions, conversion_rules, entry_shape
 from ._prepare import (_PREPARED, BufferInit, _compute_buffers, _config_json, _match, _missing_buffers_error,
                        _non_persistent, _pin_buffers, _pinned_host)
@@ -131,8 +132,9 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
     ch = channel(pg, store)
     if isinstance(model, Mapping):
         entries, layouts, problem = _mapping_entries(model, path, ch, rank, world, timeout_s)
-        return _shardcast.load_entries(entries, layouts.table, path, options, {}, operation_store(pg, store), rank,
-                                       world, progress, problem, _store_host(store) if store is not None else "")
+        return logged("load", path, rank, _shardcast.load_entries(
+            entries, layouts.table, path, options, {}, operation_store(pg, store), rank,
+            world, progress, problem, _store_host(store) if store is not None else ""))
 
     # Anything that fails on this rank from here on is carried into the handshake, so every rank
     # raises it instead of waiting for this one in a collective.
@@ -155,8 +157,9 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
         kind = type(e).__name__ if isinstance(e, ShardcastError) else "InternalError"
         problem = (kind, str(e) if isinstance(e, ShardcastError) else f"{type(e).__name__}: {e}")
         entries, layouts = [], _Layouts()
-    return _shardcast.load_entries(entries, layouts.table, path, options, _tied(model), operation_store(pg, store),
-                                   rank, world, progress, problem, _store_host(store) if store is not None else "")
+    return logged("load", path, rank, _shardcast.load_entries(
+        entries, layouts.table, path, options, _tied(model), operation_store(pg, store),
+        rank, world, progress, problem, _store_host(store) if store is not None else ""))
 
 
 def _materialize_or_raise(model, target, config, buffer_init) -> None:

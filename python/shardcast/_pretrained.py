@@ -34,6 +34,7 @@ import torch
 from . import _prefetch
 from ._launch import launch
 from ._load import _target
+from ._log import logged
 from ._shardcast import CheckpointError, InvalidArgument, Unsupported
 
 __all__ = ["from_pretrained", "resolve_checkpoint", "shard_units"]
@@ -370,6 +371,7 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
         model.shardcast_report = load(model, path, source=source, target=target, config=config, **load_kwargs)
         if not keep_quantized and hasattr(model.config, "quantization_config"):
             del model.config.quantization_config  # dequantized, as transformers drops it after dequantizing
+        logged("from_pretrained", f"{path} ({type(model).__name__})", None, model.shardcast_report)
         return model
     finally:
         if ahead is not None:

@@ -19,6 +19,7 @@ import torch
 
 from . import _shardcast
 from ._shardcast import InvalidArgument
+from ._log import logged
 from ._mapping import compositions
 
 _DTYPES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32"}
@@ -286,6 +287,7 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], mode: str = "
         kind = type(e).__name__ if isinstance(e, ShardcastError) else "InternalError"
         problem = (kind, str(e) if isinstance(e, ShardcastError) else f"{type(e).__name__}: {e}")
         entries, layouts = [], _Layouts()
-    return _shardcast.save_entries(entries, layouts.table, out_dir, options, dtype_name, str(max_shard_size), bool(overwrite),
-                                   config_json, generation_json, operation_store(pg, store), rank, world, progress,
-                                   problem, _store_host(store) if store is not None else "")
+    return logged("save", out_dir, rank, _shardcast.save_entries(
+        entries, layouts.table, out_dir, options, dtype_name, str(max_shard_size), bool(overwrite),
+        config_json, generation_json, operation_store(pg, store), rank, world, progress,
+        problem, _store_host(store) if store is not None else ""))
