@@ -6,6 +6,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <fcntl.h>
+#include <functional>
 #include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include "loaders/posix_file.h"
 #include "runtime/buffer_init.h"
 #include "runtime/c10d_communicator.h"
+#include "runtime/failure.h"
 #include "runtime/load.h"
 #include "runtime/save.h"
 #include "runtime/torch_dtype.h"
@@ -81,76 +83,182 @@ PlanOptions LayoutsFrom(py::list layouts, const std::vector<std::pair<std::strin
   return o;
 }
 
+// A Python value's type, for messages ("str", "torch.Tensor"); never throws.
+std::string TypeName(py::handle h) {
+  if (!h) return "nothing";
+  const char* name = Py_TYPE(h.ptr())->tp_name;
+  return name != nullptr ? name : "an object";
+}
+
+// h as T, or kInvalidArgument naming `argument`, what it expected and the type it got. pybind11's own
+// cast_error names neither (and a Python exception raised while converting is no better).
+template <typename T>
+T Cast(py::handle h, const std::string& argument, const char* expected) {
+  try {
+    return h.cast<T>();
+  } catch (const std::exception&) {
+    throw Error(ErrorKind::kInvalidArgument, argument, std::string("expected ") + expected + ", got " + TypeName(h));
+  }
+}
+
+// This rank's first failure before the agreement, kept until the load's or save's first verdict
+// (FailLoad/FailSave), which raises it on every rank. Every exception counts: a shardcast::Error keeps
+// its kind; anything else (a pybind11::cast_error, a Python exception raised while converting a value,
+// a std::exception from the core) is an InvalidArgument naming the argument. Nothing escapes here on
+// one rank alone: its peers would wait out the rendezvous and raise a CommTimeout that names no cause.
+// The verdict names the rank.
+class Carried {
+ public:
+  // Runs `step`, even where this rank already failed (the options' timeout still shapes the
+  // communicator); the first failure is the one carried.
+  template <typename F>
+  void Run(const std::string& argument, F&& step) {
+    try {
+      step();
+    } catch (const Error& e) {
+      Take(e);
+    } catch (const std::exception& e) {
+      Take(Error(ErrorKind::kInvalidArgument, argument, e.what()));
+    }
+  }
+  void Take(const Error& e) {
+    if (!error_) error_ = e;
+  }
+  const std::optional<Error>& error() const { return error_; }
+
+ private:
+  std::optional<Error> error_;
+};
+
 // The options a load or save runs with: SHARDCAST_* from the environment, then the keywords the caller
-// gave ({name: text}); `source_flag` names the source keyword in messages ("source=" or save's "mode=").
-LoadOptions OptionsFrom(py::dict opts, const std::string& source_flag = "source=") {
+// gave ({name: text}).
+LoadOptions OptionsFrom(py::handle opts) {
   LoadOptionsBuilder b;
   b.FromEnvironment();
-  for (auto [k, v] : opts) {
-    const std::string name = k.cast<std::string>();
-    b.Set(OptionNamed(name), v.cast<std::string>(), name == "source" ? source_flag : name + "=");
+  for (auto [k, v] : Cast<py::dict>(opts, "options", "a dict {name: text}")) {
+    const std::string name = Cast<std::string>(k, "options", "option names as text");
+    b.Set(OptionNamed(name), Cast<std::string>(v, name + "=", "text"), name + "=");
   }
   return b.Build();
+}
+
+// A progress callback, checked now: one that is not callable would fail mid-stream instead.
+Progress ProgressFrom(py::object progress) {
+  if (!progress.is_none() && !PyCallable_Check(progress.ptr())) {
+    throw Error(ErrorKind::kInvalidArgument, "progress=",
+                "expected True, False, None or a callable(done_bytes, total_bytes), got " + TypeName(progress));
+  }
+  return PythonProgress(std::move(progress));
+}
+
+// The problem Python already found on this rank: (kind name, message).
+Error ProblemFrom(py::handle problem) {
+  auto p = Cast<std::pair<std::string, std::string>>(problem, "problem", "(kind name, message)");
+  return Error(ErrorKindFromName(p.first), "", p.second);
+}
+
+// The store of the operation: without one, no communicator, so nothing can be agreed. Raised on this
+// rank alone; it is the package's own argument, never the caller's.
+c10::intrusive_ptr<c10d::Store> StoreFrom(py::handle store_obj, int rank, int world_size) {
+  c10::intrusive_ptr<c10d::Store> store;
+  if (!store_obj.is_none()) {
+    try {
+      store = store_obj.cast<c10::intrusive_ptr<c10d::Store>>();
+    } catch (const std::exception&) {
+      throw Error(ErrorKind::kInvalidArgument, "store", "rank " + std::to_string(rank) +
+                                                            ": expected a torch.distributed.Store, got " +
+                                                            TypeName(store_obj));
+    }
+  }
+  if (world_size > 1 && !store) {
+    throw Error(ErrorKind::kInvalidArgument, "process group", "no store for a world of " + std::to_string(world_size));
+  }
+  return store;
+}
+
+// entries: [(key, local tensor, global shape, role, layout index, extra)], one per entry, in an order every
+// rank shares. `extra(key, t[5])` takes the last field (load: compose or None; save: outputs or None).
+struct Entries {
+  ModelSpec spec;
+  std::vector<at::Tensor> tensors;
+  std::vector<std::pair<std::string, int64_t>> layout_index;
+};
+
+Entries EntriesFrom(py::handle entries, Carried& carried,
+                    const std::function<void(const std::string& key, py::handle extra)>& extra) {
+  Entries out;
+  out.spec.source = "<python model>";
+  out.spec.model_type = "python";
+  out.spec.config_json = "{}";
+  size_t i = 0;
+  for (py::handle h : Cast<py::list>(entries, "entries", "a list")) {
+    const std::string where = "entry " + std::to_string(i++);
+    auto t = Cast<py::tuple>(h, where, "a tuple (key, tensor, shape, role, layout, extra)");
+    if (t.size() != 6) throw Error(ErrorKind::kInvalidArgument, where, "expected 6 fields, got " + std::to_string(t.size()));
+    SpecEntry e;
+    e.key = Cast<std::string>(t[0], where, "a key (text)");
+    const std::string key = "key '" + e.key + "'";
+    at::Tensor x = Cast<at::Tensor>(t[1], key, "a torch.Tensor");
+    for (auto d : Cast<std::vector<int64_t>>(t[2], key, "a shape (ints)")) e.shape.push_back(static_cast<uint64_t>(d));
+    auto dtype = FromScalarType(x.scalar_type());
+    if (!dtype) carried.Take(Error(ErrorKind::kUnsupported, e.key, "dtype has no safetensors equivalent"));
+    e.dtype = dtype.value_or(DType::kU8);
+    e.role = Cast<std::string>(t[3], key, "a role (text)") == "persistent_buffer" ? Role::kPersistentBuffer
+                                                                                   : Role::kParameter;
+    const int64_t layout = Cast<int64_t>(t[4], key, "a layout index (int)");
+    e.replicated = layout == -1;
+    out.layout_index.emplace_back(e.key, layout);
+    if (!t[5].is_none()) extra(e.key, t[5]);
+    out.spec.entries.push_back(std::move(e));
+    out.tensors.push_back(x);
+  }
+  return out;
+}
+
+// The agreement's first phase, entered by every rank: with this rank's plan and shards in `plan` and
+// `state`, or, where it already failed (or fails building them), with its problem, through `fail`
+// (FailLoad or FailSave, which throw the agreed error).
+template <typename Fail>
+void Adopt(Communicator& comm, const std::optional<Error>& failed, Entries& in, const PlanOptions& plan_options,
+           int rank, int world_size, Fail&& fail, std::optional<Plan>& plan, std::optional<RankState>& state) {
+  try {
+    if (failed) throw *failed;
+    plan.emplace(Plan::Build(std::move(in.spec), world_size, plan_options));
+    state.emplace(RankState::Adopt(*plan, rank, std::move(in.tensors)));
+  } catch (const std::exception& e) {
+    const Problem p = AsProblem(e);
+    fail(comm, p.kind, p.message);
+  }
 }
 
 // entries: [(key, local tensor, global shape, role, layout index, compose or None)], one per entry, in an
 // order every rank shares (the model's named_parameters/named_buffers order). options: {name: text},
 // only those the caller gave (the environment fills the rest; given ones win). problem: (kind name,
-// message) when the caller already failed on this rank: it is agreed in the handshake, so every rank
-// raises it instead of waiting. store: this operation's own (a prefix of the group's store, _group.py): its
-// ranks make a Gloo group of their own over it, which a failure aborts without touching the caller's.
-py::dict LoadEntries(py::list entries, py::list layouts, const std::string& checkpoint, py::dict opts, py::dict tied,
+// message) when the caller already failed on this rank. It, and any argument here that fails to convert
+// (a Carried), is agreed in the handshake, so every rank raises it instead of waiting. store: this
+// operation's own (a prefix of the group's store, _group.py): its ranks make a Gloo group of their own
+// over it, which a failure aborts without touching the caller's.
+py::dict LoadEntries(py::object entries, py::object layouts, py::object checkpoint, py::object opts, py::object tied,
                      py::object store_obj, int rank, int world_size, py::object progress,
                      py::object problem, const std::string& store_host) {
-  c10::intrusive_ptr<c10d::Store> store;
-  if (!store_obj.is_none()) store = store_obj.cast<c10::intrusive_ptr<c10d::Store>>();
-  if (world_size > 1 && !store) {
-    throw Error(ErrorKind::kInvalidArgument, "process group", "no store for a world of " + std::to_string(world_size));
-  }
-  std::optional<Error> failed;
-  if (!problem.is_none()) {
-    auto p = problem.cast<std::pair<std::string, std::string>>();
-    failed = Error(ErrorKindFromName(p.first), "", p.second);
-  }
+  c10::intrusive_ptr<c10d::Store> store = StoreFrom(store_obj, rank, world_size);
+  Carried carried;
+  if (!problem.is_none()) carried.Run("problem", [&] { carried.Take(ProblemFrom(problem)); });
   LoadRequest rq;
-  rq.checkpoint = checkpoint;
-  try {
-    rq.options = OptionsFrom(opts);
-  } catch (const Error& e) {
-    if (!failed) failed = e;
-  }
-  rq.progress = PythonProgress(progress);
-  ModelSpec spec;
-  spec.source = "<python model>";
-  spec.model_type = "python";
-  spec.config_json = "{}";
-  std::vector<at::Tensor> tensors;
-  std::vector<std::pair<std::string, int64_t>> layout_index;
-  for (py::handle h : entries) {
-    auto t = h.cast<py::tuple>();
-    SpecEntry e;
-    e.key = t[0].cast<std::string>();
-    at::Tensor x = t[1].cast<at::Tensor>();
-    for (auto d : t[2].cast<std::vector<int64_t>>()) e.shape.push_back(static_cast<uint64_t>(d));
-    auto dtype = FromScalarType(x.scalar_type());
-    if (!dtype && !failed) failed = Error(ErrorKind::kUnsupported, e.key, "dtype has no safetensors equivalent");
-    e.dtype = dtype.value_or(DType::kU8);
-    std::string role = t[3].cast<std::string>();
-    e.role = role == "persistent_buffer" ? Role::kPersistentBuffer : Role::kParameter;
-    const int64_t layout = t[4].cast<int64_t>();
-    e.replicated = layout == -1;
-    layout_index.emplace_back(e.key, layout);
-    if (!t[5].is_none()) rq.mapping.compose[e.key] = t[5].cast<std::vector<std::string>>();
-    spec.entries.push_back(std::move(e));
-    tensors.push_back(x);
-  }
-  rq.mapping.tied = tied.cast<std::map<std::string, std::string>>();
+  carried.Run("checkpoint", [&] { rq.checkpoint = Cast<std::string>(checkpoint, "path", "a path (text)"); });
+  carried.Run("options", [&] { rq.options = OptionsFrom(opts); });
+  carried.Run("progress=", [&] { rq.progress = ProgressFrom(progress); });
+  Entries in;
+  carried.Run("entries", [&] {
+    in = EntriesFrom(entries, carried, [&](const std::string& key, py::handle compose) {
+      rq.mapping.compose[key] = Cast<std::vector<std::string>>(compose, "key '" + key + "'", "a list of keys");
+    });
+  });
+  carried.Run("tied", [&] {
+    rq.mapping.tied = Cast<std::map<std::string, std::string>>(tied, "tied", "a dict {key: key}");
+  });
   PlanOptions plan_options;
-  try {
-    plan_options = LayoutsFrom(layouts, layout_index);
-  } catch (const Error& e) {
-    if (!failed) failed = e;
-  }
+  carried.Run("layouts", [&] { plan_options = LayoutsFrom(Cast<py::list>(layouts, "layouts", "a list"), in.layout_index); });
 
   LoadReport report;
   {
@@ -160,13 +268,7 @@ py::dict LoadEntries(py::list entries, py::list layouts, const std::string& chec
                         : CreateGlooCommunicatorOnStore(store, rank, world_size, rq.options.timeout, store_host);
     std::optional<Plan> plan;
     std::optional<RankState> state;
-    try {
-      if (failed) throw *failed;
-      plan.emplace(Plan::Build(std::move(spec), world_size, plan_options));
-      state.emplace(RankState::Adopt(*plan, rank, std::move(tensors)));
-    } catch (const Error& e) {
-      FailLoad(*comm, e.kind(), e.what());
-    }
+    Adopt(*comm, carried.error(), in, plan_options, rank, world_size, FailLoad, plan, state);
     report = Load(*comm, &*state, rq);
   }
   return py::module_::import("json").attr("loads")(report.ToJson()).cast<py::dict>();
@@ -175,92 +277,69 @@ py::dict LoadEntries(py::list entries, py::list layouts, const std::string& chec
 // The save: entries as for load_entries, but each with its output tensors [(key, shape)] in
 // concatenation order (None: one tensor, its own key and shape). dtype: a safetensors dtype name or
 // None; max_shard_size: text for the one size parser ("5GB"). A problem, or an argument that fails to
-// parse, is agreed in the save's first verdict, so every rank raises it. file_numbers ({output key: 1..n},
-// torch DCP's fqn_to_index_mapping), keep_other_files and numbered_files: SaveRequest's fields of those names.
-py::dict SaveEntries(py::list entries, py::list layouts, const std::string& out_dir, py::dict opts, py::object dtype,
-                     const std::string& max_shard_size, bool overwrite, const std::string& config_json,
-                     const std::string& generation_config_json, py::object store_obj, int rank,
-                     int world_size, py::object progress, py::object problem, const std::string& store_host,
-                     py::dict file_numbers, bool keep_other_files, bool numbered_files) {
-  c10::intrusive_ptr<c10d::Store> store;
-  if (!store_obj.is_none()) store = store_obj.cast<c10::intrusive_ptr<c10d::Store>>();
-  if (world_size > 1 && !store) {
-    throw Error(ErrorKind::kInvalidArgument, "process group", "no store for a world of " + std::to_string(world_size));
-  }
-  std::optional<Error> failed;
-  if (!problem.is_none()) {
-    auto p = problem.cast<std::pair<std::string, std::string>>();
-    failed = Error(ErrorKindFromName(p.first), "", p.second);
-  }
+// convert or parse, is agreed in the save's first verdict, so every rank raises it. file_numbers ({output
+// key: 1..n}, torch DCP's fqn_to_index_mapping), keep_other_files and numbered_files: SaveRequest's
+// fields of those names.
+py::dict SaveEntries(py::object entries, py::object layouts, py::object out_dir, py::object opts, py::object dtype,
+                     py::object max_shard_size, py::object overwrite, py::object config_json,
+                     py::object generation_config_json, py::object store_obj, int rank, int world_size,
+                     py::object progress, py::object problem, const std::string& store_host, py::object file_numbers,
+                     py::object keep_other_files, py::object numbered_files) {
+  c10::intrusive_ptr<c10d::Store> store = StoreFrom(store_obj, rank, world_size);
+  Carried carried;
+  if (!problem.is_none()) carried.Run("problem", [&] { carried.Take(ProblemFrom(problem)); });
   SaveRequest rq;
-  rq.keep_other_files = keep_other_files;
-  rq.numbered_files = numbered_files;
-  for (auto [k, v] : file_numbers) {
-    const int64_t n = v.cast<int64_t>();
-    if ((n < 1 || n > UINT32_MAX) && !failed) {
-      failed = Error(ErrorKind::kInvalidArgument, "key '" + k.cast<std::string>() + "'",
-                     "file number " + std::to_string(n) + " (fqn_to_index_mapping's numbers start at 1)");
-    }
-    rq.file_numbers[k.cast<std::string>()] = static_cast<uint32_t>(std::max<int64_t>(n, 0));
-  }
-  rq.out_dir = out_dir;
-  rq.overwrite = overwrite;
-  rq.config_json = config_json;
-  rq.generation_config_json = generation_config_json;
-  try {
-    rq.options = OptionsFrom(opts, "mode=");
-    rq.max_shard_bytes = ParseBytes(max_shard_size, "max_shard_size=");
-    if (rq.max_shard_bytes == 0) throw Error(ErrorKind::kInvalidArgument, "max_shard_size=", "must be more than 0 bytes");
-    if (!dtype.is_none()) {
-      const std::string name = dtype.cast<std::string>();
-      auto d = ParseFloatDType(name);
-      if (!d) {
-        throw Error(ErrorKind::kInvalidArgument, "dtype=", "'" + name + "': a save converts to float16, bfloat16 or "
-                                                               "float32 only (it never quantizes)");
+  carried.Run("arguments", [&] {
+    rq.out_dir = Cast<std::string>(out_dir, "out_dir", "a path (text)");
+    rq.overwrite = Cast<bool>(overwrite, "overwrite=", "a bool");
+    rq.keep_other_files = Cast<bool>(keep_other_files, "keep_other_files", "a bool");
+    rq.numbered_files = Cast<bool>(numbered_files, "numbered_files", "a bool");
+    rq.config_json = Cast<std::string>(config_json, "config", "config.json's text");
+    rq.generation_config_json = Cast<std::string>(generation_config_json, "config", "generation_config.json's text");
+  });
+  carried.Run("file_numbers", [&] {
+    for (auto [k, v] : Cast<py::dict>(file_numbers, "file_numbers", "a dict {key: file number}")) {
+      const std::string key = Cast<std::string>(k, "file_numbers", "keys as text");
+      const int64_t n = Cast<int64_t>(v, "key '" + key + "'", "a file number (int)");
+      if (n < 1 || n > UINT32_MAX) {
+        throw Error(ErrorKind::kInvalidArgument, "key '" + key + "'",
+                    "file number " + std::to_string(n) + " (fqn_to_index_mapping's numbers start at 1)");
       }
-      rq.dtype = *d;
+      rq.file_numbers[key] = static_cast<uint32_t>(n);
     }
-  } catch (const Error& e) {
-    if (!failed) failed = e;
-  }
-  rq.progress = PythonProgress(progress);
-  ModelSpec spec;
-  spec.source = "<python model>";
-  spec.model_type = "python";
-  spec.config_json = "{}";
-  std::vector<at::Tensor> tensors;
-  std::vector<std::pair<std::string, int64_t>> layout_index;
-  for (py::handle h : entries) {
-    auto t = h.cast<py::tuple>();
-    SpecEntry e;
-    e.key = t[0].cast<std::string>();
-    at::Tensor x = t[1].cast<at::Tensor>();
-    for (auto d : t[2].cast<std::vector<int64_t>>()) e.shape.push_back(static_cast<uint64_t>(d));
-    auto dt = FromScalarType(x.scalar_type());
-    if (!dt && !failed) failed = Error(ErrorKind::kUnsupported, e.key, "dtype has no safetensors equivalent");
-    e.dtype = dt.value_or(DType::kU8);
-    e.role = t[3].cast<std::string>() == "persistent_buffer" ? Role::kPersistentBuffer : Role::kParameter;
-    const int64_t layout = t[4].cast<int64_t>();
-    e.replicated = layout == -1;
-    layout_index.emplace_back(e.key, layout);
-    if (!t[5].is_none()) {
-      auto& outs = rq.outputs[e.key];
-      for (auto o : t[5].cast<py::list>()) {
-        auto pair = o.cast<py::tuple>();
-        SaveOutput out{pair[0].cast<std::string>(), {}};
-        for (auto d : pair[1].cast<std::vector<int64_t>>()) out.shape.push_back(static_cast<uint64_t>(d));
+  });
+  carried.Run("options", [&] { rq.options = OptionsFrom(opts); });
+  carried.Run("max_shard_size=", [&] {
+    rq.max_shard_bytes = ParseBytes(Cast<std::string>(max_shard_size, "max_shard_size=", "a size (\"5GB\" or bytes)"),
+                                    "max_shard_size=");
+    if (rq.max_shard_bytes == 0) throw Error(ErrorKind::kInvalidArgument, "max_shard_size=", "must be more than 0 bytes");
+  });
+  carried.Run("dtype=", [&] {
+    if (dtype.is_none()) return;
+    const std::string name = Cast<std::string>(dtype, "dtype=", "a dtype name");
+    auto d = ParseFloatDType(name);
+    if (!d) {
+      throw Error(ErrorKind::kInvalidArgument, "dtype=", "'" + name + "': a save converts to float16, bfloat16 or "
+                                                             "float32 only (it never quantizes)");
+    }
+    rq.dtype = *d;
+  });
+  carried.Run("progress=", [&] { rq.progress = ProgressFrom(progress); });
+  Entries in;
+  carried.Run("entries", [&] {
+    in = EntriesFrom(entries, carried, [&](const std::string& key, py::handle outputs) {
+      const std::string where = "key '" + key + "'";
+      auto& outs = rq.outputs[key];
+      for (auto o : Cast<py::list>(outputs, where, "a list of (output key, shape)")) {
+        auto pair = Cast<std::pair<std::string, std::vector<int64_t>>>(o, where, "(output key, shape)");
+        SaveOutput out{pair.first, {}};
+        for (auto d : pair.second) out.shape.push_back(static_cast<uint64_t>(d));
         outs.push_back(std::move(out));
       }
-    }
-    spec.entries.push_back(std::move(e));
-    tensors.push_back(x);
-  }
+    });
+  });
   PlanOptions plan_options;
-  try {
-    plan_options = LayoutsFrom(layouts, layout_index);
-  } catch (const Error& e) {
-    if (!failed) failed = e;
-  }
+  carried.Run("layouts", [&] { plan_options = LayoutsFrom(Cast<py::list>(layouts, "layouts", "a list"), in.layout_index); });
 
   SaveReport report;
   {
@@ -270,13 +349,7 @@ py::dict SaveEntries(py::list entries, py::list layouts, const std::string& out_
                         : CreateGlooCommunicatorOnStore(store, rank, world_size, rq.options.timeout, store_host);
     std::optional<Plan> plan;
     std::optional<RankState> state;
-    try {
-      if (failed) throw *failed;
-      plan.emplace(Plan::Build(std::move(spec), world_size, plan_options));
-      state.emplace(RankState::Adopt(*plan, rank, std::move(tensors)));
-    } catch (const Error& e) {
-      FailSave(*comm, e.kind(), e.what());
-    }
+    Adopt(*comm, carried.error(), in, plan_options, rank, world_size, FailSave, plan, state);
     report = Save(*comm, &*state, rq);
   }
   return py::module_::import("json").attr("loads")(report.ToJson()).cast<py::dict>();
@@ -390,7 +463,7 @@ PYBIND11_MODULE(_shardcast, m) {
       [](py::dict opts) -> std::optional<double> {
         try {
           return std::chrono::duration<double>(OptionsFrom(opts).timeout).count();
-        } catch (const Error&) {
+        } catch (const std::exception&) {
           return std::nullopt;  // the load's own options builder raises it, on every rank
         }
       },
