@@ -3,8 +3,8 @@
 (Qwen3-MoE, ~2 GB bf16, the checkpoint bench_peers.py loads), loaded into FSDP2 shards at world size 4
 on CPU/Gloo by shardcast, then saved by
 
-  shardcast-each-rank  shardcast.save(model, out, mode="each-rank"): every rank pwrites its own rows
-  shardcast-rank0      shardcast.save(model, out, mode="rank0"): ranks stream their rows to rank 0
+  shardcast-each-rank  shardcast.save(model, out, source="each-rank"): every rank pwrites its own rows
+  shardcast-rank0      shardcast.save(model, out, source="rank0"): ranks stream their rows to rank 0
   accelerate           Accelerator.get_state_dict's FSDP2 path (get_model_state_dict with
                        full_state_dict=True, broadcast_from_rank0=True, cpu_offload=True), then rank 0's
                        save_pretrained(state_dict=...), as accelerate's save_model does
@@ -81,7 +81,7 @@ def save(method, model, out, rank):
     import torch.distributed as dist
     if method.startswith("shardcast"):
         import shardcast
-        report = shardcast.save(model, out, mode=method.split("-", 1)[1], max_shard_size=SHARD, timeout=1800)
+        report = shardcast.save(model, out, source=method.split("-", 1)[1], max_shard_size=SHARD, timeout=1800)
         dist.barrier()
         return {k: v for k, v in report["ranks"][rank].items() if k.endswith("seconds")}
     elif method == "accelerate":

@@ -2,8 +2,10 @@
 of every tensor."""
 from __future__ import annotations
 
+import operator
 import os
-from typing import Dict, Mapping, Optional, Union
+import warnings
+from typing import Dict, Mapping, Optional, Tuple, Union
 
 import torch
 
@@ -27,15 +29,30 @@ def _tied(model) -> Dict[str, str]:
     return {}
 
 
+_OPTION_TYPES = (bool, int, float, str)
+
+
 def _options(**given) -> Dict[str, str]:
     """The keywords the caller gave, as text for the C++ options builder (which also reads SHARDCAST_*
-    variables; given keywords win). None means not given."""
+    variables; given keywords win, and it parses them all). None means not given. A value of another
+    type (an object, a list) is an InvalidArgument naming its keyword: its str() is nothing to parse."""
     out = {}
     for name, value in given.items():
         if value is None:
             continue
+        if not isinstance(value, _OPTION_TYPES):
+            raise InvalidArgument(f"{name}=: expected a number or text, got {type(value).__name__}")
         out[name] = ("1" if value else "0") if isinstance(value, bool) else str(value)
     return out
+
+
+def _timeout_ms(timeout) -> Optional[int]:
+    """timeout= seconds as the options' timeout_ms (None: not given)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise InvalidArgument(f"timeout={timeout!r}: expected seconds (a number), got {type(timeout).__name__}")
+    return max(1, int(timeout * 1000))
 
 
 def _target(target: Optional[str]) -> Optional[str]:
@@ -49,6 +66,39 @@ def _target(target: Optional[str]) -> Optional[str]:
     if env not in ("cpu", "pinned", "cuda"):
         raise InvalidArgument(f"SHARDCAST_TARGET={env!r} is not a target (cpu, pinned or cuda)")
     return env
+
+
+def _progress(progress, rank: int):
+    """progress= as the binding takes it: None, or a callable(done_bytes, total_bytes) on this rank."""
+    if progress is True:
+        return _progress_printer() if rank == 0 else None
+    if progress is False or progress is None:
+        return None
+    if not callable(progress):
+        raise InvalidArgument(f"progress={progress!r}: expected True, False, None or a callable(done_bytes, "
+                              f"total_bytes), got {type(progress).__name__}")
+    return progress
+
+
+def _problem(e: BaseException) -> Tuple[str, str]:
+    """(kind, message) of a failure on this rank, carried into the agreement, whose verdict raises it on
+    every rank, naming this rank: a ShardcastError keeps its class, anything else is an InternalError
+    naming its own type."""
+    if isinstance(e, ShardcastError):
+        return type(e).__name__, str(e)
+    return "InternalError", f"{type(e).__name__}: {e}"
+
+
+def _deprecated(old: str, new: str, value, given):
+    """The value of an option renamed from `old` to `new` (kept for one release, with a DeprecationWarning);
+    both given and different is an InvalidArgument."""
+    if value is None:
+        return given
+    warnings.warn(f"{old} is deprecated and will be removed in the next release: use {new}", DeprecationWarning,
+                  stacklevel=3)
+    if given is not None and given != value:
+        raise InvalidArgument(f"{new}{given!r} and {old}{value!r} disagree: pass {new} only")
+    return value
 
 
 def _progress_printer():
@@ -80,12 +130,12 @@ def _progress_printer():
     return show
 
 
-def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os.PathLike],
+def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os.PathLike], *,
          source: Optional[str] = None, target: Optional[str] = None, verify: Optional[bool] = None,
-         process_group=None, *, config=None, buffer_init: Optional[Dict[str, BufferInit]] = None,
+         process_group=None, config=None, buffer_init: Optional[Dict[str, BufferInit]] = None,
          chunk_bytes: Optional[Union[int, str]] = None, staging_slots: Optional[int] = None,
-         timeout: Optional[float] = None, strict_keys: Optional[bool] = None, progress=None,
-         readahead_bytes: Optional[Union[int, str]] = None) -> dict:
+         timeout: Optional[float] = None, strict: Optional[bool] = None, progress=None,
+         readahead_bytes: Optional[Union[int, str]] = None, strict_keys: Optional[bool] = None) -> dict:
     """The call after `fully_shard`: every rank receives only its own rows of every parameter.
 
     `model` is a module whose parameters are DTensors in any layout (FSDP2, HSDP, TP, EP, 2-D and 3-D
@@ -104,44 +154,91 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
     (transformers' FP8Linear/FP8Experts or Mxfp4GptOssExperts, see from_pretrained(keep_quantized=True))
     receives the fp8 weight and its scale grid, or the MXFP4 blocks and their scales, as they are stored.
 
-    Options (None: SHARDCAST_* from the environment, else the default): source "auto" (default: rank 0
-    decides, and the report's "source_reason" says why: each-rank when every rank sees the checkpoint on
+    Every argument after `path` is keyword-only. Options (None: SHARDCAST_* from the environment, else the
+    default): source "auto" (default: rank 0 decides, and the report's "source_reason" says why: each-rank when every rank sees the checkpoint on
     one node; node-leader, or striped for HSDP, on several nodes; rank0 when only rank 0 sees it), "rank0",
     "each-rank", "node-leader" (the first rank of each node reads its node's rows) or "striped" (each
     shard's rows read once, by one of its replicas); chunk_bytes (64 MiB; an int or "64M"); staging_slots (4); timeout seconds (600);
-    verify (False); strict_keys (False); readahead_bytes (256M for rank0 and node-leader, 0 for the others).
+    verify (False); strict (False); readahead_bytes (256M for rank0 and node-leader, 0 for the others).
     `shardcast options` prints the table of them all, with their SHARDCAST_* variables. Rank 0's chunk_bytes, staging_slots and source are used by every
-    rank; verify and strict_keys must match on every rank. progress: True for a progress line on rank 0
+    rank; verify and strict must match on every rank. progress: True for a progress line on rank 0
     (tqdm where installed), or a callable(done_bytes, total_bytes) called on this rank.
 
-    Returns the per-rank report; raises a ShardcastError subclass, the same on every rank, on any failure.
+    strict has `load_state_dict(strict=True)`'s meaning: every checkpoint key must be used (an unused one
+    is a ManifestMismatch naming it, on every rank), and every model key present. Unlike load_state_dict,
+    a model key the checkpoint lacks is an error whatever strict says (a shard left unloaded would be
+    garbage), so strict=False (the default, SHARDCAST_STRICT_KEYS) only skips the checkpoint's extra keys
+    (sidecar tensors, old buffers), counted in the report's "skipped_keys". strict_keys= is its deprecated
+    old name (a DeprecationWarning; removed in the next release).
+
+    Returns the per-rank report; raises a ShardcastError subclass, the same on every rank, on any failure:
+    one found on this rank alone before the ranks agree (a bad argument or SHARDCAST_* variable, a bad
+    mapping, an allocation) is carried into the agreement, so every rank raises it at once, naming this rank.
     """
-    path = os.fspath(path)
-    target = _target(target)
+    # Without its group this rank has no one to tell: the one step that may fail here alone.
     pg, rank, world, store = _group(process_group)
-    options = _options(source=source, target=target if target not in (None, "pinned") else None, verify=verify,
-                       strict_keys=strict_keys, chunk_bytes=chunk_bytes, staging_slots=staging_slots,
-                       readahead_bytes=readahead_bytes,
-                       timeout_ms=None if timeout is None else max(1, int(timeout * 1000)))
-    if progress is True:
-        progress = _progress_printer() if rank == 0 else None
-    elif progress is False:
-        progress = None
-    entries, layouts = [], _Layouts()
+    mapping = isinstance(model, Mapping)
+    # From here to the handshake, a failure on this rank is carried into it, and this rank still makes
+    # every exchange a load makes (the per-group counters of _exchange.py and _group.py stay in step).
+    try:
+        path = os.fspath(path)
+        target = _target(target)
+        strict = _deprecated("strict_keys=", "strict=", strict_keys, strict)
+        options = _options(source=source, target=target if target not in (None, "pinned") else None, verify=verify,
+                           strict_keys=strict, chunk_bytes=chunk_bytes, staging_slots=staging_slots,
+                           readahead_bytes=readahead_bytes, timeout_ms=_timeout_ms(timeout))
+        progress = _progress(progress, rank)
+    except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
+        return _fail_load(pg, rank, world, store, _problem(e), mapping)
     timeout_s = _shardcast.load_timeout_seconds(options) or 600.0
     ch = channel(pg, store)
-    if isinstance(model, Mapping):
+    if mapping:
         entries, layouts, problem = _mapping_entries(model, path, ch, rank, world, timeout_s)
-        return logged("load", path, rank, _shardcast.load_entries(
-            entries, layouts.table, path, options, {}, operation_store(pg, store), rank,
-            world, progress, problem, _store_host(store) if store is not None else ""))
+        tied = {}
+    else:
+        entries, layouts, problem, tied = _module_entries(model, path, target, config, buffer_init, pg, ch, rank,
+                                                          world, timeout_s)
+    return logged("load", path, rank, _shardcast.load_entries(
+        entries, layouts.table, path, options, tied, operation_store(pg, store), rank, world, progress, problem,
+        _store_host(store) if store is not None else ""))
 
-    # Anything that fails on this rank from here on is carried into the handshake, so every rank
-    # raises it instead of waiting for this one in a collective.
+
+def _fail_load(pg, rank: int, world: int, store, problem: Tuple[str, str], mapping: bool, timeout_s=None) -> dict:
+    """This rank's share of a load that already failed here, before anything was exchanged: the
+    exchanges a load of this kind makes (a module: rank 0's compositions; a mapping: also every rank's
+    boxes), rank 0 telling the others at once that it has nothing, then the handshake with `problem`,
+    whose verdict raises it on every rank. Never returns."""
+    if timeout_s is None:
+        timeout_s = _shardcast.load_timeout_seconds({}) or 600.0
+    ch = channel(pg, store)
+
+    def failed():
+        raise InvalidArgument(problem[1])
+
+    try:
+        computed_on_rank0(ch, rank, world, failed, timeout_s)
+    except Exception:  # noqa: BLE001 -- rank 0's own failure, or a peer that never answered: the handshake says
+        pass
+    if mapping:
+        try:
+            gathered(ch, rank, world, None, timeout_s)  # None: "this rank failed", so no peer adds a problem of its own
+        except Exception:  # noqa: BLE001
+            pass
+    return _shardcast.load_entries([], [], "", {}, {}, operation_store(pg, store), rank, world, None, problem,
+                                   _store_host(store) if store is not None else "")
+
+
+def _module_entries(model, path, target, config, buffer_init, pg, ch, rank, world, timeout_s):
+    """(entries, layouts, problem, tied) of a module: its parameters and persistent buffers, allocated.
+    Anything that fails on this rank is the problem, carried into the handshake; a rank that hears that
+    rank 0 failed enters it with nothing (rank 0's problem is the verdict; nothing to allocate)."""
+    entries, layouts = [], _Layouts()
     try:
         # Which checkpoint tensors make each fused entry: read and worked out by rank 0 only, and asked
         # for first on every rank, so the ranks' calls stay paired whatever fails after.
-        comp = computed_on_rank0(ch, rank, world, lambda: _compositions(model, path), timeout_s) or {}
+        comp = computed_on_rank0(ch, rank, world, lambda: _compositions(model, path), timeout_s)
+        if comp is None:  # rank 0 failed, and carries its problem into the handshake
+            return [], _Layouts(), None, {}
         _materialize_or_raise(model, target, config, buffer_init)
         group_ranks = _group_ranks(pg, world)
         for name, param in model.named_parameters():
@@ -152,14 +249,9 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
             if name not in non_persistent:
                 local, shape, layout = _local(buf, f"'{name}'", group_ranks)
                 entries.append((name, local, list(shape), "persistent_buffer", layouts.index(layout), comp.get(name)))
-        problem = None
+        return entries, layouts, None, _tied(model)
     except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
-        kind = type(e).__name__ if isinstance(e, ShardcastError) else "InternalError"
-        problem = (kind, str(e) if isinstance(e, ShardcastError) else f"{type(e).__name__}: {e}")
-        entries, layouts = [], _Layouts()
-    return logged("load", path, rank, _shardcast.load_entries(
-        entries, layouts.table, path, options, _tied(model), operation_store(pg, store),
-        rank, world, progress, problem, _store_host(store) if store is not None else ""))
+        return [], _Layouts(), _problem(e), {}
 
 
 def _materialize_or_raise(model, target, config, buffer_init) -> None:
@@ -171,53 +263,93 @@ def _materialize_or_raise(model, target, config, buffer_init) -> None:
         raise IoError(f"cannot allocate this rank's shards on {target or 'cpu'}: {type(e).__name__}: {e}") from e
 
 
-def _mapping_entries(mapping, path, ch, rank, world, timeout_s):
-    """The entries of an explicit mapping, every value either (local, row_begin, row_end): rows of dim 0
-    under FSDP2's rule, or (local, offsets): the box of the global tensor at `offsets` with the local
-    tensor's shape, any box (every rank's boxes are gathered, so each knows what the others hold). A
-    problem is carried into the handshake, so every rank raises it."""
-    problem, entries, layouts = None, [], _Layouts()
-    try:  # the checkpoint's shape of every key: read by rank 0 only
-        floating = {k: v[0].is_floating_point() for k, v in mapping.items()}
-        shapes = computed_on_rank0(ch, rank, world, lambda: _mapping_shapes(path, floating), timeout_s) or {}
-    except Exception as e:  # noqa: BLE001 -- carried into the handshake, where every rank raises it
-        shapes, problem = {}, ("InternalError", f"{type(e).__name__}: {e}")
-    mine = {}
-    for key, value in mapping.items():
+def _mapping_value(key, value) -> Tuple[torch.Tensor, tuple]:
+    """(local tensor, the rest) of one explicit mapping value; InvalidArgument for any other shape of it."""
+    if (not isinstance(key, str) or not isinstance(value, (tuple, list)) or len(value) not in (2, 3)
+            or not isinstance(value[0], torch.Tensor)):
+        raise InvalidArgument(f"mapping key {key!r}: expected (local tensor, offsets) or (local tensor, row_begin, "
+                              f"row_end) under a text key, got {type(value).__name__} {_short(value)}")
+    try:
         if len(value) == 2:
-            tensor, offsets = value
-            mine[key] = [[int(x) for x in offsets], [int(x) for x in tensor.shape]]
+            rest = (tuple(operator.index(x) for x in value[1]),)
+        else:
+            rest = (operator.index(value[1]), operator.index(value[2]))
+    except TypeError:
+        raise InvalidArgument(f"mapping key {key!r}: offsets and rows are ints, got {_short(value[1:])}") from None
+    return value[0], rest
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _mapping_entries(mapping, path, ch, rank, world, timeout_s):
+    """(entries, layouts, problem) of an explicit mapping, every value either (local, row_begin, row_end):
+    rows of dim 0 under FSDP2's rule, or (local, offsets): the box of the global tensor at `offsets` with
+    the local tensor's shape, any box (every rank's boxes are gathered, so each knows what the others
+    hold). Every rank makes both exchanges, whatever fails: a problem is carried into the handshake,
+    where every rank raises it; a rank that hears a peer failed enters it with nothing."""
+    problem, values = None, {}
+    try:
+        values = {k: _mapping_value(k, v) for k, v in mapping.items()}
+    except Exception as e:  # noqa: BLE001 -- carried into the handshake, where every rank raises it
+        problem = _problem(e)
+
+    def shapes_on_rank0():  # the checkpoint's shape of every key: read by rank 0 only
+        if problem is not None:
+            raise InvalidArgument(problem[1])  # rank 0 failed: the others hear it at once
+        return _mapping_shapes(path, {k: t.is_floating_point() for k, (t, _) in values.items()})
+
+    try:
+        shapes = computed_on_rank0(ch, rank, world, shapes_on_rank0, timeout_s)
+    except Exception as e:  # noqa: BLE001 -- carried into the handshake
+        shapes, problem = None, problem or _problem(e)
+    mine = None if problem is not None else {
+        k: [list(rest[0]), [int(x) for x in t.shape]] for k, (t, rest) in values.items() if len(rest) == 1}
     try:
         boxes = gathered(ch, rank, world, mine, timeout_s)
     except Exception as e:  # noqa: BLE001 -- carried into the handshake
-        boxes, problem = [mine] * world, problem or ("InternalError", f"{type(e).__name__}: {e}")
-    for key, value in mapping.items():
-        tensor = value[0]
-        if len(value) == 2:
+        boxes, problem = None, problem or _problem(e)
+    if problem is not None:
+        return [], _Layouts(), problem
+    if shapes is None or any(b is None for b in boxes):  # a peer failed and carries its problem
+        return [], _Layouts(), None
+    try:
+        entries, layouts = _mapping_layouts(values, shapes, boxes, rank, world)
+    except Exception as e:  # noqa: BLE001 -- carried into the handshake
+        return [], _Layouts(), _problem(e)
+    return entries, layouts, None
+
+
+def _mapping_layouts(values, shapes, boxes, rank: int, world: int):
+    """(entries, layouts) of a checked mapping, given the checkpoint's shapes and every rank's boxes.
+    InvalidArgument for a key given as a box on some ranks only, or rows FSDP2's rule does not give."""
+    entries, layouts = [], _Layouts()
+    for key, (tensor, rest) in values.items():
+        if len(rest) == 1:
             shape = shapes.get(key)
             if shape is None:  # absent: the manifest check names it
-                shape = [o + n for o, n in zip(*mine[key])]
+                shape = [o + n for o, n in zip(*boxes[rank][key])]
             holders = [r for r in range(world) if key in boxes[r]]
-            if len(holders) != world and problem is None:
-                problem = ("InvalidArgument", f"key '{key}' is given as a box on ranks {holders} but not on the "
-                           f"others: every rank gives every key in the same form (an empty box for nothing)")
+            if len(holders) != world:
+                raise InvalidArgument(f"key '{key}' is given as a box on ranks {holders} but not on the others: "
+                                      f"every rank gives every key in the same form (an empty box for nothing)")
             layout = ((), tuple(holders), (), tuple((tuple(boxes[r][key][0]), tuple(boxes[r][key][1])) for r in holders))
             entries.append((key, tensor, list(shape), "parameter", layouts.index(layout), None))
             continue
-        _, begin, end = value
+        begin, end = rest
         shape = shapes.get(key)
         if shape is None:
             shape = (end,) + tuple(tensor.shape[1:])  # absent: the manifest check names it
         rows = shape[0] if shape else 1
         chunk = -(-rows // world)  # FSDP2's dim-0 rule for this rank
         want = (min(rows, rank * chunk), min(rows, rank * chunk + chunk))
-        if (begin, end) != want and problem is None:  # agreed in the handshake: every rank raises it
-            problem = ("InvalidArgument", f"key '{key}' on rank {rank}: rows [{begin}, {end}) given, but FSDP2's "
-                       f"dim-0 rule gives this rank [{want[0]}, {want[1]}) of {rows} over {world} ranks")
+        if (begin, end) != want:  # agreed in the handshake: every rank raises it
+            raise InvalidArgument(f"key '{key}' on rank {rank}: rows [{begin}, {end}) given, but FSDP2's dim-0 rule "
+                                  f"gives this rank [{want[0]}, {want[1]}) of {rows} over {world} ranks")
         entries.append((key, tensor, list(shape), "parameter", -2, None))
-    if problem is not None:
-        entries, layouts = [], _Layouts()
-    return entries, layouts, problem
+    return entries, layouts
 
 
 def _mapping_shapes(path: str, keys: Dict[str, bool]) -> Dict[str, list]:

@@ -301,10 +301,40 @@ def _parallelize(model, config, dc, trust_remote_code: bool):
     return cls.maybe_distribute_model(model, dc, mesh_manager)
 
 
-def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
+def _join_failed_load(error: Exception, target: Optional[str], mesh, dc, meshes_made: bool, process_group) -> None:
+    """This rank failed before its load: it makes what the others make before theirs (the default group,
+    then the mesh or transformers' meshes, whose groups every rank must join), then enters the load's
+    agreement with its problem, whose verdict raises it on every rank, naming this rank. Never returns.
+
+    Where this rank cannot know which groups the others make (distributed_config given, but this rank
+    failed before it was read), the others wait for it in transformers' group creation until the
+    process group's timeout."""
+    from ._group import _group
+    from ._load import _fail_load, _problem
+    problem = _problem(error)
+    if target not in (None, "cpu", "pinned", "cuda"):
+        target = None
+    try:
+        _dist_ready("cuda" if target == "cuda" else "cpu")
+    except Exception:  # noqa: BLE001 -- without the default group there is no one to tell: this rank's own error
+        raise error from None
+    if not meshes_made:
+        try:
+            if dc is not None:
+                from transformers import PreTrainedModel
+                PreTrainedModel.prepare_distribute_model(dc, device_map=None)
+            elif mesh is None:
+                _default_mesh(target)
+        except Exception:  # noqa: BLE001 -- the load's agreement reports this rank's first failure
+            pass
+    pg, rank, world, store = _group(process_group)
+    _fail_load(pg, rank, world, store, problem, mapping=False)
+
+
+def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None,
                     dtype: Optional[torch.dtype] = torch.bfloat16, shard: Sequence[str] = ("layers",),
                     fsdp_kwargs: Optional[Dict[str, Any]] = None, source: Optional[str] = None,
-                    target: Optional[str] = None, *, distributed_config=None, tp_size: Optional[int] = None,
+                    target: Optional[str] = None, distributed_config=None, tp_size: Optional[int] = None,
                     ep_size: Optional[int] = None, fsdp_size: Optional[int] = None,
                     dp_replicate_size: Optional[int] = None, revision: Optional[str] = None,
                     trust_remote_code: bool = False, prefetch: Optional[bool] = None, keep_quantized: bool = False,
@@ -312,6 +342,7 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
     """An FSDP2 model with its checkpoint loaded, each rank holding only its own rows.
 
     Every rank calls it together (under torchrun; a single process with no launcher is a world of one).
+    Every argument after the path is keyword-only.
 
     path_or_local_repo_id: a checkpoint directory (config.json + safetensors), or a repo id already in
         the local Hugging Face cache (never downloaded).
@@ -331,43 +362,52 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], mesh=None,
         `*sliding_attention*inv_freq`), as for shardcast.prepare: {fnmatch pattern: callable(name, meta)}.
     shard: which submodules get their own fully_shard before the root's (see `shard_units`).
     fsdp_kwargs: passed to every fully_shard (mp_policy, reshard_after_forward, offload_policy, ...).
-    source, target, **load_kwargs: passed to shardcast.load (verify, chunk_bytes, timeout, strict_keys);
+    source, target, **load_kwargs: passed to shardcast.load (verify, chunk_bytes, timeout, strict);
         source None: SHARDCAST_SOURCE, else the default.
     prefetch: on one node, have the kernel read the files (each local rank its 1/L, at most half of
         MemAvailable) while the model is built and sharded, so a cold load starts warm (`_prefetch.py`).
         None (default): where the node has at least two cores per local rank; True: always; False: never.
 
     Returns the FSDP2 model; `model.shardcast_report` is the load's report. Raises a ShardcastError
-    subclass, the same on every rank.
+    subclass, the same on every rank: a failure on one rank before its load (a bad SHARDCAST_TARGET, a
+    config it cannot read) is carried into the load's agreement, so every rank raises it at once.
     """
     from transformers import AutoConfig
     from . import load, prepare
 
-    target = _target(target)
-    path = resolve_checkpoint(path_or_local_repo_id, revision=revision)
-    ahead = _prefetch.start(path, force=bool(prefetch)) if prefetch is not False else None
+    ahead, dc, meshes_made = None, None, False
     try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-        dc = _distributed_config(distributed_config, {"tp_size": tp_size, "ep_size": ep_size,
-                                                      "fsdp_size": fsdp_size, "dp_replicate_size": dp_replicate_size})
-        if dc is not None and mesh is not None:
-            raise InvalidArgument("pass either mesh or distributed_config: transformers' plans make their own "
-                                  "meshes")
-        model = _build_meta(config, dtype, trust_remote_code)
-        if keep_quantized:
-            _quantized_layout(model, config, path, dtype)
-        prepare(model, config=config, target=target or "cpu", buffer_init=buffer_init)
-        if dc is not None:
-            _dist_ready("cuda" if target == "cuda" else "cpu")
-            model = _parallelize(model, config, dc, trust_remote_code)
-        else:
-            if mesh is None:
-                mesh = _default_mesh(target)
-            fully_shard = _fully_shard()
-            kwargs = dict(fsdp_kwargs or {})
-            for unit in shard_units(model, shard):
-                fully_shard(unit, mesh=mesh, **kwargs)
-            fully_shard(model, mesh=mesh, **kwargs)
+        # From the first line to the load's agreement, a failure on this rank is carried into it
+        # (_join_failed_load): the others would otherwise wait for this rank until their timeout.
+        try:
+            target = _target(target)
+            path = resolve_checkpoint(path_or_local_repo_id, revision=revision)
+            ahead = _prefetch.start(path, force=bool(prefetch)) if prefetch is not False else None
+            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+            dc = _distributed_config(distributed_config, {"tp_size": tp_size, "ep_size": ep_size,
+                                                          "fsdp_size": fsdp_size, "dp_replicate_size": dp_replicate_size})
+            if dc is not None and mesh is not None:
+                raise InvalidArgument("pass either mesh or distributed_config: transformers' plans make their own "
+                                      "meshes")
+            model = _build_meta(config, dtype, trust_remote_code)
+            if keep_quantized:
+                _quantized_layout(model, config, path, dtype)
+            prepare(model, config=config, target=target or "cpu", buffer_init=buffer_init)
+            if dc is not None:
+                _dist_ready("cuda" if target == "cuda" else "cpu")
+                meshes_made = True  # from here on, whatever groups transformers makes were made
+                model = _parallelize(model, config, dc, trust_remote_code)
+            else:
+                if mesh is None:
+                    mesh = _default_mesh(target)
+                meshes_made = True
+                fully_shard = _fully_shard()
+                kwargs = dict(fsdp_kwargs or {})
+                for unit in shard_units(model, shard):
+                    fully_shard(unit, mesh=mesh, **kwargs)
+                fully_shard(model, mesh=mesh, **kwargs)
+        except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
+            _join_failed_load(e, target, mesh, dc, meshes_made, load_kwargs.get("process_group"))
         model.shardcast_report = load(model, path, source=source, target=target, config=config, **load_kwargs)
         if not keep_quantized and hasattr(model.config, "quantization_config"):
             del model.config.quantization_config  # dequantized, as transformers drops it after dequantizing

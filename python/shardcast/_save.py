@@ -228,17 +228,20 @@ def _saved(obj, name: str) -> str:
             return f.read()
 
 
-def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], mode: str = "each-rank",
+def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], *, source: Optional[str] = None,
          max_shard_size: Union[int, str] = "5GB", dtype: Optional[Union[torch.dtype, str]] = None,
-         overwrite: bool = False, config=None, process_group=None, timeout: Optional[float] = None, *,
-         chunk_bytes: Optional[Union[int, str]] = None, staging_slots: Optional[int] = None, progress=None) -> dict:
+         overwrite: bool = False, config=None, process_group=None, timeout: Optional[float] = None,
+         chunk_bytes: Optional[Union[int, str]] = None, staging_slots: Optional[int] = None, progress=None,
+         mode: Optional[str] = None) -> dict:
     """Writes an FSDP2-sharded model as a Hugging Face checkpoint (safetensors files, index, config.json,
-    generation_config.json), with no gather: every rank calls it together after training.
+    generation_config.json), with no gather: every rank calls it together after training. Every argument
+    after `out_dir` is keyword-only.
 
-    mode "each-rank" (default; a filesystem every rank sees at the same path): rank 0 creates every file
+    source "each-rank" (default; a filesystem every rank sees at the same path): rank 0 creates every file
     at its final size with its header and every rank writes its own rows at their offsets, in parallel.
-    mode "rank0" (node-local disks): the other ranks stream their rows to rank 0, which writes. No rank
-    holds more than its shard plus the staging ring (chunk_bytes x staging_slots).
+    source "rank0" (node-local disks): the other ranks stream their rows to rank 0, which writes. No rank
+    holds more than its shard plus the staging ring (chunk_bytes x staging_slots). mode= is its deprecated
+    old name (a DeprecationWarning; removed in the next release): the same idea as load's source=.
 
     The keys, shapes and files are those save_pretrained writes (per-expert tensors, restored module
     names, tied weights once, persistent buffers in, non-persistent out), split by max_shard_size
@@ -252,23 +255,24 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], mode: str = "
     An existing out_dir, or a leftover out_dir.tmp-* of a save that died, is an error unless
     overwrite=True (which replaces the one and removes the other). timeout: seconds per collective.
 
-    Returns the per-rank report; raises a ShardcastError subclass, the same on every rank, on any failure.
+    Returns the per-rank report; raises a ShardcastError subclass, the same on every rank, on any failure:
+    one found on this rank alone (a bad argument, an entry it cannot plan) is carried into the save's
+    first verdict, so every rank raises it at once, naming this rank.
     """
     from ._group import _group, _store_host, operation_store
     from ._layouts import _Layouts, _group_ranks
-    from ._load import _options, _progress_printer
-    from ._shardcast import ShardcastError
-    out_dir = os.fspath(out_dir)
+    from ._load import _deprecated, _options, _problem, _progress, _timeout_ms
+    # Without its group this rank has no one to tell: the one step that may fail here alone.
     pg, rank, world, store = _group(process_group)
-    options = _options(source=mode, chunk_bytes=chunk_bytes, staging_slots=staging_slots,
-                       timeout_ms=None if timeout is None else max(1, int(timeout * 1000)))
-    if progress is True:
-        progress = _progress_printer() if rank == 0 else None
-    elif progress is False:
-        progress = None
     problem, entries, config_json, generation_json, dtype_name = None, [], "", "", None
-    layouts = _Layouts()
+    options, layouts, progress_cb, out_text, max_shard_text, overwrite_flag = {}, _Layouts(), None, "", "5GB", False
     try:  # anything that fails on this rank is agreed in the save's first verdict: every rank raises it
+        out_text = os.fspath(out_dir)
+        source = _deprecated("mode=", "source=", mode, source)
+        options = _options(source=source if source is not None else "each-rank", chunk_bytes=chunk_bytes,
+                           staging_slots=staging_slots, timeout_ms=_timeout_ms(timeout))
+        progress_cb = _progress(progress, rank)
+        max_shard_text, overwrite_flag = str(max_shard_size), bool(overwrite)
         if isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype):
             dtype = getattr(torch, dtype)  # "bfloat16"
         if dtype is not None:
@@ -284,10 +288,8 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], mode: str = "
         if rank == 0:
             config_json, generation_json = config_texts(model, config, dtype)
     except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
-        kind = type(e).__name__ if isinstance(e, ShardcastError) else "InternalError"
-        problem = (kind, str(e) if isinstance(e, ShardcastError) else f"{type(e).__name__}: {e}")
-        entries, layouts = [], _Layouts()
-    return logged("save", out_dir, rank, _shardcast.save_entries(
-        entries, layouts.table, out_dir, options, dtype_name, str(max_shard_size), bool(overwrite),
-        config_json, generation_json, operation_store(pg, store), rank, world, progress,
+        problem, entries, layouts, dtype_name = _problem(e), [], _Layouts(), None
+    return logged("save", out_text, rank, _shardcast.save_entries(
+        entries, layouts.table, out_text, options, dtype_name, max_shard_text, overwrite_flag,
+        config_json, generation_json, operation_store(pg, store), rank, world, progress_cb,
         problem, _store_host(store) if store is not None else ""))

@@ -149,7 +149,7 @@ def manual(root, rank, world):
                            f"local {tuple(got.shape)} vs {tuple(want.shape)}")
             checked += 1
         saved = os.path.join(os.environ["SAVE_ROOT"], name)
-        shardcast.save(model, saved, mode=os.environ.get("SAVE_MODE", "each-rank"), overwrite=True)
+        shardcast.save(model, saved, source=os.environ.get("SAVE_MODE", "each-rank"), overwrite=True)
         dist.barrier()
         back = dict(AutoModelForCausalLM.from_pretrained(saved).named_parameters())
         resaved_bad = [k for k, v in ref.items() if not torch.equal(_bits(v), _bits(back[k]))]

@@ -71,7 +71,7 @@ def roundtrip(root, saved, rank, world, models):
                 if w == world:
                     models[name] = model
                 for mode in ("each-rank", "rank0"):
-                    report = shardcast.save(model, os.path.join(saved, f"w{w}", f"{name}-{mode}"), mode=mode,
+                    report = shardcast.save(model, os.path.join(saved, f"w{w}", f"{name}-{mode}"), source=mode,
                                             max_shard_size="30KB", process_group=group, timeout=60)
                     out[f"w{w}/{name}-{mode}"] = summary(report, rank)
         dist.barrier()
@@ -90,7 +90,7 @@ def errors(root, saved, rank, world, models):
         os.makedirs(os.path.join(leftover, "junk"))
     dist.barrier()
     res["leftover"] = catch(lambda: shardcast.save(qwen, fresh, timeout=60))
-    res["overwrite_f32"] = catch(lambda: shardcast.save(qwen, fresh, mode="rank0", dtype=torch.float32,
+    res["overwrite_f32"] = catch(lambda: shardcast.save(qwen, fresh, source="rank0", dtype=torch.float32,
                                                         overwrite=True, max_shard_size="30KB", timeout=60))
     res["leftover_exists"] = os.path.exists(leftover)
 

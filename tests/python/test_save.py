@@ -172,12 +172,12 @@ def _tree(d):
     return h.hexdigest()
 
 
-# Regression (issue 20): mode="striped" or "node-leader" ran as rank0 and reported the mode asked for.
-@pytest.mark.parametrize("mode", ["striped", "node-leader"])
-def test_a_mode_save_does_not_have_is_invalid_argument(tmp_path, mode):
+# Regression (issue 20): source="striped" or "node-leader" ran as rank0 and reported the source asked for.
+@pytest.mark.parametrize("source", ["striped", "node-leader"])
+def test_a_source_save_does_not_have_is_invalid_argument(tmp_path, source):
     import shardcast
     model = torch.nn.Linear(4, 3)
-    with pytest.raises(shardcast.InvalidArgument, match=f'mode "{mode}" is not a save mode'):
-        shardcast.save(model, tmp_path / "out", mode=mode)
+    with pytest.raises(shardcast.InvalidArgument, match=f'"{source}" is not a save mode'):
+        shardcast.save(model, tmp_path / "out", source=source)
     assert not (tmp_path / "out").exists()
-    assert shardcast.save(model, tmp_path / "out", mode="rank0")["mode"] == "rank0"
+    assert shardcast.save(model, tmp_path / "out", source="rank0")["mode"] == "rank0"

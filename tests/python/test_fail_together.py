@@ -1,0 +1,61 @@
+"""No rank fails alone (issue 32): a failure on ONE rank before the ranks agree (a bad SHARDCAST_TARGET,
+a bad chunk_bytes, a wrongly typed option, a bad explicit mapping; on rank 0 and on a non-zero rank)
+ends every rank within seconds, with the same exception class and message, naming the failed rank.
+Before, the failed rank raised alone and the others waited out the rendezvous (timeout + timeout/4 +
+3 s, about 12.5 min at the default) to raise a CommTimeout naming no cause. Every call here runs with a
+collective timeout of 600 s, so a rank left waiting would show as minutes."""
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import ranks
+
+WORLD = 3
+QUICK = 30.0  # seconds: a rank that waited for the failed one would take 600 s or more
+
+
+def _check(results):
+    cases = [r["cases"] for r in results]
+    for i, case in enumerate(cases[0]):
+        name, failing = case["name"], case["failing"]
+        errors = [c[i]["error"] for c in cases]
+        for rank, (err, c) in enumerate(zip(errors, (c[i] for c in cases))):
+            assert err is not None, f"{name}: rank {rank} did not fail"
+            assert c["seconds"] < QUICK, f"{name}: rank {rank} took {c['seconds']:.1f} s: {err}"
+        assert len({(e["class"], e["message"]) for e in errors}) == 1, f"{name}: ranks raised differently: {errors}"
+        assert f"failed on rank {failing} of {WORLD}" in errors[0]["message"], (name, errors[0])
+        assert errors[0]["class"] != "CommTimeout", (name, errors[0])
+    return [c["error"] for c in cases[0]]
+
+
+def test_one_rank_failing_before_the_agreement_ends_every_rank_at_once_with_its_error(tmp_path):
+    torch.manual_seed(0)
+    save_file({"w": torch.randn(7, 5), "linear.weight": torch.randn(3, 4), "linear.bias": torch.randn(3)},
+              str(tmp_path / "model.safetensors"))
+    results = ranks.run("fail_together_worker.py", "scenarios", tmp_path, WORLD, tmp_path, timeout=300)
+    errors = _check(results)
+    by_name = {c["name"] + f"@{c['failing']}": e for c, e in zip(results[0]["cases"], errors)}
+    assert by_name["load: SHARDCAST_TARGET=gpu@0"]["class"] == "InvalidArgument"
+    assert "SHARDCAST_TARGET='gpu'" in by_name["load: SHARDCAST_TARGET=gpu@2"]["message"]
+    assert "chunk_bytes" in by_name["load: chunk_bytes=1@0"]["message"]
+    assert by_name["load: staging_slots='x'@2"]["class"] == "InvalidArgument"
+    assert "staging_slots" in by_name["load mapping: staging_slots=object@0"]["message"]
+    assert by_name["load mapping: staging_slots=object@0"]["class"] == "InvalidArgument"
+    assert "timeout" in by_name["load: timeout='soon'@2"]["message"]
+    assert "mapping key 'w'" in by_name["load mapping: a list for a tensor@2"]["message"]
+    assert by_name["load mapping: rows as text@2"]["class"] == "InvalidArgument"
+    assert "chunk_bytes" in by_name["save: chunk_bytes=1@0"]["message"]
+    assert by_name["save: staging_slots=object@2"]["class"] == "InvalidArgument"
+    for rank, r in enumerate(results):
+        assert r["after"], f"rank {rank}: the load after the failures is wrong (counters out of step?)"
+
+
+def test_from_pretrained_failing_on_one_rank_ends_every_rank_at_once(tmp_path, tiny_checkpoints):
+    pytest.importorskip("transformers")
+    root = tiny_checkpoints("tied", models=("llama",))
+    results = ranks.run("fail_together_worker.py", "pretrained", root, WORLD, tmp_path, timeout=300)
+    errors = _check(results)
+    assert "SHARDCAST_TARGET='gpu'" in errors[0]["message"] and errors[0]["class"] == "InvalidArgument"
+    assert errors[1]["class"] == "CheckpointError", errors[1]
+    for rank, r in enumerate(results):
+        assert r["after"], f"rank {rank}: from_pretrained after the failures did not load"
