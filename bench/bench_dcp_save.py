@@ -30,36 +30,13 @@ import pathlib
 import shutil
 import statistics
 import sys
-import threading
 import time
 import zlib
 
 from _ranks import ROOT, launch
+from bench_peers import Sampler, status
 
 METHODS = ("torch", "torch-best", "shardcast")
-
-
-def status():
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            k, _, v = line.partition(":")
-            if k in ("RssAnon", "RssFile", "VmHWM"):
-                out[k] = int(v.split()[0]) * 1024
-    return out
-
-
-class Sampler(threading.Thread):
-    def __init__(self):
-        super().__init__(daemon=True)
-        self.base, self.peak, self.stop = status(), status(), False
-
-    def run(self):
-        while not self.stop:
-            s = status()
-            for k in ("RssAnon", "RssFile"):
-                self.peak[k] = max(self.peak[k], s[k])
-            time.sleep(0.005)
 
 
 def config(layers):

@@ -60,7 +60,7 @@ def status():
     with open("/proc/self/status") as f:
         for line in f:
             k, _, v = line.partition(":")
-            if k in ("RssAnon", "RssFile"):
+            if k in ("RssAnon", "RssFile", "VmHWM"):
                 out[k] = int(v.split()[0]) * 1024
     return out
 

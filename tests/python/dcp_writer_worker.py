@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageWriter as TorchWriter
 
+from save_worker import _reported  # the kill scenario waits for the survivors as save_worker does
 from shardcast.dcp._hf_writer import HuggingFaceStorageWriter
 
 
@@ -218,14 +219,6 @@ def main():
         while time.monotonic() < deadline and not all(_reported(f"{out_path}.{r}") for r in (2, 3)):
             time.sleep(0.1)
     os._exit(0)  # the kill scenario leaves the process group broken: no teardown
-
-
-def _reported(path):
-    try:
-        with open(path) as f:
-            return "kill" in json.load(f)
-    except (OSError, ValueError):
-        return False
 
 
 if __name__ == "__main__":
