@@ -68,7 +68,7 @@ class HuggingFaceStorageWriter(StorageWriter):
     change nothing: every rank always writes its own pieces into the finished files.
 
     Keyword-only (shardcast's): max_shard_size ("5GB", decimal as transformers', or bytes; without a
-    mapping), mode ("each-rank": every rank writes, one filesystem every rank sees at the same path;
+    mapping), source ("each-rank": every rank writes, one filesystem every rank sees at the same path;
     "rank0": rank 0 writes what the others stream to it, for node-local disks), timeout (seconds per
     collective), process_group (the group dcp.save runs over; default the default group), chunk_bytes,
     staging_slots, progress (True, or a callable(done_bytes, total_bytes)).
@@ -80,7 +80,7 @@ class HuggingFaceStorageWriter(StorageWriter):
     def __init__(self, path: Union[str, os.PathLike], fqn_to_index_mapping: Optional[Dict[str, int]] = None,
                  thread_count: int = 1, save_distributed: bool = False, enable_consolidation: bool = False,
                  thread_count_consolidation: int = 1, *, max_shard_size: Union[int, str] = "5GB",
-                 mode: str = "each-rank", timeout: Optional[float] = None, process_group=None,
+                 source: str = "each-rank", timeout: Optional[float] = None, process_group=None,
                  chunk_bytes: Optional[Union[int, str]] = None, staging_slots: Optional[int] = None,
                  progress=None) -> None:
         super().__init__()
@@ -91,7 +91,7 @@ class HuggingFaceStorageWriter(StorageWriter):
         self.enable_consolidation = enable_consolidation
         self.thread_count_consolidation = thread_count_consolidation
         self.max_shard_size = max_shard_size
-        self.mode = mode
+        self.source = source
         self.timeout = timeout
         self.process_group = process_group
         self.chunk_bytes = chunk_bytes
@@ -131,7 +131,7 @@ class HuggingFaceStorageWriter(StorageWriter):
         from .._group import _group, _store_host, operation_store
         from .._load import _options, _progress_printer
         pg, rank, world, store = _group(self.process_group)
-        options = _options(source=self.mode, chunk_bytes=self.chunk_bytes, staging_slots=self.staging_slots,
+        options = _options(source=self.source, chunk_bytes=self.chunk_bytes, staging_slots=self.staging_slots,
                            timeout_ms=None if self.timeout is None else max(1, int(self.timeout * 1000)))
         progress = self.progress
         if progress is True:
