@@ -7,7 +7,8 @@ MODE "compare": every scenario below in one launch (ROOT holds the checkpoints t
   boxes      every key of a tiny llama checkpoint (transformers' save_pretrained, several files) as a
              DTensor in a layout that cycles through Shard(0), Shard(1), Replicate on a 1-D mesh and, at
              W=4, HSDP (Replicate, Shard(0)), 2-D (Shard(0), Shard(1)) and (Shard(1), Shard(0)) on (2, 2);
-             plus one key loaded into a float32 destination from its bf16 bytes
+             plus one key loaded into a float32 destination from its bf16 bytes; read by every rank
+             (auto), and read once and sent (source rank0 and striped)
   fsdp       the llama model itself, fully_shard'ed on a CPU mesh, dcp.load(model.state_dict())
   quantized  an fp8 e4m3 checkpoint with 128x128 block scales (weights that cut a block; a scale in another
              file than its weight) and an MXFP4 blocks/scales pair, through both quantized readers, to
@@ -104,6 +105,13 @@ def boxes(root, world, problems):
     dcp.load(theirs, storage_reader=TorchReader(path))
     dcp.load(ours, storage_reader=sdcp.HuggingFaceStorageReader(path))
     n = compare(theirs, ours, "boxes", problems)
+    for source in ("rank0", "striped"):  # read once and sent: every replica (HSDP, Replicate) from one reader
+        again = state_dict(keys, world, to)
+        reader = sdcp.HuggingFaceStorageReader(path, source=source)
+        dcp.load(again, storage_reader=reader)
+        n += compare(theirs, again, f"boxes via {source}", problems)
+        if reader.last_report[0]["source"] != source:
+            problems.append(f"boxes via {source}: the load ran as {reader.last_report[0]['source']}")
     for key in widened:
         if ours[key].dtype != torch.float32:
             problems.append(f"boxes: {key} was not widened")
