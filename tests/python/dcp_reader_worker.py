@@ -11,8 +11,8 @@ MODE "compare": every scenario below in one launch (ROOT holds the checkpoints t
              (auto), and read once and sent (source rank0 and striped)
   fsdp       the llama model itself, fully_shard'ed on a CPU mesh, dcp.load(model.state_dict())
   quantized  an fp8 e4m3 checkpoint with 128x128 block scales (weights that cut a block; a scale in another
-             file than its weight) and an MXFP4 blocks/scales pair, through both quantized readers, to
-             float32 and bfloat16
+             file than its weight) through both quantized readers, to float32 and bfloat16; an MXFP4
+             blocks/scales pair and an NVFP4 triple through shardcast's, against independent references
   metadata   read_metadata of both readers equal (keys, dtypes, sizes, chunks, files)
 MODE "truncated": this rank's own copy of the checkpoint (ROOT/copy-<rank>) is read; the test truncated
   rank 1's. MODE "kill": SHARDCAST_FAULT kills a rank mid-stream. Both write the exception each survivor
@@ -142,23 +142,46 @@ def fsdp(root, world, problems):
 
 
 def quantized(root, world, problems):
+    """fp8 and the bf16 norm against torch's quantized reader; MXFP4 and NVFP4 against independent references
+    (torch's reader leaves most of an MXFP4 tensor unread through DCP, and reads no NVFP4)."""
+    from nvfp4_worker import reference as nvfp4_reference
+    from safetensors import safe_open
     path = os.path.join(root, "quantized")
     keys = checkpoint_keys(path)
+    raw = {}
+    for name in os.listdir(path):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(path, name), framework="pt") as f:
+                raw.update({k: f.get_tensor(k) for k in f.keys()})
+    ls = layouts(world)
     n = 0
     for target in (torch.float32, torch.bfloat16):
-        want = {}
-        for k, (shape, dtype) in keys.items():
-            if k.endswith("_scale_inv") or k.endswith("_scales"):
-                continue
-            if k.endswith("_blocks"):
-                want[k] = ((*shape[:-2], shape[-2] * shape[-1] * 2), target)
-            else:
-                want[k] = (shape, target if dtype == torch.float8_e4m3fn else dtype)
+        want = {k: (shape, target if dtype == torch.float8_e4m3fn else dtype) for k, (shape, dtype) in keys.items()
+                if not k.endswith(("_scale_inv", "_scales", "_blocks", "_scale", "_scale_2")) and k != "layers.2.nv.weight"}
         theirs, ours = state_dict(want, world), state_dict(want, world)
         dcp.load(theirs, storage_reader=TorchQReader(path, target_dtype=target))
         dcp.load(ours, storage_reader=sdcp.QuantizedHuggingFaceStorageReader(path, target_dtype=target))
         n += compare(theirs, ours, f"quantized to {target}", problems)
+        references = {"experts.down_proj_blocks": mxfp4_reference(raw["experts.down_proj_blocks"],
+                                                                  raw["experts.down_proj_scales"]).to(target),
+                      "layers.2.nv.weight": nvfp4_reference(raw["layers.2.nv.weight"], raw["layers.2.nv.weight_scale"],
+                                                            raw["layers.2.nv.weight_scale_2"], target)}
+        for i, (key, full) in enumerate(sorted(references.items())):
+            mesh, placements = ls[(i + 1) % len(ls)]
+            expected = {key: distribute_tensor(full, mesh, placements)}
+            got = {key: sentinel_like(tuple(full.shape), target, mesh, placements)}
+            dcp.load(got, storage_reader=sdcp.QuantizedHuggingFaceStorageReader(path, target_dtype=target))
+            n += compare(expected, got, f"{key} to {target} on {placements}", problems)
     return n
+
+
+def mxfp4_reference(blocks, scales):
+    """The published MXFP4 rule, independently: low nibble first, each E2M1 value times 2^(scale - 127),
+    in the stored [..., out, in] order."""
+    e2m1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+    *prefix, groups, block = blocks.shape
+    codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).reshape(*prefix, groups, block * 2).long()
+    return (e2m1[codes] * torch.pow(2.0, scales.float() - 127).unsqueeze(-1)).reshape(*prefix, groups * block * 2)
 
 
 def metadata(root, problems):
@@ -166,6 +189,13 @@ def metadata(root, problems):
                                  ("quantized", TorchQReader, sdcp.QuantizedHuggingFaceStorageReader)):
         path = os.path.join(root, name)
         a, b = make_t(path).read_metadata(), make_s(path).read_metadata()
+        for fqn in ("experts.down_proj_blocks", "layers.2.nv.weight"):  # dequantized here: size and chunk
+            if fqn in b.state_dict_metadata:
+                md = b.state_dict_metadata[fqn]
+                if len(md.chunks) != 1 or md.chunks[0].sizes != md.size:
+                    problems.append(f"metadata of {name}: {fqn}'s chunk is not its dequantized size {md.size}")
+                a.state_dict_metadata.pop(fqn)
+                b.state_dict_metadata.pop(fqn)
         if a.state_dict_metadata != b.state_dict_metadata:
             problems.append(f"metadata of {name}: state_dict_metadata differs")
         if {k: (v.relative_path, v.shape, v.dtype) for k, v in a.storage_data.items()} != \

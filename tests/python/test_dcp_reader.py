@@ -34,7 +34,7 @@ def _fp8_blocks(w: torch.Tensor, block: int = 128):
 
 def _write_quantized(path):
     """Two files: fp8 weights (200 x 300 cuts a 128-block both ways; one weight's scale lives in the other
-    file), a bf16 norm, and an MXFP4 pair blocks [E=3, out=5, G=2, 16] / scales [3, 5, 2]."""
+    file), a bf16 norm, an MXFP4 pair blocks [E=3, out=5, G=2, 16] / scales [3, 5, 2], and an NVFP4 triple."""
     from safetensors.torch import save_file
     g = torch.Generator().manual_seed(3)
     a, b = {}, {}
@@ -46,6 +46,12 @@ def _write_quantized(path):
     a["layers.0.norm.weight"] = torch.randn(300, generator=g).to(torch.bfloat16)
     b["experts.down_proj_blocks"] = torch.randint(0, 256, (3, 5, 2, 16), dtype=torch.uint8, generator=g)
     b["experts.down_proj_scales"] = torch.randint(118, 134, (3, 5, 2), dtype=torch.uint8, generator=g)
+    # NVFP4 (ModelOpt): 37 x 48 packed in [37, 24], E4M3 scales per 16, a global scale; values and scales
+    # in different files
+    a["layers.2.nv.weight"] = torch.randint(0, 256, (37, 24), dtype=torch.uint8, generator=g)
+    b["layers.2.nv.weight_scale"] = torch.randint(0x01, 0x7F, (37, 3), dtype=torch.uint8,
+                                                  generator=g).view(torch.float8_e4m3fn)
+    b["layers.2.nv.weight_scale_2"] = torch.tensor(0.37, dtype=torch.float32)
     os.makedirs(path)
     files = {"model-00001-of-00002.safetensors": a, "model-00002-of-00002.safetensors": b}
     weight_map = {}
@@ -72,7 +78,7 @@ def test_dcp_load_equals_torch_readers_bit_for_bit(root, world, tmp_path):
     for rank, r in enumerate(results):
         assert "crash" not in r, f"rank {rank}:\n{r['crash']}"
         assert r["problems"] == [], f"rank {rank}: {r['problems']}"
-        assert r["checked"]["boxes"] > 10 and r["checked"]["fsdp"] > 10 and r["checked"]["quantized"] == 10
+        assert r["checked"]["boxes"] > 10 and r["checked"]["fsdp"] > 10 and r["checked"]["quantized"] == 12
 
 
 def test_truncated_copy_on_one_rank_fails_every_rank(root, tmp_path):

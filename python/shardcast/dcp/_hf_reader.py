@@ -266,9 +266,12 @@ class QuantizedHuggingFaceStorageReader(HuggingFaceStorageReader, _TorchQuantize
     """`torch.distributed.checkpoint.QuantizedHuggingFaceStorageReader`, served by shardcast.
 
     The same Metadata as torch's quantized reader (an MXFP4 "<name>_blocks" key reports its dequantized
-    size); every read of a quantized tensor is dequantized to `target_dtype` in shardcast's stream:
+    size, and here also a chunk of that size: torch's keeps the packed chunk, so DCP reads only part of each
+    row through it); every read of a quantized tensor is dequantized to `target_dtype` in shardcast's stream:
     float8_e4m3fn weights with their "<name>.weight_scale_inv" block scales (fp32 or E8M0; DeepSeek-V3,
-    MiniMax-M2), MXFP4 "_blocks"/"_scales" pairs, and NVFP4. Any box works: one that cuts a scale block,
+    MiniMax-M2), MXFP4 "_blocks"/"_scales" pairs, and NVFP4 (ModelOpt's "<m>.weight" packed E2M1 with
+    "<m>.weight_scale" and "<m>.weight_scale_2", which torch's reader does not read: its key reports the
+    dequantized [out, in] here). Any box works: one that cuts a scale block,
     and a weight whose scale sits in another file. `block_size` is checked against the checkpoint's scale
     grid, which decides.
     """
@@ -288,11 +291,26 @@ class QuantizedHuggingFaceStorageReader(HuggingFaceStorageReader, _TorchQuantize
                 continue
             if fqn.endswith(".weight_scale_inv") and fqn[: -len("_scale_inv")] in keys:
                 self._quantized.add(fqn[: -len("_scale_inv")])
+            elif (fqn.endswith(".weight_scale") and fqn[: -len("_scale")] in keys
+                  and keys[fqn[: -len("_scale")]].properties.dtype == torch.uint8
+                  and len(keys[fqn[: -len("_scale")]].size) == 2):
+                # NVFP4 (ModelOpt): "<m>.weight" [out, in / 2] of packed E2M1 with E4M3 block scales and
+                # a global "<m>.weight_scale_2"; torch's reader has no NVFP4 and reports the packed shape
+                weight = keys[fqn[: -len("_scale")]]
+                self._quantized.add(fqn[: -len("_scale")])
+                out, half = weight.size
+                weight.size = torch.Size([out, half * 2])
+                weight.chunks = [ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=weight.size)]
             elif fqn.endswith("_scales") and fqn[: -len("_scales")] + "_blocks" in keys:
                 blocks = fqn[: -len("_scales")] + "_blocks"
                 self._quantized.add(blocks)
                 *prefix, groups, block = keys[blocks].size
                 keys[blocks].size = torch.Size([*prefix, groups * block * 2])
+                # torch's reader keeps the packed [..., G, 16] chunk beside the dequantized size, so DCP's
+                # planner reads only the first G columns of each row and leaves the rest of the destination
+                # as it was (torch 2.15); the chunk here is the whole dequantized tensor
+                keys[blocks].chunks = [ChunkStorageMetadata(offsets=torch.Size([0] * (len(prefix) + 1)),
+                                                            sizes=keys[blocks].size)]
 
     def _delivered_dtype(self, key: str, stored: torch.dtype) -> torch.dtype:
         return self.target_dtype if key in self._quantized else stored
