@@ -28,11 +28,12 @@ from ._shardcast import (  # noqa: F401  (re-exported)
 from ._load import load
 from ._prepare import BufferInit, prepare  # noqa: F401  (BufferInit: the buffer_init callable's type)
 from ._pretrained import from_pretrained
+from ._report import LoadRank, LoadReport, SaveRank, SaveReport
 from ._save import save
 from ._version import __version__  # noqa: F401  (written once, in _version.py)
 
 __all__ = [
     "prepare", "load", "save", "ShardcastError", "ManifestMismatch", "CheckpointError", "CommTimeout", "CommError",
     "ConfigError", "InvalidArgument", "IoError", "Unsupported", "InternalError",
-    "from_pretrained",
+    "from_pretrained", "LoadReport", "LoadRank", "SaveReport", "SaveRank",
 ]
