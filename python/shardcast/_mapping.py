@@ -145,8 +145,9 @@ def packed_mxfp4(model, keys: Dict[str, Tuple[int, ...]]) -> Dict[str, List[str]
     """{model key: ["<key>_blocks"]} for every uint8 parameter the checkpoint holds as MXFP4 blocks of the
     parameter's merged shape (kept quantized: the packed bytes as they are; its "<key>_scales" load as
     their own parameter). A shape that does not merge is left out: the C++ core names both shapes."""
+    from ._names import named_parameters
     out: Dict[str, List[str]] = {}
-    for name, p in model.named_parameters():
+    for name, p in named_parameters(model):
         blocks = keys.get(name + _BLOCKS)
         if (p.dtype == torch.uint8 and name not in keys and blocks is not None and len(blocks) >= 3
                 and merged_blocks_shape(blocks) == tuple(p.shape)):
@@ -193,9 +194,10 @@ def compositions(model, keys: Dict[str, Tuple[int, ...]]) -> Dict[str, List[str]
         return renamed.get(name)
 
     out: Dict[str, List[str]] = dict(packed)
-    names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
-    shapes = dict(model.named_parameters())
-    shapes.update(dict(model.named_buffers()))
+    from ._names import named_buffers, named_parameters
+    names = [n for n, _ in named_parameters(model)] + [n for n, _ in named_buffers(model)]
+    shapes = dict(named_parameters(model))
+    shapes.update(dict(named_buffers(model)))
     for name in names:
         if name in keys or name in out:
             continue

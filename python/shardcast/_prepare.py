@@ -34,10 +34,13 @@ def _owner(model: torch.nn.Module, name: str) -> Tuple[torch.nn.Module, str]:
 
 
 def _non_persistent(model: torch.nn.Module):
+    """(name, buffer, owner, leaf) of every non-persistent buffer; the name without wrappers' levels
+    (_names.fqn), as buffer_init patterns and prepare's values know it."""
+    from ._names import fqn
     for name, buf in model.named_buffers():
         owner, leaf = _owner(model, name)
         if leaf in owner._non_persistent_buffers_set:
-            yield name, buf, owner, leaf
+            yield fqn(name), buf, owner, leaf
 
 
 def _match(pattern: str, name: str) -> bool:
@@ -57,7 +60,7 @@ def _compute_buffers(model, config_json: str, source: str, device, buffer_init: 
             owner._buffers[leaf] = keep[name].to(device=dev)
             notes[name] = "kept from prepare"
         elif user is not None:
-            value = user(name, torch.empty(buf.shape, dtype=buf.dtype, device="meta"))
+            value = _user_value(user, name, buf)
             if tuple(value.shape) != tuple(buf.shape):
                 raise ConfigError(f"buffer_init for '{name}' returned shape {tuple(value.shape)}, "
                                   f"expected {tuple(buf.shape)}")
@@ -70,6 +73,19 @@ def _compute_buffers(model, config_json: str, source: str, device, buffer_init: 
         elif buf.device.type == "meta" or keep is not None:
             missing.append(name)
     return notes, missing
+
+
+def _user_value(user: BufferInit, name: str, buf: torch.Tensor) -> torch.Tensor:
+    """What the caller's buffer_init gives for buffer `name`: a ConfigError naming the buffer when the
+    callable raises or returns no tensor (the caller's exception chained: the traceback is theirs)."""
+    try:
+        value = user(name, torch.empty(buf.shape, dtype=buf.dtype, device="meta"))
+    except Exception as e:  # noqa: BLE001 -- the caller's code: any failure is a configuration error
+        raise ConfigError(f"buffer_init for non-persistent buffer '{name}' raised {type(e).__name__}: {e}") from e
+    if not isinstance(value, torch.Tensor):
+        raise ConfigError(f"buffer_init for non-persistent buffer '{name}' returned {type(value).__name__}, "
+                          f"expected a tensor of shape {tuple(buf.shape)}")
+    return value
 
 
 def _missing_buffers_error(missing) -> ConfigError:
