@@ -26,12 +26,14 @@ _PREFIX = "shardcast/exchange/"
 
 
 def channel(pg, store):
-    """(store, name) for the exchanges of a load over `pg`, whose own store is `store` (the default store
-    for the default group; c10d keeps one per group). None where torch.distributed is not running."""
+    """(store, name, who serves the store) for the exchanges of a load over `pg`, whose own store is `store`
+    (the default store for the default group; c10d keeps one per group). None where torch.distributed is
+    not running."""
     if pg is None:
         return None
     import torch.distributed as dist
-    return store, dist.distributed_c10d._get_process_group_name(pg)
+    from ._group import _store_host
+    return store, dist.distributed_c10d._get_process_group_name(pg), _store_host(store)
 
 
 def _next(ch) -> int:
@@ -42,11 +44,24 @@ def _key(n: int, rank: int = 0) -> str:
     return f"{_PREFIX}{n}/{rank}"
 
 
-def _wait(store, keys, timeout_s: float, what: str) -> None:
+def _wait(ch, keys, timeout_s: float, what: str) -> None:
+    """Waits for `keys` in the channel's store: a CommTimeout naming who serves the store when they do not
+    arrive within timeout_s, a CommError when the store itself is lost."""
+    from ._shardcast import CommError, CommTimeout
+    import torch.distributed as dist
     try:
-        store.wait(keys, datetime.timedelta(seconds=timeout_s))
-    except Exception as e:  # noqa: BLE001 -- the store's own timeout or a lost store
-        raise TimeoutError(f"{what} did not arrive within {timeout_s:.0f} s ({type(e).__name__}: {e})") from e
+        ch[0].wait(keys, datetime.timedelta(seconds=timeout_s))
+    except (TimeoutError, dist.DistStoreError) as e:  # the store answered: nobody set the keys in time
+        raise CommTimeout(f"{what} did not arrive within {timeout_s:g} s through the store of {ch[2]} "
+                          f"({type(e).__name__}: {_first_line(e)})") from e
+    except Exception as e:  # noqa: BLE001 -- a lost store (DistNetworkError: its server is gone)
+        raise CommError(f"{what}: the store of {ch[2]} stopped answering ({type(e).__name__}: "
+                        f"{_first_line(e)})") from e
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _forget(store, n: int, world: int) -> None:
@@ -64,7 +79,7 @@ def _forget(store, n: int, world: int) -> None:
 def computed_on_rank0(ch, rank: int, world: int, compute: Callable[[], Any], timeout_s: float) -> Any:
     """compute() on rank 0, its result (JSON: dicts, lists, strings, numbers) on every rank; None on the
     others when compute() raised on rank 0, where it is re-raised after the others were told. A rank that
-    hears nothing within timeout_s raises TimeoutError."""
+    hears nothing within timeout_s raises CommTimeout naming the store's host."""
     if world == 1 or ch is None:
         return compute()
     store, n = ch[0], _next(ch)
@@ -78,7 +93,7 @@ def computed_on_rank0(ch, rank: int, world: int, compute: Callable[[], Any], tim
             raise
         store.set(key, json.dumps(["ok", value]))
         return value
-    _wait(store, [key], timeout_s, "rank 0's reading of the checkpoint's keys")
+    _wait(ch, [key], timeout_s, "rank 0's reading of the checkpoint's keys")
     status, value = json.loads(store.get(key))
     return value if status == "ok" else None
 
@@ -92,5 +107,5 @@ def gathered(ch, rank: int, world: int, value: Any, timeout_s: float) -> List[An
         _forget(store, n, world)
     store.set(_key(n, rank), json.dumps(value))
     keys = [_key(n, r) for r in range(world)]
-    _wait(store, keys, timeout_s, "every rank's boxes")
+    _wait(ch, keys, timeout_s, "every rank's boxes")
     return [json.loads(store.get(k)) for k in keys]

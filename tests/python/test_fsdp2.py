@@ -56,6 +56,8 @@ def test_rank0_freezing_while_reading_the_keys_ends_every_other_rank_with_an_err
     survivors = results[1:]
     assert all(r is not None and r["type"] in ("CommTimeout", "CommError") for r in survivors), results
     assert all("rank 0" in r["message"] for r in survivors), survivors
+    # Regression (issue 33): the store's timeout was carried as an InternalError("TimeoutError: ...").
+    assert all("InternalError" not in r["message"] and "TimeoutError:" not in r["message"] for r in survivors), survivors
     assert time.monotonic() - t0 < 90
 
 
