@@ -14,16 +14,18 @@ from ._exchange import channel, computed_on_rank0, gathered
 from ._group import _group, _store_host, operation_store
 from ._layouts import _Layouts, _group_ranks, _local
 from ._log import logged
+from ._names import named_buffers, named_parameters
 from ._mapping import checkpoint_keys, compositions, conversion_rules, entry_shape
 from ._prepare import (_PREPARED, BufferInit, _compute_buffers, _config_json, _match, _missing_buffers_error,
                        _non_persistent, _pin_buffers, _pinned_host)
+from ._report import LoadReport
 from ._shardcast import InvalidArgument, IoError, ShardcastError, Unsupported
 
 
 def _tied(model) -> Dict[str, str]:
     config = getattr(model, "config", None)
     if config is not None and getattr(config, "tie_word_embeddings", False):
-        names = {n for n, _ in model.named_parameters()}
+        names = {n for n, _ in named_parameters(model)}
         if "lm_head.weight" in names and "model.embed_tokens.weight" in names:
             return {"lm_head.weight": "model.embed_tokens.weight"}
     return {}
@@ -68,11 +70,14 @@ def _target(target: Optional[str]) -> Optional[str]:
     return env
 
 
-def _progress(progress, rank: int):
-    """progress= as the binding takes it: None, or a callable(done_bytes, total_bytes) on this rank."""
+def _progress(progress, rank: int, operation: str = "load"):
+    """progress= as the binding takes it: None, or a callable(done_bytes, total_bytes) on this rank.
+    None (not given): a progress line on rank 0 when its stderr is a terminal, else none."""
+    if progress is None:
+        progress = _stderr_is_a_terminal()
     if progress is True:
-        return _progress_printer() if rank == 0 else None
-    if progress is False or progress is None:
+        return _progress_printer(operation) if rank == 0 else None
+    if progress is False:
         return None
     if not callable(progress):
         raise InvalidArgument(f"progress={progress!r}: expected True, False, None or a callable(done_bytes, "
@@ -80,13 +85,55 @@ def _progress(progress, rank: int):
     return progress
 
 
+def _stderr_is_a_terminal() -> bool:
+    import sys
+    try:
+        return sys.stderr is not None and sys.stderr.isatty()
+    except (AttributeError, ValueError):  # a replaced or closed stderr
+        return False
+
+
+class _Problem(tuple):
+    """(kind, message) of a failure on this rank, as the binding takes it, with the exception itself as
+    `cause`: the verdict raised on this rank chains it (`raise verdict from cause`)."""
+    cause: Optional[BaseException] = None
+
+
 def _problem(e: BaseException) -> Tuple[str, str]:
     """(kind, message) of a failure on this rank, carried into the agreement, whose verdict raises it on
-    every rank, naming this rank: a ShardcastError keeps its class, anything else is an InternalError
-    naming its own type."""
+    every rank, naming this rank: a ShardcastError keeps its class; a timeout (TimeoutError, or a c10d
+    store's DistStoreError) is a CommTimeout and a lost store (DistNetworkError) a CommError; anything
+    else is an InternalError naming its own type."""
     if isinstance(e, ShardcastError):
-        return type(e).__name__, str(e)
-    return "InternalError", f"{type(e).__name__}: {e}"
+        kind, message = type(e).__name__, str(e)
+    else:
+        kind, message = _comm_kind(e) or "InternalError", f"{type(e).__name__}: {e}"
+    problem = _Problem((kind, message))
+    problem.cause = e
+    return problem
+
+
+def _comm_kind(e: BaseException) -> Optional[str]:
+    if isinstance(e, TimeoutError):
+        return "CommTimeout"
+    import torch.distributed as dist
+    if isinstance(e, getattr(dist, "DistStoreError", ())):
+        return "CommTimeout"
+    if isinstance(e, getattr(dist, "DistNetworkError", ())):
+        return "CommError"
+    return None
+
+
+def _agreed(problem, call):
+    """call() (the agreement and what follows), whose verdict on this rank chains this rank's own exception
+    where it had one, so its traceback is not lost at the binding."""
+    try:
+        return call()
+    except ShardcastError as verdict:
+        cause = getattr(problem, "cause", None)
+        if cause is not None and verdict.__cause__ is None and verdict is not cause:
+            raise verdict from cause
+        raise
 
 
 def _deprecated(old: str, new: str, value, given):
@@ -101,7 +148,7 @@ def _deprecated(old: str, new: str, value, given):
     return value
 
 
-def _progress_printer():
+def _progress_printer(operation: str = "load"):
     """The CLI's progress line on stderr (or a tqdm bar where tqdm is installed), for rank 0."""
     import sys
     import time
@@ -114,7 +161,7 @@ def _progress_printer():
     def show(done: int, total: int):
         if tqdm is not None:
             if state["bar"] is None:
-                state["bar"] = tqdm(total=total, unit="B", unit_scale=True, desc="shardcast load")
+                state["bar"] = tqdm(total=total, unit="B", unit_scale=True, desc=f"shardcast {operation}")
             state["bar"].update(done - state["bar"].n)
             if done >= total:
                 state["bar"].close()
@@ -124,7 +171,7 @@ def _progress_printer():
         secs = max(now - state["t0"], 1e-9)
         gbs = done / secs / 1e9
         eta = (total - done) / 1e9 / gbs if gbs > 0 else 0.0
-        sys.stderr.write(f"\rshardcast load: {done / 2**30:.2f} / {total / 2**30:.2f} GiB ({100 * done / max(total, 1):.0f}%) "
+        sys.stderr.write(f"\rshardcast {operation}: {done / 2**30:.2f} / {total / 2**30:.2f} GiB ({100 * done / max(total, 1):.0f}%) "
                          f"{gbs:.2f} GB/s ETA {eta:.1f} s" + ("\n" if done >= total else ""))
         sys.stderr.flush()
     return show
@@ -135,7 +182,7 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
          process_group=None, config=None, buffer_init: Optional[Dict[str, BufferInit]] = None,
          chunk_bytes: Optional[Union[int, str]] = None, staging_slots: Optional[int] = None,
          timeout: Optional[float] = None, strict: Optional[bool] = None, progress=None,
-         readahead_bytes: Optional[Union[int, str]] = None, strict_keys: Optional[bool] = None) -> dict:
+         readahead_bytes: Optional[Union[int, str]] = None, strict_keys: Optional[bool] = None) -> LoadReport:
     """The call after `fully_shard`: every rank receives only its own rows of every parameter.
 
     `model` is a module whose parameters are DTensors in any layout (FSDP2, HSDP, TP, EP, 2-D and 3-D
@@ -162,7 +209,12 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
     verify (False); strict (False); readahead_bytes (256M for rank0 and node-leader, 0 for the others).
     `shardcast options` prints the table of them all, with their SHARDCAST_* variables. Rank 0's chunk_bytes, staging_slots and source are used by every
     rank; verify and strict must match on every rank. progress: True for a progress line on rank 0
-    (tqdm where installed), or a callable(done_bytes, total_bytes) called on this rank.
+    (tqdm where installed), False for none, or a callable(done_bytes, total_bytes) called on this rank;
+    None (default): the line on rank 0 when its stderr is a terminal.
+
+    Parameter and buffer names are paired with checkpoint keys without the levels torch.compile
+    (`_orig_mod.`), checkpoint_wrapper (`_checkpoint_wrapped_module.`) and FSDP1 (`_fsdp_wrapped_module.`)
+    add, as DCP pairs them: a compiled, activation-checkpointed model loads the plain model's checkpoint.
 
     strict has `load_state_dict(strict=True)`'s meaning: every checkpoint key must be used (an unused one
     is a ManifestMismatch naming it, on every rank), and every model key present. Unlike load_state_dict,
@@ -171,7 +223,8 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
     (sidecar tensors, old buffers), counted in the report's "skipped_keys". strict_keys= is its deprecated
     old name (a DeprecationWarning; removed in the next release).
 
-    Returns the per-rank report; raises a ShardcastError subclass, the same on every rank, on any failure:
+    Returns a LoadReport (per-rank rows, seconds, gbps, peaks; `report["key"]` and `to_dict()` give the
+    dict of earlier releases); raises a ShardcastError subclass, the same on every rank, on any failure:
     one found on this rank alone before the ranks agree (a bad argument or SHARDCAST_* variable, a bad
     mapping, an allocation) is carried into the agreement, so every rank raises it at once, naming this rank.
     """
@@ -198,9 +251,9 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
     else:
         entries, layouts, problem, tied = _module_entries(model, path, target, config, buffer_init, pg, ch, rank,
                                                           world, timeout_s)
-    return logged("load", path, rank, _shardcast.load_entries(
+    return logged("load", path, rank, LoadReport.from_dict(_agreed(problem, lambda: _shardcast.load_entries(
         entries, layouts.table, path, options, tied, operation_store(pg, store), rank, world, progress, problem,
-        _store_host(store) if store is not None else ""))
+        _store_host(store) if store is not None else ""))))
 
 
 def _fail_load(pg, rank: int, world: int, store, problem: Tuple[str, str], mapping: bool, timeout_s=None) -> dict:
@@ -224,8 +277,9 @@ def _fail_load(pg, rank: int, world: int, store, problem: Tuple[str, str], mappi
             gathered(ch, rank, world, None, timeout_s)  # None: "this rank failed", so no peer adds a problem of its own
         except Exception:  # noqa: BLE001
             pass
-    return _shardcast.load_entries([], [], "", {}, {}, operation_store(pg, store), rank, world, None, problem,
-                                   _store_host(store) if store is not None else "")
+    return _agreed(problem, lambda: _shardcast.load_entries(
+        [], [], "", {}, {}, operation_store(pg, store), rank, world, None, problem,
+        _store_host(store) if store is not None else ""))
 
 
 def _module_entries(model, path, target, config, buffer_init, pg, ch, rank, world, timeout_s):
@@ -241,11 +295,11 @@ def _module_entries(model, path, target, config, buffer_init, pg, ch, rank, worl
             return [], _Layouts(), None, {}
         _materialize_or_raise(model, target, config, buffer_init)
         group_ranks = _group_ranks(pg, world)
-        for name, param in model.named_parameters():
+        for name, param in named_parameters(model):
             local, shape, layout = _local(param, f"'{name}'", group_ranks)
             entries.append((name, local, list(shape), "parameter", layouts.index(layout), comp.get(name)))
         non_persistent = {n for n, *_ in _non_persistent(model)}
-        for name, buf in model.named_buffers():
+        for name, buf in named_buffers(model):
             if name not in non_persistent:
                 local, shape, layout = _local(buf, f"'{name}'", group_ranks)
                 entries.append((name, local, list(shape), "persistent_buffer", layouts.index(layout), comp.get(name)))

@@ -21,13 +21,15 @@ from . import _shardcast
 from ._shardcast import InvalidArgument
 from ._log import logged
 from ._mapping import compositions
+from ._names import fqn, named_buffers, named_parameters, unwrapped
+from ._report import SaveReport
 
 _DTYPES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32"}
 
 
 def _meta_state_dict(model) -> Dict[str, torch.Tensor]:
     """The model's state dict as meta tensors of the global shapes (DTensor shapes are global)."""
-    return {k: torch.empty(tuple(v.shape), dtype=v.dtype, device="meta")
+    return {fqn(k): torch.empty(tuple(v.shape), dtype=v.dtype, device="meta")
             for k, v in model.state_dict(keep_vars=True).items()}
 
 
@@ -42,14 +44,15 @@ def output_tensors(model) -> Dict[str, Tuple[Tuple[int, ...], torch.dtype]]:
         from transformers.modeling_utils import remove_tied_weights_from_state_dict
     except ImportError:
         PreTrainedModel = None
-    if PreTrainedModel is not None and isinstance(model, PreTrainedModel):
-        sd = remove_tied_weights_from_state_dict(sd, model)
-        sd = revert_weight_conversion(model, sd)
+    if PreTrainedModel is not None and isinstance(unwrapped(model), PreTrainedModel):
+        sd = remove_tied_weights_from_state_dict(sd, unwrapped(model))
+        sd = revert_weight_conversion(unwrapped(model), sd)
     else:  # a plain module: tied parameters are one object under several names; keep the first
-        names = {}
-        for name, p in model.named_parameters(remove_duplicate=False):
+        names, by_name = {}, {}
+        for name, p in named_parameters(model, remove_duplicate=False):
             names.setdefault(id(p), name)
-        sd = {k: v for k, v in sd.items() if names.get(id(_tensor(model, k)), k) == k}
+            by_name[name] = p
+        sd = {k: v for k, v in sd.items() if k not in by_name or names[id(by_name[k])] == k}
     sd = _per_expert_scales(model, _mxfp4_blocks(model, sd))
     return {k: (tuple(v.shape), v.dtype) for k, v in sd.items()}
 
@@ -92,7 +95,7 @@ def _mxfp4_blocks(model, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]
         from transformers.integrations.mxfp4 import Mxfp4GptOssExperts
     except ImportError:
         return sd
-    packed = {f"{name}.{proj}" for name, m in model.named_modules() if isinstance(m, Mxfp4GptOssExperts)
+    packed = {f"{fqn(name)}.{proj}" for name, m in model.named_modules() if isinstance(m, Mxfp4GptOssExperts)
               for proj in ("gate_up_proj", "down_proj")}
     out = {}
     for k, v in sd.items():
@@ -102,16 +105,10 @@ def _mxfp4_blocks(model, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]
     return out
 
 
-def _tensor(model, name):
-    path, _, leaf = name.rpartition(".")
-    owner = model.get_submodule(path) if path else model
-    return getattr(owner, leaf, None)
-
-
 def _aliases(model) -> Dict[str, List[str]]:
     """{name: every name of the same parameter} (tied weights)."""
     by_id: Dict[int, List[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
+    for name, p in named_parameters(model, remove_duplicate=False):
         by_id.setdefault(id(p), []).append(name)
     return {n: names for names in by_id.values() for n in names}
 
@@ -140,8 +137,8 @@ def plan_entries(model, layouts, group_ranks=None):
         return None
 
     non_persistent = {n for n, *_ in _non_persistent(model)}
-    candidates = [(n, p, "parameter") for n, p in model.named_parameters()]
-    candidates += [(n, b, "persistent_buffer") for n, b in model.named_buffers() if n not in non_persistent]
+    candidates = [(n, p, "parameter") for n, p in named_parameters(model)]
+    candidates += [(n, b, "persistent_buffer") for n, b in named_buffers(model) if n not in non_persistent]
     for name, t, role in candidates:
         parts = parts_of(name)
         if parts is None:
@@ -210,7 +207,7 @@ def config_texts(model, config, dtype) -> Tuple[str, str]:
             del cfg.quantization_config
         if name is not None:
             cfg.dtype = name
-        cfg.architectures = [type(model).__name__.removeprefix("FSDP")]
+        cfg.architectures = [type(unwrapped(model)).__name__.removeprefix("FSDP")]
         config_text = _saved(cfg, "config.json")
     generation = ""
     gen = getattr(model, "generation_config", None)
@@ -232,7 +229,7 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], *, source: Op
          max_shard_size: Union[int, str] = "5GB", dtype: Optional[Union[torch.dtype, str]] = None,
          overwrite: bool = False, config=None, process_group=None, timeout: Optional[float] = None,
          chunk_bytes: Optional[Union[int, str]] = None, staging_slots: Optional[int] = None, progress=None,
-         mode: Optional[str] = None) -> dict:
+         mode: Optional[str] = None) -> SaveReport:
     """Writes an FSDP2-sharded model as a Hugging Face checkpoint (safetensors files, index, config.json,
     generation_config.json), with no gather: every rank calls it together after training. Every argument
     after `out_dir` is keyword-only.
@@ -255,13 +252,18 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], *, source: Op
     An existing out_dir, or a leftover out_dir.tmp-* of a save that died, is an error unless
     overwrite=True (which replaces the one and removes the other). timeout: seconds per collective.
 
-    Returns the per-rank report; raises a ShardcastError subclass, the same on every rank, on any failure:
+    Parameter and buffer names are written without the levels torch.compile (`_orig_mod.`),
+    checkpoint_wrapper (`_checkpoint_wrapped_module.`) and FSDP1 (`_fsdp_wrapped_module.`) add, as DCP
+    writes them. progress: as for load (None: a line on rank 0 when its stderr is a terminal).
+
+    Returns a SaveReport (per-rank rows, seconds, gbps, peaks; `report["key"]` and `to_dict()` give the
+    dict of earlier releases); raises a ShardcastError subclass, the same on every rank, on any failure:
     one found on this rank alone (a bad argument, an entry it cannot plan) is carried into the save's
     first verdict, so every rank raises it at once, naming this rank.
     """
     from ._group import _group, _store_host, operation_store
     from ._layouts import _Layouts, _group_ranks
-    from ._load import _deprecated, _options, _problem, _progress, _timeout_ms
+    from ._load import _agreed, _deprecated, _options, _problem, _progress, _timeout_ms
     # Without its group this rank has no one to tell: the one step that may fail here alone.
     pg, rank, world, store = _group(process_group)
     problem, entries, config_json, generation_json, dtype_name = None, [], "", "", None
@@ -271,7 +273,7 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], *, source: Op
         source = _deprecated("mode=", "source=", mode, source)
         options = _options(source=source if source is not None else "each-rank", chunk_bytes=chunk_bytes,
                            staging_slots=staging_slots, timeout_ms=_timeout_ms(timeout))
-        progress_cb = _progress(progress, rank)
+        progress_cb = _progress(progress, rank, "save")
         max_shard_text, overwrite_flag = str(max_shard_size), bool(overwrite)
         if isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype):
             dtype = getattr(torch, dtype)  # "bfloat16"
@@ -289,7 +291,7 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], *, source: Op
             config_json, generation_json = config_texts(model, config, dtype)
     except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
         problem, entries, layouts, dtype_name = _problem(e), [], _Layouts(), None
-    return logged("save", out_text, rank, _shardcast.save_entries(
+    return logged("save", out_text, rank, SaveReport.from_dict(_agreed(problem, lambda: _shardcast.save_entries(
         entries, layouts.table, out_text, options, dtype_name, max_shard_text, overwrite_flag,
         config_json, generation_json, operation_store(pg, store), rank, world, progress_cb,
-        problem, _store_host(store) if store is not None else ""))
+        problem, _store_host(store) if store is not None else ""))))
