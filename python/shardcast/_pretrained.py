@@ -179,8 +179,11 @@ def _keep_in_fp32(model, dtype: Optional[torch.dtype]) -> None:
                 module._buffers[leaf] = b.to(torch.float32)
 
 
-def _build_meta(config, dtype: Optional[torch.dtype], trust_remote_code: bool):
+def _build_meta(config, dtype: Optional[torch.dtype], trust_remote_code: bool, model_cls=None):
+    """The model on meta: model_cls (default AutoModelForCausalLM) built from `config` in `dtype`."""
     from transformers import AutoModelForCausalLM
+    if model_cls is not None and model_cls is not AutoModelForCausalLM:
+        return _build_meta_with(model_cls, config, dtype, trust_remote_code)
     kwargs: Dict[str, Any] = {"trust_remote_code": trust_remote_code}
     # Import the modeling module before entering the meta device context: with torch 2.6, importing
     # e.g. DeepSeek-V3's under it fails (module-level code calls .item() on what is then a meta tensor).
@@ -194,6 +197,34 @@ def _build_meta(config, dtype: Optional[torch.dtype], trust_remote_code: bool):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
         except TypeError:
             model = AutoModelForCausalLM.from_config(config, torch_dtype=dtype, **kwargs)
+    _keep_in_fp32(model, dtype)
+    return model
+
+
+def _build_meta_with(model_cls, config, dtype: Optional[torch.dtype], trust_remote_code: bool):
+    """model_cls: an AutoModel* class (its from_config), a transformers model class (its _from_config), or
+    a callable(config) returning a module on meta, whose floating tensors are then cast to `dtype`."""
+    with torch.device("meta"):
+        if hasattr(model_cls, "from_config"):  # AutoModel, AutoModelForSequenceClassification, ...
+            try:
+                model = model_cls.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+            except TypeError:
+                model = model_cls.from_config(config, torch_dtype=dtype, trust_remote_code=trust_remote_code)
+        elif isinstance(model_cls, type) and hasattr(model_cls, "_from_config"):  # LlamaForCausalLM, ...
+            model = model_cls._from_config(config, dtype=dtype)
+        elif callable(model_cls):
+            model = model_cls(config)
+            if not isinstance(model, torch.nn.Module):
+                raise InvalidArgument(f"model_cls={model_cls!r} returned {type(model).__name__}, not a torch.nn.Module")
+            if dtype is not None:
+                model = model.to(dtype)  # floating tensors only
+        else:
+            raise InvalidArgument(f"model_cls={model_cls!r}: expected an AutoModel* class, a transformers model "
+                                  f"class or a callable(config) returning a module")
+    on = {t.device.type for t in list(model.parameters()) + list(model.buffers())}
+    if on - {"meta"}:
+        raise InvalidArgument(f"model_cls={model_cls!r} built tensors on {sorted(on - {'meta'})}, not on meta: "
+                              f"build them under the current device (from_pretrained enters torch.device('meta'))")
     _keep_in_fp32(model, dtype)
     return model
 
@@ -294,7 +325,7 @@ def _distributed_config(distributed_config, sizes: Dict[str, Optional[int]]):
 def _parallelize(model, config, dc, trust_remote_code: bool):
     """Lays out the meta model with transformers' own plans (TP, EP, then FSDP2/HSDP), as its
     from_pretrained(distributed_config=...) does between building the model and loading weights."""
-    cls = _model_class(config, trust_remote_code)
+    cls = type(model) if hasattr(type(model), "maybe_distribute_model") else _model_class(config, trust_remote_code)
     dc, _, mesh_manager = cls.prepare_distribute_model(dc, device_map=None)
     if mesh_manager is None:  # every size 1: nothing to lay out
         return model
@@ -338,7 +369,8 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
                     ep_size: Optional[int] = None, fsdp_size: Optional[int] = None,
                     dp_replicate_size: Optional[int] = None, revision: Optional[str] = None,
                     trust_remote_code: bool = False, prefetch: Optional[bool] = None, keep_quantized: bool = False,
-                    buffer_init: Optional[Dict[str, Any]] = None, **load_kwargs) -> torch.nn.Module:
+                    buffer_init: Optional[Dict[str, Any]] = None, model_cls=None,
+                    **load_kwargs) -> torch.nn.Module:
     """An FSDP2 model with its checkpoint loaded, each rank holding only its own rows.
 
     Every rank calls it together (under torchrun; a single process with no launcher is a world of one).
@@ -358,6 +390,10 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
         with their uint8 E8M0 `*_scales` as parameters beside them) and load the checkpoint's bytes
         unchanged; `dtype` is then the other modules'. FSDP2 shards each weight and its scales by their
         own rows (MXFP4: both over experts); the all-gather before use pairs them whole again.
+    model_cls: what to build (default AutoModelForCausalLM): any AutoModel* class, a transformers model
+        class (LlamaForCausalLM), or a callable(config) returning a module (built under
+        torch.device("meta"); its floating tensors are cast to `dtype`). Its parameter names must be the
+        checkpoint's keys (AutoModel on a *ForCausalLM checkpoint, whose keys carry "model.", does not pair).
     buffer_init: values for non-persistent buffers no built-in rule covers (Gemma 3's
         `*sliding_attention*inv_freq`), as for shardcast.prepare: {fnmatch pattern: callable(name, meta)}.
     shard: which submodules get their own fully_shard before the root's (see `shard_units`).
@@ -389,7 +425,7 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
             if dc is not None and mesh is not None:
                 raise InvalidArgument("pass either mesh or distributed_config: transformers' plans make their own "
                                       "meshes")
-            model = _build_meta(config, dtype, trust_remote_code)
+            model = _build_meta(config, dtype, trust_remote_code, model_cls)
             if keep_quantized:
                 _quantized_layout(model, config, path, dtype)
             prepare(model, config=config, target=target or "cpu", buffer_init=buffer_init)

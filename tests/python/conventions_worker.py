@@ -7,6 +7,9 @@ MODE "all", in one launch per world size:
   teardown  last: a load, then destroy_process_group at once, with the model still alive (no `del model;
             gc.collect(); dist.barrier()`); the result is written after it, and the test checks that
             every process then exited promptly.
+
+MODE "pretrained" (a world of one): from_pretrained(model_cls=...) with an Auto class, a model class and a
+callable(config), each receiving the checkpoint's bytes; and a model_cls that is none of these.
 """
 import json
 import os
@@ -91,12 +94,38 @@ def teardown(root, rank, world):
     return {"destroy_seconds": time.monotonic() - t0}
 
 
+def pretrained(root):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+    ckpt = os.path.join(root, "llama")
+    ref = {}
+    for f in sorted(os.listdir(ckpt)):
+        if f.endswith(".safetensors"):
+            ref.update(load_file(os.path.join(ckpt, f)))
+    out = {}
+    for name, cls in (("default", None), ("auto", AutoModelForCausalLM), ("class", LlamaForCausalLM),
+                      ("callable", lambda config: LlamaForCausalLM(config))):
+        model = shardcast.from_pretrained(ckpt, model_cls=cls, dtype=torch.float32, prefetch=False)
+        got = {n: p.to_local() for n, p in model.named_parameters()}
+        out[name] = {"type": type(model).__name__, "bad": [n for n, t in got.items() if n in ref and
+                                                            not torch.equal(t, ref[n])],
+                     "loaded": sum(n in ref for n in got)}
+    try:
+        shardcast.from_pretrained(ckpt, model_cls=42, prefetch=False)
+        out["bad_cls"] = None
+    except shardcast.ShardcastError as e:
+        out["bad_cls"] = [type(e).__name__, str(e)]
+    return out
+
+
 def main():
     mode, root, out = sys.argv[1:4]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo")
-    assert mode == "all"
-    result = {"wrapped": wrapped(root, rank, world), "teardown": teardown(root, rank, world)}
+    if mode == "pretrained":
+        result = pretrained(root)
+    else:
+        dist.init_process_group("gloo")
+        result = {"wrapped": wrapped(root, rank, world), "teardown": teardown(root, rank, world)}
     with open(f"{out}.{rank}", "w") as f:
         json.dump(result, f)
     # No cleanup here on purpose: the process must exit by itself, promptly.

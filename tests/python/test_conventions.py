@@ -195,3 +195,13 @@ def test_wrapped_models_load_and_save_like_plain_ones_and_no_teardown_ritual_is_
     plain, wrapped, ref = results[0]["wrapped"]["saved_keys"]
     assert plain == wrapped == ref and results[0]["wrapped"]["saved_bad"] == []
 
+
+# ---- from_pretrained(model_cls=...) ------------------------------------------------------------------------
+
+def test_from_pretrained_builds_the_model_class_it_is_given(tiny_checkpoints, tmp_path):
+    root = tiny_checkpoints("rope-scaled", models=("llama",))
+    (r,) = ranks.run("conventions_worker.py", "pretrained", root, 1, tmp_path, timeout=240)
+    for name in ("default", "auto", "class", "callable"):
+        assert r[name]["type"] == "FSDPLlamaForCausalLM" and r[name]["bad"] == [], (name, r[name])
+        assert r[name]["loaded"] == r["default"]["loaded"] > 10, (name, r[name])
+    assert r["bad_cls"][0] == "InvalidArgument" and "model_cls=42" in r["bad_cls"][1], r["bad_cls"]
