@@ -135,7 +135,7 @@ class HuggingFaceStorageWriter(StorageWriter):
                            timeout_ms=None if self.timeout is None else max(1, int(self.timeout * 1000)))
         progress = self.progress
         if progress is True:
-            progress = _progress_printer() if rank == 0 else None
+            progress = _progress_printer("save") if rank == 0 else None
         elif progress is False:
             progress = None
         layout: _SaveLayout = plan.storage_data
