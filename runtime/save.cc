@@ -43,13 +43,13 @@ Problem Try(F&& step) {
   return {};
 }
 
-// The modes save has. A load's other sources (node-leader, striped) are refused by every rank in the
+// The sources save has (source=, formerly mode=). A load's other sources (node-leader, striped) are refused by every rank in the
 // layout's verdict, never run as another mode.
 Problem CheckMode(const SaveRequest& rq) {
   const Source s = rq.options.source;
   if (s == Source::kAuto || s == Source::kRank0 || s == Source::kEachRank) return {};
-  return {ErrorKind::kInvalidArgument, "mode \"" + std::string(SourceName(s)) +
-                                           "\" is not a save mode: save writes with \"each-rank\" or \"rank0\""};
+  return {ErrorKind::kInvalidArgument, "source \"" + std::string(SourceName(s)) +
+                                           "\" is not a save source: save writes with \"each-rank\" or \"rank0\""};
 }
 
 // Step 1: rank 0 decides the layout, every rank checks it; one verdict (runtime/agreement.h).

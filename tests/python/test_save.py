@@ -177,7 +177,7 @@ def _tree(d):
 def test_a_source_save_does_not_have_is_invalid_argument(tmp_path, source):
     import shardcast
     model = torch.nn.Linear(4, 3)
-    with pytest.raises(shardcast.InvalidArgument, match=f'"{source}" is not a save mode'):
+    with pytest.raises(shardcast.InvalidArgument, match=f'source "{source}" is not a save source'):
         shardcast.save(model, tmp_path / "out", source=source)
     assert not (tmp_path / "out").exists()
     assert shardcast.save(model, tmp_path / "out", source="rank0")["mode"] == "rank0"

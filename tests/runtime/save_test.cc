@@ -480,10 +480,10 @@ TEST_F(SaveTest, AModeSaveDoesNotHaveIsRefusedOnEveryRank) {
     SCOPED_TRACE(mode);
     const std::string out = "mode_" + mode;
     ExpectSameError(Save(3, "qwen", mode, out), "InvalidArgument",
-                    {"save layout", "[rank 0]", ("mode \"" + mode + "\" is not a save mode").c_str(), "[rank 2]"});
+                    {"save layout", "[rank 0]", ("source \"" + mode + "\" is not a save source").c_str(), "[rank 2]"});
     EXPECT_FALSE(std::filesystem::exists(Path(out)));
     ExpectSameError(Save(3, "qwen", "each-rank", out, {}, [&](int r) { return r == 1 ? Env{"SAVE_MODE=" + mode} : Env{}; }),
-                    "InvalidArgument", {"save layout", "[rank 1]", ("mode \"" + mode + "\" is not a save mode").c_str()});
+                    "InvalidArgument", {"save layout", "[rank 1]", ("source \"" + mode + "\" is not a save source").c_str()});
     EXPECT_FALSE(std::filesystem::exists(Path(out)));
     EXPECT_TRUE(Leftovers(out).empty());
   }
