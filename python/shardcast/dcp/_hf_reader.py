@@ -149,28 +149,19 @@ class HuggingFaceStorageReader(_TorchReader):
         """Every rank's read items as boxes of their keys: round j holds each rank's j-th item of a key."""
         rounds: List[Dict[str, list]] = []
         for rank, plan in enumerate(plans):
-            seen: Dict[str, int] = {}
-            for item in plan.items:
-                fqn = item.storage_index.fqn
-                j = seen[fqn] = seen.get(fqn, -1) + 1
+            for j, by_key in enumerate(_rounds(plan.items)):
                 while len(rounds) <= j:
                     rounds.append({})
-                rounds[j].setdefault(fqn, []).append(
-                    (rank, [int(x) for x in item.storage_offsets], [int(x) for x in item.lengths]))
+                for fqn, item in by_key.items():
+                    rounds[j].setdefault(fqn, []).append(
+                        (rank, [int(x) for x in item.storage_offsets], [int(x) for x in item.lengths]))
         return [dataclasses.replace(plan, storage_data={_PLAN_KEY: rounds}) for plan in plans]
 
     # -- data ---------------------------------------------------------------------------------------------
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         pg, rank, world, store = _group(self._process_group)
         table = plan.storage_data.get(_PLAN_KEY) if isinstance(plan.storage_data, dict) else None
-        mine: List[Dict[str, Any]] = []
-        seen: Dict[str, int] = {}
-        for item in plan.items:
-            fqn = item.storage_index.fqn
-            j = seen[fqn] = seen.get(fqn, -1) + 1
-            while len(mine) <= j:
-                mine.append({})
-            mine[j][fqn] = item
+        mine = _rounds(plan.items)
         problem = None
         if table is None:
             problem = ("InvalidArgument", f"rank {rank}: the load plan carries no boxes from shardcast's "
@@ -254,6 +245,20 @@ class HuggingFaceStorageReader(_TorchReader):
         staged = torch.empty(_swapped(lengths) if swap else lengths, dtype=dtype, device=dest.device)
         copies.append((item, dest, staged, swap))
         return staged
+
+
+def _rounds(items) -> List[Dict[str, Any]]:
+    """One rank's read items by round: round j holds the j-th item of each key (one round in every layout
+    DCP's default planner makes of an HF checkpoint, whose keys are one chunk each)."""
+    rounds: List[Dict[str, Any]] = []
+    seen: Dict[str, int] = {}
+    for item in items:
+        fqn = item.storage_index.fqn
+        j = seen[fqn] = seen.get(fqn, -1) + 1
+        if j == len(rounds):
+            rounds.append({})
+        rounds[j][fqn] = item
+    return rounds
 
 
 def _swapped(dims):
