@@ -16,6 +16,7 @@
 #include "runtime/buffer_init.h"
 #include "runtime/c10d_communicator.h"
 #include "runtime/failure.h"
+#include "runtime/fault.h"
 #include "runtime/load.h"
 #include "runtime/save.h"
 #include "runtime/torch_dtype.h"
@@ -397,6 +398,10 @@ PYBIND11_MODULE(_shardcast, m) {
       py::arg("path"), py::arg("offset"), py::arg("length"), py::call_guard<py::gil_scoped_release>(),
       "Asks the kernel to read the file's bytes [offset, offset + length) into the page cache, in steps "
       "its read-ahead limit allows; False where the file cannot be opened.");
+  m.def("fault_point", [](const std::string& point, int rank) { FaultPoint(point.c_str(), rank); }, py::arg("point"),
+        py::arg("rank"), py::call_guard<py::gil_scoped_release>(),
+        "A named point where a test makes this process fail on purpose (runtime/fault.h: SHARDCAST_FAULT, "
+        "acting only with SHARDCAST_TEST_FAULTS=1); nothing otherwise.");
   m.def("has_buffer_rule", [](const std::string& key) { return BufferInitRegistry::Global().Find(key, "") != nullptr; },
         "Whether a built-in init rule matches this buffer key.");
   m.def(

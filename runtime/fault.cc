@@ -14,7 +14,8 @@
 namespace shardcast {
 namespace {
 
-constexpr const char* kPoints[] = {"handshake", "allocate", "stream", "verify", "save-write", "save-commit"};
+constexpr const char* kPoints[] = {"handshake", "allocate", "stream", "verify", "save-write", "save-commit",
+                                   "metadata"};
 constexpr const char* kActions[] = {"kill", "stop", "term", "exit", "enomem"};
 
 template <size_t N>

@@ -6,7 +6,8 @@
 //   SHARDCAST_TEST_FAULTS=1                   required: without it a fault is never injected
 //
 // Points: handshake (before the manifest broadcast), allocate (before shard storage), stream (each
-// message this rank takes part in), verify (before the digest exchange), save-write, save-commit.
+// message this rank takes part in), verify (before the digest exchange), save-write, save-commit,
+// metadata (rank 0, before it reads the checkpoint's headers for shardcast.dcp's read_metadata).
 // Actions: kill (SIGKILL), stop (SIGSTOP), term (SIGTERM), exit (exit code 3 without cleanup),
 // enomem (throw the error a refused allocation throws).
 //

@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import json
+import threading
 from typing import Any, Callable, Dict, List
 
 _CALLS: Dict[str, "itertools.count[int]"] = {}  # per group: its ranks make the same exchanges, in order
@@ -46,17 +47,37 @@ def _key(n: int, rank: int = 0) -> str:
 
 def _wait(ch, keys, timeout_s: float, what: str) -> None:
     """Waits for `keys` in the channel's store: a CommTimeout naming who serves the store when they do not
-    arrive within timeout_s, a CommError when the store itself is lost."""
+    arrive within timeout_s, a CommError when the store itself is lost.
+
+    The wait runs on a thread of its own and this one gives up at the deadline: a TCPStore whose server is
+    frozen (its rank stopped, not dead) never answers the cancel that ends a timed-out `wait`, so the
+    store's own timeout alone would block this rank for ever. The abandoned thread stays blocked on that
+    store; the job has lost the rank that serves it anyway."""
     from ._shardcast import CommError, CommTimeout
     import torch.distributed as dist
-    try:
-        ch[0].wait(keys, datetime.timedelta(seconds=timeout_s))
-    except (TimeoutError, dist.DistStoreError) as e:  # the store answered: nobody set the keys in time
+    outcome: List[BaseException] = []
+
+    def wait() -> None:
+        try:
+            ch[0].wait(keys, datetime.timedelta(seconds=timeout_s))
+        except BaseException as e:  # noqa: BLE001 -- handed to the waiting thread
+            outcome.append(e)
+
+    waiter = threading.Thread(target=wait, name="shardcast-store-wait", daemon=True)
+    waiter.start()
+    waiter.join(timeout_s + 1.0)
+    if waiter.is_alive():
+        raise CommTimeout(f"{what} did not arrive within {timeout_s:g} s through the store of {ch[2]}, and the "
+                          f"store does not answer (its server stalled)")
+    if not outcome:
+        return
+    e = outcome[0]
+    if isinstance(e, (TimeoutError, dist.DistStoreError)):  # the store answered: nobody set the keys in time
         raise CommTimeout(f"{what} did not arrive within {timeout_s:g} s through the store of {ch[2]} "
                           f"({type(e).__name__}: {_first_line(e)})") from e
-    except Exception as e:  # noqa: BLE001 -- a lost store (DistNetworkError: its server is gone)
-        raise CommError(f"{what}: the store of {ch[2]} stopped answering ({type(e).__name__}: "
-                        f"{_first_line(e)})") from e
+    # a lost store (DistNetworkError: its server is gone)
+    raise CommError(f"{what}: the store of {ch[2]} stopped answering ({type(e).__name__}: "
+                    f"{_first_line(e)})") from e
 
 
 def _first_line(e: BaseException) -> str:

@@ -3,17 +3,18 @@ every rank when it fails: the one exchange DCP's metadata step needs before DCP'
 
 DCP calls `read_metadata` on every rank at once (inside its plan step), so rank 0 reads the checkpoint's
 headers and the others wait for the result on the group's store with the operation's timeout. A rank
-that hears nothing raises CommTimeout naming the store's host; it never waits forever.
+that hears nothing raises CommTimeout naming the store's host, and a lost store CommError; it never waits
+for ever, not even on a frozen rank 0 (shardcast._exchange._wait).
 """
 from __future__ import annotations
 
-import datetime
 import itertools
 import json
 from typing import Any, Callable, Dict
 
 from .. import _shardcast
-from .._group import _group, _store_host
+from .._exchange import _wait, channel
+from .._group import _group
 
 _CALLS: Dict[str, "itertools.count[int]"] = {}
 _PREFIX = "shardcast/dcp/agree/"
@@ -45,6 +46,7 @@ def on_rank0(process_group, compute: Callable[[], Any], timeout_s: float, what: 
             except Exception:  # noqa: BLE001 -- a store without delete_key
                 pass
         try:
+            _shardcast.fault_point("metadata", 0)  # tests only: rank 0 killed or frozen before it answers
             value = compute()
         except _shardcast.ShardcastError as e:
             store.set(key, json.dumps(["failed", type(e).__name__, str(e)]))
@@ -55,13 +57,8 @@ def on_rank0(process_group, compute: Callable[[], Any], timeout_s: float, what: 
             raise _shardcast.InternalError(message) from e
         store.set(key, json.dumps(["ok", value]))
         return value
-    try:
-        store.wait([key], datetime.timedelta(seconds=timeout_s))
-        reply = json.loads(store.get(key))
-    except Exception as e:  # noqa: BLE001 -- the store's own timeout, or a lost store
-        raise _shardcast.CommTimeout(
-            f"rank {rank}: {what} did not arrive from rank 0 within {timeout_s:.0f} s; {_store_host(store)} "
-            f"stopped answering or rank 0 stalled ({type(e).__name__}: {e})") from e
+    _wait(channel(pg, store), [key], timeout_s, f"rank {rank}: {what} from rank 0")
+    reply = json.loads(store.get(key))
     if reply[0] == "ok":
         return reply[1]
     _raise(reply[1], reply[2])

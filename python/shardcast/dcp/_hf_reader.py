@@ -108,9 +108,10 @@ class HuggingFaceStorageReader(_TorchReader):
     def _tensors(self) -> List[list]:
         return on_rank0(self._process_group, self._scan, self._timeout_s(), "the checkpoint's headers")
 
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+    def read_metadata(self) -> Metadata:
         """The Metadata torch's reader builds (one whole-tensor chunk per key, the file's dtype and shape),
-        from one reading of the checkpoint by rank 0."""
+        from one reading of the checkpoint by rank 0. No keyword arguments, as torch's: DCP then does not
+        retry with `rank=` (rank-local metadata, which an HF checkpoint has not) after an agreed failure."""
         state_dict_metadata: Dict[str, TensorStorageMetadata] = {}
         storage_data: Dict[MetadataIndex, Any] = {}
         for key, dtype_name, shape, file in self._tensors():

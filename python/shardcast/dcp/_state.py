@@ -57,7 +57,7 @@ from torch.distributed.checkpoint.storage import StorageWriter as _TorchStorageW
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from .._shardcast import CheckpointError, InternalError, InvalidArgument, IoError, Unsupported
+from .._shardcast import CheckpointError, InternalError, InvalidArgument, IoError, Unsupported, fault_point
 
 METADATA_NAME = ".metadata.json"
 FORMAT = "shardcast-dcp-state"
@@ -706,6 +706,7 @@ class StorageWriter(_TorchStorageWriter):
 
             def write(indices: List[int]) -> None:
                 for i in indices:
+                    fault_point("save-write", self.rank)  # tests only: this rank dies between two writes
                     it, key, _, shape, _ = layout[i]
                     if it.type == WriteItemType.BYTE_IO:
                         _write_all(fd, blobs[id(it)][0], results[i].storage_data.offset, path, f"byte item '{key}'")
