@@ -88,3 +88,31 @@ def test_rank0_killed_mid_state_save_leaves_no_mixed_checkpoint(root, tmp_path):
     state = {"model": {k: torch.empty(s, dtype=torch.bfloat16) for k, s in SHAPES.items()}, "step": 0}
     with pytest.raises(BaseException, match="not a finished checkpoint"):
         dcp.load(state, storage_reader=sdcp.StorageReader(str(root / "state")), no_dist=True)
+
+
+def test_a_rank_file_that_shrinks_after_it_was_opened_is_an_error_not_a_crash(root):
+    """The training-state reader validates a rank file's header when it opens it, then reads. A file cut
+    between the two (another job rewriting the directory) must raise CheckpointError naming it: a mapping
+    would have killed the process with SIGBUS."""
+    from shardcast import CheckpointError
+    from shardcast.dcp._state import _copy_box, _RankFile
+    path = root / "state" / "__0_0.safetensors"
+    f = _RankFile(str(path), 1 << 20)
+    try:
+        dtype, shape, begin, end = f.entries[max(f.entries, key=lambda k: f.entries[k][2])]  # the last tensor
+        whole = torch.empty(shape, dtype=dtype)
+        _copy_box(f, f.data_start + begin, dtype, shape, [0] * len(shape), shape, whole, 64, "the last tensor")
+        with open(path, "r+b") as fh:
+            fh.truncate(f.data_start + begin + (end - begin) // 2)
+        for block_bytes in (64, 1 << 20):  # staged blocks, and one read straight into the destination
+            with pytest.raises(CheckpointError, match=r"__0_0\.safetensors.*the last tensor.*bytes short"):
+                _copy_box(f, f.data_start + begin, dtype, shape, [0] * len(shape), shape,
+                          torch.empty(shape, dtype=dtype), block_bytes, "the last tensor")
+        window = [1] + list(shape[1:])  # a box that is not whole rows: staged
+        if len(shape) > 1 and shape[1] > 1:
+            window[1] = shape[1] - 1
+            with pytest.raises(CheckpointError, match="bytes short"):
+                _copy_box(f, f.data_start + begin, dtype, shape, [shape[0] - 1] + [1] + [0] * (len(shape) - 2),
+                          window, torch.empty(window, dtype=dtype), 64, "the last tensor")
+    finally:
+        f.close()

@@ -40,7 +40,6 @@ import dataclasses
 import io
 import json
 import math
-import mmap
 import os
 import re
 import uuid
@@ -456,9 +455,11 @@ def _bins(sizes: List[int], n: int) -> List[List[int]]:
 
 
 class _RankFile:
-    """One rank file opened for reading: its header validated, its bytes mapped once (copy-on-write, never
-    written). The header is hostile: capped, every entry's dtype known, its byte range of exactly
-    numel * itemsize bytes, and the entries tiling the data area with no gap, overlap or tail."""
+    """One rank file opened for reading: its header validated, its bytes read with pread (not mapped: a
+    file that shrinks after its header was validated is then a CheckpointError naming it, where a mapping
+    would kill the process with SIGBUS). The header is hostile: capped, every entry's dtype known, its
+    byte range of exactly numel * itemsize bytes, and the entries tiling the data area with no gap,
+    overlap or tail."""
 
     def __init__(self, path: str, max_header_bytes: int) -> None:
         self.path, self.rank = path, _rank()
@@ -466,6 +467,7 @@ class _RankFile:
             fd = os.open(path, os.O_RDONLY)
         except OSError as e:
             raise CheckpointError(f"rank {self.rank}: cannot open rank file {path}: {e.strerror or e}") from e
+        self.fd = fd
         try:
             size = os.fstat(fd).st_size
             head = os.pread(fd, 8, 0)
@@ -477,9 +479,9 @@ class _RankFile:
                                       f"{max_header_bytes} or the file's {size} bytes (truncated?)")
             self.entries = self._parse(os.pread(fd, n, 8), size - 8 - n)
             self.data_start, self.size = 8 + n, size
-            self.map = mmap.mmap(fd, size, access=mmap.ACCESS_COPY) if size else None
-        finally:
-            os.close(fd)
+        except BaseException:
+            self.close()
+            raise
 
     def _parse(self, text: bytes, data_bytes: int) -> Dict[str, Tuple[torch.dtype, List[int], int, int]]:
         where = f"rank {self.rank}: {self.path}"
@@ -528,32 +530,40 @@ class _RankFile:
                                   f"{shape} of {dtype}")
         return item.offset
 
-    def view(self, offset: int, dtype: torch.dtype, shape: List[int]) -> torch.Tensor:
-        n = math.prod(shape)
-        if n == 0:
-            return torch.empty(shape, dtype=dtype)
-        return torch.frombuffer(self.map, dtype=dtype, count=n, offset=offset).view(shape)
-
-    def release(self, begin: int, end: int) -> None:
-        """Drops the mapped pages of file bytes [begin, end) from this process (they stay in the page cache)."""
-        if self.map is None or end <= begin:
+    def read_into(self, offset: int, out: torch.Tensor, what: str) -> None:
+        """File bytes [offset, offset + out's bytes) into `out` (contiguous, on CPU)."""
+        if out.numel() == 0:
             return
-        start = begin - begin % mmap.PAGESIZE
-        self.map.madvise(mmap.MADV_DONTNEED, start, min(end, self.size) - start)
+        self._read(offset, memoryview(out.reshape(-1).view(torch.uint8).numpy()), what)
+
+    def read_bytes(self, offset: int, length: int, what: str) -> bytes:
+        buf = bytearray(length)
+        self._read(offset, memoryview(buf), what)
+        return bytes(buf)
+
+    def _read(self, offset: int, into: memoryview, what: str) -> None:
+        done = 0
+        while done < len(into):
+            try:
+                n = os.preadv(self.fd, [into[done:]], offset + done)
+            except OSError as e:
+                raise IoError(f"rank {self.rank}: {self.path}: {what}: cannot read: {e.strerror or e}") from e
+            if n == 0:
+                raise CheckpointError(f"rank {self.rank}: {self.path}: {what}: the file ends at byte {offset + done}, "
+                                      f"{len(into) - done} bytes short (it shrank after it was opened)")
+            done += n
 
     def close(self) -> None:
-        if self.map is not None:
-            try:
-                self.map.close()
-            except BufferError:  # a view still alive somewhere; the mapping goes with it
-                pass
-            self.map = None
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def _copy_box(f: _RankFile, base: int, dtype: torch.dtype, chunk: List[int], offsets: List[int],
-              lengths: List[int], dest: torch.Tensor, block_bytes: int) -> None:
+              lengths: List[int], dest: torch.Tensor, block_bytes: int, what: str) -> None:
     """The box (offsets, lengths) of the stored chunk at file offset `base` into dest, row block by row
-    block along dim 0, each block's pages dropped once copied:
+    block along dim 0: a block of whole rows is read straight into a CPU dest; otherwise it is staged
+    (one buffer of at most block_bytes) and its window copied:
 
         stored chunk (rows of the file)      dest (the planner's tensor)
         +------------------+                 +---------+
@@ -562,18 +572,31 @@ def _copy_box(f: _RankFile, base: int, dtype: torch.dtype, chunk: List[int], off
         |     '-------'    |                 +---------+
         +------------------+
     """
-    src = f.view(base, dtype, chunk)
-    if src.dim() == 0 or src.numel() == 0:
-        dest.copy_(src)
+    if math.prod(lengths) == 0:
         return
-    for d in range(1, src.dim()):
-        src = src.narrow(d, offsets[d], lengths[d])
-    row_bytes = max(1, math.prod(chunk[1:]) * dtype.itemsize)
-    rows = max(1, block_bytes // row_bytes)
+    if not chunk:  # a scalar
+        stage = torch.empty([], dtype=dtype)
+        f.read_into(base, stage, what)
+        dest.copy_(stage)
+        return
+    row_bytes = math.prod(chunk[1:]) * dtype.itemsize
+    rows = min(lengths[0], max(1, block_bytes // row_bytes))
+    whole_rows = list(lengths[1:]) == list(chunk[1:]) and dest.device.type == "cpu"
+    stage = None
     for r in range(0, lengths[0], rows):
         b = min(rows, lengths[0] - r)
-        dest.narrow(0, r, b).copy_(src.narrow(0, offsets[0] + r, b))
-        f.release(base + (offsets[0] + r) * row_bytes, base + (offsets[0] + r + b) * row_bytes)
+        at = base + (offsets[0] + r) * row_bytes
+        out = dest.narrow(0, r, b)
+        if whole_rows and out.is_contiguous():
+            f.read_into(at, out, what)
+            continue
+        if stage is None:
+            stage = torch.empty(rows * row_bytes, dtype=torch.uint8)
+        src = stage[:b * row_bytes].view(dtype).view([b] + list(chunk[1:]))
+        f.read_into(at, src, what)
+        for d in range(1, len(chunk)):
+            src = src.narrow(d, offsets[d], lengths[d])
+        out.copy_(src)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -888,7 +911,7 @@ class StorageReader(_TorchStorageReader):
     def _value(self, f: _RankFile, req: ReadItem, item: StoredItem) -> io.BytesIO:
         where = f"rank {self.rank}: {f.path}: byte item '{item.key}'"
         f.locate(item.key, item, torch.uint8, [item.length])
-        raw = bytes(f.map[item.offset:item.offset + item.length]) if item.length else b""
+        raw = f.read_bytes(item.offset, item.length, f"byte item '{item.key}'")
         if item.encoding == "torch.save":
             if not self.allow_pickle:
                 raise CheckpointError(f"{where}: stored as torch.save bytes (a pickle); pass allow_pickle=True "
@@ -915,7 +938,7 @@ class StorageReader(_TorchStorageReader):
         if list(dest.shape) != lengths:
             raise CheckpointError(f"rank {self.rank}: {f.path}: tensor '{item.key}': the destination is "
                                   f"{list(dest.shape)}, the plan asks for {lengths}")
-        _copy_box(f, base, dtype, chunk, offsets, lengths, dest, self.block_bytes)
+        _copy_box(f, base, dtype, chunk, offsets, lengths, dest, self.block_bytes, f"tensor '{item.key}'")
         planner.commit_tensor(req, dest)
 
     @property
