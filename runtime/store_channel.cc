@@ -30,6 +30,38 @@ FailureNote DecodeFailure(const std::string& value) {
   return {static_cast<ErrorKind>(kind), value.substr(bar + 1)};
 }
 
+DeadlineWorker::DeadlineWorker() : q_(std::make_shared<Queue>()) {
+  std::thread([q = q_] {
+    std::unique_lock<std::mutex> l(q->mu);
+    for (;;) {
+      q->cv.wait(l, [&] { return q->stop || !q->tasks.empty(); });
+      if (q->tasks.empty()) return;  // stopped, nothing left
+      std::function<void()> task = std::move(q->tasks.front());
+      q->tasks.pop_front();
+      l.unlock();
+      task();  // a packaged_task: its exception goes to its future
+      l.lock();
+    }
+  }).detach();
+}
+
+DeadlineWorker::~DeadlineWorker() {
+  {
+    std::lock_guard<std::mutex> l(q_->mu);
+    q_->stop = true;
+    q_->tasks.clear();  // never run: nobody waits for them any more
+  }
+  q_->cv.notify_all();
+}
+
+void DeadlineWorker::Submit(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> l(q_->mu);
+    q_->tasks.push_back(std::move(task));
+  }
+  q_->cv.notify_one();
+}
+
 StoreChannel::StoreChannel(c10::intrusive_ptr<c10d::Store> store, std::string host, std::chrono::milliseconds op_deadline)
     : store_(std::move(store)), host_(std::move(host)), deadline_(op_deadline) {}
 
@@ -45,7 +77,8 @@ template <typename T>
 std::optional<T> StoreChannel::Call(std::function<T(c10d::Store&)> op) {
   if (!store_ || loss_) return std::nullopt;
   try {
-    std::optional<T> r = WithDeadline<T>([store = store_, op = std::move(op)] { return op(*store); }, deadline_);
+    if (!worker_) worker_ = std::make_unique<DeadlineWorker>();
+    std::optional<T> r = worker_->Run<T>([store = store_, op = std::move(op)] { return op(*store); }, deadline_);
     if (!r) loss_ = StoreSilent(host_);
     return r;
   } catch (...) {

@@ -2,11 +2,12 @@
 // deadline, on the failure path too.
 //
 // c10d's TCPStore client can block forever when its server process is frozen (SIGSTOP, a hung node):
-// the connection stays open and nothing answers. So each store operation runs on a helper thread and
-// the caller waits at most `op_deadline`; a late thread is abandoned (it holds its own reference to
-// the store) and the store is marked unreachable, so later calls fail at once instead of queueing
-// behind it. A store that refuses or drops the connection is marked lost. Either way, every rank gets
-// the same note naming the store's host.
+// the connection stays open and nothing answers. So the channel's store operations run, in order, on
+// one worker thread of its own, and the caller waits at most `op_deadline` for each; a late operation
+// leaves the worker blocked (it holds its own reference to the store) and marks the store
+// unreachable, so later calls fail at once instead of queueing behind it. A store that refuses or
+// drops the connection is marked lost. Either way, every rank gets the same note naming the store's
+// host.
 //
 // Thread safety: one thread at a time. Failure: never throws; results are values.
 #pragma once
@@ -14,9 +15,12 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -24,6 +28,38 @@
 #include "runtime/communicator.h"
 
 namespace shardcast {
+
+// One thread that runs submitted operations in order, each awaited with a deadline. A late operation
+// keeps the thread; the owner must then stop submitting. Destroying the worker detaches the thread,
+// which ends once its current operation returns (or with the process, if it never does): everything
+// it touches is shared with it, not owned by the worker.
+class DeadlineWorker {
+ public:
+  DeadlineWorker();
+  ~DeadlineWorker();
+  DeadlineWorker(const DeadlineWorker&) = delete;
+  DeadlineWorker& operator=(const DeadlineWorker&) = delete;
+
+  // op's value, or its exception rethrown, or nullopt when it did not finish within `deadline`.
+  template <typename T>
+  std::optional<T> Run(std::function<T()> op, std::chrono::milliseconds deadline) {
+    auto task = std::make_shared<std::packaged_task<T()>>(std::move(op));
+    std::future<T> done = task->get_future();
+    Submit([task] { (*task)(); });
+    if (done.wait_for(deadline) != std::future_status::ready) return std::nullopt;
+    return done.get();
+  }
+
+ private:
+  struct Queue {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> tasks;
+    bool stop = false;
+  };
+  void Submit(std::function<void()> task);
+  std::shared_ptr<Queue> q_;
+};
 
 class StoreChannel {
  public:
@@ -41,8 +77,8 @@ class StoreChannel {
   void AwaitAcks(int n, std::chrono::milliseconds wait);
 
  private:
-  // Runs op on a helper thread; nullopt (and loss_ set) when it failed or missed the deadline. The
-  // result lives in the future's shared state, so an abandoned thread writes nothing of ours.
+  // Runs op on the worker; nullopt (and loss_ set) when it failed or missed the deadline. The result
+  // lives in the future's shared state, so a late operation writes nothing of ours.
   template <typename T>
   std::optional<T> Call(std::function<T(c10d::Store&)> op);
 
@@ -50,11 +86,13 @@ class StoreChannel {
   std::string host_;
   std::chrono::milliseconds deadline_;
   std::optional<FailureNote> loss_;
+  std::unique_ptr<DeadlineWorker> worker_;  // made at the first call: a channel never used has no thread
 };
 
-// Runs `op` on a helper thread and waits at most `deadline`: its value, or its exception rethrown, or
-// nullopt when it is late. A late thread is abandoned, so `op` must own (by value or reference count)
-// everything it touches.
+// Runs `op` on a thread of its own and waits at most `deadline`: its value, or its exception rethrown,
+// or nullopt when it is late. A late thread is abandoned, so `op` must own (by value or reference
+// count) everything it touches. For one-off calls (a rendezvous); a channel's many calls share a
+// DeadlineWorker.
 template <typename T>
 std::optional<T> WithDeadline(std::function<T()> op, std::chrono::milliseconds deadline) {
   auto task = std::make_shared<std::packaged_task<T()>>(std::move(op));
