@@ -62,6 +62,9 @@ OpenNode Adopt(int fd, const std::string& display_path) {
 
 // open() of a Unix socket fails with ENXIO; say what the name is rather than quoting errno.
 [[noreturn]] void NotOpenable(const struct stat* st, const std::string& display_path, int err) {
+  if (err == ELOOP) {  // a name the user gave (the root) whose symlinks loop: bad input, as a file's loop
+    throw Error(ErrorKind::kCheckpoint, display_path, "symlink loop: the kernel stopped following its symlinks");
+  }
   if (err == ENXIO && st != nullptr && !S_ISREG(st->st_mode)) {
     throw Error(ErrorKind::kCheckpoint, display_path,
                 std::string("is ") + FileKindText(st->st_mode) + ", not a regular file");

@@ -153,6 +153,15 @@ TEST(CheckpointRoot, ASymlinkLoopIsACheckpointError) {
   EXPECT_SC_ERROR(Checkpoint::Open(dir.path()), ErrorKind::kCheckpoint, a.c_str(), "symlink loop");
 }
 
+// The path given may itself be a symlink (below), but one that loops is bad input, as a file's loop is:
+// kCheckpoint (the CLI's exit 2), not an IoError.
+TEST(CheckpointRoot, ADirectoryThatIsASymlinkToItselfIsACheckpointError) {
+  testing::TempDir dir;
+  Link(dir / "self", dir / "self");
+  const std::string self = dir / "self";
+  EXPECT_SC_ERROR(Checkpoint::Open(self), ErrorKind::kCheckpoint, self.c_str(), "symlink loop");
+}
+
 // A directory the path itself reaches through a symlink is the user's choice, and is the root.
 TEST(CheckpointRoot, ThePathGivenMayItselfBeASymlink) {
   testing::TempDir dir, elsewhere;
