@@ -1,0 +1,207 @@
+"""The training state's rank files (shardcast.dcp._state): the safetensors layout, written with pwrite and
+read with pread, their headers validated as hostile input."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from .._shardcast import CheckpointError, IoError
+from ._state_codec import _BY_CODE, DEFAULT_BLOCK_BYTES, StoredItem, _dims, _rank
+
+# ---------------------------------------------------------------------------------------------------------
+# Rank files: the safetensors layout, written streamed and read with pread.
+
+def _header_bytes(entries: List[Tuple[str, str, List[int], int]], meta: Dict[str, str]) -> bytes:
+    """The header of a file holding entries [(key, code, shape, length)] back to back, in order."""
+    header: Dict[str, Any] = {"__metadata__": meta}
+    at = 0
+    for key, code, shape, length in entries:
+        header[key] = {"dtype": code, "shape": shape, "data_offsets": [at, at + length]}
+        at += length
+    text = json.dumps(header, separators=(",", ":")).encode()
+    return text + b" " * (-len(text) % 8)
+
+
+def _write_all(fd: int, buf, at: int, path: str, what: str) -> None:
+    """buf's bytes at file offset `at` (pwrite: threads write their own items side by side)."""
+    view = memoryview(buf).cast("B")
+    done = 0
+    while done < len(view):
+        try:
+            done += os.pwrite(fd, view[done:done + DEFAULT_BLOCK_BYTES], at + done)
+        except OSError as e:
+            raise IoError(f"rank {_rank()}: cannot write {what} to {path}: {e.strerror or e}") from e
+
+
+def _write_tensor(fd: int, t: torch.Tensor, at: int, block_bytes: int, path: str, key: str) -> None:
+    """t's elements, row-major, at file offset `at`, in pieces of at most block_bytes (a device tensor is
+    staged piece by piece)."""
+    t = t.detach()
+    if t.numel() == 0:
+        return
+    flat = t.contiguous().reshape(-1).view(torch.uint8)
+    for start in range(0, flat.numel(), block_bytes):
+        piece = flat[start:start + block_bytes]
+        if piece.device.type != "cpu":
+            piece = piece.cpu()
+        _write_all(fd, piece.numpy(), at + start, path, f"tensor '{key}'")
+
+
+def _bins(sizes: List[int], n: int) -> List[List[int]]:
+    """Indices of `sizes` in n bins of about equal sums, largest first (each bin one writer thread)."""
+    bins: List[List[int]] = [[] for _ in range(n)]
+    sums = [0] * n
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        j = sums.index(min(sums))
+        bins[j].append(i)
+        sums[j] += sizes[i]
+    return [sorted(b) for b in bins if b]
+
+
+class _RankFile:
+    """One rank file opened for reading: its header validated, its bytes read with pread (not mapped: a
+    file that shrinks after its header was validated is then a CheckpointError naming it, where a mapping
+    would kill the process with SIGBUS). The header is hostile: capped, every entry's dtype known, its
+    byte range of exactly numel * itemsize bytes, and the entries tiling the data area with no gap,
+    overlap or tail."""
+
+    def __init__(self, path: str, max_header_bytes: int) -> None:
+        self.path, self.rank = path, _rank()
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            raise CheckpointError(f"rank {self.rank}: cannot open rank file {path}: {e.strerror or e}") from e
+        self.fd = fd
+        try:
+            size = os.fstat(fd).st_size
+            head = os.pread(fd, 8, 0)
+            if len(head) < 8:
+                raise CheckpointError(f"rank {self.rank}: {path} is {size} bytes, shorter than a safetensors header")
+            n = int.from_bytes(head, "little")
+            if n > max_header_bytes or 8 + n > size:
+                raise CheckpointError(f"rank {self.rank}: {path}: header of {n} bytes exceeds the cap of "
+                                      f"{max_header_bytes} or the file's {size} bytes (truncated?)")
+            self.entries = self._parse(os.pread(fd, n, 8), size - 8 - n)
+            self.data_start, self.size = 8 + n, size
+        except BaseException:
+            self.close()
+            raise
+
+    def _parse(self, text: bytes, data_bytes: int) -> Dict[str, Tuple[torch.dtype, List[int], int, int]]:
+        where = f"rank {self.rank}: {self.path}"
+        try:
+            header = json.loads(text)
+        except (ValueError, RecursionError) as e:
+            raise CheckpointError(f"{where}: header is not JSON ({e})") from e
+        if not isinstance(header, dict):
+            raise CheckpointError(f"{where}: header is not a JSON object")
+        header.pop("__metadata__", None)
+        entries, spans = {}, []
+        for key, e in header.items():
+            if not isinstance(e, dict) or e.get("dtype") not in _BY_CODE or not isinstance(e.get("data_offsets"), list):
+                raise CheckpointError(f"{where}: tensor '{key}': malformed entry or unknown dtype {str(e)[:80]}")
+            dtype = _BY_CODE[e["dtype"]]
+            shape = _dims(e.get("shape"), f"{where}: tensor '{key}'", "shape")
+            begin, end = (_dims(e["data_offsets"], f"{where}: tensor '{key}'", "data_offsets") + [None, None])[:2]
+            if len(e["data_offsets"]) != 2 or end < begin or end - begin != math.prod(shape) * dtype.itemsize:
+                raise CheckpointError(f"{where}: tensor '{key}': data_offsets {e['data_offsets']} do not hold "
+                                      f"{shape} of {e['dtype']}")
+            entries[key] = (dtype, shape, begin, end)
+            spans.append((begin, end, key))
+        at = 0
+        for begin, end, key in sorted(spans):
+            if begin != at:
+                raise CheckpointError(f"{where}: tensor '{key}' starts at data byte {begin}, expected {at} "
+                                      f"(a gap or an overlap)")
+            at = end
+        if at != data_bytes:
+            raise CheckpointError(f"{where}: the header's tensors end at data byte {at} but the file holds "
+                                  f"{data_bytes} data bytes ({'truncated' if at > data_bytes else 'trailing bytes'})")
+        return entries
+
+    def locate(self, key: str, item: StoredItem, dtype: Optional[torch.dtype], shape: Optional[List[int]]) -> int:
+        """The file offset of `key`'s bytes, after checking they are where and what the metadata says."""
+        e = self.entries.get(key)
+        where = f"rank {self.rank}: {self.path}: tensor '{key}'"
+        if e is None:
+            raise CheckpointError(f"{where}: not in the file's header")
+        e_dtype, e_shape, begin, end = e
+        if self.data_start + begin != item.offset or end - begin != item.length:
+            raise CheckpointError(f"{where}: at file bytes [{self.data_start + begin}, {self.data_start + end}), "
+                                  f"the metadata says [{item.offset}, {item.offset + item.length})")
+        if dtype is not None and (e_dtype != dtype or e_shape != shape):
+            raise CheckpointError(f"{where}: the file holds {list(e_shape)} of {e_dtype}, the metadata says "
+                                  f"{shape} of {dtype}")
+        return item.offset
+
+    def read_into(self, offset: int, out: torch.Tensor, what: str) -> None:
+        """File bytes [offset, offset + out's bytes) into `out` (contiguous, on CPU)."""
+        if out.numel() == 0:
+            return
+        self._read(offset, memoryview(out.reshape(-1).view(torch.uint8).numpy()), what)
+
+    def read_bytes(self, offset: int, length: int, what: str) -> bytes:
+        buf = bytearray(length)
+        self._read(offset, memoryview(buf), what)
+        return bytes(buf)
+
+    def _read(self, offset: int, into: memoryview, what: str) -> None:
+        done = 0
+        while done < len(into):
+            try:
+                n = os.preadv(self.fd, [into[done:]], offset + done)
+            except OSError as e:
+                raise IoError(f"rank {self.rank}: {self.path}: {what}: cannot read: {e.strerror or e}") from e
+            if n == 0:
+                raise CheckpointError(f"rank {self.rank}: {self.path}: {what}: the file ends at byte {offset + done}, "
+                                      f"{len(into) - done} bytes short (it shrank after it was opened)")
+            done += n
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _copy_box(f: _RankFile, base: int, dtype: torch.dtype, chunk: List[int], offsets: List[int],
+              lengths: List[int], dest: torch.Tensor, block_bytes: int, what: str) -> None:
+    """The box (offsets, lengths) of the stored chunk at file offset `base` into dest, row block by row
+    block along dim 0: a block of whole rows is read straight into a CPU dest; otherwise it is staged
+    (one buffer of at most block_bytes) and its window copied:
+
+        stored chunk (rows of the file)      dest (the planner's tensor)
+        +------------------+                 +---------+
+        |     .-------.    |  block 0  --->  |         |
+        |     | box   |    |  block 1  --->  |         |
+        |     '-------'    |                 +---------+
+        +------------------+
+    """
+    if math.prod(lengths) == 0:
+        return
+    if not chunk:  # a scalar
+        stage = torch.empty([], dtype=dtype)
+        f.read_into(base, stage, what)
+        dest.copy_(stage)
+        return
+    row_bytes = math.prod(chunk[1:]) * dtype.itemsize
+    rows = min(lengths[0], max(1, block_bytes // row_bytes))
+    whole_rows = list(lengths[1:]) == list(chunk[1:]) and dest.device.type == "cpu"
+    stage = None
+    for r in range(0, lengths[0], rows):
+        b = min(rows, lengths[0] - r)
+        at = base + (offsets[0] + r) * row_bytes
+        out = dest.narrow(0, r, b)
+        if whole_rows and out.is_contiguous():
+            f.read_into(at, out, what)
+            continue
+        if stage is None:
+            stage = torch.empty(rows * row_bytes, dtype=torch.uint8)
+        src = stage[:b * row_bytes].view(dtype).view([b] + list(chunk[1:]))
+        f.read_into(at, src, what)
+        for d in range(1, len(chunk)):
+            src = src.narrow(d, offsets[d], lengths[d])
+        out.copy_(src)
