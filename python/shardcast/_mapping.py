@@ -9,84 +9,23 @@ which the C++ core streams as consecutive parts of one entry.
 """
 from __future__ import annotations
 
-import json
 import os
-import stat
-import struct
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
 
-def _header_of(fd: int) -> dict:
-    # Checked through the descriptor: a FIFO or device named by a hostile index must not hang this rank
-    # (the C++ reader then reports it properly).
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        return {}
-    os.set_blocking(fd, True)
-    with os.fdopen(fd, "rb", closefd=False) as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n > 100_000_000:
-            return {}  # let the C++ reader report it properly
-        return json.loads(f.read(n))
-
-
-def _open(path: str, name: Optional[str]) -> Optional[int]:
-    """A descriptor for `name` of the checkpoint directory `path`, resolved beneath its root exactly as
-    the C++ loader resolves it (nothing outside the root is opened), or for the file `path` itself."""
-    if name is None:
-        return os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    from . import _shardcast
-
-    return _shardcast.open_checkpoint_name(path, name)
-
-
-def _read_header(path: str, name: Optional[str] = None) -> dict:
-    fd = _open(path, name)
-    if fd is None:
-        return {}
-    try:
-        return _header_of(fd)
-    finally:
-        os.close(fd)
-
-
 def checkpoint_keys(path: str) -> Dict[str, Tuple[int, ...]]:
-    """{key: shape} of a checkpoint (a file, a dir with model.safetensors, or with an index). Anything
-    missing, malformed or resolving outside the checkpoint's root is left out: the C++ core raises the
-    precise CheckpointError on every rank in its handshake."""
+    """{key: shape} of a checkpoint (a file, a dir with model.safetensors, or with an index), read by the C++
+    loader's own validating reader (headers, index, names beneath the checkpoint's root): Python parses no
+    checkpoint header. {} when it is missing, malformed or resolves outside its root: the C++ core raises
+    the precise CheckpointError on every rank in its handshake."""
     from . import _shardcast
 
     try:
-        if os.path.isfile(path):
-            names: List[Optional[str]] = [None]
-        else:
-            fd = _open(path, "model.safetensors.index.json")
-            if fd is None:
-                names = ["model.safetensors"]
-            else:
-                try:
-                    if not stat.S_ISREG(os.fstat(fd).st_mode):
-                        return {}  # the C++ reader rejects it by name
-                    with os.fdopen(fd, "rb", closefd=False) as f:
-                        weight_map = json.load(f).get("weight_map", {})
-                    names = sorted({v for v in weight_map.values() if isinstance(v, str)})
-                except (ValueError, AttributeError):
-                    return {}
-                finally:
-                    os.close(fd)
+        return {key: tuple(shape) for key, _, shape, _ in _shardcast.checkpoint_tensors(os.fspath(path))}
     except (OSError, _shardcast.ShardcastError):
         return {}
-    keys: Dict[str, Tuple[int, ...]] = {}
-    for name in names:
-        try:
-            header = _read_header(path, name)
-        except (OSError, ValueError, struct.error, _shardcast.ShardcastError):
-            continue  # missing, malformed or outside: the C++ core raises the precise CheckpointError
-        for k, v in header.items():
-            if k != "__metadata__" and isinstance(v, dict):
-                keys[k] = tuple(v.get("shape", ()))
-    return keys
 
 
 def entry_shape(keys: Dict[str, Tuple[int, ...]], key: str, floating: bool = True) -> Optional[Tuple[int, ...]]:

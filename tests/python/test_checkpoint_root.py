@@ -1,6 +1,6 @@
-"""The Python key reader resolves a checkpoint's names beneath the same root as the C++ loader: a
-symlink out of the checkpoint is never opened (its keys are not reported), while a hub snapshot's
-links into ../../blobs are."""
+"""The key reader is the C++ loader's (through the binding), resolving a checkpoint's names beneath its
+root: a symlink out of the checkpoint is never opened (the checkpoint is refused, no key is reported, and
+the load's handshake raises the precise error), while a hub snapshot's links into ../../blobs are read."""
 import json
 import os
 
@@ -25,7 +25,13 @@ def test_keys_of_a_symlink_out_of_the_checkpoint_are_not_read(tmp_path):
     (ckpt / "b.safetensors").symlink_to(outside / "b.safetensors")
     (ckpt / "model.safetensors.index.json").write_text(
         json.dumps({"weight_map": {"inside": "a.safetensors", "secret": "b.safetensors"}}))
-    assert checkpoint_keys(str(ckpt)) == {"inside": (2,)}
+    assert checkpoint_keys(str(ckpt)) == {}
+    try:
+        shardcast._shardcast.checkpoint_tensors(str(ckpt))
+    except shardcast.CheckpointError as e:
+        assert "b.safetensors: resolves outside" in str(e), e
+    else:
+        raise AssertionError("read a checkpoint with a name outside its root")
 
     # The index itself, and model.safetensors, resolve beneath the root too.
     (ckpt / "model.safetensors.index.json").unlink()
