@@ -111,3 +111,9 @@ def test_cpu_target_into_a_cuda_mesh_is_invalid_argument(cuda_run):
 def test_from_pretrained_defaults_to_cuda_on_a_gpu(cuda_run):
     r = scenario(cuda_run, "pretrained_default")[0]
     assert r["devices"] == ["cuda:0"] and r["mesh"] == "cuda", r
+
+
+def test_prepare_pretrained_is_public_and_the_old_import_still_works():
+    from shardcast._accelerate import prepare_pretrained as old
+    from shardcast.integrations.accelerate import prepare_pretrained
+    assert prepare_pretrained is old and prepare_pretrained.__module__ == "shardcast.integrations.accelerate"
