@@ -2,9 +2,9 @@
 
     to_empty       malloc'ed storage: garbage (recycled heap), and bf16 garbage can be NaN
     zero_storage   host: shardcast's lazy-zero allocator (allocators/lazy_zero.h), a fresh anonymous
-                   mapping per tensor that reads as zeros and commits each page only when first written,
-                   so materializing adds nothing to RssAnon and the load's stream commits what it writes;
-                   CUDA: zeros (a device memset, no host memory)
+                   mapping per tensor of LAZY_ZERO_MIN_BYTES or more (heap zeros below) that reads as zeros
+                   and commits each page only when first written, so materializing adds nothing to RssAnon
+                   and the load's stream commits what it writes; CUDA: zeros (a device memset)
 
 FSDP2 keeps each shard inside a flat buffer padded to ceil(n/W) rows, and after `Module._apply` it re-pads
 a local tensor of another size into `new_zeros` (committed) and copies. Here the padded buffer itself is
@@ -51,7 +51,7 @@ def _zeros_like(t: torch.Tensor, device: torch.device, fsdp_param) -> torch.Tens
     from torch.distributed.tensor import DTensor
     if not isinstance(t, DTensor):
         return zeros(t.shape, t.dtype, device)
-    local_shape = tuple(t._local_tensor.shape)
+    local_shape = tuple(t.to_local().shape)
     padded_shape = _padded_shape(fsdp_param, local_shape)
     if padded_shape is None:
         local = zeros(local_shape, t.dtype, device)
