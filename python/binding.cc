@@ -20,6 +20,7 @@
 #include "runtime/load.h"
 #include "runtime/save.h"
 #include "runtime/torch_dtype.h"
+#include "allocators/tensor_alloc.h"
 #include "allocators/units.h"
 
 namespace py = pybind11;
@@ -402,6 +403,18 @@ PYBIND11_MODULE(_shardcast, m) {
         py::arg("rank"), py::call_guard<py::gil_scoped_release>(),
         "A named point where a test makes this process fail on purpose (runtime/fault.h: SHARDCAST_FAULT, "
         "acting only with SHARDCAST_TEST_FAULTS=1); nothing otherwise.");
+  m.def(
+      "lazy_zero_tensor",
+      [](const std::vector<int64_t>& shape, at::ScalarType dtype) {
+        for (int64_t n : shape) {
+          if (n < 0) throw Error(ErrorKind::kInvalidArgument, "lazy_zero_tensor", "negative size in the shape");
+        }
+        return LazyZeroTensor(shape, dtype);
+      },
+      py::arg("shape"), py::arg("dtype"),
+      "A contiguous CPU tensor on a fresh anonymous mapping (allocators/lazy_zero.h): it reads as zeros and "
+      "commits no memory until written, page by page; its storage is unmapped when freed, never recycled. "
+      "IoError naming the size where the mapping is refused.");
   m.def("has_buffer_rule", [](const std::string& key) { return BufferInitRegistry::Global().Find(key, "") != nullptr; },
         "Whether a built-in init rule matches this buffer key.");
   m.def(

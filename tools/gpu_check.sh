@@ -6,8 +6,10 @@
 #   3. deps     Debian packages the build needs (apt-get, where it can); Python packages the tests need
 #               and lack, pip-installed into build-gpu/venv layered over that Python (torch pinned to its own)
 #   4. build    build-gpu/ against that torch with SHARDCAST_CUDA=ON: CUDA and NCCL compiled in, or it stops
-#   5. tests    the C++ CUDA tests (pinned staging, cuda/pinned targets), tests/python/test_cuda.py and
-#               test_pinned.py (their skips count as failures here)
+#   5. tests    the C++ CUDA tests (pinned staging, cuda/pinned targets), tests/python/test_cuda.py,
+#               test_pinned.py and test_materialize.py (the device follows the model: a CUDA mesh loads
+#               into cuda:LOCAL_RANK, a CPU target there is refused, from_pretrained defaults to CUDA);
+#               their skips count as failures here
 #   6. loads    the embedded checkpoint (configs/tiny-moe.json, ~250 MB) with --target cuda, --target pinned,
 #               and --target cuda --backend nccl over every GPU; each verified by xxHash on every rank
 #   7. bench    pinned host-to-device: torch copy_ (what the cuda target does per chunk) against cudaMemcpy
@@ -158,16 +160,16 @@ else
 fi
 pytest_out=$work/pytest.txt
 (SHARDCAST_BUILD_DIR=$build PYTHONPATH=$build/python OMP_NUM_THREADS=1 "$py" -m pytest -q -rs -p no:cacheprovider \
-   tests/python/test_cuda.py tests/python/test_pinned.py) >"$pytest_out" 2>&1
+   tests/python/test_cuda.py tests/python/test_pinned.py tests/python/test_materialize.py) >"$pytest_out" 2>&1
 pytest_rc=$?
 cat "$pytest_out" >>"$log"
 summary=$(grep -E "[0-9]+ (passed|failed|skipped|error)" "$pytest_out" | tail -n 1 | sed -E 's/=//g; s/ in [0-9.]+s.*//; s/^ +//')
 # test_pinned's no-CUDA case skips on a GPU machine by design; any other skip means the GPU path did not run.
 other_skips=$(grep -E "^SKIPPED" "$pytest_out" | grep -v "a CUDA device is here" | wc -l)
 if [ $pytest_rc -eq 0 ] && [ "$other_skips" -eq 0 ]; then
-  row "tests/python/test_cuda.py, test_pinned.py" ok "$summary"
+  row "tests/python/test_cuda.py, test_pinned.py, test_materialize.py" ok "$summary"
 else
-  row "tests/python/test_cuda.py, test_pinned.py" FAILED "${summary:-no summary}; see $pytest_out"
+  row "tests/python/test_cuda.py, test_pinned.py, test_materialize.py" FAILED "${summary:-no summary}; see $pytest_out"
 fi
 
 # ---- 6. loads of the embedded checkpoint, with their GB/s per GPU ---------------------------------------

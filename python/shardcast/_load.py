@@ -14,6 +14,7 @@ from ._exchange import channel, computed_on_rank0, gathered
 from ._group import _group, _store_host, operation_store
 from ._layouts import _Layouts, _group_ranks, _local
 from ._log import logged
+from ._materialize import zero_storage
 from ._names import named_buffers, named_parameters
 from ._mapping import checkpoint_keys, compositions, conversion_rules, entry_shape
 from ._prepare import (_PREPARED, BufferInit, _compute_buffers, _config_json, _match, _missing_buffers_error,
@@ -68,6 +69,43 @@ def _target(target: Optional[str]) -> Optional[str]:
     if env not in ("cpu", "pinned", "cuda"):
         raise InvalidArgument(f"SHARDCAST_TARGET={env!r} is not a target (cpu, pinned or cuda)")
     return env
+
+
+def _cuda_device() -> torch.device:
+    """This rank's GPU: cuda:LOCAL_RANK (as torchrun and transformers' distributed_config bind it), or the
+    current device where no launcher set LOCAL_RANK."""
+    local = os.environ.get("LOCAL_RANK", "").strip()
+    return torch.device("cuda", int(local) if local.isdigit() else torch.cuda.current_device())
+
+
+def _device(target: Optional[str]) -> Optional[torch.device]:
+    """The device a resolved target allocates on: None for the host (pageable or pinned)."""
+    if target == "cuda":
+        return _cuda_device()
+    return None if target in (None, "cpu", "pinned") else torch.device(target)
+
+
+def _model_target(model, target: Optional[str], rank: int) -> Optional[str]:
+    """The target of a module's load: the device of its DTensors' meshes. A CUDA mesh means "cuda", and a host
+    target there ("cpu", "pinned", from target= or SHARDCAST_TARGET) is an InvalidArgument, except where FSDP2
+    offloads the parameters to the host (CPUOffloadPolicy: their shards live there, pinned by default)."""
+    from ._materialize import cpu_offload
+    on_cuda = next((n for n, p in named_parameters(model) if _mesh_type(p) == "cuda"), None)
+    if on_cuda is None:
+        return target
+    offload = cpu_offload(model)
+    if offload is not None:
+        return target or ("pinned" if offload else "cpu")
+    if target in (None, "cuda"):
+        return "cuda"
+    raise InvalidArgument(f"target {target!r} (target= or SHARDCAST_TARGET) on rank {rank}: parameter '{on_cuda}' "
+                          f"is a DTensor on a CUDA device mesh, so its shard lives on {_cuda_device()}; leave "
+                          f"target unset (the device follows the mesh) or pass target='cuda'")
+
+
+def _mesh_type(t) -> Optional[str]:
+    mesh = getattr(t, "device_mesh", None)
+    return getattr(mesh, "device_type", None)
 
 
 def _progress(progress, rank: int, operation: str = "load"):
@@ -189,8 +227,9 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
     meshes, _StridedShard, a mesh per parameter), or an explicit mapping for code that shards without
     DTensor: {key: (local_tensor, offsets)}, the box of the global tensor starting at `offsets` with the
     local tensor's shape (any box: uneven, overlapping, empty; every rank gives every key), or
-    {key: (local_tensor, row_begin, row_end)}, rows of dim 0 under FSDP2's rule. Parameters still on meta are allocated first (`to_empty`, on `target`), which
-    wipes buffers: non-persistent buffers then get back what `prepare` computed (or are computed here).
+    {key: (local_tensor, row_begin, row_end)}, rows of dim 0 under FSDP2's rule. Parameters still on meta
+    are allocated first, on `target`, zero-valued and at no cost (on the host, lazy-zero pages that commit
+    only as the stream writes them), which wipes buffers: non-persistent buffers then get back what `prepare` computed (or are computed here).
     Persistent buffers are filled from the checkpoint by broadcast.
 
     Every rank receives exactly its DTensor's local tensor: Shard(d) on any dim, uneven and empty pieces,
@@ -200,6 +239,11 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
     of an fp8, MXFP4 or NVFP4 weight is dequantized in the stream; a parameter in the quantized layout
     (transformers' FP8Linear/FP8Experts or Mxfp4GptOssExperts, see from_pretrained(keep_quantized=True))
     receives the fp8 weight and its scale grid, or the MXFP4 blocks and their scales, as they are stored.
+
+    target: where this rank's shards live; None (default): the device of the model's DTensor meshes, so a
+    CUDA mesh loads into cuda:LOCAL_RANK and a CPU mesh into host memory ("pinned": page-locked host memory).
+    A host target into a CUDA mesh is an InvalidArgument on every rank, except for parameters FSDP2 offloads
+    to the host (CPUOffloadPolicy).
 
     Every argument after `path` is keyword-only. Options (None: SHARDCAST_* from the environment, else the
     default): source "auto" (default: rank 0 decides, and the report's "source_reason" says why: each-rank when every rank sees the checkpoint on
@@ -236,6 +280,8 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
     try:
         path = os.fspath(path)
         target = _target(target)
+        if not mapping:
+            target = _model_target(model, target, rank)
         strict = _deprecated("strict_keys=", "strict=", strict_keys, strict)
         options = _options(source=source, target=target if target not in (None, "pinned") else None, verify=verify,
                            strict_keys=strict, chunk_bytes=chunk_bytes, staging_slots=staging_slots,
@@ -313,7 +359,7 @@ def _materialize_or_raise(model, target, config, buffer_init) -> None:
         _materialize(model, target, config, buffer_init)
     except ShardcastError:
         raise
-    except Exception as e:  # noqa: BLE001 -- to_empty: the allocator, or a device this rank cannot use
+    except Exception as e:  # noqa: BLE001 -- the allocator, or a device this rank cannot use
         raise IoError(f"cannot allocate this rank's shards on {target or 'cpu'}: {type(e).__name__}: {e}") from e
 
 
@@ -421,11 +467,12 @@ def _compositions(model, path: str) -> Dict[str, list]:
 
 
 def _materialize(model: torch.nn.Module, target: Optional[str], config, buffer_init) -> None:
-    """Gives meta parameters their local storage (to_empty), then restores the non-persistent buffers
-    to_empty wiped: prepare's values, else buffer_init, else shardcast's rules. A buffer with none of
-    these is a ConfigError naming every such buffer."""
+    """Gives meta parameters their local storage, zero-valued at no cost (_materialize.zero_storage: lazy-zero
+    on the host, nothing committed until the stream writes), then restores the non-persistent buffers that
+    wiped: prepare's values, else buffer_init, else shardcast's rules. A buffer with none of these is a
+    ConfigError naming every such buffer."""
     pinned = _pinned_host(target)
-    device = torch.device(target) if target is not None and not pinned else None
+    device = _device(target)
     prepared = getattr(model, _PREPARED, None) or {}
     keep = dict(prepared.get("buffers", {}))
     for name, buf, _, _ in _non_persistent(model):  # values set since prepare (or without it) win
@@ -441,7 +488,7 @@ def _materialize(model: torch.nn.Module, target: Optional[str], config, buffer_i
         if pinned:  # to_empty, with every new tensor (a DTensor's local shard too) in pinned memory
             model._apply(lambda t: torch.empty_like(t, device="cpu", pin_memory=True))
         else:
-            model.to_empty(device=device or torch.device("cpu"))
+            zero_storage(model, device or torch.device("cpu"))
     cfg = config if config is not None else getattr(model, "config", None)
     _, missing = _compute_buffers(model, _config_json(cfg), "<config>", None, inits, keep)
     if missing:

@@ -9,6 +9,7 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 import torch
 
 from . import _shardcast
+from ._materialize import zeros
 from ._shardcast import ConfigError, InvalidArgument, Unsupported
 
 BufferInit = Callable[[str, torch.Tensor], torch.Tensor]
@@ -125,7 +126,7 @@ def prepare(model: torch.nn.Module, config=None, target: str = "cpu",
 
     Parameters stay on meta. Non-persistent buffers (RoPE inv_freq) get real memory on `target` and are
     computed locally from `config` with shardcast's rules, or by `buffer_init={pattern: fn(name, meta)}`
-    for buffers no rule covers; `load` keeps these values (its `to_empty` would wipe them). Persistent
+    for buffers no rule covers; `load` keeps these values (its materialization would wipe them). Persistent
     buffers get real, zeroed memory; `load` fills them. Entries the model class keeps in fp32
     (`_keep_in_fp32_modules_strict`, e.g. DeepSeek-V3's `e_score_correction_bias`) are made fp32, as
     `from_pretrained` does. A ConfigError names every buffer that has no value, all at once.
@@ -143,7 +144,7 @@ def prepare(model: torch.nn.Module, config=None, target: str = "cpu",
         if leaf in owner._non_persistent_buffers_set:
             continue
         if buf.device.type == "meta":
-            owner._buffers[leaf] = torch.zeros(buf.shape, dtype=buf.dtype, device=device)
+            owner._buffers[leaf] = zeros(buf.shape, buf.dtype, device)
         persistent.append(name)
     if pinned:
         _pin_buffers(model)

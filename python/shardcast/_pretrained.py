@@ -33,7 +33,7 @@ import torch
 
 from . import _prefetch
 from ._launch import launch
-from ._load import _target
+from ._load import _cuda_device, _target
 from ._log import logged
 from ._shardcast import CheckpointError, InvalidArgument, Unsupported
 
@@ -98,6 +98,25 @@ def _dist_ready(device_type: str) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timeout)
+
+
+def _pretrained_target(target: Optional[str], mesh) -> Optional[str]:
+    """from_pretrained's target: the one given, else the mesh's device, else CUDA where the job runs on GPUs.
+    A CUDA target binds this rank to cuda:LOCAL_RANK, as transformers' distributed_config does."""
+    if target is None:
+        on_gpus = mesh.device_type == "cuda" if mesh is not None else _job_has_gpus()
+        target = "cuda" if on_gpus else None
+    if target == "cuda" and torch.cuda.is_available():
+        torch.cuda.set_device(_cuda_device())
+    return target
+
+
+def _job_has_gpus() -> bool:
+    """torch sees a GPU for this rank's LOCAL_RANK (0 without a launcher)."""
+    if not torch.cuda.is_available():
+        return False
+    local = os.environ.get("LOCAL_RANK", "0").strip()
+    return int(local) < torch.cuda.device_count() if local.isdigit() else True
 
 
 def _default_mesh(target: Optional[str]):
@@ -378,7 +397,11 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
 
     path_or_local_repo_id: a checkpoint directory (config.json + safetensors), or a repo id already in
         the local Hugging Face cache (never downloaded).
-    mesh: a 1-d DeviceMesh; default: all ranks, on CPU (or CUDA with target="cuda").
+    mesh: a DeviceMesh: 1-d (FSDP over its ranks), or 2-d (replicate, shard) for HSDP, as fully_shard takes
+        it; default: all ranks, on CUDA when the job runs on GPUs (torch.cuda.is_available() and a GPU for
+        LOCAL_RANK, as transformers' distributed_config decides), else on CPU.
+    target: where the shards live; default: the mesh's device (cuda:LOCAL_RANK for a CUDA mesh, bound
+        as this rank's current device). "cpu" or "pinned" into a CUDA mesh is an InvalidArgument.
     distributed_config: transformers' DistributedConfig (or a dict of it), or its sizes as keywords
         (tp_size, ep_size, fsdp_size, dp_replicate_size): the model is laid out with transformers' own
         TP, EP and FSDP2 plans and meshes instead of `mesh`/`shard`/`fsdp_kwargs`, then loaded.
@@ -416,7 +439,7 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
         # From the first line to the load's agreement, a failure on this rank is carried into it
         # (_join_failed_load): the others would otherwise wait for this rank until their timeout.
         try:
-            target = _target(target)
+            target = _pretrained_target(_target(target), mesh)
             path = resolve_checkpoint(path_or_local_repo_id, revision=revision)
             ahead = _prefetch.start(path, force=bool(prefetch)) if prefetch is not False else None
             config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)

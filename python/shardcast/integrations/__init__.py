@@ -1,0 +1,1 @@
+"""shardcast inside other frameworks' flows: `shardcast.integrations.accelerate.prepare_pretrained`."""
