@@ -43,8 +43,25 @@ def zeros(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> tor
     up, a memset below that and on CUDA."""
     shape = tuple(int(n) for n in shape)
     if device.type == "cpu" and math.prod(shape) * dtype.itemsize >= LAZY_ZERO_MIN_BYTES:
-        return _shardcast.lazy_zero_tensor(list(shape), dtype)
+        try:
+            return _shardcast.lazy_zero_tensor(list(shape), dtype)
+        except _shardcast.IoError as e:  # a refused mapping: vm.max_map_count (65530 by default) reached
+            _warn_once(e)
     return torch.zeros(shape, dtype=dtype, device=device)
+
+
+_WARNED = []
+
+
+def _warn_once(e: BaseException) -> None:
+    """The first refused mapping is logged; the tensors from then on are heap zeros (committed), which
+    is slower and larger but still correct."""
+    if not _WARNED:
+        _WARNED.append(e)
+        import logging
+        logging.getLogger("shardcast").warning(
+            "lazy-zero mapping refused (%s); this rank's remaining shards are committed zeros. Raise "
+            "vm.max_map_count if the model has tens of thousands of tensors per rank.", e)
 
 
 def _zeros_like(t: torch.Tensor, device: torch.device, fsdp_param) -> torch.Tensor:

@@ -117,3 +117,22 @@ def test_prepare_pretrained_is_public_and_the_old_import_still_works():
     from shardcast._accelerate import prepare_pretrained as old
     from shardcast.integrations.accelerate import prepare_pretrained
     assert prepare_pretrained is old and prepare_pretrained.__module__ == "shardcast.integrations.accelerate"
+
+
+def test_a_refused_mapping_falls_back_to_committed_zeros(monkeypatch, caplog):
+    """A rank with more large tensors than vm.max_map_count allows mappings gets heap zeros for the rest,
+    with one warning, instead of failing the load. The refusal is the allocator's own IoError."""
+    import shardcast._materialize as m
+    from shardcast import IoError
+
+    def refused(shape, dtype):
+        raise IoError("lazy-zero mapping of 131072 bytes: Cannot allocate memory")
+
+    monkeypatch.setattr(m._shardcast, "lazy_zero_tensor", refused)
+    monkeypatch.setattr(m, "_WARNED", [])
+    with caplog.at_level("WARNING", logger="shardcast"):
+        a = m.zeros((256, 256), torch.bfloat16, torch.device("cpu"))
+        b = m.zeros((512, 128), torch.float32, torch.device("cpu"))
+    assert a.shape == (256, 256) and a.dtype == torch.bfloat16 and not a.any()
+    assert b.shape == (512, 128) and not b.any()
+    assert sum("lazy-zero mapping refused" in r.getMessage() for r in caplog.records) == 1
