@@ -38,7 +38,7 @@ def sharded_state(world):
 
 def main():
     mode, root, out = sys.argv[1], sys.argv[2], sys.argv[3]
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=10))
     rank, world = dist.get_rank(), dist.get_world_size()
     sd = sharded_state(world)
     result = {}

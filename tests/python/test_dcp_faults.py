@@ -59,7 +59,7 @@ def test_rank0_lost_before_it_answers_read_metadata(root, tmp_path, action):
     for r in survivors(results):
         # The reader raises on its own, within its 5 s timeout (+1 s for a store that does not answer):
         # CommError for a store that is gone, CommTimeout for one that is frozen. DCP then raises its own
-        # error when its gather to rank 0 fails (its group's 20 s timeout when rank 0 is frozen).
+        # error when its gather to rank 0 fails (its group's 10 s timeout when rank 0 is frozen).
         cls, message, seconds = r["read_metadata"]
         assert cls in ({"CommTimeout"} if action == "stop" else {"CommError", "CommTimeout"}), r
         assert "rank 0" in message and seconds < 10, r
