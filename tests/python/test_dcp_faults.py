@@ -3,12 +3,12 @@ freeze is the hardest case. Killed or frozen before it answers read_metadata, ki
 save or a training-state save: every other rank must end with an error within seconds (the reader's
 timeout is 5 s), none may hang, and the checkpoint already at the path must not be left mixed. One rank
 launch per case (a killed rank ends its launch), at W=3 on tiny files (tests/python/dcp_faults_worker.py)."""
-import hashlib
 import os
 
 import pytest
 
 import ranks
+from dcp_writer_worker import tree_digest
 
 import torch
 from safetensors.torch import save_file
@@ -16,18 +16,6 @@ from safetensors.torch import save_file
 WORKER = "dcp_faults_worker.py"
 WORLD = 3
 SHAPES = {"a.weight": (37, 5), "b.weight": (11,), "c.weight": (6, 129)}  # as the worker's
-
-
-def tree_digest(d):
-    h = hashlib.sha256()
-    for base, dirs, files in sorted(os.walk(d)):
-        dirs.sort()
-        for f in sorted(files):
-            p = os.path.join(base, f)
-            h.update(os.path.relpath(p, d).encode())
-            with open(p, "rb") as fh:
-                h.update(fh.read())
-    return h.hexdigest()
 
 
 @pytest.fixture()
