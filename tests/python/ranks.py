@@ -95,7 +95,9 @@ class Scenarios:
                              root=checkpoints)
         per_rank = launches("mismatch", 3)   # [rank 0's result, rank 1's, ...]
 
-    A scenario is a name (the worker's mode, run on `root`) or a (name, root) pair. A scenario that raised
+    A scenario is a name (the worker's mode, run on `root`), a (name, root) pair, or a (name, root, env)
+    triple whose variables are set for that scenario only. A name may carry a label after a colon
+    ("native:rank0"), which keeps two runs of one mode apart; the worker sees the mode. A scenario that raised
     on a rank, or that a rank never reached (it died, or the launch ran past its timeout), fails the test
     that asks for it, naming the scenario and the rank, with the traceback or the rank's log; the others
     keep their results."""
@@ -103,7 +105,8 @@ class Scenarios:
     def __init__(self, script, tmp_path_factory, by_world, root=None, timeout=600, env=None, rank_env=None):
         self.script, self.tmp, self.root, self.timeout = script, tmp_path_factory, root, timeout
         self.env, self.rank_env = env or {}, rank_env
-        self.by_world = {w: [s if isinstance(s, tuple) else (s, root) for s in names] for w, names in by_world.items()}
+        self.by_world = {w: [(s, root, {}) if isinstance(s, str) else (tuple(s) + ({},))[:3] for s in names]
+                         for w, names in by_world.items()}
         self.launched = {}
 
     def __call__(self, name, world):
@@ -121,9 +124,9 @@ class Scenarios:
 
     def _launch(self, world):
         scenarios = self.by_world[world]
-        assert len({n for n, _ in scenarios}) == len(scenarios), scenarios
+        assert len({n for n, _, _ in scenarios}) == len(scenarios), scenarios
         tmp = self.tmp.mktemp(f"{os.path.splitext(self.script)[0]}-w{world}")
-        env = dict(self.env, SHARDCAST_TEST_SCENARIOS=json.dumps([[n, str(r)] for n, r in scenarios]))
+        env = dict(self.env, SHARDCAST_TEST_SCENARIOS=json.dumps([[n, str(r), e] for n, r, e in scenarios]))
         for attempt in range(3):
             try:
                 codes, logs = _launch(self.script, SCENARIOS, scenarios[0][1], world, tmp / "out", _free_port(), env,
@@ -144,8 +147,8 @@ class Scenarios:
 
 
 def each_scenario(mode, root, call, out_file):
-    """The worker's side: for MODE `scenarios`, runs call(name, root) for each scenario the launch lists,
-    in order, and writes {name: {"result": ...} or {"raised": traceback}} to out_file after each (a rank
+    """The worker's side: for MODE `scenarios`, runs call(mode, root) for each scenario the launch lists,
+    in order, with its variables set, and writes {name: {"result": ...} or {"raised": traceback}} to out_file after each (a rank
     that dies leaves what it finished). Otherwise runs call(MODE, ROOT) alone, writes and returns its
     result, as a launch of one mode always did. Returns what it wrote."""
     if mode != SCENARIOS:
@@ -153,11 +156,19 @@ def each_scenario(mode, root, call, out_file):
         _write(out_file, result)
         return result
     done = {}
-    for name, scenario_root in json.loads(os.environ["SHARDCAST_TEST_SCENARIOS"]):
+    for name, scenario_root, env in json.loads(os.environ["SHARDCAST_TEST_SCENARIOS"]):
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
-            done[name] = {"result": call(name, scenario_root)}
+            done[name] = {"result": call(name.split(":")[0], scenario_root)}
         except Exception:  # noqa: BLE001  (recorded for the test that reads it; the next scenario runs)
             done[name] = {"raised": traceback.format_exc()}
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k)
+                else:
+                    os.environ[k] = v
         _write(out_file, done)
     return done
 

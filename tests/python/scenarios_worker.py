@@ -1,5 +1,5 @@
 """One rank of test_ranks.py, without torch (it starts in milliseconds): `python scenarios_worker.py MODE ROOT
-OUT` with torchrun's variables. Its scenarios: echo (this rank's view), raise_on_1 (rank 1 raises), die_on_1
+OUT` with torchrun's variables. Its scenarios: echo (this rank's view, SCENARIO_VAR included), raise_on_1 (rank 1 raises), die_on_1
 (rank 1 exits mid-launch), sleep (outlives any test's timeout)."""
 import os
 import sys
@@ -10,8 +10,8 @@ import ranks
 
 def scenario(name, root):
     rank = int(os.environ["RANK"])
-    if name.startswith("echo"):
-        return {"rank": rank, "world": int(os.environ["WORLD_SIZE"]), "root": root}
+    if name == "echo":
+        return {"rank": rank, "world": int(os.environ["WORLD_SIZE"]), "root": root, "var": os.environ.get("SCENARIO_VAR")}
     if name == "raise_on_1" and rank == 1:
         raise ValueError("rank 1 fails this one on purpose")
     if name == "die_on_1" and rank == 1:

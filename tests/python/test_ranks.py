@@ -11,28 +11,28 @@ def _launch(tmp_path_factory, by_world, timeout=60):
     return ranks.Scenarios("scenarios_worker.py", tmp_path_factory, by_world, root="/the/root", timeout=timeout)
 
 
-def test_each_scenario_gets_its_own_results_and_its_own_root(tmp_path_factory):
-    run = _launch(tmp_path_factory, {2: ["echo", ("echo_elsewhere", "/another/root")], 3: ["echo"]})
-    assert run("echo", 2) == [{"rank": r, "world": 2, "root": "/the/root"} for r in range(2)]
-    assert [r["root"] for r in run("echo_elsewhere", 2)] == ["/another/root"] * 2
+def test_each_scenario_gets_its_own_results_root_and_variables(tmp_path_factory):
+    run = _launch(tmp_path_factory, {2: [("echo:set", "/another/root", {"SCENARIO_VAR": "x"}), "echo"], 3: ["echo"]})
+    assert run("echo:set", 2) == [{"rank": r, "world": 2, "root": "/another/root", "var": "x"} for r in range(2)]
+    assert run("echo", 2) == [{"rank": r, "world": 2, "root": "/the/root", "var": None} for r in range(2)]
     assert [r["world"] for r in run("echo", 3)] == [3, 3, 3]
 
 
 def test_a_scenario_that_raises_fails_its_test_only_naming_it_and_the_rank(tmp_path_factory):
-    run = _launch(tmp_path_factory, {2: ["echo", "raise_on_1", "echo_after"]})
+    run = _launch(tmp_path_factory, {2: ["echo", "raise_on_1", "echo:after"]})
     with pytest.raises(AssertionError) as info:
         run("raise_on_1", 2)
     message = str(info.value)
     assert "scenario 'raise_on_1' (world size 2) raised on rank 1" in message, message
     assert "ValueError: rank 1 fails this one on purpose" in message, message
     assert [r["rank"] for r in run("echo", 2)] == [0, 1]  # before it
-    assert [r["rank"] for r in run("echo_after", 2)] == [0, 1]  # and after it: still run
+    assert [r["rank"] for r in run("echo:after", 2)] == [0, 1]  # and after it: still run
 
 
 def test_a_rank_that_dies_keeps_what_it_finished_and_names_itself_in_the_rest(tmp_path_factory):
-    run = _launch(tmp_path_factory, {2: ["echo", "die_on_1", "echo_after"]})
+    run = _launch(tmp_path_factory, {2: ["echo", "die_on_1", "echo:after"]})
     assert [r["rank"] for r in run("echo", 2)] == [0, 1]
-    for name in ("die_on_1", "echo_after"):
+    for name in ("die_on_1", "echo:after"):
         with pytest.raises(AssertionError) as info:
             run(name, 2)
         message = str(info.value)
