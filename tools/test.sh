@@ -18,26 +18,42 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 
 # Each target runs from its seeds in tests/fuzz/corpus/<target>/ (read-only) into a working corpus
 # in build-asan/fuzz-corpus/<target>/ that grows from run to run; the header parser's also starts
-# from the malformed-file corpus. The time is split evenly over the targets.
+# from the malformed-file corpus. The time is split evenly over the targets, and $jobs of them run at
+# once (libFuzzer uses one core): the same fuzzing in 1/$jobs of the wall time.
 fuzz_targets=(header_fuzzer index_fuzzer checkpoint_fuzzer read_fuzzer)
 fuzz_seconds=${SHARDCAST_FUZZ_SECONDS:-80}
 per_target=$(( fuzz_seconds / ${#fuzz_targets[@]} ))
 (( per_target >= 1 )) || per_target=1
-echo "== fuzzing ${#fuzz_targets[@]} targets, ${per_target} s each"
+echo "== fuzzing ${#fuzz_targets[@]} targets, ${per_target} s each, ${jobs} at a time"
 mkdir -p build-asan/fuzz-corpus/header_fuzzer
 SHARDCAST_CORPUS_DIR=build-asan/fuzz-corpus/header_fuzzer build-asan/tests/loaders_test --gtest_filter='Corpus/*' >/dev/null
-for t in "${fuzz_targets[@]}"; do
+fuzz() {  # its exit status to build-asan/fuzz-<target>.rc
+  local t=$1 rc=0
   mkdir -p "build-asan/fuzz-corpus/$t"
+  build-asan/tests/fuzz/"$t" -max_total_time="$per_target" -max_len=8192 -timeout=10 -print_final_stats=1 \
+    -artifact_prefix="build-asan/fuzz-$t-" "build-asan/fuzz-corpus/$t" "tests/fuzz/corpus/$t" \
+    >"build-asan/fuzz-$t.log" 2>&1 || rc=$?
+  echo "$rc" >"build-asan/fuzz-$t.rc"
+}
+rm -f build-asan/fuzz-*.rc
+for t in "${fuzz_targets[@]}"; do
+  while (( $(jobs -rp | wc -l) >= jobs )); do sleep 0.2; done
+  fuzz "$t" &
+done
+wait
+failed=0
+for t in "${fuzz_targets[@]}"; do
   log="build-asan/fuzz-$t.log"
-  if ! build-asan/tests/fuzz/"$t" -max_total_time="$per_target" -max_len=8192 -timeout=10 -print_final_stats=1 \
-      -artifact_prefix="build-asan/fuzz-$t-" "build-asan/fuzz-corpus/$t" "tests/fuzz/corpus/$t" >"$log" 2>&1; then
+  if [[ "$(cat "build-asan/fuzz-$t.rc" 2>/dev/null)" != 0 ]]; then
     tail -n 40 "$log"
     echo "$t FAILED; the input is build-asan/fuzz-$t-*, the log $log"
-    exit 1
+    failed=1
+    continue
   fi
   # The final stats: "#<execs> DONE cov: <edges> ft: <features> ... exec/s: <rate>".
   printf '%-18s %s\n' "$t" "$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -n 1)"
 done
+(( failed == 0 )) || exit 1
 
 echo "== full build (build/, shared with the set-up's pip install), then unit, multi-process, Python and install tests"
 tools/build.sh

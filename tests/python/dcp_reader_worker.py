@@ -16,9 +16,8 @@ MODE "compare": every scenario below in one launch (ROOT holds the checkpoints t
   metadata   read_metadata of both readers equal (keys, dtypes, sizes, chunks, files)
 MODE "truncated": this rank's own copy of the checkpoint (ROOT/copy-<rank>) is read; the test truncated
   rank 1's. MODE "kill": SHARDCAST_FAULT kills a rank mid-stream. Both write the exception each survivor
-  raised.
+  raised. MODE "scenarios": several modes in turn, in these processes (ranks.each_scenario).
 """
-import json
 import os
 import sys
 import traceback
@@ -32,6 +31,7 @@ from torch.distributed.checkpoint.quantized_hf_storage import QuantizedHuggingFa
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
+import ranks
 import shardcast.dcp as sdcp
 
 
@@ -204,10 +204,8 @@ def metadata(root, problems):
     return 2
 
 
-def main():
-    mode, root, out = sys.argv[1], sys.argv[2], sys.argv[3]
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+def run(mode, root, rank, world):
+    """One mode's result on this rank; an unexpected exception is its "crash"."""
     result = {}
     try:
         if mode == "compare":
@@ -230,8 +228,14 @@ def main():
                 result["shardcast"] = sorted({f"{type(x[0]).__name__}: {x[0]}" for x in failures.values()})
     except Exception:  # noqa: BLE001
         result["crash"] = traceback.format_exc()
-    with open(f"{out}.{rank}", "w") as f:
-        json.dump(result, f)
+    return result
+
+
+def main():
+    mode, root, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ranks.each_scenario(mode, root, lambda name, where: run(name, where, rank, world), f"{out}.{rank}")
     os._exit(0)  # no teardown: a killed peer must not hang this rank's exit
 
 

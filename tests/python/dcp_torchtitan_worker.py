@@ -13,6 +13,7 @@ MODE write:    (one rank) for every scenario, a tiny torchtitan model built and 
                torchtitan's names (fp32; the fp8 weights dequantized block by block).
 MODE fsdp:     world 4, FSDP over all 4 ranks.
 MODE tp2fsdp2: world 4, TP 2 x FSDP 2.
+MODE scenarios: layouts in turn, in these processes (ranks.each_scenario).
                For every scenario and reader (torch, then shardcast when importable): a fresh model on the
                meta device, torchtitan's parallelize_fn, to_empty + init_weights, then torchtitan's
                dcp_load. Reports per scenario and reader the CRC32 of every local shard (parameters and
@@ -27,6 +28,8 @@ import zlib
 
 import torch
 import torch.distributed as dist
+
+import ranks
 
 SCENARIOS = ("qwen3_moe", "qwen3_moe_e3", "deepseek_v3", "deepseek_v3_fp8")
 # qwen3_moe_e3: 3 experts, fewer than the FSDP degree 4, so torchtitan's apply_fsdp_to_decoder shards the
@@ -256,10 +259,11 @@ def main():
         result = write(root)
     else:
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
-        try:
-            result = load_all(root, rank, world, mode)
+        try:  # MODE scenarios: both layouts in turn, in these processes
+            ranks.each_scenario(mode, root, lambda layout, where: load_all(where, rank, world, layout), f"{out}.{rank}")
         finally:
             dist.destroy_process_group()
+        return
     with open(f"{out}.{rank}", "w") as f:
         json.dump(result, f)
 

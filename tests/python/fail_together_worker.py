@@ -1,15 +1,15 @@
 """One rank of test_fail_together.py: `python fail_together_worker.py MODE ROOT OUT` with torchrun's variables.
 
-MODE scenarios: world 3. Each scenario is a load, save or from_pretrained that fails on ONE rank only,
+MODE options: world 3. Each scenario is a load, save or from_pretrained that fails on ONE rank only,
 before the ranks agree (a bad SHARDCAST_TARGET, a bad chunk_bytes, a wrongly typed option, a bad
 explicit mapping), on rank 0 in some scenarios and on rank 2 in others. Every call runs with a
 collective timeout of 600 s, so a rank left waiting for the failed one would take minutes. Each
 rank records, per scenario, the exception's class and message and how long the call took; a load
 that succeeds on every rank closes the run (the per-group exchange and operation counters are still
 in step after all the failures).
+MODE pretrained: the same for from_pretrained. MODE scenarios: several modes in turn (ranks.each_scenario).
 """
 import datetime
-import json
 import os
 import sys
 import time
@@ -17,6 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
+import ranks
 import shardcast
 
 TIMEOUT = 600.0  # seconds per collective: a rank left waiting would show as minutes, not seconds
@@ -47,7 +48,7 @@ class _Env:
                 os.environ[k] = v
 
 
-def scenarios(root, rank, world):
+def options(root, rank, world):
     from safetensors.torch import load_file
     path = os.path.join(root, "model.safetensors")
     ref = load_file(path)
@@ -150,11 +151,10 @@ def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=TIMEOUT))
     try:
-        result = {"scenarios": scenarios, "pretrained": pretrained}[mode](root, rank, world)
+        modes = {"options": options, "pretrained": pretrained}
+        ranks.each_scenario(mode, root, lambda name, where: modes[name](where, rank, world), f"{out}.{rank}")
     finally:
         dist.destroy_process_group()
-    with open(f"{out}.{rank}", "w") as f:
-        json.dump(result, f)
 
 
 if __name__ == "__main__":

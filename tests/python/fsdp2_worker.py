@@ -13,17 +13,19 @@ MODE keys_fail: rank 0 fails while working out which checkpoint tensors make the
 MODE keys_freeze: rank 0 freezes there instead (it never publishes them, never reaches the handshake);
                every other rank must fail within its timeouts, naming rank 0, and end.
 
+MODE scenarios: several of these modes in turn, in these processes (ranks.each_scenario).
+
 Every mode counts this rank's reads of the checkpoint's keys (index and headers, in Python): only rank 0
 may read them; the others get what the load needs from it.
 """
 import datetime
-import json
 import os
 import sys
 
 import torch
 import torch.distributed as dist
 
+import ranks
 import shardcast
 
 KEY_READS = [0]
@@ -55,6 +57,7 @@ def flow(root, rank, world):
     from transformers import AutoConfig, AutoModelForCausalLM
     mesh = init_device_mesh("cpu", (world,))
     out = {}
+    KEY_READS[0] = 0  # the scenarios before this one in the same processes read keys too
     for name in sorted(os.listdir(root)):
         ckpt = os.path.join(root, name)
         config = AutoConfig.from_pretrained(ckpt)
@@ -266,6 +269,8 @@ def _load_with_keys_on_rank0(root, rank, world, read_keys, timeout):
         shardcast.load(model, ckpt, timeout=timeout)
     except shardcast.ShardcastError as e:
         return {"type": type(e).__name__, "message": str(e)}
+    finally:  # the next scenario in these processes reads the keys for real
+        shardcast._load.checkpoint_keys = _counted_checkpoint_keys
     return {"type": None}
 
 
@@ -288,9 +293,7 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     modes = {"flow": flow, "mapping": mapping, "mapping_bad_rows": mapping_bad_rows, "mismatch": mismatch, "hsdp": hsdp, "fault": fault,
              "keys_fail": keys_fail, "keys_freeze": keys_freeze, "mapping_boxes": mapping_boxes, "mapping_bad_box": mapping_bad_box}
-    result = modes[mode](root, rank, world)
-    with open(f"{out_path}.{rank}", "w") as f:
-        json.dump(result, f)
+    ranks.each_scenario(mode, root, lambda name, where: modes[name](where, rank, world), f"{out_path}.{rank}")
     dist.destroy_process_group()
 
 

@@ -18,6 +18,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+import ranks
 import shardcast
 from dtensor_ref import split_reference
 
@@ -164,9 +165,8 @@ def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     try:
-        result = {"native": native, "manual": manual}[mode](root, rank, world)
-        with open(f"{out_path}.{rank}", "w") as f:
-            json.dump(result, f)
+        modes = {"native": native, "manual": manual}  # MODE scenarios: several in turn (ranks.each_scenario)
+        ranks.each_scenario(mode, root, lambda name, where: modes[name](where, rank, world), f"{out_path}.{rank}")
         dist.barrier()
     finally:
         dist.destroy_process_group()

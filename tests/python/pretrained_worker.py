@@ -9,6 +9,7 @@ MODE launched: ROOT/llama through from_pretrained with no process group and no t
               only srun's (SLURM_PROCID, SLURM_NTASKS): the world is srun's, or an InvalidArgument.
 MODE accelerate: shardcast._accelerate.prepare_pretrained against from_pretrained + accelerate's own
               FSDP2 preparation (fsdp2_prepare_model: auto-wrap, embedding and tail groups), same comparison.
+MODE scenarios: several of compare, repo and accelerate in turn, in these processes (ranks.each_scenario).
 """
 import datetime
 import json
@@ -18,6 +19,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+import ranks
 import shardcast
 
 DTYPE = torch.bfloat16
@@ -125,6 +127,27 @@ def launched(root, out_path):
         json.dump(result, f)
 
 
+def compare_all(root, mesh):
+    result = {}
+    for i, name in enumerate(sorted(os.listdir(root))):
+        # One model also exercises fsdp_kwargs reaching every fully_shard.
+        kwargs = {"reshard_after_forward": False} if i == 0 else {}
+        result[name] = compare(name, os.path.join(root, name), os.path.join(root, name), mesh, kwargs)
+    return result
+
+
+def accelerate_all(root, mesh):
+    return {name: compare(name, None, os.path.join(root, name), mesh, {}, accelerate=True)
+            for name in sorted(os.listdir(root))}
+
+
+def repo(repo_id, mesh):
+    path = shardcast._pretrained.resolve_checkpoint(repo_id)
+    result = {repo_id: compare(repo_id, repo_id, path, mesh, {})}
+    result[repo_id]["resolved"] = path
+    return result
+
+
 def main():
     mode, root, out_path = sys.argv[1:4]
     if mode == "launched":
@@ -132,21 +155,8 @@ def main():
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    result = {}
-    if mode == "compare":
-        for i, name in enumerate(sorted(os.listdir(root))):
-            # One model also exercises fsdp_kwargs reaching every fully_shard.
-            kwargs = {"reshard_after_forward": False} if i == 0 else {}
-            result[name] = compare(name, os.path.join(root, name), os.path.join(root, name), mesh, kwargs)
-    elif mode == "accelerate":
-        for name in sorted(os.listdir(root)):
-            result[name] = compare(name, None, os.path.join(root, name), mesh, {}, accelerate=True)
-    else:
-        path = shardcast._pretrained.resolve_checkpoint(root)
-        result[root] = compare(root, root, path, mesh, {})
-        result[root]["resolved"] = path
-    with open(f"{out_path}.{dist.get_rank()}", "w") as f:
-        json.dump(result, f)
+    modes = {"compare": compare_all, "accelerate": accelerate_all, "repo": repo}
+    ranks.each_scenario(mode, root, lambda name, where: modes[name](where, mesh), f"{out_path}.{dist.get_rank()}")
     dist.destroy_process_group()
 
 

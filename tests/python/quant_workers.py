@@ -10,6 +10,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+import ranks
 import shardcast
 
 
@@ -127,14 +128,15 @@ def assert_one_error_everywhere(results, says, kind="CheckpointError"):
 
 def run(modes, all_names, timeout_s=120, backend="gloo"):
     """`python WORKER.py MODE ROOT OUT` under torchrun's variables: MODE ("all": all_names(world)) run
-    on this rank, each as modes[name](root, rank, world), the results written as JSON to OUT.<rank>.
+    on this rank, each as modes[name](root, rank, world), the results written as JSON to OUT.<rank> as
+    {name: result}; MODE `scenarios`: several such MODEs in turn (ranks.each_scenario).
     backend: init_process_group's, or a callable(MODE) giving it."""
     mode, root, out_path = sys.argv[1:4]
     backend = backend(mode) if callable(backend) else backend
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     rank, world = dist.get_rank(), dist.get_world_size()
-    names = all_names(world) if mode == "all" else [mode]
-    result = {name: modes[name](root, rank, world) for name in names}
-    with open(f"{out_path}.{rank}", "w") as f:
-        json.dump(result, f)
+
+    def one(name, where):
+        return {n: modes[n](where, rank, world) for n in (all_names(world) if name == "all" else [name])}
+    ranks.each_scenario(mode, root, one, f"{out_path}.{rank}")
     dist.destroy_process_group()

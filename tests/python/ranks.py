@@ -1,10 +1,16 @@
 """Real ranks for the Python tests: a worker script run as N processes with torchrun's variables, each
-writing a JSON result. Every process has a deadline; nothing is left running."""
+writing a JSON result. Every process has a deadline; nothing is left running.
+
+Starting a rank costs seconds (it imports torch, often transformers), so a test file runs the scenarios
+that share a world size in one launch (`Scenarios`): the worker runs each in turn (`each_scenario`), a
+scenario that raises is recorded and the next one still runs, and each test reads its own scenario's
+results. Scenarios that kill or freeze a rank keep launches of their own (`run`)."""
 import json
 import os
 import socket
 import subprocess
 import sys
+import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -35,6 +41,19 @@ def run(script, mode, root, world, tmp_path, env=None, timeout=300, allow_fail=F
 
 def _run_once(script, mode, root, world, tmp_path, env, timeout, allow_fail, rank_env, faulted):
     port, out = _free_port(), tmp_path / f"{mode}-{world}"
+    codes, logs = _launch(script, mode, root, world, out, port, env, timeout, rank_env, faulted)
+    results = []
+    for r in range(world):
+        path = tmp_path / f"{mode}-{world}.{r}"
+        if not allow_fail:
+            assert codes[r] == 0, f"rank {r} failed:\n{logs[r][-3000:]}"
+        results.append(json.loads(path.read_text()) if path.exists() else None)
+    return results
+
+
+def _launch(script, mode, root, world, out, port, env, timeout, rank_env, faulted):
+    """Runs the ranks to their end: (exit codes, logs). Raises subprocess.TimeoutExpired when a rank not
+    in `faulted` outlives the timeout, PortTaken when the port went to someone else."""
     base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
                 TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1",
                 SHARDCAST_TEST_FAULTS="1", **env)  # SHARDCAST_FAULT acts only in tests
@@ -60,10 +79,102 @@ def _run_once(script, mode, root, world, tmp_path, env, timeout, allow_fail, ran
             p.kill()
     if any("EADDRINUSE" in log for log in logs):
         raise PortTaken()
-    results = []
-    for r, p in enumerate(procs):
-        path = tmp_path / f"{mode}-{world}.{r}"
-        if not allow_fail:
-            assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-3000:]}"
-        results.append(json.loads(path.read_text()) if path.exists() else None)
-    return results
+    return [p.returncode for p in procs], logs
+
+
+# ---- several scenarios in one launch ------------------------------------------------------------------
+
+SCENARIOS = "scenarios"  # the MODE argument of a launch of several scenarios; their list is in its env
+
+
+class Scenarios:
+    """The scenarios of one test file, one launch per world size, made when a test first asks for one of
+    them and shared by the file's tests:
+
+        launches = Scenarios("fsdp2_worker.py", tmp_path_factory, {3: ["mapping", "mismatch"], 4: ["flow"]},
+                             root=checkpoints)
+        per_rank = launches("mismatch", 3)   # [rank 0's result, rank 1's, ...]
+
+    A scenario is a name (the worker's mode, run on `root`), a (name, root) pair, or a (name, root, env)
+    triple whose variables are set for that scenario only. A name may carry a label after a colon
+    ("native:rank0"), which keeps two runs of one mode apart; the worker sees the mode. A scenario that raised
+    on a rank, or that a rank never reached (it died, or the launch ran past its timeout), fails the test
+    that asks for it, naming the scenario and the rank, with the traceback or the rank's log; the others
+    keep their results."""
+
+    def __init__(self, script, tmp_path_factory, by_world, root=None, timeout=600, env=None, rank_env=None):
+        self.script, self.tmp, self.root, self.timeout = script, tmp_path_factory, root, timeout
+        self.env, self.rank_env = env or {}, rank_env
+        self.by_world = {w: [(s, root, {}) if isinstance(s, str) else (tuple(s) + ({},))[:3] for s in names]
+                         for w, names in by_world.items()}
+        self.launched = {}
+
+    def __call__(self, name, world):
+        if world not in self.launched:
+            self.launched[world] = self._launch(world)
+        results, why = self.launched[world]
+        out = []
+        for rank, r in enumerate(results):
+            if r is None or name not in r:
+                raise AssertionError(f"scenario {name!r} (world size {world}): rank {rank} never finished it; {why[rank]}")
+            if "raised" in r[name]:
+                raise AssertionError(f"scenario {name!r} (world size {world}) raised on rank {rank}:\n{r[name]['raised']}")
+            out.append(r[name]["result"])
+        return out
+
+    def _launch(self, world):
+        scenarios = self.by_world[world]
+        assert len({n for n, _, _ in scenarios}) == len(scenarios), scenarios
+        tmp = self.tmp.mktemp(f"{os.path.splitext(self.script)[0]}-w{world}")
+        env = dict(self.env, SHARDCAST_TEST_SCENARIOS=json.dumps([[n, str(r), e] for n, r, e in scenarios]))
+        for attempt in range(3):
+            try:
+                codes, logs = _launch(self.script, SCENARIOS, scenarios[0][1], world, tmp / "out", _free_port(), env,
+                                      self.timeout, self.rank_env, ())
+                break
+            except PortTaken:
+                if attempt == 2:
+                    raise
+            except subprocess.TimeoutExpired:
+                codes, logs = [None] * world, [f"the launch ran past its {self.timeout} s"] * world
+                break
+        results, why = [], []
+        for r in range(world):
+            path = tmp / f"out.{r}"
+            results.append(json.loads(path.read_text()) if path.exists() else None)
+            why.append(logs[r] if codes[r] is None else f"it exited with {codes[r]}, its log ends:\n{logs[r][-3000:]}")
+        return results, why
+
+
+def each_scenario(mode, root, call, out_file):
+    """The worker's side: for MODE `scenarios`, runs call(mode, root) for each scenario the launch lists,
+    in order, with its variables set, and writes {name: {"result": ...} or {"raised": traceback}} to out_file after each (a rank
+    that dies leaves what it finished). Otherwise runs call(MODE, ROOT) alone, writes and returns its
+    result, as a launch of one mode always did. Returns what it wrote."""
+    if mode != SCENARIOS:
+        result = call(mode, root)
+        _write(out_file, result)
+        return result
+    done = {}
+    for name, scenario_root, env in json.loads(os.environ["SHARDCAST_TEST_SCENARIOS"]):
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            done[name] = {"result": call(name.split(":")[0], scenario_root)}
+        except Exception:  # noqa: BLE001  (recorded for the test that reads it; the next scenario runs)
+            done[name] = {"raised": traceback.format_exc()}
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k)
+                else:
+                    os.environ[k] = v
+        _write(out_file, done)
+    return done
+
+
+def _write(path, result):
+    tmp = f"{path}.partial"
+    with open(tmp, "w") as f:
+        json.dump(result, f)
+    os.replace(tmp, path)  # whole or absent: a reader never sees half a file

@@ -3,8 +3,8 @@ called the way DCP users call them: `dcp.load(state_dict, storage_reader=...)` o
 
 Each world size is one launch running every scenario of dcp_reader_worker.py (DTensor boxes in every
 layout, a fully_shard'ed transformers model, fp8 and MXFP4 dequantized in the stream, the metadata), each
-rank comparing its local shards bit for bit. The fault launches check that a truncated copy on one rank,
-or a rank killed mid-stream, ends every rank with an error instead of a hang.
+rank comparing its local shards bit for bit; at world 3 it then reads a copy truncated on one rank, which
+must end every rank with the same error. A rank killed mid-stream has a launch of its own.
 """
 import os
 import shutil
@@ -72,23 +72,35 @@ def root(tiny_checkpoints, tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module")
+def truncated(root):
+    """ROOT/copy-<rank> for 3 ranks, a copy of the llama each, rank 1's first file truncated: the file."""
+    for r in range(3):
+        shutil.copytree(root / "llama", root / f"copy-{r}", dirs_exist_ok=True)
+    victim = sorted(p for p in (root / "copy-1").iterdir() if p.suffix == ".safetensors")[0]
+    with open(victim, "r+b") as f:
+        f.truncate(os.path.getsize(victim) - 100)
+    return victim
+
+
+@pytest.fixture(scope="module")
+def run(root, truncated, tmp_path_factory):
+    """run(scenario, world): its per-rank results, one launch per world size (rank start-up dominates)."""
+    return ranks.Scenarios(WORKER, tmp_path_factory, {3: ["compare", "truncated"], 4: ["compare"]}, root=root)
+
+
 @pytest.mark.parametrize("world", [3, 4])
-def test_dcp_load_equals_torch_readers_bit_for_bit(root, world, tmp_path):
-    results = ranks.run(WORKER, "compare", root, world, tmp_path, timeout=300)
+def test_dcp_load_equals_torch_readers_bit_for_bit(run, world):
+    results = run("compare", world)
     for rank, r in enumerate(results):
         assert "crash" not in r, f"rank {rank}:\n{r['crash']}"
         assert r["problems"] == [], f"rank {rank}: {r['problems']}"
         assert r["checked"]["boxes"] > 10 and r["checked"]["fsdp"] > 10 and r["checked"]["quantized"] == 12
 
 
-def test_truncated_copy_on_one_rank_fails_every_rank(root, tmp_path):
-    world = 3
-    for r in range(world):
-        shutil.copytree(root / "llama", root / f"copy-{r}", dirs_exist_ok=True)
-    victim = sorted(p for p in (root / "copy-1").iterdir() if p.suffix == ".safetensors")[0]
-    with open(victim, "r+b") as f:
-        f.truncate(os.path.getsize(victim) - 100)
-    results = ranks.run(WORKER, "truncated", root, world, tmp_path, timeout=120)
+def test_truncated_copy_on_one_rank_fails_every_rank(run, truncated):
+    victim = truncated
+    results = run("truncated", 3)
     errors = [r.get("error") or r.get("crash") for r in results]
     assert all(errors), errors
     # DCP reports each rank's failure in its CheckpointException; each is the one agreed shardcast error,

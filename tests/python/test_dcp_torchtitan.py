@@ -6,7 +6,7 @@ DeepSeek-V3 one through its QuantizedHuggingFaceStorageReader, called the way to
 it) and once through shardcast.dcp's, into identical fresh sharded models; every local shard of every
 rank must be bit-identical, and torch's must equal the checkpoint (dequantized block by block for fp8).
 
-One rank launch writes the checkpoints, one per layout runs every scenario with both readers.
+One rank launch writes the checkpoints, one runs every scenario with both readers in each layout.
 Skips when torchtitan (with spmd_types and tyro, its model code's imports) is not installed.
 """
 import pytest
@@ -34,15 +34,9 @@ def checkpoints(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def loaded(checkpoints, tmp_path_factory):
-    """layout -> every rank's result; one launch of 4 ranks per layout, shared by the tests below."""
-    cache = {}
-
-    def get(layout):
-        if layout not in cache:
-            cache[layout] = ranks.run("dcp_torchtitan_worker.py", layout, checkpoints, 4,
-                                      tmp_path_factory.mktemp(f"tt_{layout}"), timeout=600)
-        return cache[layout]
-    return get
+    """layout -> every rank's result; one launch of 4 ranks for both layouts, shared by the tests below."""
+    launch = ranks.Scenarios("dcp_torchtitan_worker.py", tmp_path_factory, {4: LAYOUTS}, root=checkpoints)
+    return lambda layout: launch(layout, 4)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -28,11 +28,20 @@ def _check(results):
     return [c["error"] for c in cases[0]]
 
 
-def test_one_rank_failing_before_the_agreement_ends_every_rank_at_once_with_its_error(tmp_path):
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, tiny_checkpoints):
+    """run(scenario): its per-rank results; both scenarios in one launch of WORLD ranks (start-up dominates)."""
+    plain = tmp_path_factory.mktemp("plain")
     torch.manual_seed(0)
     save_file({"w": torch.randn(7, 5), "linear.weight": torch.randn(3, 4), "linear.bias": torch.randn(3)},
-              str(tmp_path / "model.safetensors"))
-    results = ranks.run("fail_together_worker.py", "scenarios", tmp_path, WORLD, tmp_path, timeout=300)
+              str(plain / "model.safetensors"))
+    launch = ranks.Scenarios("fail_together_worker.py", tmp_path_factory, {
+        WORLD: [("options", plain), ("pretrained", tiny_checkpoints("tied", models=("llama",)))]})
+    return lambda name: launch(name, WORLD)
+
+
+def test_one_rank_failing_before_the_agreement_ends_every_rank_at_once_with_its_error(run):
+    results = run("options")
     errors = _check(results)
     by_name = {c["name"] + f"@{c['failing']}": e for c, e in zip(results[0]["cases"], errors)}
     assert by_name["load: SHARDCAST_TARGET=gpu@0"]["class"] == "InvalidArgument"
@@ -50,10 +59,8 @@ def test_one_rank_failing_before_the_agreement_ends_every_rank_at_once_with_its_
         assert r["after"], f"rank {rank}: the load after the failures is wrong (counters out of step?)"
 
 
-def test_from_pretrained_failing_on_one_rank_ends_every_rank_at_once(tmp_path, tiny_checkpoints):
-    pytest.importorskip("transformers")
-    root = tiny_checkpoints("tied", models=("llama",))
-    results = ranks.run("fail_together_worker.py", "pretrained", root, WORLD, tmp_path, timeout=300)
+def test_from_pretrained_failing_on_one_rank_ends_every_rank_at_once(run):
+    results = run("pretrained")
     errors = _check(results)
     assert "SHARDCAST_TARGET='gpu'" in errors[0]["message"] and errors[0]["class"] == "InvalidArgument"
     assert errors[1]["class"] == "CheckpointError", errors[1]

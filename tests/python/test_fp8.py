@@ -76,9 +76,17 @@ def write_e8m0_twins(src, root):
         (dst / "config.json").write_text(json.dumps(config))
 
 
+@pytest.fixture(scope="module")
+def run(checkpoints, tmp_path_factory):
+    """run(scenario, world): its per-rank results, from one launch per world size (rank start-up dominates)."""
+    return ranks.Scenarios("fp8_worker.py", tmp_path_factory, {
+        1: ["all", "e8m0", "kept"], 2: ["all", "kept", "refusals"], 3: ["all", "e8m0", "kept"], 4: ["all"]},
+        root=checkpoints)
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_every_rank_equals_torch_and_transformers(checkpoints, tmp_path, world):
-    results = ranks.run("fp8_worker.py", "all", checkpoints, world, tmp_path)
+def test_every_rank_equals_torch_and_transformers(run, world):
+    results = run("all", world)
     assert all("transformers" in r for r in results) == (2 <= world <= 3)
     for rank, r in enumerate(results):
         # Odd shapes, both sources: each rank's rows equal torch's formula.
@@ -101,10 +109,10 @@ def test_every_rank_equals_torch_and_transformers(checkpoints, tmp_path, world):
 
 
 @pytest.mark.parametrize("world", [1, 3])
-def test_e8m0_scales_equal_transformers(checkpoints, tmp_path, world):
+def test_e8m0_scales_equal_transformers(run, world):
     """fp8 with E8M0 scales goes through the same path as F32 scales: F8_E8M0 tensors and uint8 exponent
     bytes alike, every parameter bit-exact against transformers' own dequantized load."""
-    results = ranks.run("fp8_worker.py", "e8m0", checkpoints, world, tmp_path)
+    results = run("e8m0", world)
     for rank, r in enumerate(results):
         for name, t in r["e8m0"].items():
             assert t["bad"] == [] and t["from_pretrained_bad"] == [], (rank, name, t["bad"], t["from_pretrained_bad"])
@@ -112,14 +120,14 @@ def test_e8m0_scales_equal_transformers(checkpoints, tmp_path, world):
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
-def test_kept_quantized_equals_transformers_quantized(checkpoints, tmp_path, world):
+def test_kept_quantized_equals_transformers_quantized(run, world):
     """keep_quantized=True: transformers' quantized layout (fp8 weights, F32 or E8M0 block scales, experts
     fused with their scales), loaded with the checkpoint's bytes unchanged. Each rank's shard of every
     parameter equals DTensor's piece of transformers' own quantized load (FSDP2 at W=1-3, where the
     weights' 256 and 384 rows and the scales' 2 and 3 rows do not divide; TP x FSDP at W=2), both
     sources. FSDP2 cuts a weight and its scale grid each by its own rows (not block-aligned): what FSDP2
     lays out, and the all-gather before use makes both whole again."""
-    results = ranks.run("fp8_worker.py", "kept", checkpoints, world, tmp_path)
+    results = run("kept", world)
     for rank, r in enumerate(results):
         cases = dict(r["kept"])
         saved = cases.pop("saved")
@@ -137,10 +145,10 @@ def test_kept_quantized_equals_transformers_quantized(checkpoints, tmp_path, wor
                 assert fused_scales, (case, "the fused experts' scales are sharded like any parameter")
 
 
-def test_kept_quantized_refusals(checkpoints, tmp_path):
+def test_kept_quantized_refusals(run):
     """keep_quantized on an unquantized checkpoint, and fp8 parameters given a bf16 checkpoint (never cast
     into fp8 without scales): the same error on every rank, naming the checkpoint or the key and dtypes."""
-    results = ranks.run("fp8_worker.py", "refusals", checkpoints, 2, tmp_path)
+    results = run("refusals", 2)
     assert results[0]["refusals"] == results[1]["refusals"]
     r = results[0]["refusals"]
     assert r["not_quantized"][0] == "InvalidArgument" and "no quantization_config" in r["not_quantized"][1], r

@@ -18,6 +18,7 @@ import pytest
 import torch
 import transformers  # noqa: F401
 
+import ranks
 import shardcast
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -40,32 +41,28 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_ranks(mode, root, world, out, env=None):
-    """Runs `world` rank processes of pretrained_worker.py; each must finish within DEADLINE_S."""
-    for attempt in range(3):  # a concurrent test may take the free port before rank 0 binds it
-        port = free_port()
-        base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
-                    TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", **(env or {}))
-        procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "pretrained_worker.py"), mode, str(root),
-                                   str(out)], env=dict(base, RANK=str(r), LOCAL_RANK=str(r)),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
-        logs = []
-        try:
-            for p in procs:
-                logs.append(p.communicate(timeout=DEADLINE_S)[0])
-        finally:
-            for p in procs:
-                p.kill()
-        if any("EADDRINUSE" in log for log in logs) and attempt < 2:
-            continue
-        for r, p in enumerate(procs):
-            assert p.returncode == 0, f"rank {r} of {world} failed:\n{logs[r][-4000:]}"
-        return [json.loads(open(f"{out}.{r}").read()) for r in range(world)]
+@pytest.fixture(scope="module")
+def hub(pretrained, tmp_path_factory):
+    """(cache, snapshot): a fake local Hugging Face cache holding the llama as tiny-org/tiny-llama."""
+    cache = tmp_path_factory.mktemp("hub")
+    return cache, fake_hub_cache(cache, "tiny-org/tiny-llama", pretrained / "llama")
+
+
+@pytest.fixture(scope="module")
+def run(pretrained, hub, tmp_path_factory):
+    """run(scenario, world): its per-rank results, from one launch of pretrained_worker.py per world size
+    (rank start-up dominates). The launches see the fake cache (offline); compare and accelerate name
+    local directories, which the cache does not serve."""
+    cache, _ = hub
+    env = {"HF_HUB_CACHE": str(cache), "HF_HOME": str(cache.parent / "hf-home"), "HF_HUB_OFFLINE": "1"}
+    return ranks.Scenarios("pretrained_worker.py", tmp_path_factory, {
+        1: ["compare"], 2: ["compare", "accelerate", ("repo", "tiny-org/tiny-llama")], 3: ["compare", "accelerate"]},
+        root=pretrained, env=env)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
-def test_from_pretrained_equals_transformers_then_fully_shard(pretrained, tmp_path, world):
-    results = run_ranks("compare", pretrained, world, tmp_path / "r")
+def test_from_pretrained_equals_transformers_then_fully_shard(run, world):
+    results = run("compare", world)
     for rank, result in enumerate(results):
         assert set(result) == {"llama", "qwen3_moe", "deepseek_v3"}
         for name, r in result.items():
@@ -125,11 +122,9 @@ def test_srun_tasks_are_one_world_never_a_world_of_one_each(pretrained, tmp_path
         assert f"rank {rank} of 2 (slurm's variables)" in r["message"] and "MASTER_ADDR" in r["message"], r
 
 
-def test_repo_id_resolves_from_local_hf_cache(pretrained, tmp_path):
-    cache = tmp_path / "hub"
-    snap = fake_hub_cache(cache, "tiny-org/tiny-llama", pretrained / "llama")
-    env = {"HF_HUB_CACHE": str(cache), "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_OFFLINE": "1"}
-    results = run_ranks("repo", "tiny-org/tiny-llama", 2, tmp_path / "r", env=env)  # symlinks into ../../blobs
+def test_repo_id_resolves_from_local_hf_cache(run, hub):
+    _, snap = hub
+    results = run("repo", 2)  # symlinks into ../../blobs
     for rank, result in enumerate(results):
         r = result["tiny-org/tiny-llama"]
         assert os.path.realpath(r["resolved"]) == os.path.realpath(snap), r
@@ -163,9 +158,9 @@ def test_shard_units_follow_no_split_modules():
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_accelerate_fsdp2_preparation_then_shardcast_load(pretrained, tmp_path, world):
+def test_accelerate_fsdp2_preparation_then_shardcast_load(run, world):
     import accelerate  # noqa: F401  (required: a missing one fails, never skips)
-    for rank, result in enumerate(run_ranks("accelerate", pretrained, world, tmp_path / "r")):
+    for rank, result in enumerate(run("accelerate", world)):
         for name, r in result.items():
             assert r["bad"] == [] and (r["logits_equal"] or forward_unsupported(r)), (rank, name, r)
             assert r["units"] >= 3 and r["verify"] == "ok", (rank, name, r)  # layers + accelerate's embed/tail groups

@@ -112,6 +112,7 @@ def test_local_shape_and_offset_match_dtensors_own_helper():
 # ---- real layouts, multi-process, against transformers' own loading on the same layout ----------------
 
 import json  # noqa: E402
+import shutil  # noqa: E402
 
 import ranks  # noqa: E402
 
@@ -148,12 +149,24 @@ LAYOUTS_W4 = [{"fsdp_size": 4}, {"tp_size": 2, "fsdp_size": 2}, {"ep_size": 2, "
               {"dp_replicate_size": 2, "tp_size": 2}]
 
 
+@pytest.fixture(scope="module")
+def w4(arch_checkpoints, tmp_path_factory):
+    """run(scenario): its per-rank results at world 4, where one launch runs every layout in both sources and
+    the hand-built TP x FSDP mesh (rank start-up dominates)."""
+    llama_only = tmp_path_factory.mktemp("llama-only")
+    shutil.copytree(arch_checkpoints / "llama", llama_only / "llama")
+    launch = ranks.Scenarios("layout_worker.py", tmp_path_factory, {4: [
+        (f"native:{source}", arch_checkpoints, {"LAYOUTS": json.dumps(LAYOUTS_W4), "SOURCE": source})
+        for source in ("rank0", "each-rank")] + [
+        ("manual", llama_only, {"SAVE_ROOT": str(tmp_path_factory.mktemp("llama-saved")), "SOURCE": "rank0"})]})
+    return lambda name: launch(name, 4)
+
+
 # rank0 and each-rank here; striped and node-leader on the same kinds of layout (TP x FSDP, HSDP x TP x
 # FSDP, experts on their own mesh) run in the C++ multi-process tests (LayoutExact), which cost seconds.
 @pytest.mark.parametrize("source", ["rank0", "each-rank"])
-def test_from_pretrained_distributed_config_equals_transformers_on_every_layout(arch_checkpoints, tmp_path, source):
-    results = ranks.run("layout_worker.py", "native", arch_checkpoints, 4, tmp_path, timeout=600,
-                        env={"LAYOUTS": json.dumps(LAYOUTS_W4), "SOURCE": source})
+def test_from_pretrained_distributed_config_equals_transformers_on_every_layout(w4, source):
+    results = w4(f"native:{source}")
     native, split = set(), set()
     for rank, result in enumerate(results):
         for key, r in result.items():
@@ -228,13 +241,8 @@ def test_mixtral_and_gpt_oss_equal_transformers_at_world_size_2(tmp_path):
     assert len(native) == 6, sorted(native)
 
 
-def test_hand_built_tp_x_fsdp_mesh_loads_and_saves_bit_exact(arch_checkpoints, tmp_path):
-    import shutil
-    root = tmp_path / "llama-only"
-    root.mkdir()
-    shutil.copytree(arch_checkpoints / "llama", root / "llama")
-    results = ranks.run("layout_worker.py", "manual", root, 4, tmp_path, timeout=300,
-                        env={"SAVE_ROOT": str(tmp_path / "saved"), "SOURCE": "rank0"})
+def test_hand_built_tp_x_fsdp_mesh_loads_and_saves_bit_exact(w4):
+    results = w4("manual")
     for rank, result in enumerate(results):
         r = result["llama"]
         assert r["bad"] == [] and r["saved_bad"] == [], f"rank {rank}: {r}"

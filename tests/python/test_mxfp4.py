@@ -72,9 +72,37 @@ def checkpoints(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module")
+def bad_checkpoints(checkpoints, tmp_path_factory):
+    """ROOT/malformed/<case>: MXFP4 pairs wrong in each way; ROOT/kept_mismatch: gpt-oss with one expert
+    tensor's blocks of another shape."""
+    import shutil
+    from safetensors.torch import load_file, save_file
+    root = tmp_path_factory.mktemp("mxfp4-bad")
+    write_malformed(root / "malformed")
+    shutil.copytree(checkpoints / "gpt_oss_mxfp4", root / "kept_mismatch")
+    tensors = load_file(str(root / "kept_mismatch" / "model.safetensors"))
+    tensors[MISMATCHED] = tensors[MISMATCHED][:, :, :2].contiguous()
+    save_file(tensors, str(root / "kept_mismatch" / "model.safetensors"), metadata={"format": "pt"})
+    return root
+
+
+MISMATCHED = "model.layers.1.mlp.experts.down_proj_blocks"
+
+
+@pytest.fixture(scope="module")
+def run(checkpoints, bad_checkpoints, tmp_path_factory):
+    """run(scenario, world): its per-rank results, from one launch per world size (rank start-up dominates);
+    the malformed checkpoints last."""
+    bad = [("malformed", bad_checkpoints)]
+    return ranks.Scenarios("mxfp4_worker.py", tmp_path_factory, {
+        1: ["all", "kept"], 2: ["all", "kept"] + bad + [("kept_mismatch", bad_checkpoints)], 3: ["all", "kept"] + bad,
+        4: ["all", "kept"]}, root=checkpoints)
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_every_rank_equals_transformers(checkpoints, tmp_path, world):
-    results = ranks.run("mxfp4_worker.py", "all", checkpoints, world, tmp_path, timeout=600)
+def test_every_rank_equals_transformers(run, world):
+    results = run("all", world)
     for rank, r in enumerate(results):
         # Hand-made pairs, every target, both sources: each rank's rows equal convert_moe_packed_tensors.
         assert len(r["mapping"]) == 8
@@ -115,9 +143,8 @@ def write_malformed(root):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_malformed_pairs_are_one_checkpoint_error_on_every_rank(tmp_path, world):
-    write_malformed(tmp_path / "ck" / "malformed")
-    results = ranks.run("mxfp4_worker.py", "malformed", tmp_path / "ck", world, tmp_path)
+def test_malformed_pairs_are_one_checkpoint_error_on_every_rank(run, world):
+    results = run("malformed", world)
     assert_one_error_everywhere(results, {
         "no_scales": ["x.experts_blocks' [5, 40, 2, 16]", "has no 'x.experts_scales'"],
         "scales_disagree": ["x.experts", "[5, 40, 2, 16]", "[5, 40, 1]", "[5, 64, 40]"],
@@ -179,7 +206,7 @@ def test_convert_writes_the_models_transpose_equal_to_transformers(checkpoints, 
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_kept_quantized_equals_transformers_quantized_layout(checkpoints, tmp_path, world):
+def test_kept_quantized_equals_transformers_quantized_layout(run, world):
     """from_pretrained(keep_quantized=True) of gpt-oss's MXFP4: transformers' quantized layout
     (Mxfp4GptOssExperts: the packed blocks as uint8 [E, out, in / 2]) with each expert's E8M0 scales as
     a uint8 parameter beside its blocks, so FSDP2 (5 experts over 2-4 ranks: uneven, an empty rank at
@@ -187,7 +214,7 @@ def test_kept_quantized_equals_transformers_quantized_layout(checkpoints, tmp_pa
     DTensor's piece of the bytes transformers' quantized load swizzles; gathered and dequantized by
     transformers, the experts equal its Mxfp4Config(dequantize=True) load; save writes the checkpoint's
     `*_blocks` / `*_scales` back byte for byte."""
-    results = ranks.run("mxfp4_worker.py", "kept", checkpoints, world, tmp_path, timeout=600)
+    results = run("kept", world)
     for rank, r in enumerate(results):
         cases = r["kept"]
         assert len(cases) == (6 if world % 2 == 0 else 2), sorted(cases)
@@ -204,19 +231,12 @@ def test_kept_quantized_equals_transformers_quantized_layout(checkpoints, tmp_pa
                 assert t["saved_keys_differ"] == [] and t["saved_bad"] == [], (rank, case, t)
 
 
-def test_kept_quantized_blocks_of_another_shape_are_one_error_on_every_rank(checkpoints, tmp_path):
-    """A checkpoint whose blocks for one expert tensor do not merge into the kept model's [E, out, in / 2]:
-    the same ManifestMismatch on every rank, naming the key, the blocks' shape, what they merge to, the file
-    and the model's shape."""
-    import shutil
-    from safetensors.torch import load_file, save_file
-    ck = tmp_path / "ck" / "kept_mismatch"
-    shutil.copytree(checkpoints / "gpt_oss_mxfp4", ck)
-    tensors = load_file(str(ck / "model.safetensors"))
-    key = "model.layers.1.mlp.experts.down_proj_blocks"
-    tensors[key] = tensors[key][:, :, :2].contiguous()
-    save_file(tensors, str(ck / "model.safetensors"), metadata={"format": "pt"})
-    results = ranks.run("mxfp4_worker.py", "kept_mismatch", tmp_path / "ck", 2, tmp_path)
+def test_kept_quantized_blocks_of_another_shape_are_one_error_on_every_rank(run):
+    """A checkpoint whose blocks for one expert tensor do not merge into the kept model's [E, out, in / 2]
+    (bad_checkpoints' kept_mismatch): the same ManifestMismatch on every rank, naming the key, the blocks'
+    shape, what they merge to, the file and the model's shape."""
+    key = MISMATCHED
+    results = run("kept_mismatch", 2)
     seen = [r["kept_mismatch"] for r in results]
     assert seen[0] == seen[1] and seen[0]["type"] == "ManifestMismatch", seen
     for word in ("key 'model.layers.1.mlp.experts.down_proj'", key + "' [5, 64, 2, 16]", "kept quantized is [5, 64, 32]",

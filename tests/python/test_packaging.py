@@ -43,6 +43,42 @@ def test_one_version_in_the_package_both_commands_and_pyproject(shardcast_bin):
     assert meta["tool"]["scikit-build"]["metadata"]["version"]["input"] == "python/shardcast/_version.py"
 
 
+def test_python_m_shardcast_version_starts_without_torch():
+    # Every module Python imported before exec'ing the command, from -X importtime's stderr.
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "shardcast", "--version"], capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert r.returncode == 0 and r.stdout.startswith("shardcast "), (r.stdout, r.stderr)
+    imported = {line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+    assert "shardcast._cli" in imported, sorted(imported)  # the listing is real: the entry itself is in it
+    assert not {m for m in imported if m.split(".")[0] in ("torch", "numpy", "shardcast._shardcast")}, sorted(imported)
+
+
+def test_a_bare_import_loads_no_torch_and_every_public_name_and_submodule_resolves():
+    code = """if True:
+        import sys
+        import shardcast
+        assert "torch" not in sys.modules, "import shardcast imported torch"
+        assert shardcast.__version__
+        from shardcast import load, ShardcastError, LoadReport          # from-imports resolve lazily
+        assert load is shardcast.load and issubclass(shardcast.CommTimeout, ShardcastError)
+        assert [n for n in shardcast.__all__ if not hasattr(shardcast, n)] == []
+        assert set(shardcast.__all__) <= set(dir(shardcast))
+        assert shardcast._pretrained.from_pretrained is shardcast.from_pretrained  # submodules on first access
+        assert shardcast.dcp.StorageReader.__module__ == "shardcast.dcp._state"
+        try:
+            shardcast.no_such_name
+        except AttributeError as e:
+            assert "no_such_name" in str(e), e
+        else:
+            raise AssertionError("shardcast.no_such_name resolved")
+        ns = {}
+        exec("from shardcast import *", ns)
+        assert set(shardcast.__all__) <= set(ns), set(shardcast.__all__) - set(ns)
+        print("ok")
+    """
+    assert _run(sys.executable, "-c", code) == "ok"
+
+
 def test_python_m_shardcast_is_the_command(shardcast_bin):
     assert _run(sys.executable, "-m", "shardcast", "--help") == _run(shardcast_bin, "--help").replace(
         str(shardcast_bin), "shardcast")
