@@ -129,4 +129,4 @@ def test_rank0_killed_or_frozen_is_the_same_exception_on_every_survivor(checkpoi
     assert {r["type"] for r in survivors} == {kind}, survivors
     assert len({r["message"] for r in survivors}) == 1, survivors
     assert "rank 0" in survivors[0]["message"] and says in survivors[0]["message"], survivors[0]
-    assert all(r["seconds"] < 3 + 14 for r in survivors), survivors
+    assert all(r["seconds"] < 8 + 14 for r in survivors), survivors  # the worker's timeout, + teardown
