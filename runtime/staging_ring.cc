@@ -5,8 +5,19 @@
 #include "allocators/error.h"
 
 namespace shardcast {
+StagingRing::StagingRing(ScheduleWalk& walk, int reader, int ahead, SegmentSource& source, RingOptions options)
+    : walk_(&walk), reader_(reader), ahead_(ahead), source_(source), o_(std::move(options)), slots_(o_.slots),
+      buffers_(o_.slots) {
+  Start();
+}
+
 StagingRing::StagingRing(const Manifest& m, SegmentSource& source, RingOptions options)
-    : m_(m), source_(source), o_(std::move(options)), slots_(o_.slots), buffers_(o_.slots) {
+    : own_walk_(std::make_unique<ScheduleWalk>(std::make_unique<Schedule>(m), 2)), walk_(own_walk_.get()), reader_(0),
+      ahead_(1), source_(source), o_(std::move(options)), slots_(o_.slots), buffers_(o_.slots) {
+  Start();
+}
+
+void StagingRing::Start() {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -38,28 +49,36 @@ void StagingRing::Free(Slot* s) {
 }
 
 // Asks for the file ranges of the selected messages up to `horizon` source bytes into the stream.
-// `ahead` is a second walk of the schedule; `pending` a message it produced but did not yet reach.
-void StagingRing::Prefetch(Schedule* ahead, Message* pending, uint64_t horizon) {
+// `pending`: a message the read-ahead cursor produced but did not yet reach.
+void StagingRing::Prefetch(std::shared_ptr<const Message>* pending, uint64_t horizon) {
   while (prefetched_ < horizon) {
-    if (pending->segments.empty() && !ahead->Next(pending)) return;
-    if (o_.select(*pending)) {
-      for (const Segment& s : pending->segments) {
+    if (!*pending && !(*pending = walk_->Next(ahead_))) return;
+    if (o_.select(**pending)) {
+      for (const Segment& s : (*pending)->segments) {
         source_.Prefetch(s);
         prefetched_ += s.source_bytes;
       }
     }
-    pending->segments.clear();
+    pending->reset();
   }
 }
 
 void StagingRing::Run() {
+  struct CloseCursors {  // whatever ends the thread, its cursors no longer hold the walk's messages
+    StagingRing* ring;
+    ~CloseCursors() {
+      ring->walk_->Close(ring->reader_);
+      ring->walk_->Close(ring->ahead_);
+    }
+  } close{this};
   try {
-    Schedule schedule(m_), ahead(m_);
-    Message msg, pending;
+    if (o_.readahead_bytes == 0) walk_->Close(ahead_);
+    std::shared_ptr<const Message> next, pending;
     uint64_t read = 0;
-    for (uint64_t index = 0; schedule.Next(&msg);) {
+    for (uint64_t index = 0; (next = walk_->Next(reader_));) {
+      const Message& msg = *next;
       if (!o_.select(msg)) continue;
-      if (o_.readahead_bytes > 0) Prefetch(&ahead, &pending, read + o_.readahead_bytes);
+      if (o_.readahead_bytes > 0) Prefetch(&pending, read + o_.readahead_bytes);
       Slot& s = slots_[index % slots_.size()];
       {
         std::unique_lock<std::mutex> l(mu_);
@@ -84,7 +103,7 @@ void StagingRing::Run() {
       }
       {
         std::lock_guard<std::mutex> l(mu_);
-        s.msg = std::move(msg);
+        s.msg = msg;
         s.data = data;
         s.at = std::move(at);
         s.in_place = in_place;

@@ -47,6 +47,10 @@ class StagingRing {
     uint64_t index = 0;             // among the messages this ring reads
   };
 
+  // Reads along `walk` with its cursors `reader` and `ahead` (the read-ahead), which it closes when its
+  // thread ends. REQUIRES: walk outlives the ring.
+  StagingRing(ScheduleWalk& walk, int reader, int ahead, SegmentSource& source, RingOptions options);
+  // Reads along a walk of its own over the whole schedule of `m`.
   StagingRing(const Manifest& m, SegmentSource& source, RingOptions options);
   ~StagingRing();
   StagingRing(const StagingRing&) = delete;
@@ -59,9 +63,12 @@ class StagingRing {
 
  private:
   void Run();
-  void Prefetch(Schedule* ahead, Message* pending, uint64_t horizon);
+  void Start();
+  void Prefetch(std::shared_ptr<const Message>* pending, uint64_t horizon);
 
-  const Manifest& m_;
+  std::unique_ptr<ScheduleWalk> own_walk_;
+  ScheduleWalk* walk_;
+  int reader_, ahead_;
   SegmentSource& source_;
   RingOptions o_;
   std::vector<Slot> slots_;
