@@ -166,7 +166,8 @@ class Engine {
   // This rank read `msg`: hash it, broadcast it, keep it, send it.
   void FromRing(const Message& msg, const Task& t) {
     MakeRoom(&reading_);  // or the reader waits for a slot while we wait for the reader
-    StagingRing::Slot* slot = ring_->Next();
+    // A reader stuck in storage (a hung mount) fails this rank within the communicator's timeout.
+    StagingRing::Slot* slot = ring_->Next(std::chrono::steady_clock::now() + comm_.timeout());
     if (slot == nullptr || slot->msg.seq != msg.seq) {
       throw Error(ErrorKind::kInternal, "stream", "the staging ring fell out of step with the schedule");
     }
