@@ -163,11 +163,18 @@ class Engine {
     if (s->inflight.size() >= std::max<size_t>(1, slots_ - 1)) Retire(s);
   }
 
+  // A reader stuck in storage (a hung mount) fails this rank within the communicator's timeout; a
+  // communicator without one (a world of one) waits as long as the read takes.
+  std::chrono::steady_clock::time_point ReadDeadline() const {
+    const std::chrono::milliseconds timeout = comm_.timeout();
+    if (timeout.count() <= 0) return std::chrono::steady_clock::time_point::max();
+    return std::chrono::steady_clock::now() + timeout;
+  }
+
   // This rank read `msg`: hash it, broadcast it, keep it, send it.
   void FromRing(const Message& msg, const Task& t) {
     MakeRoom(&reading_);  // or the reader waits for a slot while we wait for the reader
-    // A reader stuck in storage (a hung mount) fails this rank within the communicator's timeout.
-    StagingRing::Slot* slot = ring_->Next(std::chrono::steady_clock::now() + comm_.timeout());
+    StagingRing::Slot* slot = ring_->Next(ReadDeadline());
     if (slot == nullptr || slot->msg.seq != msg.seq) {
       throw Error(ErrorKind::kInternal, "stream", "the staging ring fell out of step with the schedule");
     }
