@@ -1,6 +1,7 @@
 #include "runtime/plan.h"
 
 #include <algorithm>
+#include <set>
 
 #include "allocators/error.h"
 
@@ -32,6 +33,7 @@ Plan Plan::Build(ModelSpec spec, int world_size, const PlanOptions& options) {
   plan.layouts_ = {ReplicatedLayout(), DimZeroLayout(world_size, options.replicas)};
   plan.layouts_.insert(plan.layouts_.end(), options.layouts.begin(), options.layouts.end());
   plan.entries_.reserve(plan.spec_.entries.size());
+  std::set<std::pair<uint32_t, std::vector<uint64_t>>> checked;  // (layout, shape) pairs checked
   for (const SpecEntry& e : plan.spec_.entries) {
     PlanEntry p(e);
     const bool buffer = e.role == Role::kPersistentBuffer || e.role == Role::kNonPersistentBuffer;
@@ -40,13 +42,17 @@ Plan Plan::Build(ModelSpec spec, int world_size, const PlanOptions& options) {
         throw Error(ErrorKind::kInternal, e.key, "layout index out of range");
       }
       p.layout_index = 2 + it->second;
-      const Layout& l = plan.layouts_[p.layout_index];
-      l.CheckKey(e.shape, e.key);
-      for (int r : l.ranks) {
-        if (r >= world_size) {
-          throw Error(ErrorKind::kInvalidArgument, "key '" + e.key + "'",
-                      l.Text() + " names rank " + std::to_string(r) + " outside a world of " +
-                          std::to_string(world_size));
+      // Once per layout and shape: a check walks the mesh's ranks, thousands at scale, and 90k entries
+      // share a few dozen shapes.
+      if (checked.emplace(p.layout_index, e.shape).second) {
+        const Layout& l = plan.layouts_[p.layout_index];
+        l.CheckKey(e.shape, e.key);
+        for (int r : l.ranks) {
+          if (r >= world_size) {
+            throw Error(ErrorKind::kInvalidArgument, "key '" + e.key + "'",
+                        l.Text() + " names rank " + std::to_string(r) + " outside a world of " +
+                            std::to_string(world_size));
+          }
         }
       }
     } else {

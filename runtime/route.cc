@@ -1,6 +1,7 @@
 #include "runtime/route.h"
 
 #include <algorithm>
+#include <map>
 #include <string>
 
 #include "allocators/error.h"
@@ -34,9 +35,14 @@ class Rank0Route : public Route {
   const char* name() const override { return "rank0"; }
   bool Reads(int rank, bool) const override { return rank == kCoordinator; }
   bool Communicates() const override { return true; }
+  bool TakesPart(const std::vector<int>& holders, int rank, bool) const override {
+    return rank == kCoordinator || Contains(holders, rank);
+  }
+  bool TakesPartInBroadcasts(int, bool) const override { return true; }
+  int VerifierOf(const Message&, int) const override { return kCoordinator; }
   Task For(const Message& msg, int rank, bool verify) const override {
     if (msg.dest == kBroadcast) return BroadcastFromCoordinator(rank, world_, verify);
-    const std::vector<int> holders = Holders(msg);
+    const std::vector<int>& holders = *msg.holders;
     std::vector<int> chain;  // the holders other than the reader, each forwarding to the next
     for (int h : holders) {
       if (h != kCoordinator) chain.push_back(h);
@@ -65,16 +71,27 @@ class EachRankRoute : public Route {
   const char* name() const override { return "each-rank"; }
   bool Reads(int, bool) const override { return true; }
   bool Communicates() const override { return false; }
+  // Without a sender, the next rank reads a holder's rows a second time to hash them.
+  int Next(int holder) const { return (holder + 1) % world_; }
+  bool TakesPart(const std::vector<int>& holders, int rank, bool verify) const override {
+    return Contains(holders, rank) || (verify && Contains(holders, (rank + world_ - 1) % world_));
+  }
+  bool TakesPartInBroadcasts(int, bool) const override { return true; }
+  int VerifierOf(const Message& msg, int holder) const override {
+    return msg.dest == kBroadcast ? kCoordinator : Next(holder);
+  }
   Task For(const Message& msg, int rank, bool verify) const override {
-    const int world = world_;
-    const std::vector<int> holders = Holders(msg);
     Task t;
     t.peer = rank;
-    t.keep = Contains(holders, rank);
-    if (verify && msg.dest == kBroadcast && rank == kCoordinator) t.verify_for = holders;
-    if (verify && msg.dest != kBroadcast) {
-      for (int h : holders) {
-        if ((h + 1) % world == rank) t.verify_for.push_back(h);
+    if (msg.dest == kBroadcast) {
+      t.keep = true;
+      if (verify && rank == kCoordinator) t.verify_for = AllRanks(world_);
+    } else {
+      t.keep = Contains(*msg.holders, rank);
+      if (verify) {
+        for (int h : *msg.holders) {
+          if (Next(h) == rank) t.verify_for.push_back(h);
+        }
       }
     }
     t.read = t.keep || !t.verify_for.empty();
@@ -84,15 +101,32 @@ class EachRankRoute : public Route {
 
 class NodeLeaderRoute : public Route {
  public:
-  using Route::Route;
+  NodeLeaderRoute(int world, const NodeMap& nodes) : Route(world, nodes), leader_(world) {
+    for (int r = world - 1; r >= 0; --r) first_[nodes.node_of_rank[r]] = r;
+    for (int r = 0; r < world; ++r) leader_[r] = first_[nodes.node_of_rank[r]];
+  }
   const char* name() const override { return "node-leader"; }
-  bool Reads(int rank, bool) const override { return nodes_.LeaderOf(nodes_.node_of_rank[rank]) == rank; }
+  bool Reads(int rank, bool) const override { return leader_[rank] == rank; }
   bool Communicates() const override { return true; }
+  bool TakesPart(const std::vector<int>& holders, int rank, bool) const override {
+    for (int h : holders) {
+      if (h == rank || (leader_[rank] == rank && leader_[h] == rank)) return true;
+    }
+    return false;
+  }
+  bool TakesPartInBroadcasts(int, bool) const override { return true; }
+  int VerifierOf(const Message&, int holder) const override { return leader_[holder]; }
   Task For(const Message& msg, int rank, bool verify) const override {
-    const int node = nodes_.node_of_rank[rank], leader = nodes_.LeaderOf(node);
+    const int leader = leader_[rank];
     std::vector<int> local;  // the holders on this node
-    for (int h : Holders(msg)) {
-      if (nodes_.node_of_rank[h] == node) local.push_back(h);
+    if (msg.dest == kBroadcast) {
+      for (int h = 0; h < world_; ++h) {
+        if (leader_[h] == leader) local.push_back(h);
+      }
+    } else {
+      for (int h : *msg.holders) {
+        if (leader_[h] == leader) local.push_back(h);
+      }
     }
     Task t;
     if (local.empty()) return t;
@@ -109,6 +143,10 @@ class NodeLeaderRoute : public Route {
     }
     return t;
   }
+
+ private:
+  std::map<int, int> first_;  // node -> its lowest rank
+  std::vector<int> leader_;   // by rank: its node's leader
 };
 
 class StripedRoute : public Route {
@@ -117,10 +155,14 @@ class StripedRoute : public Route {
   const char* name() const override { return "striped"; }
   bool Reads(int, bool) const override { return true; }
   bool Communicates() const override { return true; }
+  bool TakesPart(const std::vector<int>& holders, int rank, bool) const override { return Contains(holders, rank); }
+  bool TakesPartInBroadcasts(int, bool) const override { return true; }
+  static int Reader(const Message& msg) { return (*msg.holders)[msg.seq % msg.holders->size()]; }
+  int VerifierOf(const Message& msg, int) const override { return msg.dest == kBroadcast ? kCoordinator : Reader(msg); }
   Task For(const Message& msg, int rank, bool verify) const override {
     if (msg.dest == kBroadcast) return BroadcastFromCoordinator(rank, world_, verify);
-    const std::vector<int> holders = Holders(msg);
-    const int reader = holders[msg.seq % holders.size()];
+    const std::vector<int>& holders = *msg.holders;
+    const int reader = Reader(msg);
     Task t;
     if (rank == reader) {
       t.read = t.keep = true;
@@ -145,6 +187,11 @@ class SaveRoute : public Route {
   const char* name() const override { return mode_ == SaveMode::kEachWriter ? "save-each-rank" : "save-rank0"; }
   bool Reads(int, bool) const override { return true; }  // every rank may hold pieces
   bool Communicates() const override { return mode_ == SaveMode::kCollector; }
+  bool TakesPart(const std::vector<int>& holders, int rank, bool) const override {
+    return holders.front() == rank || (rank == kCoordinator && mode_ == SaveMode::kCollector);
+  }
+  bool TakesPartInBroadcasts(int rank, bool) const override { return rank == kCoordinator; }
+  int VerifierOf(const Message&, int) const override { return kCoordinator; }  // a save does not verify
   Task For(const Message& msg, int rank, bool) const override {
     Task t;
     const int writer = msg.dest == kBroadcast ? kCoordinator : msg.dest;  // dest: the lowest holder
@@ -167,9 +214,11 @@ class SaveRoute : public Route {
 
 }  // namespace
 
-std::vector<int> Route::Holders(const Message& msg) const {
-  if (msg.dest == kBroadcast) return AllRanks(world_);
-  return *msg.holders;
+Interest Route::InterestOf(int rank, bool verify) const {
+  Interest in;
+  in.pieces = [this, rank, verify](const std::vector<int>& holders) { return TakesPart(holders, rank, verify); };
+  in.broadcasts = TakesPartInBroadcasts(rank, verify);
+  return in;
 }
 
 std::unique_ptr<Route> Route::Make(Source source, int world, const NodeMap& nodes) {

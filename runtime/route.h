@@ -57,10 +57,17 @@ class Route {
   // Whether `rank` reads anything from storage (and so must open the checkpoint and agree on files).
   virtual bool Reads(int rank, bool verify) const = 0;
   virtual Task For(const Message& msg, int rank, bool verify) const = 0;
+  // Which messages `rank` takes part in: For(msg, rank).any() for some message of a piece held by
+  // `holders` (TakesPart), or of a broadcast (TakesPartInBroadcasts). Asked once per holder set, so a
+  // rank's schedule (Interest) skips the rest without walking it.
+  virtual bool TakesPart(const std::vector<int>& holders, int rank, bool verify) const = 0;
+  virtual bool TakesPartInBroadcasts(int rank, bool verify) const = 0;
+  Interest InterestOf(int rank, bool verify) const;
+  // With verify: the rank that hashes `msg` as the expected digest of `holder`, one of the ranks that
+  // keep it (the one whose For(msg, .).verify_for names `holder`).
+  virtual int VerifierOf(const Message& msg, int holder) const = 0;
   // Whether data crosses the wire during the stream (a failure then needs the store to agree).
   virtual bool Communicates() const = 0;
-  // The ranks that keep `msg`: its piece's holders, or every rank for a broadcast.
-  std::vector<int> Holders(const Message& msg) const;
   int world_size() const { return world_; }
 
   static std::unique_ptr<Route> Make(Source source, int world_size, const NodeMap& nodes);

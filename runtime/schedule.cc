@@ -1,15 +1,32 @@
 #include "runtime/schedule.h"
 
 #include <algorithm>
-#include <unordered_map>
+#include <tuple>
 
 #include "allocators/error.h"
 
 namespace shardcast {
 
-Schedule::Schedule(const Manifest& m)
-    : m_(m), world_(m.world_size), chunk_(std::max<uint64_t>(1, m.params.chunk_bytes)),
-      coalesce_(std::min(m.params.coalesce_bytes, m.params.chunk_bytes)) {}
+Schedule::Schedule(const Manifest& m, Interest interest)
+    : m_(m), interest_(std::move(interest)), world_(m.world_size), chunk_(std::max<uint64_t>(1, m.params.chunk_bytes)),
+      coalesce_(std::min(m.params.coalesce_bytes, m.params.chunk_bytes)),
+      sets_(static_cast<size_t>(std::max(0, m.world_size))), wanted_(sets_.size(), 0) {}
+
+uint32_t Schedule::SetId(const std::vector<int>& holders) {
+  uint32_t id;
+  if (holders.size() == 1 && holders[0] >= 0 && holders[0] < world_) {
+    id = static_cast<uint32_t>(holders[0]);
+  } else {
+    auto [it, fresh] = set_ids_.try_emplace(holders, static_cast<uint32_t>(sets_.size()));
+    if (fresh) sets_.emplace_back(), wanted_.push_back(0);
+    id = it->second;
+  }
+  if (!sets_[id]) {
+    sets_[id] = std::make_shared<const std::vector<int>>(holders);
+    wanted_[id] = !interest_.pieces || interest_.pieces(holders);
+  }
+  return id;
+}
 
 const Schedule::Pieces& Schedule::PiecesOf(uint32_t entry) {
   if (pieces_of_.empty()) pieces_of_.assign(m_.entries.size(), nullptr);
@@ -21,15 +38,49 @@ const Schedule::Pieces& Schedule::PiecesOf(uint32_t entry) {
   Pieces p;
   p.holdings = Holdings(e.shape, m_.LayoutOf(e), world_);
   for (const Holding& h : p.holdings) {
-    auto& set = holder_sets_[h.holders];
-    if (!set) set = std::make_shared<const std::vector<int>>(h.holders);
-    p.holders.push_back(set);
+    p.ids.push_back(SetId(h.holders));
+    p.holders.push_back(sets_[p.ids.back()]);
   }
   uint64_t numel = 1;
   for (uint64_t d : e.shape) numel *= d;
   p.broadcast = p.holdings.size() == 1 && p.holdings[0].holders.size() == static_cast<size_t>(world_) &&
                 p.holdings[0].piece.numel() == numel;
   return *(pieces_of_[entry] = &pieces_.emplace(std::move(key), std::move(p)).first->second);
+}
+
+// An entry's holdings as bands: what counting a batch needs of them, the same for every entry whose
+// pieces, target dtype and parts' sizes and rows are the same (the layers of a model).
+const Schedule::Counted& Schedule::CountedOf(uint32_t entry) {
+  if (counted_of_.empty()) counted_of_.assign(m_.entries.size(), nullptr);
+  if (counted_of_[entry] != nullptr) return *counted_of_[entry];
+  const ManifestEntry& e = m_.entries[entry];
+  const Pieces& p = PiecesOf(entry);
+  std::vector<uint64_t> key{reinterpret_cast<uintptr_t>(&p), static_cast<uint64_t>(e.target_dtype)};
+  for (const ManifestPart& part : e.parts) {
+    key.insert(key.end(), {part.numel, DTypeSize(part.source_dtype), part.row_elems()});
+  }
+  auto [it, fresh] = counted_.try_emplace(std::move(key));
+  Counted& c = it->second;
+  if (fresh) {
+    c.pieces = &p;
+    const uint64_t ts = DTypeSize(e.target_dtype);
+    for (uint32_t h = 0; h < p.holdings.size(); ++h) {
+      const uint64_t n = p.holdings[h].piece.numel() * ts;
+      uint64_t segments = 0;
+      if (n >= coalesce_) {
+        ForEachRuns(e.shape, p.holdings[h].piece, [&](const StridedRuns& r) { Cut(entry, r, [&](Segment&&) { ++segments; }); });
+      }
+      Band* last = c.bands.empty() ? nullptr : &c.bands.back();
+      if (last != nullptr && p.ids[h] == last->id + last->ids && h == last->holding + last->ids && n == last->bytes &&
+          segments == last->segments) {
+        ++last->ids;
+      } else {
+        c.bands.push_back(Band{p.ids[h], 1, h, n, segments});
+      }
+    }
+    std::sort(c.bands.begin(), c.bands.end(), [](const Band& x, const Band& y) { return x.id < y.id; });
+  }
+  return *(counted_of_[entry] = &c);
 }
 
 bool Schedule::Next(Message* out) {
@@ -40,8 +91,8 @@ bool Schedule::Next(Message* out) {
       const Pieces& p = PiecesOf(e);
       ForEachRuns(m_.entries[e].shape, p.holdings[0].piece, [&](const StridedRuns& r) {
         Cut(e, r, [&](Segment&& s) {
-          const uint64_t bytes = s.target_bytes;
-          Push(Message{0, kBroadcast, nullptr, {s}, bytes});
+          const uint64_t bytes = s.target_bytes, seq = seq_++;
+          if (interest_.broadcasts) Push(Message{seq, kBroadcast, nullptr, {s}, bytes});
         });
       });
       continue;
@@ -54,68 +105,132 @@ bool Schedule::Next(Message* out) {
   return true;
 }
 
-void Schedule::Push(Message&& m) {
-  m.seq = seq_++;
-  queue_.push_back(std::move(m));
+void Schedule::Push(Message&& m) { queue_.push_back(std::move(m)); }
+
+// A run of holder-set ids [begin, end) that every entry of a batch so far treated alike: each of them
+// has sent `count` messages and holds `packed` bytes in an open pack. They first appeared in the batch's
+// entry `entry`, as its holdings from `holding` on: groups are ordered by that.
+struct Schedule::Group {
+  uint32_t begin = 0, end = 0;
+  uint32_t entry = 0, holding = 0;
+  uint64_t count = 0, packed = 0;
+  bool open = false;
+};
+
+// Every group's message count in a batch, from its pieces' bytes alone, in order of first appearance.
+// What FillBatch's cut does, counted: a large piece flushes the open pack and is `segments` messages; a
+// small one joins the pack unless that would pass the coalescing size.
+void Schedule::CountBatch(const std::vector<uint32_t>& batch, std::vector<Group>* out) {
+  std::map<uint32_t, Group> groups;  // by begin; disjoint
+  auto split = [&](uint32_t at) {
+    auto it = groups.upper_bound(at);
+    if (it == groups.begin()) return;
+    Group& g = (--it)->second;
+    if (g.begin == at || g.end <= at) return;
+    Group tail = g;
+    tail.begin = at;
+    tail.holding += at - g.begin;
+    g.end = at;
+    groups.emplace(at, tail);
+  };
+  for (uint32_t j = 0; j < batch.size(); ++j) {
+    const Counted& c = CountedOf(batch[j]);
+    for (const Band& band : c.bands) {
+      const uint32_t end = band.id + band.ids;
+      split(band.id);
+      split(end);
+      auto it = groups.lower_bound(band.id);
+      for (uint32_t at = band.id; at < end; ++it) {
+        if (it == groups.end() || it->first > at) {  // first met in this entry
+          const uint32_t to = it == groups.end() ? end : std::min(end, it->first);
+          it = groups.emplace_hint(it, at, Group{at, to, j, band.holding + (at - band.id)});
+        }
+        Group& g = it->second;
+        if (band.segments > 0) {
+          g.count += g.open + band.segments;
+          g.open = false, g.packed = 0;
+        } else {
+          if (g.open && g.packed + band.bytes > coalesce_) ++g.count, g.packed = 0;
+          g.packed += band.bytes;
+          g.open = true;
+        }
+        at = g.end;
+      }
+    }
+  }
+  out->clear();
+  for (auto& [begin, g] : groups) {
+    g.count += g.open;
+    out->push_back(g);
+  }
+  std::sort(out->begin(), out->end(),
+            [](const Group& x, const Group& y) { return std::tie(x.entry, x.holding) < std::tie(y.entry, y.holding); });
 }
 
 // Consecutive entries up to world x chunk bytes; their pieces grouped by holder set, each group's
-// pieces packed (small) or split into chunks (large).
+// pieces packed (small) or split into chunks (large). Counted for every group, cut for the wanted ones.
 void Schedule::FillBatch() {
-  struct Item {
-    uint32_t entry;
-    const Holding* holding;
-  };
-  std::vector<std::pair<std::shared_ptr<const std::vector<int>>, std::vector<Item>>> groups;
-  std::unordered_map<const std::vector<int>*, size_t> group_of;  // by interned holder set
+  std::vector<uint32_t> batch;
   uint64_t bytes = 0;
   const uint64_t limit = chunk_ * static_cast<uint64_t>(world_);
-  bool any = false;
-  while (next_shard_ < m_.entries.size() && (!any || bytes < limit)) {
+  while (next_shard_ < m_.entries.size() && (batch.empty() || bytes < limit)) {
     const uint32_t i = next_shard_++;
-    const Pieces& p = PiecesOf(i);
-    if (p.broadcast) continue;
-    any = true;
+    if (PiecesOf(i).broadcast) continue;
+    batch.push_back(i);
     const ManifestEntry& e = m_.entries[i];
     uint64_t numel = 1;
     for (uint64_t d : e.shape) numel *= d;
     bytes += numel * DTypeSize(e.target_dtype);
-    for (size_t h = 0; h < p.holdings.size(); ++h) {
-      auto [it, fresh] = group_of.try_emplace(p.holders[h].get(), groups.size());
-      if (fresh) groups.push_back({p.holders[h], {}});
-      groups[it->second].second.push_back(Item{i, &p.holdings[h]});
+  }
+  std::vector<Group> groups;
+  CountBatch(batch, &groups);
+  for (const Group& g : groups) {
+    for (uint32_t id = g.begin; id < g.end; ++id, seq_ += g.count) {
+      if (!wanted_[id]) continue;
+      if (CutGroup(batch, id, seq_) != g.count) {
+        throw Error(ErrorKind::kInternal, m_.entries[batch[g.entry]].key, "a group's messages differ from its count");
+      }
     }
   }
-  for (auto& group : groups) {
-    // Not a structured binding: the lambdas below capture `holders`, which C++17 (clang) forbids for a binding.
-    const auto& holders = group.first;
-    const auto& items = group.second;
-    const int dest = holders->front();
-    Message pack{0, dest, holders, {}, 0};
-    auto flush = [&] {
-      if (!pack.segments.empty()) Push(std::move(pack));
-      pack = Message{0, dest, holders, {}, 0};
-    };
-    for (const Item& item : items) {
-      const ManifestEntry& e = m_.entries[item.entry];
-      const uint64_t n = item.holding->piece.numel() * DTypeSize(e.target_dtype);
-      const bool large = n >= coalesce_;
-      if (large) flush();
-      if (!large && pack.target_bytes + n > coalesce_) flush();
-      ForEachRuns(e.shape, item.holding->piece, [&](const StridedRuns& r) {
-        Cut(item.entry, r, [&](Segment&& s) {
-          if (large) {
-            const uint64_t b = s.target_bytes;
-            Push(Message{0, dest, holders, {s}, b});
-          } else {
-            pack.target_bytes += s.target_bytes;
-            pack.segments.push_back(s);
-          }
-        });
+}
+
+// The messages of holder set `id` in a batch, numbered from `seq`; returns how many.
+uint64_t Schedule::CutGroup(const std::vector<uint32_t>& batch, uint32_t id, uint64_t seq) {
+  const auto& holders = sets_[id];
+  const int dest = holders->front();
+  const uint64_t first = seq;
+  Message pack{0, dest, holders, {}, 0};
+  auto flush = [&] {
+    if (!pack.segments.empty()) {
+      pack.seq = seq++;
+      Push(std::move(pack));
+    }
+    pack = Message{0, dest, holders, {}, 0};
+  };
+  for (uint32_t entry : batch) {
+    const Counted& c = CountedOf(entry);
+    auto band = std::upper_bound(c.bands.begin(), c.bands.end(), id, [](uint32_t x, const Band& b) { return x < b.id; });
+    if (band == c.bands.begin() || id >= (--band)->id + band->ids) continue;
+    const Holding& holding = c.pieces->holdings[band->holding + (id - band->id)];
+    const ManifestEntry& e = m_.entries[entry];
+    const uint64_t n = holding.piece.numel() * DTypeSize(e.target_dtype);
+    const bool large = n >= coalesce_;
+    if (large) flush();
+    if (!large && pack.target_bytes + n > coalesce_) flush();
+    ForEachRuns(e.shape, holding.piece, [&](const StridedRuns& r) {
+      Cut(entry, r, [&](Segment&& s) {
+        if (large) {
+          const uint64_t b = s.target_bytes;
+          Push(Message{seq++, dest, holders, {s}, b});
+        } else {
+          pack.target_bytes += s.target_bytes;
+          pack.segments.push_back(s);
+        }
       });
-    }
-    flush();
+    });
   }
+  flush();
+  return seq - first;
 }
 
 // The runs r of an entry, cut on its parts (a composed entry's parts are consecutive in its elements):
@@ -183,6 +298,41 @@ void Schedule::Chunks(uint32_t entry, uint32_t part, uint64_t within, uint64_t c
     const uint64_t unit = first % row == 0 && count % row == 0 ? row : 1;
     const uint64_t per = std::max(unit, chunk_ / widest / unit * unit);
     for (uint64_t done = 0; done < count; done += per) emit(first + done, std::min(per, count - done), 1, at + done * ts);
+  }
+}
+
+ScheduleWalk::ScheduleWalk(std::unique_ptr<Schedule> schedule, int cursors)
+    : schedule_(std::move(schedule)), at_(static_cast<size_t>(cursors), 0) {}
+
+std::shared_ptr<const Message> ScheduleWalk::Next(int cursor) {
+  std::lock_guard<std::mutex> l(mu_);
+  uint64_t& at = at_[cursor];
+  if (at == UINT64_MAX) throw Error(ErrorKind::kInternal, "schedule", "a closed cursor read on");
+  while (at - base_ >= window_.size()) {
+    Message msg;
+    if (done_ || !schedule_->Next(&msg)) {
+      done_ = true;
+      return nullptr;
+    }
+    window_.push_back(std::make_shared<const Message>(std::move(msg)));
+  }
+  std::shared_ptr<const Message> out = window_[at - base_];
+  ++at;
+  Trim();
+  return out;
+}
+
+void ScheduleWalk::Close(int cursor) {
+  std::lock_guard<std::mutex> l(mu_);
+  at_[cursor] = UINT64_MAX;
+  Trim();
+}
+
+void ScheduleWalk::Trim() {
+  const uint64_t slowest = *std::min_element(at_.begin(), at_.end());
+  while (base_ < slowest && !window_.empty()) {
+    window_.pop_front();
+    ++base_;
   }
 }
 

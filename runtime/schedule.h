@@ -32,8 +32,10 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "allocators/host_allocator.h"
@@ -73,19 +75,52 @@ struct Message {
   bool direct() const { return segments.size() == 1 && segments[0].local_contiguous(); }
 };
 
+// Which messages a rank takes part in (route.h derives it from its route): a predicate on a piece's
+// holder set, asked once per distinct set, and whether it takes part in the broadcasts. Default: all.
+struct Interest {
+  std::function<bool(const std::vector<int>& holders)> pieces;  // empty: every piece
+  bool broadcasts = true;
+};
+
+// The schedule, or one rank's part of it. A rank's part keeps every message's seq, bytes and order as
+// in the whole schedule: a batch's groups are counted from their pieces' sizes alone (one state per
+// run of holder sets that every entry treats alike, so the count does not grow with the world), and
+// only the groups the rank takes part in are cut into segments.
+//
+//   batch {A, B}, W = 4, groups in order of first appearance:   {0}  {1}  {2}  {3}
+//   messages per group (counted, not cut):                        2    2    2    1
+//   rank 2's part: seqs base+4, base+5 cut; the others skipped by count
+//
+// Thread safety: one thread at a time. Failure: kInternal if a count and a cut disagree.
 class Schedule {
  public:
-  explicit Schedule(const Manifest& m);
+  explicit Schedule(const Manifest& m, Interest interest = {});
   bool Next(Message* out);  // false when done
 
  private:
   struct Pieces {  // an entry's holdings, shared by every entry of the same shape and layout
     std::vector<Holding> holdings;
     std::vector<std::shared_ptr<const std::vector<int>>> holders;
-    bool broadcast = false;  // one piece, the whole entry, held by every rank
+    std::vector<uint32_t> ids;  // each holding's holder-set id (SetId)
+    bool broadcast = false;     // one piece, the whole entry, held by every rank
   };
+  // Holdings whose holder-set ids are consecutive and whose pieces count alike: `holding` is the first
+  // of them, with id `id`; each is `bytes` on the wire, cut into `segments` messages when large.
+  struct Band {
+    uint32_t id = 0, ids = 0, holding = 0;
+    uint64_t bytes = 0, segments = 0;
+  };
+  struct Counted {  // an entry's pieces, banded (shared by entries of the same shape, layout and parts)
+    const Pieces* pieces = nullptr;
+    std::vector<Band> bands;
+  };
+  struct Group;  // schedule.cc: a run of holder-set ids within a batch
   const Pieces& PiecesOf(uint32_t entry);
+  const Counted& CountedOf(uint32_t entry);
+  uint32_t SetId(const std::vector<int>& holders);
   void FillBatch();
+  void CountBatch(const std::vector<uint32_t>& batch, std::vector<Group>* groups);
+  uint64_t CutGroup(const std::vector<uint32_t>& batch, uint32_t id, uint64_t seq);
   template <typename F>
   void Cut(uint32_t entry, const StridedRuns& r, F&& fn);
   template <typename F>
@@ -94,17 +129,47 @@ class Schedule {
   void Push(Message&& m);
 
   const Manifest& m_;
+  Interest interest_;
   int world_;
   uint64_t chunk_, coalesce_;
   uint32_t next_broadcast_ = 0, next_shard_ = 0;
   uint64_t seq_ = 0;
   std::deque<Message, HostStlAllocator<Message>> queue_;
   std::map<std::pair<uint32_t, std::vector<uint64_t>>, Pieces> pieces_;  // by (layout, shape)
-  // One shared list per distinct holder set, so a batch groups pieces by pointer, not by comparing lists.
-  std::map<std::vector<int>, std::shared_ptr<const std::vector<int>>> holder_sets_;
+  // Holder sets by id: a single rank r is id r, a larger set W + (its order of first meeting). One shared
+  // list per set, so messages of a group share it.
+  std::map<std::vector<int>, uint32_t> set_ids_;
+  std::vector<std::shared_ptr<const std::vector<int>>> sets_;
+  std::vector<char> wanted_;  // by set id: Interest::pieces of it
   std::vector<const Pieces*> pieces_of_;  // by entry, filled as entries are first met
+  std::map<std::vector<uint64_t>, Counted> counted_;  // by (pieces, target dtype, parts' sizes and rows)
+  std::vector<const Counted*> counted_of_;            // by entry
   std::vector<uint64_t> part_starts_;  // of the entry being cut: element where each part begins
   uint32_t part_starts_of_ = UINT32_MAX;
+};
+
+// One walk of a schedule read by several cursors on any threads (a stream's engine, its staging ring's
+// reader and the ring's read-ahead): each message is generated once, and dropped when every open cursor
+// has passed it. Memory: the messages between the slowest open cursor and the fastest.
+//
+// Thread safety: Next and Close from any thread; one thread per cursor.
+class ScheduleWalk {
+ public:
+  ScheduleWalk(std::unique_ptr<Schedule> schedule, int cursors);
+  // The cursor's next message, or nullptr when the schedule is done.
+  std::shared_ptr<const Message> Next(int cursor);
+  // The cursor reads no more: it no longer holds messages in memory.
+  void Close(int cursor);
+
+ private:
+  void Trim();  // REQUIRES: mu_ held
+
+  std::mutex mu_;
+  std::unique_ptr<Schedule> schedule_;
+  std::deque<std::shared_ptr<const Message>> window_;
+  uint64_t base_ = 0;         // the index of window_.front()
+  std::vector<uint64_t> at_;  // by cursor: the index of its next message; UINT64_MAX when closed
+  bool done_ = false;
 };
 
 }  // namespace shardcast

@@ -12,9 +12,15 @@
 // hook and consumed pages released; this rank's shards for a save.
 //
 // Thread safety: Next and Free are called by one consumer thread. Failure: the reader's exception
-// is rethrown by Next.
+// is rethrown by Next; a message not read by Next's deadline is kIo naming the segment the reader is in.
+//
+// A reader stuck in the source (a hung mount) is not joined forever: after stopping it, the destructor
+// waits `abandon_after`, then leaves a reader that is inside a source call behind. It then touches only
+// memory it shares with nobody (its slots and buffers) when the call returns, and ends. Known gap: the
+// source itself, and an in-place destination, must outlive that call; the caller's usually do not.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -34,6 +40,8 @@ struct RingOptions {
   // Whether to read a message in place: fills `at` with each segment's destination and returns true,
   // or returns false (read into the slot's staging buffer). Called on the reader thread.
   std::function<bool(const Message&, std::vector<unsigned char*>* at)> in_place;
+  // How long the destructor waits for a reader stuck in the source before leaving it behind. Default 10 s.
+  std::chrono::milliseconds abandon_after{10000};
 };
 
 class StagingRing {
@@ -47,30 +55,38 @@ class StagingRing {
     uint64_t index = 0;             // among the messages this ring reads
   };
 
+  // Reads along `walk` with its cursors `reader` and `ahead` (the read-ahead), which it closes when its
+  // thread ends. REQUIRES: walk outlives the ring.
+  StagingRing(ScheduleWalk& walk, int reader, int ahead, SegmentSource& source, RingOptions options);
+  // Reads along a walk of its own over the whole schedule of `m`.
   StagingRing(const Manifest& m, SegmentSource& source, RingOptions options);
   ~StagingRing();
   StagingRing(const StagingRing&) = delete;
   StagingRing& operator=(const StagingRing&) = delete;
 
   // The next filled slot in schedule order, or nullptr when every selected message was handed out.
-  Slot* Next();
+  // Throws kIo when it is not read by `deadline` (the default waits as long as the reader takes).
+  Slot* Next(std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max());
   void Free(Slot* slot);
-  uint64_t bytes_read() const { return bytes_read_; }  // source bytes; valid after the last Next
+  uint64_t bytes_read() const;  // source bytes; valid after the last Next
 
  private:
-  void Run();
-  void Prefetch(Schedule* ahead, Message* pending, uint64_t horizon);
+  struct Core;       // staging_ring.cc: what the reader shares with the consumer, owned by both
+  struct Abandoned;  // thrown on the reader when a source call returns to a ring that is gone
+  void Run(const std::shared_ptr<Core>& core);
+  void ReadAll(Core& core);
+  template <typename F>
+  void InSource(Core& core, uint64_t seq, const Segment& g, F&& call);
+  void Start();
+  void Prefetch(Core& core, std::shared_ptr<const Message>* pending, uint64_t horizon);
 
-  const Manifest& m_;
+  std::unique_ptr<ScheduleWalk> own_walk_;
+  ScheduleWalk* walk_;
+  int reader_, ahead_;
   SegmentSource& source_;
   RingOptions o_;
-  std::vector<Slot> slots_;
-  std::vector<Buffer> buffers_;  // owned here: sends read them after the reader is done
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false, done_ = false;
-  uint64_t taken_ = 0, filled_ = 0, prefetched_ = 0, bytes_read_ = 0;
-  std::exception_ptr error_;
+  std::shared_ptr<Core> core_;
+  uint64_t prefetched_ = 0;  // reader thread only
   std::thread thread_;
 };
 

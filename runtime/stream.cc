@@ -5,6 +5,7 @@
 
 #include <deque>
 #include <optional>
+#include <set>
 
 #include "allocators/error.h"
 #include "runtime/fault.h"
@@ -79,14 +80,22 @@ class Engine {
   }
 
  private:
+  // One walk of this rank's part of the schedule, read by this loop and by the ring's reader and
+  // read-ahead (cursors kEngine, kReader, kAhead).
+  enum Cursor { kEngine = 0, kReader = 1, kAhead = 2 };
+
   StreamResult RunLoop() {
-    const StreamStats plan = PlanStream(c_);
-    const uint64_t total = plan.bytes_read + plan.bytes_received;
-    if (route_.Reads(me_, verify_)) ring_.emplace(m_, *c_.source, RingFor());
-    Schedule schedule(m_);
-    Message msg;
+    const uint64_t total = c_.progress ? [&] {
+      const StreamStats plan = PlanStream(c_);
+      return plan.bytes_read + plan.bytes_received;
+    }() : 0;
+    const bool reads = route_.Reads(me_, verify_);
+    walk_.emplace(std::make_unique<Schedule>(m_, route_.InterestOf(me_, verify_)), reads ? 3 : 1);
+    if (reads) ring_.emplace(*walk_, kReader, kAhead, *c_.source, RingFor());
+    std::set<int> verifiers;
     uint64_t done = 0;
-    while (schedule.Next(&msg)) {
+    while (const std::shared_ptr<const Message> next = walk_->Next(kEngine)) {
+      const Message& msg = *next;
       const Task t = route_.For(msg, me_, verify_);
       if (!t.any()) continue;
       FaultPoint("stream", me_);
@@ -95,6 +104,7 @@ class Engine {
       } else {
         FromWire(msg, t);
       }
+      if (verify_ && t.keep) verifiers.insert(route_.VerifierOf(msg, me_));
       ++r_.stats.messages;
       done += msg.target_bytes;
       if (c_.progress) c_.progress(done, total);
@@ -102,6 +112,7 @@ class Engine {
     while (!reading_.inflight.empty()) Retire(&reading_);
     while (!forwarding_.inflight.empty()) Retire(&forwarding_);
     if (ring_) r_.stats.bytes_read = ring_->bytes_read();
+    r_.verifiers.assign(verifiers.begin(), verifiers.end());
     return std::move(r_);
   }
 
@@ -152,10 +163,18 @@ class Engine {
     if (s->inflight.size() >= std::max<size_t>(1, slots_ - 1)) Retire(s);
   }
 
+  // A reader stuck in storage (a hung mount) fails this rank within the communicator's timeout; a
+  // communicator without one (a world of one) waits as long as the read takes.
+  std::chrono::steady_clock::time_point ReadDeadline() const {
+    const std::chrono::milliseconds timeout = comm_.timeout();
+    if (timeout.count() <= 0) return std::chrono::steady_clock::time_point::max();
+    return std::chrono::steady_clock::now() + timeout;
+  }
+
   // This rank read `msg`: hash it, broadcast it, keep it, send it.
   void FromRing(const Message& msg, const Task& t) {
     MakeRoom(&reading_);  // or the reader waits for a slot while we wait for the reader
-    StagingRing::Slot* slot = ring_->Next();
+    StagingRing::Slot* slot = ring_->Next(ReadDeadline());
     if (slot == nullptr || slot->msg.seq != msg.seq) {
       throw Error(ErrorKind::kInternal, "stream", "the staging ring fell out of step with the schedule");
     }
@@ -257,6 +276,7 @@ class Engine {
   const int me_, world_;
   const bool verify_, on_device_;
   const uint32_t slots_;
+  std::optional<ScheduleWalk> walk_;  // before ring_: the ring's thread reads it until the ring is gone
   std::optional<StagingRing> ring_;
   std::vector<DeviceBuffer> device_slots_;   // device copies of staging slots (device transports)
   std::vector<Buffer> forward_host_;         // received messages this rank forwards
@@ -283,10 +303,10 @@ uint64_t TotalTargetBytes(const Manifest& m) {
 
 StreamStats PlanStream(const StreamContext& c) {
   StreamStats st;
-  Schedule schedule(*c.manifest);
-  Message msg;
   const int me = c.comm->rank();
   const bool verify = c.manifest->params.verify;
+  Schedule schedule(*c.manifest, c.route->InterestOf(me, verify));
+  Message msg;
   while (schedule.Next(&msg)) {
     const Task t = c.route->For(msg, me, verify);
     if (!t.any()) continue;

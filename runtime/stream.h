@@ -47,9 +47,10 @@ struct StreamResult {
   StreamStats stats;
   DigestColumn held;          // with verify: digests of what this rank stored, per entry
   ExpectedDigests expected;   // with verify: what this rank hashed as a verifier, per destination
+  std::vector<int> verifiers;  // with verify: the ranks that hashed what this rank stored, ascending
 };
 
-// What this rank will do, from a walk of the schedule alone (no I/O): its bytes and message count.
+// What this rank will do, from a walk of its part of the schedule alone (no I/O): its bytes and message count.
 StreamStats PlanStream(const StreamContext& c);
 
 StreamResult RunStream(const StreamContext& c);

@@ -1,13 +1,29 @@
 // shardcast plan --config FILE --world-size W [--rank R] [--layers N] [--dtype bf16|f16|f32] [--json]
 // What the spec holds by role and dtype, what each rank holds, and the forecast peak memory.
+//
+// shardcast plan ... --rank R --schedule [--replicas R] [--tp T] [--source S] [--checkpoint DIR] [--whole]
+// Rank R's setup of a load, in this process with no other ranks: its plan, the manifest (the checkpoint
+// opened and resolved, as rank 0 does; a sparse synthetic one of the spec when no --checkpoint), the
+// manifest checked against its plan, and a walk of its part of the schedule (the whole schedule with
+// --whole: what every rank walked before it derived its own). Prints its messages, bytes, the seconds
+// (wall and CPU) of each step and the peak RSS (VmHWM, from /proc).
+#include <time.h>
+
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "allocators/error.h"
+#include "allocators/memory_probe.h"
 #include "loaders/synth.h"
+#include "runtime/manifest.h"
+#include "runtime/parallel_plan.h"
+#include "runtime/route.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/forecast.h"
@@ -22,6 +38,14 @@ struct PlanArgs {
   int layers = -1;
   std::string dtype;  // fp8 block-quantized weights as loaded in this dtype (default: as the config says)
   bool json = false;
+  // --schedule: rank R's setup
+  bool schedule = false;
+  bool whole = false;       // walk every rank's messages (before: what each rank did)
+  int replicas = 1;         // HSDP: (Replicate(), Shard(0)) on (replicas, W / replicas)
+  int tp = 1;               // TP and EP over T ranks, FSDP over the rest (runtime/parallel_plan.h)
+  std::string source = "striped";
+  int ranks_per_node = 8;   // the node map node-leader routes by
+  std::string checkpoint;   // default: a sparse synthetic checkpoint of the spec, in a temporary directory
 };
 
 const Role kRoles[] = {Role::kParameter, Role::kPersistentBuffer, Role::kNonPersistentBuffer, Role::kSidecar};
@@ -67,12 +91,148 @@ void PrintRanks(const Plan& plan, const std::vector<int>& ranks, const LoadOptio
   }
 }
 
+// Wall and CPU seconds of a step.
+class Stopwatch {
+ public:
+  Stopwatch() : wall_(std::chrono::steady_clock::now()), cpu_(Cpu()) {}
+  std::pair<double, double> Lap() {
+    const auto wall = std::chrono::steady_clock::now();
+    const double cpu = Cpu();
+    const std::pair<double, double> out{std::chrono::duration<double>(wall - wall_).count(), cpu - cpu_};
+    wall_ = wall, cpu_ = cpu;
+    return out;
+  }
+
+ private:
+  static double Cpu() {
+    timespec t{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+  }
+  std::chrono::steady_clock::time_point wall_;
+  double cpu_;
+};
+
+Source ParseSource(const std::string& name) {
+  for (Source s : {Source::kRank0, Source::kEachRank, Source::kNodeLeader, Source::kStriped}) {
+    if (name == SourceName(s)) return s;
+  }
+  throw Error(ErrorKind::kInvalidArgument, "--source", "rank0, each-rank, node-leader or striped, got '" + name + "'");
+}
+
+// A directory removed with everything in it when the command ends.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "shardcast-plan-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) throw Error(ErrorKind::kIo, pattern, "cannot create a temporary directory");
+    path = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+ModelSpec SpecOf(const PlanArgs& a) {
+  ModelSpec spec = BuildModelSpec(a.config, SpecOptions{a.layers});
+  if (!a.dtype.empty()) spec = DequantizedSpec(spec, ParseFloatDType(a.dtype, "--dtype"));
+  return spec;
+}
+
+int RunSchedule(const PlanArgs& a) {
+  if (a.rank < 0 || a.rank >= a.world_size) {
+    throw Error(ErrorKind::kInvalidArgument, "--rank", "--schedule needs a rank in [0, " + std::to_string(a.world_size) + ")");
+  }
+  const int world = a.world_size, rank = a.rank;
+  const Source source = ParseSource(a.source);
+  std::optional<TempDir> synth;
+  std::string ckpt_dir = a.checkpoint;
+  if (ckpt_dir.empty()) {  // not part of the setup: the files a real load finds
+    synth.emplace();
+    SynthOptions so;
+    so.sparse = true;
+    so.max_shard_bytes = 5ull << 30;
+    WriteSynthCheckpoint(SpecOf(a), synth->path, so);
+    ckpt_dir = synth->path;
+  }
+  const bool reset = ResetPeak();
+  const uint64_t rss0 = ReadMemory().vm_rss;
+  const std::string layout = a.tp > 1 ? "tp" + std::to_string(a.tp) + (a.replicas > 1 ? "-hsdp" : "")
+                             : a.replicas > 1 ? "hsdp" : "fsdp";
+  nlohmann::ordered_json out;
+  out["config"] = a.config;
+  out["world_size"] = world, out["rank"] = rank, out["layout"] = layout;
+  out["replicas"] = a.replicas, out["tp"] = a.tp, out["source"] = a.source, out["whole"] = a.whole;
+  Stopwatch clock, total;
+  auto step = [&](const char* name) {
+    const auto [wall, cpu] = clock.Lap();
+    out["steps"][name] = {{"seconds", wall}, {"cpu_seconds", cpu}, {"rss_bytes", ReadMemory().vm_rss}};
+  };
+  ModelSpec spec = SpecOf(a);
+  const BlockSize block = ConfigWeightBlockSize(spec.source, spec.config_json).value_or(BlockSize{});
+  step("spec");
+  PlanOptions po = a.tp > 1 ? ParallelPlan(spec, world, ParallelSizes{a.replicas, a.tp}) : PlanOptions{a.replicas, {}, {}};
+  Plan plan = Plan::Build(std::move(spec), world, po);
+  step("plan");
+  auto ckpt = Checkpoint::Open(ckpt_dir);
+  LoadOptions lo = LoadOptionsFromEnvironment();
+  lo.source = source;
+  Manifest m = Resolve(plan, *ckpt, KeyMapping{}, StreamParamsFrom(lo), block);
+  step("resolve");
+  const std::string problem = CheckManifest(m, plan, rank, world);
+  if (!problem.empty()) throw Error(ErrorKind::kManifestMismatch, "rank " + std::to_string(rank), problem);
+  step("check");
+  NodeMap nodes;
+  for (int r = 0; r < world; ++r) nodes.node_of_rank.push_back(r / std::max(1, a.ranks_per_node));
+  const auto route = Route::Make(source, world, nodes);
+  const bool verify = m.params.verify;
+  Schedule schedule(m, a.whole ? Interest{} : route->InterestOf(rank, verify));
+  Message msg;
+  uint64_t messages = 0, segments = 0, read = 0, received = 0, kept = 0, walked = 0;
+  while (schedule.Next(&msg)) {
+    ++walked;
+    const Task t = route->For(msg, rank, verify);
+    if (!t.any()) continue;
+    ++messages;
+    segments += msg.segments.size();
+    if (t.read) read += msg.target_bytes;
+    if (t.receive || (t.broadcast && !t.read)) received += msg.target_bytes;
+    if (t.keep) kept += msg.target_bytes;
+  }
+  step("schedule");
+  const auto [wall, cpu] = total.Lap();
+  const MemorySnapshot mem = ReadMemory();
+  out["entries"] = m.entries.size();
+  out["messages"] = messages, out["messages_walked"] = walked, out["segments"] = segments;
+  out["bytes_read"] = read, out["bytes_received"] = received, out["bytes_kept"] = kept;
+  out["seconds"] = wall, out["cpu_seconds"] = cpu;
+  out["peak_rss_bytes"] = mem.vm_hwm, out["baseline_rss_bytes"] = rss0, out["peak_was_reset"] = reset;
+  out["peak_rss_above_baseline_bytes"] = mem.vm_hwm > rss0 ? mem.vm_hwm - rss0 : 0;
+  if (a.json) {
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("rank %d of %d (%s, source %s%s): %llu messages (%llu walked), %s read, %s received, %s kept\n", rank,
+              world, layout.c_str(), a.source.c_str(), a.whole ? ", whole schedule" : "",
+              static_cast<unsigned long long>(messages), static_cast<unsigned long long>(walked), HumanBytes(read).c_str(),
+              HumanBytes(received).c_str(), HumanBytes(kept).c_str());
+  for (const auto& [name, v] : out["steps"].items()) {
+    std::printf("  %-9s %8.3f s  %8.3f s CPU  RSS after: %s\n", name.c_str(), v["seconds"].get<double>(),
+                v["cpu_seconds"].get<double>(), HumanBytes(v["rss_bytes"].get<uint64_t>()).c_str());
+  }
+  std::printf("  %-9s %8.3f s  %8.3f s CPU; peak RSS %s (%s above the %s at the start%s)\n", "setup", wall, cpu,
+              HumanBytes(mem.vm_hwm).c_str(), HumanBytes(mem.vm_hwm > rss0 ? mem.vm_hwm - rss0 : 0).c_str(),
+              HumanBytes(rss0).c_str(), reset ? "" : "; the peak could not be reset");
+  return 0;
+}
+
 int RunPlan(const PlanArgs& a) {
   if (a.world_size < 1) {
     throw Error(ErrorKind::kInvalidArgument, "--world-size", "must be at least 1, got " + std::to_string(a.world_size));
   }
-  ModelSpec spec = BuildModelSpec(a.config, SpecOptions{a.layers});
-  if (!a.dtype.empty()) spec = DequantizedSpec(spec, ParseFloatDType(a.dtype, "--dtype"));
+  if (a.schedule) return RunSchedule(a);
+  ModelSpec spec = SpecOf(a);
   Plan plan = Plan::Build(spec, a.world_size);
   std::vector<int> ranks;
   if (a.rank >= 0 || a.rank < -1) {
@@ -132,6 +292,15 @@ void AddPlan(CLI::App& app, Runner* run) {
   cmd->add_option("--dtype", args->dtype,
                   "bf16, f16 or f32: forecast fp8 block-quantized weights loaded (dequantized) in this dtype");
   cmd->add_flag("--json", args->json, "print JSON instead of tables");
+  cmd->add_flag("--schedule", args->schedule,
+                "rank --rank's setup in this process: plan, manifest (resolved), check, its part of the schedule");
+  cmd->add_flag("--whole", args->whole, "with --schedule: walk every rank's messages, as each rank did before");
+  cmd->add_option("--replicas", args->replicas, "with --schedule: HSDP replica groups (default 1: FSDP)");
+  cmd->add_option("--tp", args->tp, "with --schedule: TP and EP over T ranks, FSDP over the rest (default 1)");
+  cmd->add_option("--source", args->source, "with --schedule: rank0, each-rank, node-leader or striped (default striped)");
+  cmd->add_option("--ranks-per-node", args->ranks_per_node, "with --schedule: for node-leader (default 8)");
+  cmd->add_option("--checkpoint", args->checkpoint,
+                  "with --schedule: resolve against this checkpoint (default: a sparse synthetic one of the spec)");
   cmd->callback([args, run] { *run = [args] { return RunCommand("plan", [&] { return RunPlan(*args); }); }; });
 }
 

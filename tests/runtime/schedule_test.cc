@@ -6,6 +6,8 @@
 
 #include <map>
 
+#include "runtime/route.h"
+
 namespace shardcast {
 namespace {
 
@@ -157,6 +159,99 @@ TEST(Schedule, SmallSegmentsToOneRankArePackedAndLargeOnesGoInPlace) {
   }
   EXPECT_GT(packs, 0);
   EXPECT_GT(direct, 0);
+}
+
+// Model's entries over several layouts: FSDP, HSDP (2 replicas), a (Shard(0), Replicate()) mesh whose
+// rows are replica groups, Shard(1), and replicated ones.
+Manifest Layered(int world, uint64_t chunk, uint64_t coalesce) {
+  Manifest m = Model(world, chunk, coalesce);
+  Placement s0{Placement::kShard, 0}, s1{Placement::kShard, 1}, rep{};
+  std::vector<int> all(world);
+  for (int r = 0; r < world; ++r) all[r] = r;
+  if (world % 2 == 0) {
+    m.layouts.push_back(DimZeroLayout(world, 2));
+    m.layouts.push_back(Layout{{2, static_cast<uint32_t>(world / 2)}, all, {s0, rep}, {}});
+  } else {
+    m.layouts.push_back(DimZeroLayout(world));
+    m.layouts.push_back(Layout{{static_cast<uint32_t>(world)}, all, {s1}, {}});
+  }
+  m.layouts.push_back(Layout{{static_cast<uint32_t>(world)}, all, {s1}, {}});
+  uint64_t off = 1 << 20;
+  for (int layer = 0; layer < 3; ++layer) {
+    for (uint32_t l = 1; l < m.layouts.size(); ++l) {
+      const std::string key = "l" + std::to_string(layer) + "." + std::to_string(l);
+      ManifestEntry a = Entry(key + ".w", 9 + layer, 40, DType::kBF16, DType::kBF16, 1 + layer % 2, &off);
+      a.layout = l;
+      m.entries.push_back(a);
+      ManifestEntry b = Entry(key + ".small", 3, 5, DType::kF32, DType::kBF16, 1, &off);
+      b.layout = l;
+      m.entries.push_back(b);
+    }
+  }
+  return m;
+}
+
+void ExpectSameMessage(const Message& got, const Message& want) {
+  ASSERT_EQ(got.seq, want.seq);
+  EXPECT_EQ(got.dest, want.dest);
+  EXPECT_EQ(got.target_bytes, want.target_bytes);
+  if (want.holders) {
+    ASSERT_TRUE(got.holders);
+    EXPECT_EQ(*got.holders, *want.holders);
+  }
+  ASSERT_EQ(got.segments.size(), want.segments.size());
+  for (size_t i = 0; i < got.segments.size(); ++i) {
+    const Segment &a = got.segments[i], &b = want.segments[i];
+    EXPECT_EQ(std::tie(a.entry, a.part, a.first, a.count, a.runs, a.stride, a.source_offset, a.source_bytes,
+                       a.local_offset, a.local_stride, a.target_bytes),
+              std::tie(b.entry, b.part, b.first, b.count, b.runs, b.stride, b.source_offset, b.source_bytes,
+                       b.local_offset, b.local_stride, b.target_bytes))
+        << "seq " << got.seq << " segment " << i;
+  }
+}
+
+// A rank's part of the schedule is the whole schedule's messages that its route has it take part in,
+// with the same seq, bytes and order, whatever the route, world, layouts and verify.
+TEST_P(ScheduleWorld, ARanksPartIsExactlyTheMessagesItTakesPartIn) {
+  const int world = GetParam();
+  NodeMap nodes;
+  for (int r = 0; r < world; ++r) nodes.node_of_rank.push_back(r / 3);
+  std::vector<std::unique_ptr<Route>> routes;
+  for (Source s : {Source::kRank0, Source::kEachRank, Source::kNodeLeader, Source::kStriped}) {
+    routes.push_back(Route::Make(s, world, nodes));
+  }
+  routes.push_back(Route::MakeSave(Route::SaveMode::kCollector, world));
+  routes.push_back(Route::MakeSave(Route::SaveMode::kEachWriter, world));
+  for (uint64_t chunk : {uint64_t{64}, uint64_t{1000}, uint64_t{1} << 20}) {
+    for (uint64_t coalesce : {uint64_t{0}, uint64_t{50}, chunk}) {
+      const Manifest m = Layered(world, chunk, coalesce);
+      const std::vector<Message> all = WalkAll(m).messages;
+      for (const auto& route : routes) {
+        for (bool verify : {false, true}) {
+          for (int rank = 0; rank < world; ++rank) {
+            SCOPED_TRACE(std::string(route->name()) + " rank " + std::to_string(rank) + " verify " +
+                         std::to_string(verify) + " chunk " + std::to_string(chunk) + " coalesce " +
+                         std::to_string(coalesce));
+            Schedule mine(m, route->InterestOf(rank, verify));
+            Message msg;
+            size_t at = 0;
+            uint64_t taken = 0;
+            while (mine.Next(&msg)) {
+              while (at < all.size() && all[at].seq < msg.seq) {
+                ASSERT_FALSE(route->For(all[at], rank, verify).any()) << "left out: seq " << all[at].seq;
+                ++at;
+              }
+              ASSERT_LT(at, all.size());
+              ExpectSameMessage(msg, all[at++]);
+              ++taken;
+            }
+            for (; at < all.size(); ++at) ASSERT_FALSE(route->For(all[at], rank, verify).any());
+            if (world > 2 && route->name() == std::string("striped")) EXPECT_LT(taken, all.size());
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

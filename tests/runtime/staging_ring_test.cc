@@ -3,11 +3,16 @@
 // error.
 #include "runtime/staging_ring.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include "loaders/synth.h"
 #include "loaders/writer.h"
@@ -164,6 +169,55 @@ TEST_F(StagingRingTest, AFileTruncatedWhileOpenIsACheckpointErrorFromNext) {
         while (StagingRing::Slot* slot = ring.Next()) ring.Free(slot);
       },
       ErrorKind::kCheckpoint, "truncated", "model.safetensors");
+}
+
+// A storage read that never returns until the test writes: a read() of a FIFO nobody writes to (opened
+// read-write, so it is never at end of file).
+class FifoSource : public SegmentSource {
+ public:
+  explicit FifoSource(const std::string& path) {
+    EXPECT_EQ(mkfifo(path.c_str(), 0600), 0);
+    fd_ = open(path.c_str(), O_RDWR);
+    EXPECT_GE(fd_, 0);
+  }
+  ~FifoSource() override { close(fd_); }
+  void Read(const Segment& s, unsigned char* out) override {
+    char c;
+    entered_ = true;
+    EXPECT_EQ(read(fd_, &c, 1), 1);
+    std::memset(out, 0, s.target_bytes);
+    returned_ = true;
+  }
+  void Release() { EXPECT_EQ(write(fd_, "x", 1), 1); }
+  std::atomic<bool> entered_{false}, returned_{false};
+
+ private:
+  int fd_ = -1;
+};
+
+TEST_F(StagingRingTest, AReaderStuckInStorageIsAnIoErrorByTheDeadlineAndTheRingEndsWithoutIt) {
+  Manifest m = Make(1, 64);
+  FifoSource source(dir_.path() + "/stuck.fifo");
+  RingOptions o;
+  o.slots = 2;
+  o.readahead_bytes = 0;
+  o.select = [](const Message&) { return true; };
+  o.abandon_after = std::chrono::milliseconds(100);
+  auto ring = std::make_unique<StagingRing>(m, source, o);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_SC_ERROR(ring->Next(t0 + std::chrono::milliseconds(300)), ErrorKind::kIo, "no message read by the deadline",
+                  "message 0");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_TRUE(source.entered_);
+  const auto t1 = std::chrono::steady_clock::now();
+  ring.reset();  // the reader is still in read(): left behind, not joined
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(5));
+  EXPECT_FALSE(source.returned_);
+  // Let the reader out; it ends touching only its own memory. The source outlives the call (the gap).
+  source.Release();
+  for (int i = 0; i < 500 && !source.returned_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(source.returned_);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
 }
 
 }  // namespace
