@@ -21,6 +21,8 @@ evicted from it (posix_fadvise DONTNEED).
 
     bench/bench_dcp_load.py [--world-size 4] [--layers 16] [--fp8] [--cold] [--repeat 3] [--methods a,b]
                             [--out bench/results/dcp-load.json]
+
+A method may name shardcast's read-ahead per rank: shardcast-dcp@ra=0 (none), shardcast-dcp@ra=64M.
 """
 import argparse
 import json
@@ -38,6 +40,10 @@ METHODS = ("torch-t1", "torch-t4", "shardcast-dcp", "shardcast-load")
 
 
 def worker(method, ckpt, out):
+    method, *settings = method.split("@")  # shardcast-dcp@ra=0: with SHARDCAST_READAHEAD_BYTES=0
+    for setting in settings:
+        name, _, value = setting.partition("=")
+        os.environ[{"ra": "SHARDCAST_READAHEAD_BYTES"}[name]] = value
     import torch
     import torch.distributed as dist
     dist.init_process_group("gloo")

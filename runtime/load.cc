@@ -73,6 +73,16 @@ std::vector<at::Tensor> Targets(const Manifest& m, RankState* state) {
 
 // The stream, and one error on every rank if it fails: through the store for a route with data on
 // the wire (its peers are blocked on us), by verdict for one without.
+// The ranks on `me`'s node that read from storage: they share the node's read-ahead budget.
+int ReadersOnNode(const Route& route, const NodeMap& nodes, int me, bool verify) {
+  const auto node = [&](int r) { return r < static_cast<int>(nodes.node_of_rank.size()) ? nodes.node_of_rank[r] : 0; };
+  int readers = 0;
+  for (int r = 0; r < route.world_size(); ++r) {
+    if (node(r) == node(me) && route.Reads(r, verify)) ++readers;
+  }
+  return readers;
+}
+
 StreamResult Stream(Communicator& comm, const Route& route, const StreamContext& ctx) {
   Problem local;
   std::optional<StreamResult> r;
@@ -139,7 +149,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   FileSource files(m, a.files, rq.options.release_pages);
   ctx.source = &files;
   ctx.sink = sink.get();
-  ctx.readahead_bytes = ReadaheadFor(rq.options, m.params.source);
+  ctx.readahead_bytes = ReadaheadFor(rq.options, ReadersOnNode(*route, a.nodes, comm.rank(), m.params.verify));
   ctx.progress = rq.progress;
 
   t = Clock::now();

@@ -124,9 +124,9 @@ LoadOptions LoadOptionsBuilder::Build() const {
   return o;
 }
 
-uint64_t ReadaheadFor(const LoadOptions& options, Source source) {
+uint64_t ReadaheadFor(const LoadOptions& options, int readers_on_node) {
   if (options.readahead_bytes) return *options.readahead_bytes;
-  return source == Source::kRank0 || source == Source::kNodeLeader ? 256ull << 20 : 0;
+  return readers_on_node > 0 ? kNodeReadaheadBytes / static_cast<uint64_t>(readers_on_node) : 0;
 }
 
 LoadOptions LoadOptionsFromEnvironment() { return LoadOptionsBuilder().FromEnvironment().Build(); }

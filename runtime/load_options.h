@@ -53,11 +53,15 @@ struct LoadOptions {
   uint64_t staging_bytes() const { return chunk_bytes * static_cast<uint64_t>(staging_slots); }
 };
 
-// The read-ahead a load with the decided `source` uses: the option where it was given; else 256 MiB
-// where one rank per node reads (rank0, node-leader), none where several do (each-rank, striped).
-// Measured cold, 6.38 GB at W=4 (bench/RESULTS.md): rank0 7.3-7.9 s with it against 8.0-8.4 s without;
-// each-rank 5.3-6.3 s with it against 4.3-4.8 s without (four readers ahead of themselves contend).
-uint64_t ReadaheadFor(const LoadOptions& options, Source source);
+// The read-ahead of one reader: the option where it was given; else a node-wide 256 MiB shared by the
+// node's `readers_on_node` reading ranks (rank0 and node-leader: one reader, 256 MiB; each-rank with 4
+// ranks on the node: 64 MiB each). Measured at W=4 on the 2 vCPU VM (bench/RESULTS.md): rank0 cold at
+// 6.38 GB 7.3-7.9 s with 256 MiB against 8.0-8.4 s without; each-rank cold at 6.38 GB 5.3-6.3 s with
+// 256 MiB *each* against 4.3-4.8 s without (four readers 1 GiB ahead of themselves contend); each-rank
+// at 1.91 GB (dcp.load, medians of 3): cold 1.56-1.59 s with 64 MiB each (16-128 MiB alike) against
+// 1.67 s without, warm 0.73 s against 0.69 s. Real loads of 229B-671B checkpoints are cold.
+inline constexpr uint64_t kNodeReadaheadBytes = 256ull << 20;
+uint64_t ReadaheadFor(const LoadOptions& options, int readers_on_node);
 
 // Bounds every builder enforces (and names in its errors).
 inline constexpr uint64_t kMinChunkBytes = 4096;
