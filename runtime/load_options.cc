@@ -37,7 +37,7 @@ const std::vector<OptionInfo>& OptionTable() {
       {Option::kStagingSlots, "staging_slots", "--staging-slots", "SHARDCAST_STAGING_SLOTS", false, "4",
        "slots in the staging ring, 2-64"},
       {Option::kReadaheadBytes, "readahead_bytes", "--readahead-bytes", "SHARDCAST_READAHEAD_BYTES", false,
-       "256M for rank0 and node-leader, 0 for each-rank and striped", "read ahead of the stream; 0 off"},
+       "256M a node, split over its reading ranks", "read ahead of the stream, per reading rank; 0 off"},
       {Option::kTimeoutMs, "timeout_ms", "--timeout-ms", "SHARDCAST_TIMEOUT_MS", false, "600000",
        "per-collective and store timeout in ms (Python: timeout= in seconds)"},
       {Option::kVerify, "verify", "--verify", "SHARDCAST_VERIFY", true, "0",

@@ -250,7 +250,8 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
     one node; node-leader, or striped for HSDP, on several nodes; rank0 when only rank 0 sees it), "rank0",
     "each-rank", "node-leader" (the first rank of each node reads its node's rows) or "striped" (each
     shard's rows read once, by one of its replicas); chunk_bytes (64 MiB; an int or "64M"); staging_slots (4); timeout seconds (600);
-    verify (False); strict (False); readahead_bytes (256M for rank0 and node-leader, 0 for the others).
+    verify (False); strict (False); readahead_bytes (256M a node, split over its reading ranks: 64M each for
+    each-rank at 4 ranks a node).
     `shardcast options` prints the table of them all, with their SHARDCAST_* variables. Rank 0's chunk_bytes, staging_slots and source are used by every
     rank; verify and strict must match on every rank. progress: True for a progress line on rank 0
     (tqdm where installed), False for none, or a callable(done_bytes, total_bytes) called on this rank;
