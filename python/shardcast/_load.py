@@ -486,8 +486,10 @@ def _materialize(model: torch.nn.Module, target: Optional[str], config, buffer_i
             del keep[name]
     if any(p.device.type == "meta" for p in model.parameters()) or any(
             b.device.type == "meta" for b in model.buffers()):
-        if pinned:  # to_empty, with every new tensor (a DTensor's local shard too) in pinned memory
-            model._apply(lambda t: torch.empty_like(t, device="cpu", pin_memory=True))
+        if pinned:  # every new tensor (a DTensor's local shard too) in pinned memory, zero-valued: page-locked
+            # memory is committed when it is pinned, so zeroing costs one memset and nothing unwritten
+            # (FSDP2's padding past a rank's rows) is left as garbage
+            model._apply(lambda t: torch.empty_like(t, device="cpu", pin_memory=True).zero_())
         else:
             zero_storage(model, device or torch.device("cpu"))
     cfg = config if config is not None else getattr(model, "config", None)
