@@ -440,6 +440,28 @@ PYBIND11_MODULE(_shardcast, m) {
       "root as the loader resolves it; None when there is no such name. CheckpointError when it resolves "
       "outside the root or loops.");
   m.def(
+      "safetensors_header",
+      [](const std::string& dir, const std::string& name) {
+        std::unique_ptr<SafetensorsFile> f;
+        {
+          py::gil_scoped_release nogil;
+          std::optional<OpenNode> node = OpenCheckpointName(dir, name);
+          if (!node) throw Error(ErrorKind::kIo, dir + "/" + name, "no such file");
+          f = SafetensorsFile::FromDescriptor(node->fd.release(), dir + "/" + name);
+        }
+        py::dict metadata;
+        for (const auto& [k, v] : f->header().metadata) metadata[py::str(k)] = py::str(v);
+        py::list tensors;
+        for (const TensorInfo& t : f->header().tensors) {
+          tensors.append(py::make_tuple(t.key, std::string(DTypeName(t.dtype)), t.shape));
+        }
+        return py::make_tuple(metadata, tensors);
+      },
+      py::arg("dir"), py::arg("name"),
+      "(__metadata__ as a dict, [(key, safetensors dtype name, shape)] in header order) of the file `name` of the "
+      "directory `dir`, resolved beneath it as the loader resolves names and validated by the loader's reader. "
+      "CheckpointError naming the file otherwise; IoError when there is no such file.");
+  m.def(
       "checkpoint_tensors",
       [](const std::string& path) {
         std::unique_ptr<Checkpoint> ck;

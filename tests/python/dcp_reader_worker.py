@@ -14,6 +14,10 @@ MODE "compare": every scenario below in one launch (ROOT holds the checkpoints t
              file than its weight) through both quantized readers, to float32 and bfloat16; an MXFP4
              blocks/scales pair and an NVFP4 triple through shardcast's, against independent references
   metadata   read_metadata of both readers equal (keys, dtypes, sizes, chunks, files)
+  per_rank   the llama's keys saved by torch's HuggingFaceStorageWriter(save_distributed=True) with no
+             consolidation (one file per rank, pieces placed by DCP_SHARDING_INFO), read back by both readers
+             into another layout of each key (so a rank's box spans pieces of several files); then the same
+             directory missing rank 1's file (a hole in its keys), which shardcast's reader must refuse on every rank
 MODE "truncated": this rank's own copy of the checkpoint (ROOT/copy-<rank>) is read; the test truncated
   rank 1's. MODE "kill": SHARDCAST_FAULT kills a rank mid-stream. Both write the exception each survivor
   raised. MODE "scenarios": several modes in turn, in these processes (ranks.each_scenario).
@@ -54,14 +58,15 @@ def sentinel_like(shape, dtype, mesh, placements):
     return distribute_tensor(full, mesh, placements)
 
 
-def state_dict(keys, world, dtype_of=None):
-    """{key: DTensor of the key's shape filled with a sentinel}, the layouts cycling over the keys."""
+def state_dict(keys, world, dtype_of=None, shift=0):
+    """{key: DTensor of the key's shape filled with a sentinel}, the layouts cycling over the keys (from the
+    shift-th layout on)."""
     ls = layouts(world)
     sd = {}
     for i, (key, (shape, dtype)) in enumerate(sorted(keys.items())):
         if dtype_of is not None:
             dtype = dtype_of(key, dtype)
-        mesh, placements = ls[i % len(ls)]
+        mesh, placements = ls[(i + shift) % len(ls)]
         if len(shape) < 2:
             placements = [p if not isinstance(p, Shard) else Shard(0) for p in placements]
         sd[key] = sentinel_like(shape, dtype, mesh, placements)
@@ -204,6 +209,44 @@ def metadata(root, problems):
     return 2
 
 
+def per_rank(root, world, problems):
+    import shutil
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+    keys = checkpoint_keys(os.path.join(root, "llama"))
+    saved = state_dict(keys, world)  # the llama's values in the first layout of each key
+    dcp.load(saved, storage_reader=TorchReader(os.path.join(root, "llama")))
+    path = os.path.join(root, f"per-rank-{world}")
+    dcp.save(saved, storage_writer=HuggingFaceStorageWriter(path, save_distributed=True, enable_consolidation=False))
+    theirs, ours = state_dict(keys, world, shift=1), state_dict(keys, world, shift=1)
+    dcp.load(theirs, storage_reader=TorchReader(path))
+    dcp.load(ours, storage_reader=sdcp.HuggingFaceStorageReader(path))
+    n = compare(theirs, ours, "per-rank files", problems)
+    for key in saved:
+        if not torch.equal(saved[key].full_tensor(), ours[key].full_tensor()):
+            problems.append(f"per-rank files: {key} read back differs from what was saved")
+    a, b = TorchReader(path).read_metadata(), sdcp.HuggingFaceStorageReader(path).read_metadata()
+    for key, md in a.state_dict_metadata.items():
+        mine = b.state_dict_metadata.get(key)
+        if mine is None or mine.size != md.size or mine.properties.dtype != md.properties.dtype or \
+                sorted(map(str, mine.chunks)) != sorted(map(str, md.chunks)):
+            problems.append(f"per-rank files: metadata of {key} differs ({mine} vs {md})")
+    broken = path + "-missing"
+    if dist.get_rank() == 0:
+        shutil.copytree(path, broken)
+        os.remove(os.path.join(broken, sorted(n for n in os.listdir(broken) if n.endswith(".safetensors"))[1]))
+    dist.barrier()
+    try:
+        dcp.load(state_dict(keys, world), storage_reader=sdcp.HuggingFaceStorageReader(broken, timeout=20))
+        problems.append("per-rank files: a directory missing one rank's file loaded")
+    except BaseException as e:  # noqa: BLE001 -- DCP's CheckpointException is a BaseException
+        failures = getattr(e, "failures", None) or {}
+        text = " ".join(f"{type(x[0]).__name__}: {x[0]}" for x in failures.values()) or str(e)
+        # DCP re-raises a read_metadata failure as its own AssertionError carrying the message
+        if "do not fill its shape" not in text or "shard-00001" not in text:
+            problems.append(f"per-rank files: a missing file raised {type(e).__name__}: {text[:400]}")
+    return n
+
+
 def run(mode, root, rank, world):
     """One mode's result on this rank; an unexpected exception is its "crash"."""
     result = {}
@@ -212,7 +255,7 @@ def run(mode, root, rank, world):
             problems = []
             result["checked"] = {"boxes": boxes(root, world, problems), "fsdp": fsdp(root, world, problems),
                                  "quantized": quantized(root, world, problems),
-                                 "metadata": metadata(root, problems)}
+                                 "metadata": metadata(root, problems), "per_rank": per_rank(root, world, problems)}
             result["problems"] = problems
             dist.barrier()  # rank 0 hosts the store: it stays until every rank read its last exchange
         elif mode in ("truncated", "kill"):

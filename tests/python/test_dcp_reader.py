@@ -2,7 +2,8 @@
 called the way DCP users call them: `dcp.load(state_dict, storage_reader=...)` over real Gloo ranks.
 
 Each world size is one launch running every scenario of dcp_reader_worker.py (DTensor boxes in every
-layout, a fully_shard'ed transformers model, fp8 and MXFP4 dequantized in the stream, the metadata), each
+layout, a fully_shard'ed transformers model, fp8 and MXFP4 dequantized in the stream, the metadata, torch's
+per-rank files of save_distributed=True), each
 rank comparing its local shards bit for bit; at world 3 it then reads a copy truncated on one rank, which
 must end every rank with the same error. A rank killed mid-stream has a launch of its own.
 """
@@ -96,6 +97,7 @@ def test_dcp_load_equals_torch_readers_bit_for_bit(run, world):
         assert "crash" not in r, f"rank {rank}:\n{r['crash']}"
         assert r["problems"] == [], f"rank {rank}: {r['problems']}"
         assert r["checked"]["boxes"] > 10 and r["checked"]["fsdp"] > 10 and r["checked"]["quantized"] == 12
+        assert r["checked"]["per_rank"] > 10
 
 
 def test_truncated_copy_on_one_rank_fails_every_rank(run, truncated):

@@ -17,6 +17,11 @@ DCP's load runs four steps on every rank; each is served here as follows:
   (any failure)        the same ShardcastError on every rank within the timeout, which DCP then reports
                        as its CheckpointException on every rank
 
+A directory of torch's per-rank files (HuggingFaceStorageWriter(save_distributed=True) without its
+consolidation: "shard-0000r-model-0000k-of-0000n.safetensors", each tensor's piece placed by the file's
+DCP_SHARDING_INFO) is read as torch's reader reads it: each key has one chunk per file holding a piece of it,
+and each file is a round of its own.
+
 A destination that is contiguous and of the checkpoint's (or the dequantized) dtype is written in place;
 any other (a strided view, another dtype) receives a contiguous copy of its box, converted with copy_, as
 torch's reader converts.
@@ -24,6 +29,8 @@ torch's reader converts.
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import os
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -58,6 +65,8 @@ for _name, _attr in (("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64"), ("
         _DTYPES[_name] = getattr(torch, _attr)
 
 _PLAN_KEY = "shardcast.dcp/boxes"  # the plan's storage_data: {this key: [round: {fqn: [(rank, offsets, lengths)]}]}
+_ROUND_FILES = "shardcast.dcp/files"  # and, for per-rank files, {this key: [round: its file]}
+_SHARDING_INFO = "DCP_SHARDING_INFO"  # torch's per-rank files: {fqn: {"saved_offsets": [...]}} in __metadata__
 
 
 def _torch_dtype(name: str, key: str, file: str) -> torch.dtype:
@@ -73,7 +82,8 @@ class HuggingFaceStorageReader(_TorchReader):
         dcp.load(state_dict, storage_reader=shardcast.dcp.HuggingFaceStorageReader(path))
 
     `path`: a Hugging Face checkpoint directory (model.safetensors.index.json and its files, or
-    model.safetensors) or one .safetensors file. `thread_count` is accepted for torch's signature; the
+    model.safetensors), one .safetensors file, or a directory of the per-rank files torch's
+    `HuggingFaceStorageWriter(save_distributed=True)` writes before (or without) its consolidation. `thread_count` is accepted for torch's signature; the
     engine sizes its own reading. shardcast's options, keyword-only, as in `shardcast.load` (None: the
     SHARDCAST_* variable, else the default): `source` ("auto", "each-rank", "rank0", "node-leader",
     "striped"), `chunk_bytes`, `staging_slots`, `readahead_bytes`, `timeout` (seconds per collective and
@@ -95,6 +105,9 @@ class HuggingFaceStorageReader(_TorchReader):
         self._process_group = process_group
         self._shapes: Dict[str, Tuple[int, ...]] = {}
         self._dtypes: Dict[str, torch.dtype] = {}   # what the engine delivers for each key
+        # per-rank files only: (fqn, piece offsets) -> its file, and (fqn, file) -> the piece's shape
+        self._chunks: Optional[Dict[Tuple[str, Tuple[int, ...]], str]] = None
+        self._pieces: Dict[Tuple[str, str], Tuple[int, ...]] = {}
         self.last_report: Optional[List[dict]] = None
 
     # -- metadata -----------------------------------------------------------------------------------------
@@ -102,8 +115,15 @@ class HuggingFaceStorageReader(_TorchReader):
         return _shardcast.load_timeout_seconds(self._shardcast_options) or 600.0
 
     def _scan(self) -> List[list]:
-        """[[key, dtype name, shape, file]] of every tensor, by the loader's validating reader."""
-        return [[k, d, list(s), f] for k, d, s, f in _shardcast.checkpoint_tensors(os.fspath(self.path))]
+        """[[key, dtype name, shape, file, offsets]] of every tensor (of every piece, in per-rank files), by
+        the loader's validating reader; offsets is None for a whole tensor."""
+        path = os.fspath(self.path)
+        if os.path.isdir(path) and not any(os.path.exists(os.path.join(path, name))
+                                           for name in ("model.safetensors.index.json", "model.safetensors")):
+            pieces = _per_rank_pieces(path)
+            if pieces is not None:
+                return pieces
+        return [[k, d, list(s), f, None] for k, d, s, f in _shardcast.checkpoint_tensors(path)]
 
     def _tensors(self) -> List[list]:
         return on_rank0(self._process_group, self._scan, self._timeout_s(), "the checkpoint's headers")
@@ -114,13 +134,20 @@ class HuggingFaceStorageReader(_TorchReader):
         retry with `rank=` (rank-local metadata, which an HF checkpoint has not) after an agreed failure."""
         state_dict_metadata: Dict[str, TensorStorageMetadata] = {}
         storage_data: Dict[MetadataIndex, Any] = {}
-        for key, dtype_name, shape, file in self._tensors():
+        for key, dtype_name, shape, file, offsets in self._tensors():
             dtype = _torch_dtype(dtype_name, key, file)
             size = torch.Size(shape)
-            state_dict_metadata[key] = TensorStorageMetadata(
-                properties=TensorProperties(dtype=dtype), size=size,
-                chunks=[ChunkStorageMetadata(offsets=torch.Size([0] * len(shape)), sizes=size)])
-            storage_data[MetadataIndex(fqn=key, offset=[0] * len(shape))] = (
+            offsets = list(offsets) if offsets is not None else [0] * len(shape)
+            chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=size)
+            md = state_dict_metadata.get(key)
+            if md is None:
+                state_dict_metadata[key] = TensorStorageMetadata(
+                    properties=TensorProperties(dtype=dtype), size=torch.Size(o + n for o, n in zip(offsets, shape)),
+                    chunks=[chunk])
+            else:  # another piece of it (per-rank files): the tensor spans every piece
+                md.chunks.append(chunk)
+                md.size = torch.Size(max(a, o + n) for a, o, n in zip(md.size, offsets, shape))
+            storage_data[MetadataIndex(fqn=key, offset=offsets)] = (
                 _HFStorageInfo(relative_path=file, shape=size, dtype=dtype) if _HFStorageInfo else file)
         metadata = Metadata(state_dict_metadata=state_dict_metadata, storage_data=storage_data)
         metadata.storage_meta = StorageMeta()
@@ -141,28 +168,53 @@ class HuggingFaceStorageReader(_TorchReader):
                         if isinstance(v, TensorStorageMetadata)}
         self._dtypes = {k: self._delivered_dtype(k, v.properties.dtype)
                         for k, v in metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
+        self._chunks = None
+        if any(len(v.chunks) > 1 or any(v.chunks[0].offsets) for v in metadata.state_dict_metadata.values()
+               if isinstance(v, TensorStorageMetadata) and v.chunks):
+            self._chunks, self._pieces = {}, {}
+            for index, info in (metadata.storage_data or {}).items():
+                file = getattr(info, "relative_path", info)
+                self._chunks[(index.fqn, tuple(int(x) for x in index.offset))] = file
+                self._pieces[(index.fqn, file)] = tuple(int(x) for x in info.shape)
 
     # -- plans --------------------------------------------------------------------------------------------
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         return plan
 
     def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
-        """Every rank's read items as boxes of their keys: round j holds each rank's j-th item of a key."""
+        """Every rank's read items as boxes of their keys: round j holds each rank's j-th item of a key (in
+        per-rank files, round j is the j-th file and its boxes are in its pieces' coordinates)."""
         rounds: List[Dict[str, list]] = []
+        files: List[str] = sorted(set(self._chunks.values())) if self._chunks is not None else []
         for rank, plan in enumerate(plans):
-            for j, by_key in enumerate(_rounds(plan.items)):
+            for j, by_key in enumerate(self._rounds_of(plan.items, files)):
                 while len(rounds) <= j:
                     rounds.append({})
                 for fqn, item in by_key.items():
                     rounds[j].setdefault(fqn, []).append(
                         (rank, [int(x) for x in item.storage_offsets], [int(x) for x in item.lengths]))
-        return [dataclasses.replace(plan, storage_data={_PLAN_KEY: rounds}) for plan in plans]
+        data = {_PLAN_KEY: rounds, _ROUND_FILES: files}
+        return [dataclasses.replace(plan, storage_data=data) for plan in plans]
+
+    def _rounds_of(self, items, files: List[str]) -> List[Dict[str, Any]]:
+        """One rank's read items by round: by file for per-rank files (every file a round, empty where
+        this rank reads nothing of it), else _rounds."""
+        if self._chunks is None:
+            return _rounds(items)
+        at = {f: j for j, f in enumerate(files)}
+        rounds: List[Dict[str, Any]] = [{} for _ in files]
+        for item in items:
+            index = item.storage_index
+            file = self._chunks[(index.fqn, tuple(int(x) for x in index.offset))]
+            rounds[at[file]][index.fqn] = item
+        return rounds
 
     # -- data ---------------------------------------------------------------------------------------------
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         pg, rank, world, store = _group(self._process_group)
         table = plan.storage_data.get(_PLAN_KEY) if isinstance(plan.storage_data, dict) else None
-        mine = _rounds(plan.items)
+        files = plan.storage_data.get(_ROUND_FILES, []) if isinstance(plan.storage_data, dict) else []
+        mine = self._rounds_of(plan.items, files) if table is not None else []
         problem = None
         if table is None:
             problem = ("InvalidArgument", f"rank {rank}: the load plan carries no boxes from shardcast's "
@@ -172,16 +224,18 @@ class HuggingFaceStorageReader(_TorchReader):
             problem = ("InternalError", f"rank {rank}: {len(mine)} read rounds planned here, {len(table)} globally")
         reports = []
         for j, boxes in enumerate(table):
+            file = files[j] if j < len(files) else None
             reports.append(self._read_round(boxes, mine[j] if j < len(mine) else {}, planner, pg, rank, world, store,
-                                            problem))
+                                            problem, file))
         self.last_report = reports
         fut: Future = Future()
         fut.set_result(None)
         return fut
 
     def _read_round(self, boxes: Dict[str, list], items: Dict[str, Any], planner: LoadPlanner, pg, rank: int,
-                    world: int, store, problem) -> dict:
-        """One shardcast load of every key in `boxes` (each rank's box of it), into this rank's items."""
+                    world: int, store, problem, file: Optional[str] = None) -> dict:
+        """One shardcast load of every key in `boxes` (each rank's box of it), into this rank's items: from
+        the checkpoint, or from one of its per-rank files (`file`, each key's piece there as its tensor)."""
         entries, layouts, copies = [], _Layouts(), []
         options = dict(self._shardcast_options)
         try:
@@ -193,6 +247,8 @@ class HuggingFaceStorageReader(_TorchReader):
                 if fqn not in self._shapes:
                     raise InvalidArgument(f"key '{fqn}' is planned but not in the checkpoint's metadata")
                 shape, dtype = self._shapes[fqn], self._dtypes[fqn]
+                if file is not None:
+                    shape = self._piece_shape(fqn, file)
                 key, swap = self._engine_key(fqn)
                 if swap:  # the engine's MXFP4 layout is [..., in, out]: the same box, its last two dims swapped
                     shape = _swapped(shape)
@@ -216,7 +272,8 @@ class HuggingFaceStorageReader(_TorchReader):
             kind = type(e).__name__ if isinstance(e, ShardcastError) else "InternalError"
             problem = (kind, str(e) if isinstance(e, ShardcastError) else f"rank {rank}: {type(e).__name__}: {e}")
             entries, layouts, copies = [], _Layouts(), []
-        report = _shardcast.load_entries(entries, layouts.table, os.fspath(self.path), options, {},
+        source = os.fspath(self.path) if file is None else os.path.join(os.fspath(self.path), os.path.basename(file))
+        report = _shardcast.load_entries(entries, layouts.table, source, options, {},
                                          operation_store(pg, store), rank, world, None, problem,
                                          _store_host(store) if store is not None else "")
         for item, dest, staged, swap in copies:
@@ -224,6 +281,12 @@ class HuggingFaceStorageReader(_TorchReader):
                 dest.copy_(staged.transpose(-1, -2) if swap else staged)
             planner.commit_tensor(item, dest)
         return report
+
+    def _piece_shape(self, fqn: str, file: str) -> Tuple[int, ...]:
+        shape = self._pieces.get((fqn, file))
+        if shape is None:
+            raise InvalidArgument(f"key '{fqn}' is planned from {file}, which holds no piece of it")
+        return shape
 
     def _engine_key(self, fqn: str) -> Tuple[str, bool]:
         """The key the engine resolves for a checkpoint key, and whether its layout is the transpose of the
@@ -246,6 +309,49 @@ class HuggingFaceStorageReader(_TorchReader):
         staged = torch.empty(_swapped(lengths) if swap else lengths, dtype=dtype, device=dest.device)
         copies.append((item, dest, staged, swap))
         return staged
+
+
+def _per_rank_pieces(path: str) -> Optional[List[list]]:
+    """[[key, dtype name, piece shape, file, offsets]] of every piece in the per-rank files of `path` (each
+    file's DCP_SHARDING_INFO places its pieces), or None when no file there has DCP_SHARDING_INFO. Every file
+    is validated by the loader's reader; the pieces of a key must share its dtype and fill its shape exactly
+    once (their sizes add up to it, each inside it), else a CheckpointError naming the file and key."""
+    names = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
+    headers = [(n, *_shardcast.safetensors_header(path, n)) for n in names]
+    if not any(_SHARDING_INFO in meta for _, meta, _ in headers):
+        return None
+    pieces: List[list] = []
+    for name, meta, tensors in headers:
+        file = os.path.join(path, name)
+        if _SHARDING_INFO not in meta:
+            raise _shardcast.CheckpointError(f"{file}: has no {_SHARDING_INFO} where the other files of {path} "
+                                             "have it (files of two checkpoints in one directory?)")
+        try:
+            info = json.loads(meta[_SHARDING_INFO])
+        except ValueError as e:
+            raise _shardcast.CheckpointError(f"{file}: {_SHARDING_INFO} is not JSON ({e})") from None
+        for key, dtype, shape in tensors:
+            offsets = info.get(key, {}).get("saved_offsets") if isinstance(info, dict) and isinstance(
+                info.get(key), dict) else None
+            if (not isinstance(offsets, list) or len(offsets) != len(shape)
+                    or not all(isinstance(o, int) and not isinstance(o, bool) and 0 <= o < 1 << 62 for o in offsets)):
+                raise _shardcast.CheckpointError(f"{file}: key '{key}': {_SHARDING_INFO} gives no offsets of "
+                                                 f"{len(shape)} non-negative integers for it ({offsets!r})")
+            pieces.append([key, dtype, list(shape), file, offsets])
+    by_key: Dict[str, list] = {}
+    for piece in pieces:
+        by_key.setdefault(piece[0], []).append(piece)
+    for key, group in by_key.items():
+        ndim = {len(p[2]) for p in group}
+        extent = [max(p[4][d] + p[2][d] for p in group) for d in range(min(ndim))]
+        filled = sum(math.prod(p[2]) for p in group)
+        dtypes = {p[1] for p in group}
+        if len(dtypes) > 1 or len(ndim) > 1 or filled != math.prod(extent):
+            files = ", ".join(f"{os.path.basename(p[3])} {p[2]} at {p[4]}" for p in group)
+            raise _shardcast.CheckpointError(
+                f"{path}: key '{key}': its pieces ({files}) do not fill its shape {extent} exactly once"
+                + (f" (dtypes {sorted(dtypes)})" if len(dtypes) > 1 else ""))
+    return pieces
 
 
 def _rounds(items) -> List[Dict[str, Any]]:
@@ -292,6 +398,10 @@ class QuantizedHuggingFaceStorageReader(HuggingFaceStorageReader, _TorchQuantize
     def _adjust_metadata(self, metadata: Metadata) -> None:
         keys = metadata.state_dict_metadata
         self._quantized = set()
+        if any(len(md.chunks) > 1 for md in keys.values() if isinstance(md, TensorStorageMetadata)):
+            raise _shardcast.Unsupported(
+                f"{self.path}: per-rank files (HuggingFaceStorageWriter(save_distributed=True)) are read by "
+                "HuggingFaceStorageReader, not dequantized: a weight's scale blocks need not lie in its piece")
         for fqn, md in keys.items():
             if not isinstance(md, TensorStorageMetadata):
                 continue
