@@ -15,7 +15,15 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 
-def checkpoint_keys(path: str) -> Dict[str, Tuple[int, ...]]:
+class CheckpointKeys(Dict[str, Tuple[int, ...]]):
+    """{key: shape}, with `dtypes` {key: safetensors dtype name} beside it."""
+
+    def __init__(self, shapes=(), dtypes: Optional[Dict[str, str]] = None) -> None:
+        super().__init__(shapes)
+        self.dtypes: Dict[str, str] = dict(dtypes or {})
+
+
+def checkpoint_keys(path: str) -> CheckpointKeys:
     """{key: shape} of a checkpoint (a file, a dir with model.safetensors, or with an index), read by the C++
     loader's own validating reader (headers, index, names beneath the checkpoint's root): Python parses no
     checkpoint header. {} when it is missing, malformed or resolves outside its root: the C++ core raises
@@ -23,20 +31,24 @@ def checkpoint_keys(path: str) -> Dict[str, Tuple[int, ...]]:
     from . import _shardcast
 
     try:
-        return {key: tuple(shape) for key, _, shape, _ in _shardcast.checkpoint_tensors(os.fspath(path))}
+        tensors = _shardcast.checkpoint_tensors(os.fspath(path))
     except (OSError, _shardcast.ShardcastError):
-        return {}
+        return CheckpointKeys()
+    return CheckpointKeys({k: tuple(s) for k, _, s, _ in tensors}, {k: d for k, d, _, _ in tensors})
 
 
 def entry_shape(keys: Dict[str, Tuple[int, ...]], key: str, floating: bool = True) -> Optional[Tuple[int, ...]]:
     """The shape checkpoint entry `key` loads as: its own; for a floating entry of an NVFP4 weight
-    ("<m>.weight" [out, in / 2] with "<m>.weight_scale" or "<m>.weight_scale_2") the [out, in] it
-    dequantizes to; or for an MXFP4 pair ("<key>_blocks" [..., out, in / 32, 16] with "<key>_scales")
+    ("<m>.weight" U8 [out, in / 2] beside a "<m>.weight_scale" or "<m>.weight_scale_2": the C++
+    reader's rule, loaders/quantization.cc, which then checks the triple and names what is wrong with it;
+    an fp8 weight with a float32 per-channel "weight_scale" is not one) the [out, in] it dequantizes to; or for an MXFP4 pair ("<key>_blocks" [..., out, in / 32, 16] with "<key>_scales")
     the transpose it dequantizes to, [..., in, out]. None when the checkpoint has neither."""
     if key in keys:
         shape = keys[key]
+        dtypes = getattr(keys, "dtypes", {})
         base = key[: -len(".weight")] if key.endswith(".weight") else None
-        nvfp4 = base is not None and (base + ".weight_scale" in keys or base + ".weight_scale_2" in keys)
+        nvfp4 = (base is not None and dtypes.get(key) == "U8"
+                 and (base + ".weight_scale" in keys or base + ".weight_scale_2" in keys))
         if floating and nvfp4 and len(shape) == 2:
             return (shape[0], shape[1] * 2)
         return shape

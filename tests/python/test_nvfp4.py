@@ -147,3 +147,23 @@ def test_convert_nvfp4_to_bf16_equals_the_twin(shardcast_bin, tmp_path):
     assert q[key].dtype == torch.uint8 and a[key].shape == (72, 64)
     assert torch.equal(a[key].view(torch.int16),
                        reference(q[key], q[m + ".weight_scale"], q[m + ".weight_scale_2"], torch.bfloat16).view(torch.int16))
+
+
+# Regression (issue 32): Python's shape rule took any "<m>.weight" beside a "<m>.weight_scale" for NVFP4
+# and doubled its columns, where the C++ reader (loaders/quantization.cc) requires a U8 weight: an fp8
+# weight with a float32 per-channel "weight_scale" (compressed-tensors) is not NVFP4. A U8 weight beside a
+# scale of the wrong dtype still is (the reader then names what is wrong with the triple).
+def test_python_shape_rule_is_the_readers_nvfp4_rule(tmp_path):
+    from safetensors.torch import save_file
+    from shardcast._mapping import checkpoint_keys, entry_shape
+    g = torch.Generator().manual_seed(5)
+    packed, scale, scale_2 = triple(g, 4, 32)
+    save_file({"nv.weight": packed, "nv.weight_scale": scale, "nv.weight_scale_2": scale_2,
+               "fp8.weight": torch.zeros(4, 16).to(torch.float8_e4m3fn), "fp8.weight_scale": torch.ones(4, 1),
+               "u8.weight": torch.zeros(4, 16, dtype=torch.uint8), "u8.weight_scale": torch.ones(4, 1)},
+              str(tmp_path / "model.safetensors"))
+    keys = checkpoint_keys(tmp_path)
+    assert entry_shape(keys, "nv.weight") == (4, 32)
+    assert entry_shape(keys, "nv.weight", floating=False) == (4, 16)
+    assert entry_shape(keys, "fp8.weight") == (4, 16)
+    assert entry_shape(keys, "u8.weight") == (4, 32)
