@@ -179,7 +179,7 @@ def _wrapped_checkpoint(root: pathlib.Path):
     save_file(sd, str(root / "ckpt" / "model.safetensors"))
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [3])  # uneven rows (7 over 3 ranks: 3, 3, 1); W=2 added nothing to it
 def test_wrapped_models_load_and_save_like_plain_ones_and_no_teardown_ritual_is_needed(tmp_path, world):
     _wrapped_checkpoint(tmp_path)
     results = ranks.run("conventions_worker.py", "all", tmp_path, world, tmp_path, timeout=240)

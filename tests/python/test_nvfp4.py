@@ -100,7 +100,7 @@ def test_reference_on_hand_computed_blocks():
 
 
 # W=1, 2 and 4 (4 leaves "b"'s 3 rows one empty rank); W=3 and the other sources are load_test's Nvfp4Exact.
-@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("world", [1, 3])  # 3: uneven rows (40 / 3) and a 40-row FSDP2 shard cut unevenly
 def test_every_rank_equals_the_reference(checkpoints, tmp_path, world):
     results = ranks.run("nvfp4_worker.py", "all", checkpoints, world, tmp_path, timeout=600)
     for rank, r in enumerate(results):
