@@ -147,6 +147,20 @@ def test_plain_values_read_back_with_their_types(tmp_path, threads):
     assert back["buf"].getvalue() == b"abc"
 
 
+# Regression (review): a destination of another dtype took the file's raw bytes (fp32 bit patterns read as
+# bf16, silently), where torch's FileSystemReader converts with copy_.
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64, torch.int32, torch.float16])
+def test_a_destination_of_another_dtype_is_converted_as_torch_converts(tmp_path, dtype):
+    state = {"w": torch.arange(24, dtype=torch.float32).reshape(6, 4) * 1.5, "v": torch.tensor(2.25)}
+    dcp.save(state, storage_writer=StorageWriter(tmp_path / "ours"), no_dist=True)
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp_path / "torch"), no_dist=True)
+    ours, theirs = ({k: torch.zeros_like(v, dtype=dtype) for k, v in state.items()} for _ in range(2))
+    dcp.load(ours, storage_reader=StorageReader(tmp_path / "ours"), no_dist=True)
+    dcp.load(theirs, storage_reader=dcp.FileSystemReader(tmp_path / "torch"), no_dist=True)
+    for k in state:
+        assert ours[k].dtype == dtype and torch.equal(ours[k], theirs[k]), (k, ours[k], theirs[k])
+
+
 def test_value_codec_keeps_every_plain_type():
     import collections
     v = {3: (1, 2.5, float("inf")), "o": collections.OrderedDict(z=[True, None]), "s": torch.Size([2, 0]),

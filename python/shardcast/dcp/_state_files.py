@@ -189,7 +189,8 @@ def _copy_box(f: _RankFile, base: int, dtype: torch.dtype, chunk: List[int], off
         return
     row_bytes = math.prod(chunk[1:]) * dtype.itemsize
     rows = min(lengths[0], max(1, block_bytes // row_bytes))
-    whole_rows = list(lengths[1:]) == list(chunk[1:]) and dest.device.type == "cpu"
+    # read straight into dest only where its bytes are the file's: another dtype is converted by copy_
+    whole_rows = list(lengths[1:]) == list(chunk[1:]) and dest.device.type == "cpu" and dest.dtype == dtype
     stage = None
     for r in range(0, lengths[0], rows):
         b = min(rows, lengths[0] - r)
