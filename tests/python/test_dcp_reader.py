@@ -119,3 +119,60 @@ def test_rank_killed_mid_stream_ends_every_rank(root, tmp_path):
     assert results[1] is None
     for rank in (0, 2):  # shardcast's group, or DCP's own collective after it, reports the lost peer
         assert results[rank]["error"], results[rank]
+
+
+# -- per-rank files as hostile or unusual input, in this process (a world of one) ---------------------------
+
+def _per_rank_files(path, pieces):
+    """torch's per-rank file layout by hand: one file per piece of "w", placed by DCP_SHARDING_INFO."""
+    import json
+    from safetensors.torch import save_file
+    os.makedirs(path, exist_ok=True)
+    for i, (tensor, offsets) in enumerate(pieces, 1):
+        save_file({"w": tensor.contiguous()}, os.path.join(path, f"shard-{i:05d}-model-00001-of-00001.safetensors"),
+                  metadata={"DCP_SHARDING_INFO": json.dumps({"w": {"saved_offsets": offsets}})})
+
+
+@pytest.fixture
+def world_of_one():
+    import torch.distributed as dist
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+# Regression (review): two read items of one key from the same file (a rank holding two local shards that
+# overlap one piece) were one round, and the second overwrote the first: part of the destination was left
+# as it was, with no error.
+def test_per_rank_files_into_several_local_shards_of_a_key(tmp_path, world_of_one):
+    import torch.distributed.checkpoint  # noqa: F401 -- its HuggingFaceStorageReader
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed._shard.sharded_tensor import Shard as STShard, ShardMetadata, init_from_local_shards
+    import shardcast.dcp as sdcp
+    full = torch.arange(16.).reshape(8, 2)
+    _per_rank_files(tmp_path, [(full[:4], [0, 0]), (full[4:], [4, 0])])
+    got = {}
+    for name, reader in (("torch", torch.distributed.checkpoint.HuggingFaceStorageReader), ("shardcast", sdcp.HuggingFaceStorageReader)):
+        shards = [STShard(torch.full((2, 2), -1.), ShardMetadata([0, 0], [2, 2], "rank:0/cpu")),
+                  STShard(torch.full((2, 2), -1.), ShardMetadata([2, 0], [2, 2], "rank:0/cpu")),
+                  STShard(torch.full((4, 2), -1.), ShardMetadata([4, 0], [4, 2], "rank:0/cpu"))]
+        st = init_from_local_shards(shards, 8, 2)
+        dcp.load({"w": st}, storage_reader=reader(str(tmp_path)))
+        got[name] = [s.tensor.clone() for s in st.local_shards()]
+    assert all(torch.equal(a, b) for a, b in zip(got["torch"], got["shardcast"])), got
+    assert torch.equal(torch.cat(got["shardcast"]), full)
+
+
+# Regression (review): pieces were checked by volume only, so a hole beside an overlap passed and the hole
+# kept the destination's old values.
+@pytest.mark.parametrize("pieces,words", [
+    ([(torch.zeros(2, 1), [0, 0]), (torch.zeros(1, 2), [1, 0])], "overlap"),
+    ([(torch.zeros(2, 2), [0, 0]), (torch.zeros(2, 2), [4, 0])], "hold 8 of its 12 elements"),
+    ([(torch.zeros(2, 2), [0, 0]), (torch.zeros(2, 2, dtype=torch.float16), [2, 0])], "dtypes"),
+])
+def test_per_rank_pieces_that_do_not_fill_a_key_exactly_once_are_refused(tmp_path, pieces, words):
+    import shardcast
+    import shardcast.dcp as sdcp
+    _per_rank_files(tmp_path, pieces)
+    with pytest.raises(shardcast.CheckpointError, match=f"key 'w': its pieces .* exactly once: .*{words}"):
+        sdcp.HuggingFaceStorageReader(str(tmp_path)).read_metadata()

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -49,6 +48,7 @@ from .._layouts import _Layouts
 from .._load import _options
 from .._shardcast import InvalidArgument, ShardcastError
 from ._agree import on_rank0
+from ._cover import cover_problem
 
 try:
     from torch.distributed.checkpoint._hf_utils import _HFStorageInfo
@@ -184,49 +184,49 @@ class HuggingFaceStorageReader(_TorchReader):
     def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
         """Every rank's read items as boxes of their keys: round j holds each rank's j-th item of a key (in
         per-rank files, round j is the j-th file and its boxes are in its pieces' coordinates)."""
-        rounds: List[Dict[str, list]] = []
-        files: List[str] = sorted(set(self._chunks.values())) if self._chunks is not None else []
+        by_round: Dict[Tuple[str, int], Dict[str, list]] = {}
         for rank, plan in enumerate(plans):
-            for j, by_key in enumerate(self._rounds_of(plan.items, files)):
-                while len(rounds) <= j:
-                    rounds.append({})
+            for at, by_key in self._rounds_of(plan.items).items():
+                boxes = by_round.setdefault(at, {})
                 for fqn, item in by_key.items():
-                    rounds[j].setdefault(fqn, []).append(
+                    boxes.setdefault(fqn, []).append(
                         (rank, [int(x) for x in item.storage_offsets], [int(x) for x in item.lengths]))
-        data = {_PLAN_KEY: rounds, _ROUND_FILES: files}
+        order = sorted(by_round)
+        data = {_PLAN_KEY: [by_round[at] for at in order], _ROUND_FILES: [list(at) for at in order]}
         return [dataclasses.replace(plan, storage_data=data) for plan in plans]
 
-    def _rounds_of(self, items, files: List[str]) -> List[Dict[str, Any]]:
-        """One rank's read items by round: by file for per-rank files (every file a round, empty where
-        this rank reads nothing of it), else _rounds."""
-        if self._chunks is None:
-            return _rounds(items)
-        at = {f: j for j, f in enumerate(files)}
-        rounds: List[Dict[str, Any]] = [{} for _ in files]
+    def _rounds_of(self, items) -> Dict[Tuple[str, int], Dict[str, Any]]:
+        """One rank's read items by round, (file, j) -> {fqn: item}: round j of a file holds the j-th item of
+        each key read from it. The file is "" for a checkpoint read whole (one round in every layout DCP's
+        default planner makes of an HF checkpoint, whose keys are one chunk each), else the per-rank file
+        holding the item's piece."""
+        rounds: Dict[Tuple[str, int], Dict[str, Any]] = {}
+        seen: Dict[Tuple[str, str], int] = {}
         for item in items:
             index = item.storage_index
-            file = self._chunks[(index.fqn, tuple(int(x) for x in index.offset))]
-            rounds[at[file]][index.fqn] = item
+            file = "" if self._chunks is None else self._chunks[(index.fqn, tuple(int(x) for x in index.offset))]
+            j = seen[(file, index.fqn)] = seen.get((file, index.fqn), -1) + 1
+            rounds.setdefault((file, j), {})[index.fqn] = item
         return rounds
 
     # -- data ---------------------------------------------------------------------------------------------
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         pg, rank, world, store = _group(self._process_group)
         table = plan.storage_data.get(_PLAN_KEY) if isinstance(plan.storage_data, dict) else None
-        files = plan.storage_data.get(_ROUND_FILES, []) if isinstance(plan.storage_data, dict) else []
-        mine = self._rounds_of(plan.items, files) if table is not None else []
+        at = [tuple(a) for a in plan.storage_data.get(_ROUND_FILES, [])] if table is not None else []
+        mine = self._rounds_of(plan.items)
         problem = None
-        if table is None:
+        if table is None or len(at) != len(table):
             problem = ("InvalidArgument", f"rank {rank}: the load plan carries no boxes from shardcast's "
                        "prepare_global_plan (a planner dropped the plan's storage_data?)")
-            table = [{}]
-        elif len(mine) > len(table):
-            problem = ("InternalError", f"rank {rank}: {len(mine)} read rounds planned here, {len(table)} globally")
+            table, at = [{}], [("", 0)]
+        elif set(mine) - set(at):
+            problem = ("InternalError", f"rank {rank}: read rounds {sorted(set(mine) - set(at))} planned here, "
+                       "not globally")
         reports = []
-        for j, boxes in enumerate(table):
-            file = files[j] if j < len(files) else None
-            reports.append(self._read_round(boxes, mine[j] if j < len(mine) else {}, planner, pg, rank, world, store,
-                                            problem, file))
+        for boxes, (file, j) in zip(table, at):
+            reports.append(self._read_round(boxes, mine.get((file, j), {}), planner, pg, rank, world, store,
+                                            problem, file or None))
         self.last_report = reports
         fut: Future = Future()
         fut.set_result(None)
@@ -344,28 +344,15 @@ def _per_rank_pieces(path: str) -> Optional[List[list]]:
     for key, group in by_key.items():
         ndim = {len(p[2]) for p in group}
         extent = [max(p[4][d] + p[2][d] for p in group) for d in range(min(ndim))]
-        filled = sum(math.prod(p[2]) for p in group)
         dtypes = {p[1] for p in group}
-        if len(dtypes) > 1 or len(ndim) > 1 or filled != math.prod(extent):
-            files = ", ".join(f"{os.path.basename(p[3])} {p[2]} at {p[4]}" for p in group)
+        why = (f"dtypes {sorted(dtypes)}" if len(dtypes) > 1 else f"{sorted(ndim)} dims" if len(ndim) > 1
+               else cover_problem(extent, [(p[4], p[2]) for p in group]))
+        if why is not None:
+            files = ", ".join(f"{os.path.basename(p[3])} {p[2]} at {p[4]}" for p in group[:8])
             raise _shardcast.CheckpointError(
-                f"{path}: key '{key}': its pieces ({files}) do not fill its shape {extent} exactly once"
-                + (f" (dtypes {sorted(dtypes)})" if len(dtypes) > 1 else ""))
+                f"{path}: key '{key}': its pieces ({files}{', ...' if len(group) > 8 else ''}) do not fill its "
+                f"shape {extent} exactly once: {why}")
     return pieces
-
-
-def _rounds(items) -> List[Dict[str, Any]]:
-    """One rank's read items by round: round j holds the j-th item of each key (one round in every layout
-    DCP's default planner makes of an HF checkpoint, whose keys are one chunk each)."""
-    rounds: List[Dict[str, Any]] = []
-    seen: Dict[str, int] = {}
-    for item in items:
-        fqn = item.storage_index.fqn
-        j = seen[fqn] = seen.get(fqn, -1) + 1
-        if j == len(rounds):
-            rounds.append({})
-        rounds[j][fqn] = item
-    return rounds
 
 
 def _swapped(dims):

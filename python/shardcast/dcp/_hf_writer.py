@@ -45,6 +45,7 @@ from torch.futures import Future
 
 from .. import _shardcast
 from .._shardcast import InvalidArgument, ShardcastError, Unsupported
+from ._cover import cover_problem
 
 __all__ = ["HuggingFaceStorageWriter"]
 
@@ -247,30 +248,9 @@ def _global_layout(plans: List[SavePlan]) -> _SaveLayout:
 
 def _check_cover(key: str, shape: Tuple[int, ...], held) -> None:
     """The distinct boxes of a key cover it exactly: each element once (identical boxes are replicas,
-    written once by the lowest rank). Volumes always; pairwise overlap where there are few boxes (DCP's
-    default planner checks that itself)."""
-    distinct = sorted({(o, s) for _, o, s in held})
-    numel = 1
-    for n in shape:
-        numel *= n
-    volume = 0
-    for _, s in distinct:
-        v = 1
-        for n in s:
-            v *= n
-        volume += v
-    overlap = None
-    if len(distinct) <= 64:
-        for i, (oa, sa) in enumerate(distinct):
-            for ob, sb in distinct[i + 1:]:
-                if all(a < b + m and b < a + n for a, n, b, m in zip(oa, sa, ob, sb)):
-                    overlap = (oa, sa, ob, sb)
-                    break
-            if overlap:
-                break
-    if overlap is not None or volume != numel:
-        why = (f"chunks at {list(overlap[0])} (size {list(overlap[1])}) and {list(overlap[2])} (size {list(overlap[3])}) "
-               f"overlap" if overlap is not None else f"the ranks' chunks hold {volume} elements of {numel}")
+    written once by the lowest rank)."""
+    why = cover_problem(shape, sorted({(tuple(o), tuple(s)) for _, o, s in held}))
+    if why is not None:
         raise InvalidArgument(f"key '{key}' of shape {list(shape)}: {why}; every element must be saved by exactly one "
                               f"chunk")
 

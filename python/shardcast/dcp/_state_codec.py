@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
                                                    TensorStorageMetadata)
 
 from .._shardcast import CheckpointError, InternalError, Unsupported
+from ._cover import cover_problem
 
 METADATA_NAME = ".metadata.json"
 FORMAT = "shardcast-dcp-state"
@@ -243,6 +244,9 @@ def _decode_entry(fqn: str, d: Any, where: str) -> Any:
                 o + s > n for o, s, n in zip(offsets, sizes, size)):
             raise CheckpointError(f"{w}: chunk at {offsets} of sizes {sizes} lies outside the tensor's size {size}")
         chunks.append(ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes)))
+    why = cover_problem(size, [(c.offsets, c.sizes) for c in chunks])
+    if why is not None:  # an element no chunk holds would be left as the destination had it
+        raise CheckpointError(f"{w}: its chunks do not hold each element of size {size} exactly once: {why}")
     return TensorStorageMetadata(properties=_decode_properties(d.get("properties"), w), size=torch.Size(size),
                                  chunks=chunks)
 
