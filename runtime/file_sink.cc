@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <filesystem>
+#include <regex>
+#include <string>
 
 #include "allocators/error.h"
 #include "runtime/fault.h"
@@ -226,6 +228,13 @@ void WriteText(const std::string& dir, const std::string& name, const std::strin
 
 namespace {
 
+// "model.safetensors" or "model-NNNNN-of-NNNNN.safetensors": the names a Hugging Face model's files have.
+bool IsModelFileName(const std::string& name) {
+  if (name == "model.safetensors") return true;
+  static const std::regex kShard("model-[0-9]{5}-of-[0-9]{5}\\.safetensors");
+  return std::regex_match(name, kShard);
+}
+
 // `from` (a folder) into `to` (created): files hard-linked or copied, links as links, folders recursively.
 void LinkTree(const std::filesystem::path& from, const std::filesystem::path& to, bool top) {
   namespace fs = std::filesystem;
@@ -237,8 +246,10 @@ void LinkTree(const std::filesystem::path& from, const std::filesystem::path& to
     const fs::path dest = to / name;
     if (fs::symlink_status(dest, ec).type() != fs::file_type::not_found) continue;  // written by this save
     const fs::file_status st = e.symlink_status(ec);
-    const bool safetensors = name.size() >= 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0;
-    if (top && fs::is_regular_file(st) && (safetensors || name == "model.safetensors.index.json")) continue;
+    // The old model's files are replaced, not kept: its index and its model.safetensors or
+    // model-NNNNN-of-NNNNN.safetensors (a stale shard of another count would linger). Any other
+    // safetensors file (an adapter, a training state's rank files) is the user's and stays.
+    if (top && fs::is_regular_file(st) && (name == "model.safetensors.index.json" || IsModelFileName(name))) continue;
     if (fs::is_symlink(st)) {
       fs::copy_symlink(e.path(), dest, ec);
     } else if (fs::is_directory(st)) {

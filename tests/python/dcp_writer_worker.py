@@ -127,11 +127,13 @@ def llama_model(world):
 def llama(saved, rank, world):
     model, truth = llama_model(world)
     d = os.path.join(saved, "llama")
-    if rank == 0:  # the directory already holds a config (and a stale file): the save keeps the one, drops the other
+    if rank == 0:  # the directory already holds a config and an adapter (kept), and a stale single file and
+        # a shard of another count (the old model's files: dropped)
         os.makedirs(d, exist_ok=True)
         model.config.save_pretrained(d)
-        with open(os.path.join(d, "model.safetensors"), "w") as f:
-            f.write("stale")
+        for name in ("model.safetensors", "model-00003-of-00003.safetensors", "adapter_model.safetensors"):
+            with open(os.path.join(d, name), "w") as f:
+                f.write("stale" if name.startswith("model") else "adapter")
     dist.barrier()
     mapping = {k: (1 if ".layers.0." in k or "embed" in k else 2) for k in truth}
     return both(model.state_dict(), saved, "llama", rank, truth, mapping=mapping)
