@@ -217,6 +217,21 @@ def per_rank(root, world, problems):
     dcp.load(saved, storage_reader=TorchReader(os.path.join(root, "llama")))
     path = os.path.join(root, f"per-rank-{world}")
     dcp.save(saved, storage_writer=HuggingFaceStorageWriter(path, save_distributed=True, enable_consolidation=False))
+    # shardcast's writer asked for per-rank files (torchtitan's sharded save) writes torch's, which torch's
+    # consolidation then turns into the finished checkpoint, as torchtitan does next
+    ours_path = os.path.join(root, f"per-rank-{world}-shardcast-writer")
+    dcp.save(saved, storage_writer=sdcp.HuggingFaceStorageWriter(ours_path, save_distributed=True,
+                                                                 enable_consolidation=False))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        from torch.distributed.checkpoint._consolidate_hf_safetensors import consolidate_safetensors_files
+        if sorted(os.listdir(ours_path)) != sorted(os.listdir(path)):
+            problems.append(f"per-rank files: shardcast's writer wrote {sorted(os.listdir(ours_path))}")
+        os.makedirs(ours_path + "-consolidated")
+        consolidate_safetensors_files(ours_path, ours_path + "-consolidated", dict.fromkeys(keys, 1))
+        whole = checkpoint_keys(ours_path + "-consolidated")
+        if sorted(whole) != sorted(keys):
+            problems.append(f"per-rank files: torch's consolidation of shardcast's writer's files gave {sorted(whole)}")
     theirs, ours = state_dict(keys, world, shift=1), state_dict(keys, world, shift=1)
     dcp.load(theirs, storage_reader=TorchReader(path))
     dcp.load(ours, storage_reader=sdcp.HuggingFaceStorageReader(path))

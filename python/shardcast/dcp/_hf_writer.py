@@ -65,8 +65,12 @@ class HuggingFaceStorageWriter(StorageWriter):
 
     Positional arguments as torch's: path; fqn_to_index_mapping ({key: file number from 1}: torchtitan
     passes the original checkpoint's index so that files keep their layout; None splits by max_shard_size);
-    thread_count, save_distributed, enable_consolidation and thread_count_consolidation are accepted and
-    change nothing: every rank always writes its own pieces into the finished files.
+    thread_count, save_distributed=True with enable_consolidation=True, and thread_count_consolidation are
+    accepted and change nothing: every rank always writes its own pieces into the finished files.
+    save_distributed=True with enable_consolidation=False asks for torch's per-rank files instead
+    ("shard-0000r-model-...safetensors" with DCP_SHARDING_INFO, which torchtitan's and transformers'
+    sharded saves consolidate afterwards): those are written by torch's own writer, unchanged, and read
+    back by shardcast's HuggingFaceStorageReader as they are.
 
     Keyword-only (shardcast's): max_shard_size ("5GB", decimal as transformers', or bytes; without a
     mapping), source ("each-rank": every rank writes, one filesystem every rank sees at the same path;
@@ -100,9 +104,17 @@ class HuggingFaceStorageWriter(StorageWriter):
         self.progress = progress
         self.is_coordinator = False
         self.report: Optional[dict] = None  # this rank's save report (runtime/save.h), after write_data
+        self._per_rank_files = None  # torch's writer, where per-rank files are asked for
+        if save_distributed and not enable_consolidation:
+            from torch.distributed.checkpoint import HuggingFaceStorageWriter as _TorchWriter
+            self._per_rank_files = _TorchWriter(self.path, fqn_to_index_mapping=fqn_to_index_mapping,
+                                                thread_count=thread_count, save_distributed=True,
+                                                enable_consolidation=False)
 
     # -- StorageWriter ------------------------------------------------------------------------------------
     def reset(self, checkpoint_id: Union[str, os.PathLike, None] = None) -> None:
+        if self._per_rank_files is not None:
+            self._per_rank_files.reset(checkpoint_id)
         if checkpoint_id:
             self.path = os.fspath(checkpoint_id)
 
@@ -112,14 +124,22 @@ class HuggingFaceStorageWriter(StorageWriter):
 
     def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
         self.is_coordinator = is_coordinator
+        if self._per_rank_files is not None:
+            self._per_rank_files.set_up_storage_writer(is_coordinator, *args, **kwargs)
 
     def storage_meta(self) -> Optional[StorageMeta]:
+        if self._per_rank_files is not None:
+            return self._per_rank_files.storage_meta()
         return StorageMeta(checkpoint_id=self.path)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        if self._per_rank_files is not None:
+            return self._per_rank_files.prepare_local_plan(plan)
         return plan
 
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
+        if self._per_rank_files is not None:
+            return self._per_rank_files.prepare_global_plan(plans)
         if not any(p.usable for p in plans):  # DCP's plan cache: every rank keeps its cached final plan
             return plans
         if not all(p.usable for p in plans):
@@ -129,6 +149,8 @@ class HuggingFaceStorageWriter(StorageWriter):
         return [dataclasses.replace(p, storage_data=layout) for p in plans]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
+        if self._per_rank_files is not None:
+            return self._per_rank_files.write_data(plan, planner)
         from .._group import _group, _store_host, operation_store
         from .._load import _options, _progress_printer
         pg, rank, world, store = _group(self.process_group)
@@ -164,9 +186,13 @@ class HuggingFaceStorageWriter(StorageWriter):
 
     def finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
         """Nothing to do: the files and the index were committed together in write_data."""
+        if self._per_rank_files is not None:
+            self._per_rank_files.finish(metadata, results)
 
     @property
     def metadata_path(self) -> str:
+        if self._per_rank_files is not None:
+            return self._per_rank_files.metadata_path
         return "model.safetensors.index.json"
 
 
