@@ -14,11 +14,16 @@ MODE "compare": every scenario below in one launch (ROOT holds the checkpoints t
              file than its weight) through both quantized readers, to float32 and bfloat16; an MXFP4
              blocks/scales pair and an NVFP4 triple through shardcast's, against independent references
   metadata   read_metadata of both readers equal (keys, dtypes, sizes, chunks, files)
+  alone      rank 0 alone (what transformers' consolidate_distributed_checkpoint and dcp's no_dist=True do
+             while the group runs): read_metadata of the llama, dcp.load and dcp.save of its whole tensors;
+             then every rank's read_metadata of another checkpoint must be that one's, and collective loads
+             and saves still work (regression, review: rank 0's solo call put it one exchange ahead for good)
   per_rank   the llama's keys saved by torch's HuggingFaceStorageWriter(save_distributed=True) with no
              consolidation (one file per rank, pieces placed by DCP_SHARDING_INFO), read back by both readers
              into another layout of each key (so a rank's box spans pieces of several files); then the same
              directory missing rank 1's file (a hole in its keys), which shardcast's reader must refuse on every rank
-MODE "truncated": this rank's own copy of the checkpoint (ROOT/copy-<rank>) is read; the test truncated
+MODE "truncated": this rank's own copy of the checkpoint (ROOT/copy-<rank>/llama, read as "llama" from
+  ROOT/copy-<rank>: one path on every rank, as a checkpoint copied to each node's disk) is read; the test truncated
   rank 1's. MODE "kill": SHARDCAST_FAULT kills a rank mid-stream. Both write the exception each survivor
   raised. MODE "scenarios": several modes in turn, in these processes (ranks.each_scenario).
 """
@@ -262,6 +267,46 @@ def per_rank(root, world, problems):
     return n
 
 
+def alone(root, world, problems):
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+    llama, other = os.path.join(root, "llama"), os.path.join(root, "quantized")
+    keys = checkpoint_keys(llama)
+    if dist.get_rank() == 0:
+        solo = sdcp.HuggingFaceStorageReader(llama).read_metadata()
+        if sorted(solo.state_dict_metadata) != sorted(keys):
+            problems.append("alone: rank 0's own read_metadata is not the llama's")
+        whole = {k: torch.full(shape, -7, dtype=dtype) for k, (shape, dtype) in keys.items()}
+        dcp.load(whole, storage_reader=sdcp.HuggingFaceStorageReader(llama), no_dist=True)
+        truth = {k: torch.full(shape, -7, dtype=dtype) for k, (shape, dtype) in keys.items()}
+        dcp.load(truth, storage_reader=TorchReader(llama), no_dist=True)
+        compare(truth, whole, "alone: no_dist load", problems)
+        out = os.path.join(root, f"alone-{world}")
+        dcp.save(whole, storage_writer=sdcp.HuggingFaceStorageWriter(out), no_dist=True)
+        compare(whole, {k: v for k, v in _read_all(out).items()}, "alone: no_dist save", problems)
+        torch_out = os.path.join(root, f"alone-{world}-torch")
+        dcp.save(whole, storage_writer=HuggingFaceStorageWriter(torch_out), no_dist=True)
+    dist.barrier()
+    together = sdcp.HuggingFaceStorageReader(other).read_metadata()
+    if sorted(together.state_dict_metadata) != sorted(checkpoint_keys(other)):
+        problems.append(f"alone: after rank 0's solo calls, rank {dist.get_rank()} read another checkpoint's "
+                        f"metadata: {sorted(together.state_dict_metadata)[:3]}")
+    theirs, ours = state_dict(keys, world), state_dict(keys, world)
+    dcp.load(theirs, storage_reader=TorchReader(llama))
+    dcp.load(ours, storage_reader=sdcp.HuggingFaceStorageReader(llama))
+    n = compare(theirs, ours, "alone: a collective load after them", problems)
+    dcp.save(ours, storage_writer=sdcp.HuggingFaceStorageWriter(os.path.join(root, f"alone-{world}-after")))
+    return n
+
+
+def _read_all(path):
+    from safetensors.torch import load_file
+    out = {}
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".safetensors"):
+            out.update(load_file(os.path.join(path, name)))
+    return out
+
+
 def run(mode, root, rank, world):
     """One mode's result on this rank; an unexpected exception is its "crash"."""
     result = {}
@@ -270,11 +315,15 @@ def run(mode, root, rank, world):
             problems = []
             result["checked"] = {"boxes": boxes(root, world, problems), "fsdp": fsdp(root, world, problems),
                                  "quantized": quantized(root, world, problems),
-                                 "metadata": metadata(root, problems), "per_rank": per_rank(root, world, problems)}
+                                 "metadata": metadata(root, problems), "per_rank": per_rank(root, world, problems),
+                                 "alone": alone(root, world, problems)}
             result["problems"] = problems
             dist.barrier()  # rank 0 hosts the store: it stays until every rank read its last exchange
         elif mode in ("truncated", "kill"):
-            path = os.path.join(root, f"copy-{rank}") if mode == "truncated" else os.path.join(root, "llama")
+            path = os.path.join(root, "llama")
+            if mode == "truncated":
+                os.chdir(os.path.join(root, f"copy-{rank}"))
+                path = "llama"
             keys = checkpoint_keys(os.path.join(root, "llama"))
             sd = state_dict(keys, world)
             try:

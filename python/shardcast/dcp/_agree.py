@@ -5,18 +5,28 @@ DCP calls `read_metadata` on every rank at once (inside its plan step), so rank 
 headers and the others wait for the result on the group's store with the operation's timeout. A rank
 that hears nothing raises CommTimeout naming the store's host, and a lost store CommError; it never waits
 for ever, not even on a frozen rank 0 (shardcast._exchange._wait).
+
+Callers also ask rank 0 alone: transformers' consolidate_distributed_checkpoint calls read_metadata on one
+rank, and `dcp.load(..., no_dist=True)` runs on one. So an exchange is not numbered per group, where such a
+call would put rank 0 one number ahead of the others for good (and hand them the answer to another
+question). It is numbered per topic (the checkpoint's path as the ranks name it, one string on every
+rank whatever each node's copy holds): rank 0 publishes its n-th answer on a topic
+as that topic's latest and marks generation n done; a rank making its n-th call on the topic waits for
+generation n and takes the latest answer. After a solo call by rank 0 the others are handed its newer
+answer on the same topic, never an answer on another. (A solo call on another rank still waits for rank 0,
+up to the timeout.)
 """
 from __future__ import annotations
 
-import itertools
+import hashlib
 import json
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Tuple
 
 from .. import _shardcast
 from .._exchange import _wait, channel
 from .._group import _group
 
-_CALLS: Dict[str, "itertools.count[int]"] = {}
+_CALLS: Dict[Tuple[str, str], int] = {}  # (group, topic) -> this process's calls on it so far
 _PREFIX = "shardcast/dcp/agree/"
 
 
@@ -27,38 +37,36 @@ def _raise(kind: str, message: str):
     raise cls(message)
 
 
-def on_rank0(process_group, compute: Callable[[], Any], timeout_s: float, what: str) -> Any:
+def on_rank0(process_group, compute: Callable[[], Any], timeout_s: float, what: str, topic: str) -> Any:
     """compute() on rank 0 of `process_group` (the default group when None; this process alone where
     torch.distributed is not running), its JSON result on every rank. When compute() raises on rank 0,
     every rank raises the same ShardcastError subclass with the same message (another exception type
-    becomes InternalError naming it)."""
+    becomes InternalError naming it). `topic`: what is asked (the checkpoint's path)."""
     pg, rank, world, store = _group(process_group)
     if world == 1 or store is None:
         return compute()
     import torch.distributed as dist
     name = dist.distributed_c10d._get_process_group_name(pg)
-    n = next(_CALLS.setdefault(name, itertools.count()))
-    key = f"{_PREFIX}{n}"
+    n = _CALLS[(name, topic)] = _CALLS.get((name, topic), 0) + 1
+    base = f"{_PREFIX}{hashlib.sha256(topic.encode()).hexdigest()[:32]}"
     if rank == 0:
-        if n >= 2:  # every rank read exchange n - 2 before it could start exchange n - 1
-            try:
-                store.delete_key(f"{_PREFIX}{n - 2}")
-            except Exception:  # noqa: BLE001 -- a store without delete_key
-                pass
+        error = None
         try:
             _shardcast.fault_point("metadata", 0)  # tests only: rank 0 killed or frozen before it answers
-            value = compute()
+            reply = ["ok", compute()]
         except _shardcast.ShardcastError as e:
-            store.set(key, json.dumps(["failed", type(e).__name__, str(e)]))
-            raise
+            reply, error = ["failed", type(e).__name__, str(e)], e
         except Exception as e:  # noqa: BLE001 -- any failure on rank 0 reaches every rank
-            message = f"{what} on rank 0: {type(e).__name__}: {e}"
-            store.set(key, json.dumps(["failed", "InternalError", message]))
-            raise _shardcast.InternalError(message) from e
-        store.set(key, json.dumps(["ok", value]))
-        return value
-    _wait(channel(pg, store), [key], timeout_s, f"rank {rank}: {what} from rank 0")
-    reply = json.loads(store.get(key))
+            reply = ["failed", "InternalError", f"{what} on rank 0: {type(e).__name__}: {e}"]
+            error = _shardcast.InternalError(reply[2])
+            error.__cause__ = e
+        store.set(f"{base}/latest", json.dumps(reply))  # the answer first, then its generation
+        store.set(f"{base}/done/{n}", "1")
+        if error is not None:
+            raise error
+        return reply[1]
+    _wait(channel(pg, store), [f"{base}/done/{n}"], timeout_s, f"rank {rank}: {what} from rank 0")
+    reply = json.loads(store.get(f"{base}/latest"))
     if reply[0] == "ok":
         return reply[1]
     _raise(reply[1], reply[2])

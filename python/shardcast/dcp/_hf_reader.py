@@ -49,6 +49,7 @@ from .._load import _options
 from .._shardcast import InvalidArgument, ShardcastError
 from ._agree import on_rank0
 from ._cover import cover_problem
+from ._hf_writer import _alone
 
 try:
     from torch.distributed.checkpoint._hf_utils import _HFStorageInfo
@@ -65,7 +66,8 @@ for _name, _attr in (("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64"), ("
         _DTYPES[_name] = getattr(torch, _attr)
 
 _PLAN_KEY = "shardcast.dcp/boxes"  # the plan's storage_data: {this key: [round: {fqn: [(rank, offsets, lengths)]}]}
-_ROUND_FILES = "shardcast.dcp/files"  # and, for per-rank files, {this key: [round: its file]}
+_ROUND_FILES = "shardcast.dcp/files"  # and {this key: [round: (its file, "" for the checkpoint; j)]}
+_ALONE = "shardcast.dcp/alone"  # and {this key: whether this rank reads alone (dcp.load(no_dist=True) on it)}
 _SHARDING_INFO = "DCP_SHARDING_INFO"  # torch's per-rank files: {fqn: {"saved_offsets": [...]}} in __metadata__
 
 
@@ -126,7 +128,10 @@ class HuggingFaceStorageReader(_TorchReader):
         return [[k, d, list(s), f, None] for k, d, s, f in _shardcast.checkpoint_tensors(path)]
 
     def _tensors(self) -> List[list]:
-        return on_rank0(self._process_group, self._scan, self._timeout_s(), "the checkpoint's headers")
+        # the topic is the path as given: every rank names the checkpoint by the same path, whatever each
+        # node's copy holds there (the agreement in read_data catches a copy that differs)
+        return on_rank0(self._process_group, self._scan, self._timeout_s(), "the checkpoint's headers",
+                        os.fspath(self.path))
 
     def read_metadata(self) -> Metadata:
         """The Metadata torch's reader builds (one whole-tensor chunk per key, the file's dtype and shape),
@@ -192,7 +197,8 @@ class HuggingFaceStorageReader(_TorchReader):
                     boxes.setdefault(fqn, []).append(
                         (rank, [int(x) for x in item.storage_offsets], [int(x) for x in item.lengths]))
         order = sorted(by_round)
-        data = {_PLAN_KEY: [by_round[at] for at in order], _ROUND_FILES: [list(at) for at in order]}
+        data = {_PLAN_KEY: [by_round[at] for at in order], _ROUND_FILES: [list(at) for at in order],
+                _ALONE: _alone(plans, self._process_group)}
         return [dataclasses.replace(plan, storage_data=data) for plan in plans]
 
     def _rounds_of(self, items) -> Dict[Tuple[str, int], Dict[str, Any]]:
@@ -212,6 +218,8 @@ class HuggingFaceStorageReader(_TorchReader):
     # -- data ---------------------------------------------------------------------------------------------
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         pg, rank, world, store = _group(self._process_group)
+        if isinstance(plan.storage_data, dict) and plan.storage_data.get(_ALONE):
+            pg, rank, world, store = None, 0, 1, None
         table = plan.storage_data.get(_PLAN_KEY) if isinstance(plan.storage_data, dict) else None
         at = [tuple(a) for a in plan.storage_data.get(_ROUND_FILES, [])] if table is not None else []
         mine = self._rounds_of(plan.items)

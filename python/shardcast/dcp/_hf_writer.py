@@ -58,6 +58,7 @@ class _SaveLayout:
     of no elements) is replicated. layouts: the table save_entries takes, explicit boxes only."""
     keys: Tuple[Tuple[str, Tuple[int, ...], torch.dtype, int], ...]
     layouts: list
+    local: bool = False  # one rank saves alone (dcp.save(no_dist=True) while the group runs): a world of one
 
 
 class HuggingFaceStorageWriter(StorageWriter):
@@ -145,7 +146,16 @@ class HuggingFaceStorageWriter(StorageWriter):
         if not all(p.usable for p in plans):
             raise Unsupported("a save plan cached on some ranks only (DefaultSavePlanner(enable_plan_caching=True) "
                               "after the state dict changed): save without plan caching")
-        layout = _global_layout(plans)
+        local = _alone(plans, self.process_group)
+        try:
+            layout = _global_layout(plans)
+        except InvalidArgument as e:
+            if not local:
+                raise
+            raise InvalidArgument(f"{e}. This rank saves alone (dcp.save with no_dist=True, or "
+                                  "use_collectives=False) but holds part of the key: shardcast's writer "
+                                  "needs every rank's plan; save over the whole group") from None
+        layout = dataclasses.replace(layout, local=local)
         return [dataclasses.replace(p, storage_data=layout) for p in plans]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
@@ -153,7 +163,10 @@ class HuggingFaceStorageWriter(StorageWriter):
             return self._per_rank_files.write_data(plan, planner)
         from .._group import _group, _store_host, operation_store
         from .._load import _options, _progress_printer
+        layout: _SaveLayout = plan.storage_data
         pg, rank, world, store = _group(self.process_group)
+        if getattr(layout, "local", False):
+            pg, rank, world, store = None, 0, 1, None
         options = _options(source=self.source, chunk_bytes=self.chunk_bytes, staging_slots=self.staging_slots,
                            timeout_ms=None if self.timeout is None else max(1, int(self.timeout * 1000)))
         progress = self.progress
@@ -161,7 +174,6 @@ class HuggingFaceStorageWriter(StorageWriter):
             progress = _progress_printer("save") if rank == 0 else None
         elif progress is False:
             progress = None
-        layout: _SaveLayout = plan.storage_data
         problem, entries, table = None, [], []
         try:  # anything that fails here is agreed in the save's first verdict: every rank raises it
             if not isinstance(layout, _SaveLayout):
@@ -226,6 +238,22 @@ def _ordered_keys(plans: List[SavePlan]) -> List[str]:
         out.append(key)
         stack.extend(reversed(after.get(key, [])))
     return out
+
+
+def _alone(plans: list, process_group) -> bool:
+    """Whether DCP's plan step ran on this rank alone while a group of several runs (dcp.save or dcp.load
+    with no_dist=True on one rank, use_collectives=False): then the storage layer runs as a world of one.
+    Another count of plans than the group's size is a group DCP runs over but the storage layer was not
+    given: an InvalidArgument (on every rank: DCP hands the coordinator's error to each)."""
+    from .._group import _group
+    world = _group(process_group)[2]
+    if len(plans) == 1 and world > 1:
+        return True
+    if len(plans) != world:
+        raise InvalidArgument(f"dcp runs over {len(plans)} ranks but shardcast's storage layer over a group of "
+                              f"{world}: pass the process_group given to dcp.save/dcp.load to the storage "
+                              "reader or writer as well")
+    return False
 
 
 def _global_layout(plans: List[SavePlan]) -> _SaveLayout:
