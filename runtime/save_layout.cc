@@ -27,6 +27,14 @@ uint64_t Numel(const std::vector<uint64_t>& s) {
 std::string Absolute(const std::string& path) {
   std::filesystem::path p = std::filesystem::absolute(path).lexically_normal();
   if (p.filename().empty()) p = p.parent_path();  // "dir/" -> "dir"
+  // A symlink to the output directory (cluster storage often is one) is followed: the new tree is built
+  // beside the directory it names and swapped with it, where renaming onto the link failed after every
+  // byte was written.
+  std::error_code ec;
+  if (std::filesystem::is_symlink(p, ec)) {
+    const std::filesystem::path target = std::filesystem::canonical(p, ec);
+    if (!ec) return target.string();
+  }
   return p.string();
 }
 

@@ -177,3 +177,21 @@ def test_a_rank_killed_mid_write_leaves_the_previous_checkpoint_and_the_next_sav
     expect_equal(tensors(d), truth, "the save after the kill")
     assert (d / "config.json").exists()
     assert not [n for n in os.listdir(saved) if n.startswith("llama.tmp-")]
+
+
+# Regression (review): an output path that is a symlink to a directory (cluster storage often is one) failed
+# with "cannot rename ... Not a directory" after every byte was written; the link is followed now.
+def test_a_symlinked_output_directory_is_written_through(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    from shardcast.dcp import HuggingFaceStorageWriter
+    target = tmp_path / "storage" / "hf"
+    target.mkdir(parents=True)
+    (target / "config.json").write_text("{}")
+    link = tmp_path / "hf"
+    link.symlink_to(target)
+    w = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    dcp.save({"w": w}, storage_writer=HuggingFaceStorageWriter(link), no_dist=True)
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert sorted(os.listdir(target)) == ["config.json", "model-00001-of-00001.safetensors",
+                                          "model.safetensors.index.json"]
+    assert torch.equal(tensors(target)["w"], w)
