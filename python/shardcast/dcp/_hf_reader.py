@@ -65,7 +65,8 @@ for _name, _attr in (("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64"), ("
     if hasattr(torch, _attr):
         _DTYPES[_name] = getattr(torch, _attr)
 
-_PLAN_KEY = "shardcast.dcp/boxes"  # the plan's storage_data: {this key: [round: {fqn: [(rank, offsets, lengths)]}]}
+_PLAN_KEY = "shardcast.dcp/boxes"  # the plan's storage_data: {this key: [round: {fqn: its boxes' number}]}
+_BOXES = "shardcast.dcp/box-lists"  # and {this key: [number: [(rank, offsets, lengths)]]}, each list once
 _ROUND_FILES = "shardcast.dcp/files"  # and {this key: [round: (its file, "" for the checkpoint; j)]}
 _ALONE = "shardcast.dcp/alone"  # and {this key: whether this rank reads alone (dcp.load(no_dist=True) on it)}
 _SHARDING_INFO = "DCP_SHARDING_INFO"  # torch's per-rank files: {fqn: {"saved_offsets": [...]}} in __metadata__
@@ -196,8 +197,12 @@ class HuggingFaceStorageReader(_TorchReader):
                 for fqn, item in by_key.items():
                     boxes.setdefault(fqn, []).append(
                         (rank, [int(x) for x in item.storage_offsets], [int(x) for x in item.lengths]))
-        order = sorted(by_round)
-        data = {_PLAN_KEY: [by_round[at] for at in order], _ROUND_FILES: [list(at) for at in order],
+        # every plan carries the whole table, so each list of boxes goes in once: keys of one shape in one
+        # layout (every layer's) share theirs, and the table grows with the keys, not keys x ranks
+        lists: Dict[tuple, int] = {}
+        numbered = [{fqn: lists.setdefault(tuple((r, tuple(o), tuple(n)) for r, o, n in held), len(lists))
+                     for fqn, held in by_round[at].items()} for at in sorted(by_round)]
+        data = {_PLAN_KEY: numbered, _BOXES: list(lists), _ROUND_FILES: [list(at) for at in sorted(by_round)],
                 _ALONE: _alone(plans, self._process_group)}
         return [dataclasses.replace(plan, storage_data=data) for plan in plans]
 
@@ -232,7 +237,9 @@ class HuggingFaceStorageReader(_TorchReader):
             problem = ("InternalError", f"rank {rank}: read rounds {sorted(set(mine) - set(at))} planned here, "
                        "not globally")
         reports = []
-        for boxes, (file, j) in zip(table, at):
+        lists = plan.storage_data.get(_BOXES, []) if table is not None else []
+        for numbers, (file, j) in zip(table, at):
+            boxes = {fqn: lists[n] for fqn, n in numbers.items()} if problem is None else {}
             reports.append(self._read_round(boxes, mine.get((file, j), {}), planner, pg, rank, world, store,
                                             problem, file or None))
         self.last_report = reports
