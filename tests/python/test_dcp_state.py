@@ -18,6 +18,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+import shardcast
 from shardcast import CheckpointError
 from shardcast.dcp._state import StorageReader, StorageWriter, _RankFile, decode_metadata, decode_value, encode_value
 
@@ -159,6 +160,18 @@ def test_a_destination_of_another_dtype_is_converted_as_torch_converts(tmp_path,
     dcp.load(theirs, storage_reader=dcp.FileSystemReader(tmp_path / "torch"), no_dist=True)
     for k in state:
         assert ours[k].dtype == dtype and torch.equal(ours[k], theirs[k]), (k, ours[k], theirs[k])
+
+
+# Regression (review): options were keyword-only, so FileSystemWriter(path, True, True, 4)-style calls, as
+# written for torch's classes, raised TypeError.
+def test_torch_positional_arguments_are_accepted(tmp_path):
+    state = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4)}
+    dcp.save(state, storage_writer=StorageWriter(tmp_path, True, True, 2, 10_000_000, False, True), no_dist=True)
+    back = {"w": torch.zeros(3, 4)}
+    dcp.load(back, storage_reader=StorageReader(tmp_path, None), no_dist=True)
+    assert torch.equal(back["w"], state["w"])
+    with pytest.raises(shardcast.Unsupported, match="_extensions"):
+        StorageWriter(tmp_path, _extensions=[object()])
 
 
 def test_value_codec_keeps_every_plain_type():

@@ -67,13 +67,17 @@ class StorageWriter(_TorchStorageWriter):
 
         dcp.save(state, storage_writer=shardcast.dcp.StorageWriter(path))
 
-    `path`: the checkpoint directory (created). Keyword-only options, with their defaults:
+    `path`: the checkpoint directory (created). Then torch's positional arguments, in its order:
+    single_file_per_rank, sync_files, thread_count, per_thread_copy_ahead, cache_staged_state_dict,
+    overwrite, _extensions, serialization_format; single_file_per_rank, per_thread_copy_ahead,
+    cache_staged_state_dict and serialization_format are accepted and change nothing (every rank writes one
+    safetensors file), and _extensions (compression) is Unsupported. Their meanings, with the defaults:
     `overwrite` (True, as torch's: an existing checkpoint in `path` is replaced; its metadata is removed
     before any rank writes, so an interrupted overwrite leaves no checkpoint rather than a mixed one),
     `sync_files` (True: every rank file, the metadata and the directory are fsynced), `block_bytes` (64 MiB:
     the largest piece staged from a device or handed to one write), `thread_count` (1, as torch's: threads
-    writing this rank's items into its one file side by side, each at its offset), `allow_pickle` (False:
-    see the module's doc).
+    writing this rank's items into its one file side by side, each at its offset); keyword-only, shardcast's:
+    `allow_pickle` (False: see the module's doc), `block_bytes`.
 
     Each rank writes one file, __<rank>_0.safetensors: its header first (every item's dtype, shape and
     offsets come from the plan), then each item at its offset (pwrite) as the planner resolves it, one at a
@@ -82,9 +86,14 @@ class StorageWriter(_TorchStorageWriter):
     earlier save in `path` that the new metadata does not name.
     """
 
-    def __init__(self, path: Union[str, os.PathLike], *, overwrite: bool = True, sync_files: bool = True,
-                 block_bytes: int = DEFAULT_BLOCK_BYTES, thread_count: int = 1, allow_pickle: bool = False) -> None:
+    def __init__(self, path: Union[str, os.PathLike], single_file_per_rank: bool = True, sync_files: bool = True,
+                 thread_count: int = 1, per_thread_copy_ahead: int = 10_000_000, cache_staged_state_dict: bool = False,
+                 overwrite: bool = True, _extensions=None, serialization_format=None, *,
+                 block_bytes: int = DEFAULT_BLOCK_BYTES, allow_pickle: bool = False) -> None:
         super().__init__()
+        if _extensions:  # torch's stream transforms (compression) would change bytes a reader must undo
+            raise Unsupported("StorageWriter writes plain safetensors: _extensions (stream transforms) are not "
+                              "supported")
         if block_bytes < 1 or thread_count < 1:
             raise InvalidArgument(f"block_bytes and thread_count must be positive, not {block_bytes}, {thread_count}")
         self.path = os.fspath(path)
@@ -270,6 +279,7 @@ class StorageReader(_TorchStorageReader):
 
         dcp.load(state, storage_reader=shardcast.dcp.StorageReader(path))
 
+    `_extension_registry` is accepted in torch's place and changes nothing (no transforms are written).
     Keyword-only options, with their defaults: `block_bytes` (64 MiB: the most file bytes a rank maps in
     before dropping them again, so RssFile stays bounded), `max_header_bytes` (100 MB: a rank file's
     header cap), `max_metadata_bytes` (4 GiB), `allow_pickle` (False: byte items the writer kept as
@@ -289,7 +299,7 @@ class StorageReader(_TorchStorageReader):
     converted by copy_, as torch's reader converts.
     """
 
-    def __init__(self, path: Union[str, os.PathLike], *, block_bytes: int = DEFAULT_BLOCK_BYTES,
+    def __init__(self, path: Union[str, os.PathLike], _extension_registry=None, *, block_bytes: int = DEFAULT_BLOCK_BYTES,
                  max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
                  max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES, allow_pickle: bool = False) -> None:
         super().__init__()
