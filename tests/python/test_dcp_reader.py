@@ -176,3 +176,27 @@ def test_per_rank_pieces_that_do_not_fill_a_key_exactly_once_are_refused(tmp_pat
     _per_rank_files(tmp_path, pieces)
     with pytest.raises(shardcast.CheckpointError, match=f"key 'w': its pieces .* exactly once: .*{words}"):
         sdcp.HuggingFaceStorageReader(str(tmp_path)).read_metadata()
+
+
+# Regression (review): a directory with neither an index nor model.safetensors (an adapter, a sharded model
+# whose index is missing) was refused, where torch's reader reads every safetensors file in it.
+def test_a_directory_without_an_index_is_read_file_by_file_as_torch_reads_it(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+    import shardcast
+    import shardcast.dcp as sdcp
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.randn(5, 3, generator=g).to(torch.bfloat16), torch.randn(7, generator=g)
+    save_file({"a": a}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    save_file({"b": b}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    got = {}
+    for name, reader in (("torch", torch.distributed.checkpoint.HuggingFaceStorageReader),
+                         ("shardcast", sdcp.HuggingFaceStorageReader)):
+        out = {"a": torch.zeros(5, 3, dtype=torch.bfloat16), "b": torch.zeros(7)}
+        dcp.load(out, storage_reader=reader(str(tmp_path)), no_dist=True)
+        got[name] = out
+    assert torch.equal(got["shardcast"]["a"], a) and torch.equal(got["shardcast"]["b"], b)
+    assert all(torch.equal(got["torch"][k], got["shardcast"][k]) for k in ("a", "b"))
+    save_file({"b": b}, str(tmp_path / "adapter_model.safetensors"))  # "b" twice: which one is meant?
+    with pytest.raises(shardcast.CheckpointError, match="key 'b': its pieces .* overlap"):
+        sdcp.HuggingFaceStorageReader(str(tmp_path)).read_metadata()

@@ -117,14 +117,21 @@ class HuggingFaceStorageReader(_TorchReader):
     def _timeout_s(self) -> float:
         return _shardcast.load_timeout_seconds(self._shardcast_options) or 600.0
 
+    def _by_file(self) -> bool:
+        """Whether the checkpoint is read file by file, as torch's reader reads every directory: a directory
+        of safetensors files with no index and no model.safetensors (torch's per-rank files, an adapter, a
+        sharded model whose index is missing). Otherwise it is read whole, by its index."""
+        path = os.fspath(self.path)
+        return os.path.isdir(path) and not any(os.path.exists(os.path.join(path, name)) for name in
+                                               ("model.safetensors.index.json", "model.safetensors"))
+
     def _scan(self) -> List[list]:
         """[[key, dtype name, shape, file, offsets]] of every tensor (of every piece, in per-rank files), by
-        the loader's validating reader; offsets is None for a whole tensor."""
+        the loader's validating reader; offsets is None for a whole tensor of a checkpoint read whole."""
         path = os.fspath(self.path)
-        if os.path.isdir(path) and not any(os.path.exists(os.path.join(path, name))
-                                           for name in ("model.safetensors.index.json", "model.safetensors")):
-            pieces = _per_rank_pieces(path)
-            if pieces is not None:
+        if self._by_file():
+            pieces = _pieces_by_file(path)
+            if pieces:
                 return pieces
         return [[k, d, list(s), f, None] for k, d, s, f in _shardcast.checkpoint_tensors(path)]
 
@@ -175,8 +182,7 @@ class HuggingFaceStorageReader(_TorchReader):
         self._dtypes = {k: self._delivered_dtype(k, v.properties.dtype)
                         for k, v in metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
         self._chunks = None
-        if any(len(v.chunks) > 1 or any(v.chunks[0].offsets) for v in metadata.state_dict_metadata.values()
-               if isinstance(v, TensorStorageMetadata) and v.chunks):
+        if self._by_file():
             self._chunks, self._pieces = {}, {}
             for index, info in (metadata.storage_data or {}).items():
                 file = getattr(info, "relative_path", info)
@@ -326,18 +332,21 @@ class HuggingFaceStorageReader(_TorchReader):
         return staged
 
 
-def _per_rank_pieces(path: str) -> Optional[List[list]]:
-    """[[key, dtype name, piece shape, file, offsets]] of every piece in the per-rank files of `path` (each
-    file's DCP_SHARDING_INFO places its pieces), or None when no file there has DCP_SHARDING_INFO. Every file
-    is validated by the loader's reader; the pieces of a key must share its dtype and fill its shape exactly
-    once (their sizes add up to it, each inside it), else a CheckpointError naming the file and key."""
+def _pieces_by_file(path: str) -> List[list]:
+    """[[key, dtype name, piece shape, file, offsets]] of every piece in the safetensors files of `path`:
+    placed by each file's DCP_SHARDING_INFO (torch's per-rank files), or, where no file has it, each tensor
+    whole in its file. Every file is validated by the loader's reader; the pieces of a key must share its
+    dtype and fill its shape exactly once, else a CheckpointError naming the key and its files (a key in
+    two files without DCP_SHARDING_INFO is two pieces that overlap)."""
     names = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
     headers = [(n, *_shardcast.safetensors_header(path, n)) for n in names]
-    if not any(_SHARDING_INFO in meta for _, meta, _ in headers):
-        return None
+    placed = any(_SHARDING_INFO in meta for _, meta, _ in headers)
     pieces: List[list] = []
     for name, meta, tensors in headers:
         file = os.path.join(path, name)
+        if not placed:
+            pieces += [[key, dtype, list(shape), file, [0] * len(shape)] for key, dtype, shape in tensors]
+            continue
         if _SHARDING_INFO not in meta:
             raise _shardcast.CheckpointError(f"{file}: has no {_SHARDING_INFO} where the other files of {path} "
                                              "have it (files of two checkpoints in one directory?)")
