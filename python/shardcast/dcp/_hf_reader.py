@@ -419,10 +419,12 @@ class QuantizedHuggingFaceStorageReader(HuggingFaceStorageReader, _TorchQuantize
             if fqn.endswith(".weight_scale_inv") and fqn[: -len("_scale_inv")] in keys:
                 self._quantized.add(fqn[: -len("_scale_inv")])
             elif (fqn.endswith(".weight_scale") and fqn[: -len("_scale")] in keys
+                  and md.properties.dtype == torch.float8_e4m3fn
                   and keys[fqn[: -len("_scale")]].properties.dtype == torch.uint8
                   and len(keys[fqn[: -len("_scale")]].size) == 2):
                 # NVFP4 (ModelOpt): "<m>.weight" [out, in / 2] of packed E2M1 with E4M3 block scales and
-                # a global "<m>.weight_scale_2"; torch's reader has no NVFP4 and reports the packed shape
+                # a global "<m>.weight_scale_2" (the C++ reader's rule: a U8 weight, an F8_E4M3 scale);
+                # torch's reader has no NVFP4 and reports the packed shape
                 weight = keys[fqn[: -len("_scale")]]
                 self._quantized.add(fqn[: -len("_scale")])
                 out, half = weight.size
