@@ -174,6 +174,29 @@ def test_torch_positional_arguments_are_accepted(tmp_path):
         StorageWriter(tmp_path, _extensions=[object()])
 
 
+# Regression (review): numpy arrays and scalars (an RNG state, a data loader's position) were refused where
+# torch's FileSystemWriter saves them.
+def test_numpy_arrays_and_scalars_round_trip_and_object_arrays_do_not(tmp_path):
+    import numpy as np
+    rng = np.random.RandomState(3).get_state()
+    state = {"rng": rng, "a": np.arange(5, dtype=np.float16).reshape(5, 1), "i": np.int64(-3), "b": np.bool_(True),
+             "w": torch.ones(2)}
+    dcp.save(state, storage_writer=StorageWriter(tmp_path / "ok"), no_dist=True)
+    back = {"rng": None, "a": None, "i": None, "b": None, "w": torch.zeros(2)}
+    dcp.load(back, storage_reader=StorageReader(tmp_path / "ok"), no_dist=True)
+    assert back["rng"][0] == "MT19937" and back["rng"][1].dtype == rng[1].dtype
+    assert np.array_equal(back["rng"][1], rng[1]) and back["rng"][2:] == rng[2:]
+    assert back["a"].dtype == np.float16 and back["a"].shape == (5, 1) and np.array_equal(back["a"], state["a"])
+    assert type(back["i"]) is np.int64 and back["i"] == -3 and type(back["b"]) is np.bool_ and back["b"]
+    with pytest.raises(CheckpointException, match="not plain data"):
+        dcp.save({"o": np.array([object()], dtype=object), "w": torch.ones(1)},
+                 storage_writer=StorageWriter(tmp_path / "object"), no_dist=True)
+    with pytest.raises(CheckpointError, match="malformed numpy value"):
+        decode_value({"ndarray": {"dtype": "|O8", "shape": [1], "data": ""}}, "v")
+    with pytest.raises(CheckpointError, match="holds 3 bytes"):
+        decode_value({"ndarray": {"dtype": "<i4", "shape": [1], "data": "AAAA"}}, "v")
+
+
 def test_value_codec_keeps_every_plain_type():
     import collections
     v = {3: (1, 2.5, float("inf")), "o": collections.OrderedDict(z=[True, None]), "s": torch.Size([2, 0]),

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -76,9 +77,51 @@ def _fsync_dir(path: str) -> None:
 # Byte items: plain Python values as tagged JSON. A JSON object is always a tag, so a value reads back as
 # exactly the type it was written as (a tuple stays a tuple, an int key stays an int, 1.0 stays a float).
 
+def _numpy_globals() -> list:
+    """What torch.save writes for numpy arrays and scalars (an RNG state, a data loader's position), allowed
+    to the weights-only unpickler as torch's documentation allows them: they build arrays and scalars, and
+    anything an object array would hold still has to be allowed on its own."""
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover -- torch's .numpy() needs it anyway
+        return []
+    core = getattr(np, "_core", None) or np.core
+    dtypes = [type(np.dtype(c)) for c in "?bhilqBHILQefdgFDG"]
+    return [core.multiarray._reconstruct, core.multiarray.scalar, np.ndarray, np.dtype, *dtypes]
+
+
 def _weights_only_load(data: bytes) -> Any:
-    with torch.serialization.safe_globals([io.BytesIO]):
+    with torch.serialization.safe_globals([io.BytesIO, *_numpy_globals()]):
         return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+
+
+_NUMPY_DTYPE = re.compile(r"[<>|=][biufc][0-9]{1,2}")  # numpy's dtype.str of a number or bool: "<f8", "|b1"
+
+
+def _numpy_value(v: Any, where: str) -> Any:
+    """A numpy array or scalar of numbers or bools as JSON-ready data; None for any other value."""
+    np = sys.modules.get("numpy")
+    if np is None or not isinstance(v, (np.ndarray, np.generic)) or not _NUMPY_DTYPE.fullmatch(v.dtype.str):
+        return None
+    data = base64.b64encode(np.ascontiguousarray(v).tobytes()).decode("ascii")
+    if isinstance(v, np.generic):
+        return {"npscalar": {"dtype": v.dtype.str, "data": data}}
+    return {"ndarray": {"dtype": v.dtype.str, "shape": list(v.shape), "data": data}}
+
+
+def _decode_numpy(tag: str, spec: Any, where: str) -> Any:
+    import numpy as np
+    keys = {"dtype", "data"} | ({"shape"} if tag == "ndarray" else set())
+    if not isinstance(spec, dict) or set(spec) != keys or not isinstance(spec["dtype"], str) or \
+            not _NUMPY_DTYPE.fullmatch(spec["dtype"]):
+        raise CheckpointError(f"{where}: malformed numpy value")
+    dtype = np.dtype(spec["dtype"])
+    shape = _dims(spec["shape"], where, "shape") if tag == "ndarray" else []
+    data = base64.b64decode(spec["data"], validate=True)
+    if len(data) != math.prod(shape) * dtype.itemsize:
+        raise CheckpointError(f"{where}: numpy value of shape {shape} and dtype {spec['dtype']} holds {len(data)} bytes")
+    array = np.frombuffer(data, dtype=dtype).reshape(shape).copy()
+    return array if tag == "ndarray" else array[()]
 
 
 def _tensor_bytes(t: torch.Tensor) -> bytes:
@@ -114,9 +157,12 @@ def encode_value(v: Any, where: str) -> Any:
     if isinstance(v, torch.Tensor) and type(v) is torch.Tensor and v.dtype in _NAME_OF and v.layout == torch.strided:
         return {"tensor": {"dtype": _NAME_OF[v.dtype], "shape": list(v.shape), "requires_grad": v.requires_grad,
                            "data": base64.b64encode(_tensor_bytes(v)).decode("ascii")}}
+    numpy_value = _numpy_value(v, where)
+    if numpy_value is not None:
+        return numpy_value
     raise Unsupported(f"{where}: a value of type {type(v).__module__}.{type(v).__qualname__} is not plain data "
                       f"(None, bool, int, float, str, bytes, list, tuple, dict, torch.Size/dtype/device, a CPU "
-                      f"tensor) and cannot be stored as JSON; convert it, or pass allow_pickle=True to the writer "
+                      f"tensor, a numpy array or scalar of numbers) and cannot be stored as JSON; convert it, or pass allow_pickle=True to the writer "
                       f"and reader to keep it as torch.save bytes")
 
 
@@ -169,6 +215,8 @@ def decode_value(v: Any, where: str) -> Any:
             return torch.device(body)
         if tag == "tensor":
             return _decode_tensor(body, where)
+        if tag in ("ndarray", "npscalar"):
+            return _decode_numpy(tag, body, where)
     except CheckpointError:
         raise
     except (TypeError, ValueError, RuntimeError) as e:  # a bad base64, a bad device string, an unhashable key
