@@ -31,6 +31,8 @@ imported, transformers and the method's library not) to the model ready on every
 
 The two from_pretrained calls build, shard and load in one call: their build and shard are folded into
 load. The total and each phase are the slowest rank's (the phases may add up to more than the total).
+from_pretrained's own report splits its call per rank (import, config, build, layout, stream, wait:
+shardcast/_phases.py); a second table prints that split for each rank of the median run.
 Each rank samples its own /proc/self/status every 5 ms from just after init_process_group; peaks are
 above that baseline. Correctness next to every timing: each rank's CRC32 over its local shards in
 sorted parameter-name order, and over the names, must be the same under every method and run.
@@ -230,7 +232,11 @@ def worker(method, ckpt, out, layout):
               "peak_rss_file": sampler.peak["RssFile"] - sampler.base["RssFile"],
               "base_rss_anon": sampler.base["RssAnon"], "base_rss_file": sampler.base["RssFile"]}
     if hasattr(model, "shardcast_report"):
-        result["source"] = model.shardcast_report.get("source")
+        report = model.shardcast_report
+        result["source"] = report.get("source")
+        mine = next((r for r in getattr(report, "ranks", ()) if r.rank == dist.get_rank()), None)
+        if mine is not None and mine.phases:  # from_pretrained's own split of its set-up
+            result["pretrained_phases"] = {**mine.phases, "total": mine.pretrained_seconds}
     pathlib.Path(f"{out}.{dist.get_rank()}").write_text(json.dumps(result))
     dist.destroy_process_group()
 
@@ -333,6 +339,20 @@ def summary(method, ranks):
             "source": ranks[0].get("source")}
 
 
+def print_phases(results):
+    """from_pretrained's own split of its set-up, per rank (the median run's), for the methods that call it."""
+    shown = {m: ranks for m, ranks in results.items() if all("pretrained_phases" in r for r in ranks)}
+    if not shown:
+        return
+    names = [p for p in next(iter(shown.values()))[0]["pretrained_phases"] if p != "total"]
+    print("from_pretrained by phase, each rank, seconds (stream beside build and layout: only its wait adds up)")
+    print(f"{'method':<34} {'rank':>4} " + " ".join(f"{p:>7}" for p in names) + f" {'total':>7}")
+    for m, ranks in shown.items():
+        for r in ranks:
+            ph = r["pretrained_phases"]
+            print(f"{m:<34} {r['rank']:>4} " + " ".join(f"{ph[p]:7.2f}" for p in names) + f" {ph['total']:7.2f}")
+
+
 def print_table(summaries, size, args, resident):
     seen = [b / 1e9 for b in resident]
     cached = f"{min(seen):.2f}-{max(seen):.2f} GB resident before each method"
@@ -401,6 +421,7 @@ def main():
     results = {m: rs[len(rs) // 2] for m, rs in by_time.items()}
     summaries = {m: summary(m, ranks) for m, ranks in results.items()}
     print_table(summaries, size, args, resident)
+    print_phases(results)
     print(f"every rank's local shards identical across methods and runs: {same}")
     pathlib.Path(args.out).write_text(json.dumps(
         {"checkpoint_bytes": size, "layers": args.layers, "world_size": args.world_size, "repeat": args.repeat,

@@ -35,6 +35,7 @@ from . import _prefetch
 from ._launch import launch
 from ._load import _cuda_device, _target
 from ._log import logged
+from ._phases import PhaseClock, with_phases
 from ._shardcast import CheckpointError, InvalidArgument, Unsupported
 
 __all__ = ["from_pretrained", "resolve_checkpoint", "shard_units"]
@@ -204,13 +205,7 @@ def _build_meta(config, dtype: Optional[torch.dtype], trust_remote_code: bool, m
     if model_cls is not None and model_cls is not AutoModelForCausalLM:
         return _build_meta_with(model_cls, config, dtype, trust_remote_code)
     kwargs: Dict[str, Any] = {"trust_remote_code": trust_remote_code}
-    # Import the modeling module before entering the meta device context: with torch 2.6, importing
-    # e.g. DeepSeek-V3's under it fails (module-level code calls .item() on what is then a meta tensor).
-    try:
-        from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
-        MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    except Exception:  # remote code or an unmapped config: from_config below says what is wrong
-        pass
+    _import_modeling(config)
     with torch.device("meta"):
         try:  # transformers >= 4.56 names it dtype; older releases torch_dtype
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
@@ -218,6 +213,19 @@ def _build_meta(config, dtype: Optional[torch.dtype], trust_remote_code: bool, m
             model = AutoModelForCausalLM.from_config(config, torch_dtype=dtype, **kwargs)
     _keep_in_fp32(model, dtype)
     return model
+
+
+def _import_modeling(config, model_cls=None) -> None:
+    """Imports the modeling module of `config`'s model for model_cls (an AutoModel* class; default
+    AutoModelForCausalLM), which transformers imports lazily, on the first look-up of its class. Before
+    the meta device context: with torch 2.6, importing e.g. DeepSeek-V3's under it fails (module-level code
+    calls .item() on what is then a meta tensor); and from_pretrained charges it to its import phase."""
+    from transformers import AutoModelForCausalLM
+    mapping = getattr(model_cls or AutoModelForCausalLM, "_model_mapping", None)
+    try:
+        mapping[type(config)]
+    except Exception:  # noqa: BLE001 -- remote code, an unmapped config, no mapping: from_config says what is wrong
+        pass
 
 
 def _build_meta_with(model_cls, config, dtype: Optional[torch.dtype], trust_remote_code: bool):
@@ -381,6 +389,18 @@ def _join_failed_load(error: Exception, target: Optional[str], mesh, dc, meshes_
     _fail_load(pg, rank, world, store, problem, mapping=False)
 
 
+def _with_every_phase(report, clock: PhaseClock, load_kwargs: Dict[str, Any]):
+    """The load's report with every rank's phases (exchanged through the load's group, with its timeout)."""
+    from ._exchange import channel, gathered
+    from ._group import _group
+    from ._load import _options, _timeout_ms
+    from ._shardcast import load_timeout_seconds
+    pg, rank, world, store = _group(load_kwargs.get("process_group"))
+    timeout_s = load_timeout_seconds(_options(timeout_ms=_timeout_ms(load_kwargs.get("timeout")))) or 600.0
+    mine = {"phases": clock.seconds, "seconds": clock.total()}
+    return with_phases(report, gathered(channel(pg, store), rank, world, mine, timeout_s))
+
+
 def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None,
                     dtype: Optional[torch.dtype] = torch.bfloat16, shard: Sequence[str] = ("layers",),
                     fsdp_kwargs: Optional[Dict[str, Any]] = None, source: Optional[str] = None,
@@ -431,8 +451,10 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
     subclass, the same on every rank: a failure on one rank before its load (a bad SHARDCAST_TARGET, a
     config it cannot read) is carried into the load's agreement, so every rank raises it at once.
     """
+    clock = PhaseClock()
     from transformers import AutoConfig
     from . import load, prepare
+    clock.lap("import")
 
     ahead, dc, meshes_made = None, None, False
     try:
@@ -448,10 +470,14 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
             if dc is not None and mesh is not None:
                 raise InvalidArgument("pass either mesh or distributed_config: transformers' plans make their own "
                                       "meshes")
+            clock.lap("config")
+            _import_modeling(config, model_cls)
+            clock.lap("import")
             model = _build_meta(config, dtype, trust_remote_code, model_cls)
             if keep_quantized:
                 _quantized_layout(model, config, path, dtype)
             prepare(model, config=config, target=target or "cpu", buffer_init=buffer_init)
+            clock.lap("build")
             if dc is not None:
                 _dist_ready("cuda" if target == "cuda" else "cpu")
                 meshes_made = True  # from here on, whatever groups transformers makes were made
@@ -465,9 +491,12 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
                 for unit in shard_units(model, shard):
                     fully_shard(unit, mesh=mesh, **kwargs)
                 fully_shard(model, mesh=mesh, **kwargs)
+            clock.lap("layout")
         except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
             _join_failed_load(e, target, mesh, dc, meshes_made, load_kwargs.get("process_group"))
-        model.shardcast_report = load(model, path, source=source, target=target, config=config, **load_kwargs)
+        report = load(model, path, source=source, target=target, config=config, **load_kwargs)
+        clock.lap("stream")
+        model.shardcast_report = _with_every_phase(report, clock, load_kwargs)
         if not keep_quantized and hasattr(model.config, "quantization_config"):
             del model.config.quantization_config  # dequantized, as transformers drops it after dequantizing
         logged("from_pretrained", f"{path} ({type(model).__name__})", None, model.shardcast_report)
