@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 
-from . import _prefetch
+from . import _prefetch, _stream
 from ._launch import launch
 from ._load import _cuda_device, _target
 from ._log import logged
@@ -401,6 +401,56 @@ def _with_every_phase(report, clock: PhaseClock, load_kwargs: Dict[str, Any]):
     return with_phases(report, gathered(channel(pg, store), rank, world, mine, timeout_s))
 
 
+def _start_stream(failed: Optional[BaseException], path, config, dtype, mesh, target, source, load_kwargs):
+    """(the stream beside the build, or None, this rank's failure so far). Every rank comes here, a failed
+    one too (it says it cannot stream, so none does, and it takes _join_failed_load as before); each plans
+    its part from the header and says whether it can stream, and all stream or none does (_stream.py)."""
+    from ._group import _group
+    from ._load import _options, _timeout_ms
+    from ._shardcast import load_timeout_seconds
+    try:
+        _dist_ready("cuda" if target == "cuda" else "cpu")
+    except Exception as e:  # noqa: BLE001 -- no group to agree in: _join_failed_load raises it on this rank
+        return None, failed or e
+    pg, rank, world, store = _group(None)
+    why, planned, options, timeout_s = None, None, None, 600.0
+    try:
+        if failed is not None:
+            raise failed
+        options = _options(source=source, target=target, verify=load_kwargs.get("verify"),
+                           chunk_bytes=load_kwargs.get("chunk_bytes"), staging_slots=load_kwargs.get("staging_slots"),
+                           readahead_bytes=load_kwargs.get("readahead_bytes"),
+                           timeout_ms=_timeout_ms(load_kwargs.get("timeout")))
+        timeout_s = load_timeout_seconds(options) or 600.0
+        why = _stream.unpredictable(mesh, None, target, False, None, ("layers",), None, dtype, {})
+        if why is None and mesh is not None and (mesh.device_type != "cpu" or mesh.mesh.flatten().tolist() != list(range(world))):
+            why = "a mesh that is not the whole world on the host"
+        if why is None:
+            planned = _stream.plan(path, config, dtype, rank, world)
+    except Exception as e:  # noqa: BLE001 -- this rank cannot stream: every rank then loads after the build
+        why = f"{type(e).__name__}: {e}"
+    if not _stream.agree(pg, store, rank, world, why, timeout_s):
+        return None, failed
+    return _stream.Stream(planned, path, options, timeout_s, pg, store, rank, world), None
+
+
+def _finish_stream(stream, model, failed, path, source, target, config, load_kwargs, clock: PhaseClock):
+    """The stream's report once every rank's model matched its plan (else the same error on every rank),
+    the buffers filled by a load of their own after it; `wait` is what this rank spent here."""
+    from ._load import STREAMED, load
+    from ._report import LoadReport
+    report = stream.finish(model, failed)
+    clock.charge("stream", stream.seconds)
+    rest = {k: v for k, v in load_kwargs.items() if k not in ("strict", "strict_keys")}
+    object.__setattr__(model, STREAMED, frozenset(stream.planned))
+    try:  # persistent buffers from the checkpoint, non-persistent ones computed: the parameters are loaded
+        load(model, path, source=source, target=target, config=config, strict=False, **rest)
+    finally:
+        object.__delattr__(model, STREAMED)
+    clock.lap("wait")
+    return LoadReport.from_dict({**report, "stream_beside_build": True})
+
+
 def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None,
                     dtype: Optional[torch.dtype] = torch.bfloat16, shard: Sequence[str] = ("layers",),
                     fsdp_kwargs: Optional[Dict[str, Any]] = None, source: Optional[str] = None,
@@ -456,21 +506,35 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
     from . import load, prepare
     clock.lap("import")
 
-    ahead, dc, meshes_made = None, None, False
+    ahead, dc, meshes_made, stream, model = None, None, False, None, None
+    sizes = {"tp_size": tp_size, "ep_size": ep_size, "fsdp_size": fsdp_size, "dp_replicate_size": dp_replicate_size}
     try:
         # From the first line to the load's agreement, a failure on this rank is carried into it
-        # (_join_failed_load): the others would otherwise wait for this rank until their timeout.
+        # (_join_failed_load, or the stream's agreement): the others would otherwise wait for this rank
+        # until their timeout.
+        failed = None
         try:
             target = _pretrained_target(_target(target), mesh)
             path = resolve_checkpoint(path_or_local_repo_id, revision=revision)
             ahead = _prefetch.start(path, force=bool(prefetch)) if prefetch is not False else None
             config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-            dc = _distributed_config(distributed_config, {"tp_size": tp_size, "ep_size": ep_size,
-                                                          "fsdp_size": fsdp_size, "dp_replicate_size": dp_replicate_size})
+            dc = _distributed_config(distributed_config, sizes)
             if dc is not None and mesh is not None:
                 raise InvalidArgument("pass either mesh or distributed_config: transformers' plans make their own "
                                       "meshes")
-            clock.lap("config")
+        except Exception as e:  # noqa: BLE001 -- carried into the agreement below
+            failed = e
+        why = _stream.unpredictable(mesh, distributed_config or any(v is not None for v in sizes.values()) or None,
+                                    target, keep_quantized, model_cls, shard, fsdp_kwargs, dtype, load_kwargs)
+        if why is None:  # the same answer on every rank: each then says whether it can stream
+            stream, failed = _start_stream(failed, None if failed else path, None if failed else config, dtype, mesh,
+                                           target, source, load_kwargs)
+        else:
+            _stream.logger.debug("from_pretrained loads after the build, not beside it: %s", why)
+        clock.lap("config")
+        try:
+            if failed is not None:
+                raise failed
             _import_modeling(config, model_cls)
             clock.lap("import")
             model = _build_meta(config, dtype, trust_remote_code, model_cls)
@@ -493,9 +557,14 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
                 fully_shard(model, mesh=mesh, **kwargs)
             clock.lap("layout")
         except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
-            _join_failed_load(e, target, mesh, dc, meshes_made, load_kwargs.get("process_group"))
-        report = load(model, path, source=source, target=target, config=config, **load_kwargs)
-        clock.lap("stream")
+            if stream is None:
+                _join_failed_load(e, target, mesh, dc, meshes_made, load_kwargs.get("process_group"))
+            failed = e
+        if stream is not None:
+            report = _finish_stream(stream, model, failed, path, source, target, config, load_kwargs, clock)
+        else:
+            report = load(model, path, source=source, target=target, config=config, **load_kwargs)
+            clock.lap("stream")
         model.shardcast_report = _with_every_phase(report, clock, load_kwargs)
         if not keep_quantized and hasattr(model.config, "quantization_config"):
             del model.config.quantization_config  # dequantized, as transformers drops it after dequantizing

@@ -113,7 +113,9 @@ class _Totals:
 @dataclasses.dataclass(frozen=True, eq=False)
 class LoadReport(_Totals, _DictView):
     """What `shardcast.load` returns, the same on every rank: who read (source, and why), where the shards
-    went (target), the sizes, and one LoadRank per rank in `ranks`."""
+    went (target), the sizes, and one LoadRank per rank in `ranks`. stream_beside_build: from_pretrained
+    streamed the parameters while it built the model (its ranks' `stream` phase overlaps build and layout);
+    the report is then that stream's, its parameters' bytes."""
     source: str = ""
     source_reason: str = ""
     target: str = "cpu"
@@ -129,6 +131,7 @@ class LoadReport(_Totals, _DictView):
     chunk_bytes: int = 0
     staging_slots: int = 0
     setup_only: bool = False
+    stream_beside_build: bool = False
     ranks: Tuple[LoadRank, ...] = ()
 
     @classmethod
