@@ -6,6 +6,9 @@ by save_pretrained; 12 layers ~2 GB, 40 ~6 GB) made an FSDP2 model at world size
   shardcast-from-pretrained  shardcast.from_pretrained(fsdp_size=W), its defaults
   shardcast-from-pretrained-prefetch      the same with prefetch=True (read-ahead while it builds, which
                                           its default leaves off with fewer than 2 cores per rank)
+  shardcast-from-pretrained-default       shardcast.from_pretrained() with its own default layout (fully_shard
+                                          over all ranks, the same shards), whose pieces it predicts from
+                                          the header: it streams them while it builds the model
   shardcast-each-rank        meta model -> shardcast.prepare -> fully_shard -> shardcast.load(source="each-rank")
   shardcast-rank0            the same with source="rank0"
   accelerate                 meta model -> fully_shard; rank 0's from_pretrained (cpu_ram_efficient_loading's
@@ -140,6 +143,14 @@ def run_shardcast_from_pretrained(prefetch=None, keep_quantized=False):
     return run
 
 
+def run_shardcast_default_layout(ckpt, world, clock, layout):
+    """from_pretrained's own default layout (fully_shard of each decoder layer, then the root, over all ranks):
+    the one whose pieces it predicts from the header, so it streams while it builds."""
+    import torch
+    import shardcast
+    return shardcast.from_pretrained(ckpt, dtype=torch.bfloat16)
+
+
 def run_shardcast(source):
     def run(ckpt, world, clock, layout):
         import shardcast
@@ -182,13 +193,17 @@ def dcp_load(model, full_sd, rank0):
 
 
 # build and shard inside one call, timed as load; the only methods that take a layout other than fsdp
-FOLDED = {"transformers", "shardcast-from-pretrained", "shardcast-from-pretrained-prefetch", "shardcast-kept-mxfp4"}
+FOLDED = {"transformers", "shardcast-from-pretrained", "shardcast-from-pretrained-prefetch", "shardcast-kept-mxfp4",
+          "shardcast-from-pretrained-default"}
+# folded, but with from_pretrained's own FSDP layout: --layout fsdp only
+OWN_LAYOUT = {"shardcast-from-pretrained-default"}
 # name -> (what its import phase imports besides transformers, how it builds, shards and loads)
 METHODS = {
     "transformers": (["transformers.distributed"], run_transformers),
     "shardcast-from-pretrained": (["transformers.distributed", "shardcast"], run_shardcast_from_pretrained()),
     "shardcast-from-pretrained-prefetch": (["transformers.distributed", "shardcast"],
                                            run_shardcast_from_pretrained(prefetch=True)),
+    "shardcast-from-pretrained-default": (["transformers.distributed", "shardcast"], run_shardcast_default_layout),
     "shardcast-kept-mxfp4": (["transformers.distributed", "shardcast"],
                              run_shardcast_from_pretrained(keep_quantized=True)),
     "shardcast-each-rank": (["shardcast"], run_shardcast("each-rank")),
@@ -359,11 +374,11 @@ def print_table(summaries, size, args, resident):
     print(f"{args.model} checkpoint {size / 1e9:.2f} GB ({args.layers} layers), world size {args.world_size}, layout "
           f"{args.layout} {LAYOUTS[args.layout](args.world_size)}, "
           f"{'cold' if args.cold else 'warm'} page cache ({cached}), median of {args.repeat} run(s)")
-    print(f"{'method':<26} {'total s':>8} " + " ".join(f"{p:>7}" for p in PHASES)
+    print(f"{'method':<34} {'total s':>8} " + " ".join(f"{p:>7}" for p in PHASES)
           + f" {'r0 anon':>8} {'r0 file':>8} {'oth anon':>8}")
     for m, s in summaries.items():
         phases = " ".join("      -" if s["phases"][p] is None else f"{s['phases'][p]:7.2f}" for p in PHASES)
-        print(f"{m:<26} {s['seconds']:8.2f} {phases} {s['rank0_anon'] / 1e9:6.2f}GB {s['rank0_file'] / 1e9:6.2f}GB "
+        print(f"{m:<34} {s['seconds']:8.2f} {phases} {s['rank0_anon'] / 1e9:6.2f}GB {s['rank0_file'] / 1e9:6.2f}GB "
               f"{s['others_anon'] / 1e9:6.2f}GB" + (f"  (source {s['source']})" if s["source"] else ""))
     print("-: folded into load (one from_pretrained call)")
 
@@ -387,7 +402,8 @@ def main():
     ap.add_argument("--out", help="default bench/results/peers.json (fsdp), peers-LAYOUT.json (ep, tp)")
     args = ap.parse_args()
     mxfp4 = args.model == "gpt-oss-mxfp4"
-    takes = [m for m in METHODS if (args.layout == "fsdp" or m in FOLDED) and (m != "shardcast-kept-mxfp4" or mxfp4)]
+    takes = [m for m in METHODS if (args.layout == "fsdp" or (m in FOLDED and m not in OWN_LAYOUT))
+             and (m != "shardcast-kept-mxfp4" or mxfp4)]
     if mxfp4:
         takes = [m for m in takes if m in ("transformers", "shardcast-from-pretrained", "shardcast-kept-mxfp4")]
         if "--layers" not in sys.argv:
