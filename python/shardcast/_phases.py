@@ -1,7 +1,8 @@
 """from_pretrained's clock: each rank's wall time by phase, so the slowest part of a set-up is visible.
 
     import  transformers' and shardcast's modules, and the model's modeling module (its first import)
-    config  the checkpoint resolved, its config read, the arguments checked
+    config  the checkpoint resolved, its config read, the arguments checked (and where it streams beside
+            the build: the header read, this rank's part planned, every rank's agreement to stream)
     build   the model on meta (a quantized layout, prepare's buffers)
     layout  the process group and mesh, fully_shard (or transformers' plans)
     stream  the load: handshake, allocation, the bytes landing in this rank's shards

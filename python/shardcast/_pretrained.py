@@ -413,19 +413,15 @@ def _start_stream(failed: Optional[BaseException], path, config, dtype, mesh, ta
     except Exception as e:  # noqa: BLE001 -- no group to agree in: _join_failed_load raises it on this rank
         return None, failed or e
     pg, rank, world, store = _group(None)
-    why, planned, options, timeout_s = None, None, None, 600.0
+    planned, options, timeout_s = None, None, 600.0
+    why = f"it failed already ({type(failed).__name__})" if failed is not None else _stream.off_host(mesh, target, world)
     try:
-        if failed is not None:
-            raise failed
-        options = _options(source=source, target=target, verify=load_kwargs.get("verify"),
-                           chunk_bytes=load_kwargs.get("chunk_bytes"), staging_slots=load_kwargs.get("staging_slots"),
-                           readahead_bytes=load_kwargs.get("readahead_bytes"),
-                           timeout_ms=_timeout_ms(load_kwargs.get("timeout")))
-        timeout_s = load_timeout_seconds(options) or 600.0
-        why = _stream.unpredictable(mesh, None, target, False, None, ("layers",), None, dtype, {})
-        if why is None and mesh is not None and (mesh.device_type != "cpu" or mesh.mesh.flatten().tolist() != list(range(world))):
-            why = "a mesh that is not the whole world on the host"
         if why is None:
+            options = _options(source=source, target=target, verify=load_kwargs.get("verify"),
+                               chunk_bytes=load_kwargs.get("chunk_bytes"), readahead_bytes=load_kwargs.get("readahead_bytes"),
+                               staging_slots=load_kwargs.get("staging_slots"),
+                               timeout_ms=_timeout_ms(load_kwargs.get("timeout")))
+            timeout_s = load_timeout_seconds(options) or 600.0
             planned = _stream.plan(path, config, dtype, rank, world)
     except Exception as e:  # noqa: BLE001 -- this rank cannot stream: every rank then loads after the build
         why = f"{type(e).__name__}: {e}"
@@ -524,8 +520,8 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
                                       "meshes")
         except Exception as e:  # noqa: BLE001 -- carried into the agreement below
             failed = e
-        why = _stream.unpredictable(mesh, distributed_config or any(v is not None for v in sizes.values()) or None,
-                                    target, keep_quantized, model_cls, shard, fsdp_kwargs, dtype, load_kwargs)
+        dc_given = distributed_config is not None or any(v is not None for v in sizes.values())
+        why = _stream.unpredictable(mesh, dc_given, keep_quantized, model_cls, shard, fsdp_kwargs, dtype, load_kwargs)
         if why is None:  # the same answer on every rank: each then says whether it can stream
             stream, failed = _start_stream(failed, None if failed else path, None if failed else config, dtype, mesh,
                                            target, source, load_kwargs)

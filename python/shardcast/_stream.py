@@ -49,11 +49,12 @@ _FSDP_KWARGS = ("reshard_after_forward", "mp_policy")
 _FLOATING = ("F64", "F32", "F16", "BF16")
 
 
-def unpredictable(mesh, dc, target: Optional[str], keep_quantized: bool, model_cls, shard,
-                  fsdp_kwargs: Optional[Dict[str, Any]], dtype, load_kwargs: Dict[str, Any]) -> Optional[str]:
+def unpredictable(mesh, dc_given: bool, keep_quantized: bool, model_cls, shard, fsdp_kwargs: Optional[Dict[str, Any]],
+                  dtype, load_kwargs: Dict[str, Any]) -> Optional[str]:
     """Why the call's arguments leave its layout unpredictable from the header; None when they do not.
-    Arguments only (the same on every rank), so every rank asks the same question."""
-    if dc is not None:
+    Arguments only (the same on every rank), so every rank asks the same question, and every rank that
+    gets None goes on to say whether it can stream (`off_host`, `plan`, `agree`)."""
+    if dc_given:
         return "distributed_config: transformers' plans lay it out"
     if mesh is not None and getattr(mesh, "ndim", 1) != 1:
         return f"a {mesh.ndim}-d mesh"
@@ -61,7 +62,7 @@ def unpredictable(mesh, dc, target: Optional[str], keep_quantized: bool, model_c
         return "keep_quantized"
     if model_cls is not None:
         return "model_cls"
-    if tuple(shard) != ("layers",) and shard != "layers":
+    if (shard,) != ("layers",) and tuple(shard) != ("layers",):
         return "shard="
     if dtype is None or not torch.empty((), dtype=dtype).is_floating_point():
         return f"dtype={dtype}"
@@ -69,10 +70,19 @@ def unpredictable(mesh, dc, target: Optional[str], keep_quantized: bool, model_c
         return f"fsdp_kwargs {', '.join(other)}"
     if other := sorted(set(load_kwargs) - set(_OPTIONS)):
         return f"load options {', '.join(other)}"
-    if target not in (None, "cpu"):
-        return f"target {target}"
     if load_kwargs.get("strict") or load_kwargs.get("strict_keys"):
         return "strict (the checkpoint's keys the model does not use are streamed, not refused)"
+    return None
+
+
+def off_host(mesh, target: Optional[str], world: int) -> Optional[str]:
+    """Why this rank's target or mesh is not the layout the stream predicts (host memory, a 1-d mesh of the
+    whole world in rank order); None when it is. The target may come from SHARDCAST_TARGET, so each
+    rank asks it of itself."""
+    if target not in (None, "cpu"):
+        return f"target {target}"
+    if mesh is not None and (mesh.device_type != "cpu" or mesh.mesh.flatten().tolist() != list(range(world))):
+        return "a mesh that is not the whole world on the host"
     return None
 
 
