@@ -19,6 +19,12 @@ transformers' `from_pretrained(distributed_config=...)` lays it out (its `tp_pla
 `fsdp_plan`, on its own meshes), and then loaded by shardcast: a script moving from transformers'
 native loading changes one word.
 
+Under that default layout (no distributed_config, a 1-d mesh of the whole world on the host) the load does not
+wait for the model: each rank's pieces follow from the checkpoint's header, so they stream into their final
+buffers on a thread of their own while the model is imported, built and sharded, and become FSDP2's
+sharded data with no copy; the built model is checked against that plan first (_stream.py). Any other
+layout loads after fully_shard, as above (said at DEBUG level on the "shardcast" logger).
+
 A repo id is looked up in the local Hugging Face cache only (HF_HUB_CACHE / HF_HOME); nothing is
 downloaded, so every rank resolves the same snapshot without touching the network.
 """
@@ -493,7 +499,9 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
         MemAvailable) while the model is built and sharded, so a cold load starts warm (`_prefetch.py`).
         None (default): where the node has at least two cores per local rank; True: always; False: never.
 
-    Returns the FSDP2 model; `model.shardcast_report` is the load's report. Raises a ShardcastError
+    Returns the FSDP2 model; `model.shardcast_report` is the load's report, with each rank's set-up by phase
+    (`report.ranks[r].phases`: import, config, build, layout, stream, wait; `stream_beside_build` says
+    whether the stream overlapped build and layout). Raises a ShardcastError
     subclass, the same on every rank: a failure on one rank before its load (a bad SHARDCAST_TARGET, a
     config it cannot read) is carried into the load's agreement, so every rank raises it at once.
     """

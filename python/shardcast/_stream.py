@@ -177,6 +177,7 @@ class Stream:
         self.planned, self.rank, self.world, self.timeout_s = planned, rank, world, timeout_s
         self.pg, self.store = pg, store
         self.report, self.error, self.seconds = None, None, 0.0
+        self.moved = time.monotonic()  # when the stream last reported bytes landed (its progress)
         op_store = operation_store(pg, store)  # made here, in step on every rank, before the thread
         host = _store_host(store) if store is not None else ""
         entries = [p.entry() for p in planned.values()]
@@ -188,10 +189,24 @@ class Stream:
         start = time.monotonic()
         try:
             self.report = _shardcast.load_entries(entries, [], path, options, {}, op_store, self.rank, self.world,
-                                                  None, None, host)
+                                                  self._progress, None, host)
         except BaseException as e:  # noqa: BLE001 -- handed to the main thread, which agrees on it
             self.error = e
         self.seconds = time.monotonic() - start
+
+    def _progress(self, done: int, total: int) -> None:
+        self.moved = time.monotonic()
+
+    def _join(self) -> Optional[BaseException]:
+        """Waits for the stream while it moves: a CommTimeout once it has neither ended nor landed bytes for
+        the load's timeout (a long load is not a stuck one; the C++ load's own waits have that deadline too)."""
+        waited = time.monotonic()
+        while self.thread.is_alive():
+            self.thread.join(1.0)
+            if time.monotonic() - max(self.moved, waited) > self.timeout_s:
+                return _shardcast.CommTimeout(f"the stream beside the build landed nothing for {self.timeout_s:g} s "
+                                              f"and did not end")
+        return self.error
 
     def finish(self, model, problem: Optional[BaseException]) -> dict:
         """The stream's report, once every rank's model matched the plan and the stream succeeded
@@ -200,11 +215,8 @@ class Stream:
         the plan, the stream's own error, a stream past its timeout), naming that rank."""
         if problem is None:
             problem = _mismatch(model, self.planned, self.rank, self.world)
-        self.thread.join(self.timeout_s + 10.0)
-        if problem is None and self.thread.is_alive():
-            problem = _shardcast.CommTimeout(f"the stream beside the build did not end within {self.timeout_s:g} s")
-        if problem is None and self.error is not None:
-            problem = self.error
+        stream_problem = self._join()
+        problem = problem or stream_problem
         _agree_or_raise(self.pg, self.store, self.rank, self.world, problem, self.timeout_s)
         adopt(model, self.planned)
         return self.report
