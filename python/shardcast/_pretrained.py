@@ -441,14 +441,15 @@ def _finish_stream(stream, model, failed, path, source, target, config, load_kwa
     the buffers filled by a load of their own after it; `wait` is what this rank spent here."""
     from ._load import STREAMED, load
     from ._report import LoadReport
-    report = stream.finish(model, failed)
+    report, persistent = stream.finish(model, failed)
     clock.charge("stream", stream.seconds)
-    rest = {k: v for k, v in load_kwargs.items() if k not in ("strict", "strict_keys")}
-    object.__setattr__(model, STREAMED, frozenset(stream.planned))
-    try:  # persistent buffers from the checkpoint, non-persistent ones computed: the parameters are loaded
-        load(model, path, source=source, target=target, config=config, strict=False, **rest)
-    finally:
-        object.__delattr__(model, STREAMED)
+    if persistent:  # from the checkpoint, by a load of their own; non-persistent ones are prepare's already
+        rest = {k: v for k, v in load_kwargs.items() if k not in ("strict", "strict_keys")}
+        object.__setattr__(model, STREAMED, frozenset(stream.planned))
+        try:
+            load(model, path, source=source, target=target, config=config, strict=False, **rest)
+        finally:
+            object.__delattr__(model, STREAMED)
     clock.lap("wait")
     return LoadReport.from_dict({**report, "stream_beside_build": True})
 

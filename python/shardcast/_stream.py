@@ -22,8 +22,9 @@ rank that cannot (a layout it cannot predict, a header it cannot read, a failure
 and from_pretrained takes its sequential path. After the build, every rank checks its model against the
 plan (every parameter planned, with that shape, dtype and placement, in a padded buffer of that size) and
 hears the stream's outcome; one exchange makes any rank's problem the same error on every rank, before
-any buffer becomes a parameter's. Then the buffers become the parameters' sharded data (no copy), and a
-small load fills the persistent buffers from the checkpoint and computes the non-persistent ones.
+any buffer becomes a parameter's. Then the buffers become the parameters' sharded data (no copy). The
+non-persistent buffers are prepare's, untouched; where the model has persistent buffers (the same on every
+rank, agreed in that exchange), a small load fills them from the checkpoint.
 Every wait has the load's timeout.
 """
 from __future__ import annotations
@@ -208,18 +209,28 @@ class Stream:
                                               f"and did not end")
         return self.error
 
-    def finish(self, model, problem: Optional[BaseException]) -> dict:
-        """The stream's report, once every rank's model matched the plan and the stream succeeded
-        everywhere; the buffers are then the parameters' sharded data. Otherwise every rank raises the
-        first rank's problem (this rank's `problem` from its build or layout, a model that differs from
-        the plan, the stream's own error, a stream past its timeout), naming that rank."""
+    def finish(self, model, problem: Optional[BaseException]) -> Tuple[dict, bool]:
+        """(the stream's report, whether the model has persistent buffers to load), once every rank's model
+        matched the plan and the stream succeeded everywhere; the buffers are then the parameters' sharded
+        data. Otherwise every rank raises the first rank's problem (this rank's `problem` from its build or
+        layout, a model that differs from the plan, the stream's own error, a stream that stopped moving),
+        naming that rank."""
+        persistent = None
         if problem is None:
             problem = _mismatch(model, self.planned, self.rank, self.world)
+            persistent = sorted(_persistent_buffers(model))
         stream_problem = self._join()
         problem = problem or stream_problem
-        _agree_or_raise(self.pg, self.store, self.rank, self.world, problem, self.timeout_s)
+        every = _agree_or_raise(self.pg, self.store, self.rank, self.world, problem, persistent, self.timeout_s)
         adopt(model, self.planned)
-        return self.report
+        return self.report, bool(every[0])
+
+
+def _persistent_buffers(model) -> List[str]:
+    from ._names import named_buffers
+    from ._prepare import _non_persistent
+    non_persistent = {n for n, *_ in _non_persistent(model)}
+    return [n for n, _ in named_buffers(model) if n not in non_persistent]
 
 
 def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: float) -> bool:
@@ -232,16 +243,22 @@ def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: f
     return not reasons
 
 
-def _agree_or_raise(pg, store, rank: int, world: int, problem: Optional[BaseException], timeout_s: float) -> None:
-    """Every rank's problem, exchanged: the first one, in rank order, raised on every rank naming its rank
-    (its own class; on the rank where it arose, chained to it)."""
+def _agree_or_raise(pg, store, rank: int, world: int, problem: Optional[BaseException], value: Any,
+                    timeout_s: float) -> List[Any]:
+    """Every rank's `value` (JSON) in rank order, when no rank has a problem and every rank's value is the
+    same. Otherwise the first problem, in rank order (a value that differs from rank 0's is one), raised on
+    every rank naming its rank (its own class; on the rank where it arose, chained to it)."""
     from ._exchange import channel, gathered
     from ._load import _problem
-    mine = None if problem is None else list(_problem(problem))
+    mine = [None if problem is None else list(_problem(problem)), value]
     every = gathered(channel(pg, store), rank, world, mine, timeout_s)
-    first = next(((r, p) for r, p in enumerate(every) if p is not None), None)
+    first = next(((r, p) for r, (p, _) in enumerate(every) if p is not None), None)
     if first is None:
-        return
+        other = next((r for r, (_, v) in enumerate(every) if v != every[0][1]), None)
+        if other is None:
+            return [v for _, v in every]
+        first = (other, ["ManifestMismatch", f"its built model has the persistent buffers {every[other][1]}, "
+                                             f"rank 0's {every[0][1]}"])
     r, (kind, message) = first
     error = getattr(_shardcast, kind, _shardcast.InternalError)
     if not (isinstance(error, type) and issubclass(error, _shardcast.ShardcastError)):
