@@ -443,6 +443,7 @@ def _finish_stream(stream, model, failed, path, source, target, config, load_kwa
     from ._report import LoadReport
     report, persistent = stream.finish(model, failed)
     clock.charge("stream", stream.seconds)
+    report = logged("load", path, None, LoadReport.from_dict({**report, "stream_beside_build": True}))
     if persistent:  # from the checkpoint, by a load of their own; non-persistent ones are prepare's already
         rest = {k: v for k, v in load_kwargs.items() if k not in ("strict", "strict_keys")}
         object.__setattr__(model, STREAMED, frozenset(stream.planned))
@@ -451,7 +452,7 @@ def _finish_stream(stream, model, failed, path, source, target, config, load_kwa
         finally:
             object.__delattr__(model, STREAMED)
     clock.lap("wait")
-    return LoadReport.from_dict({**report, "stream_beside_build": True})
+    return report
 
 
 def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None,
