@@ -6,6 +6,9 @@ by save_pretrained; 12 layers ~2 GB, 40 ~6 GB) made an FSDP2 model at world size
   shardcast-from-pretrained  shardcast.from_pretrained(fsdp_size=W), its defaults
   shardcast-from-pretrained-prefetch      the same with prefetch=True (read-ahead while it builds, which
                                           its default leaves off with fewer than 2 cores per rank)
+  shardcast-from-pretrained-default       shardcast.from_pretrained() with its own default layout (fully_shard
+                                          over all ranks, the same shards), whose pieces it predicts from
+                                          the header: it streams them while it builds the model
   shardcast-each-rank        meta model -> shardcast.prepare -> fully_shard -> shardcast.load(source="each-rank")
   shardcast-rank0            the same with source="rank0"
   accelerate                 meta model -> fully_shard; rank 0's from_pretrained (cpu_ram_efficient_loading's
@@ -31,6 +34,8 @@ imported, transformers and the method's library not) to the model ready on every
 
 The two from_pretrained calls build, shard and load in one call: their build and shard are folded into
 load. The total and each phase are the slowest rank's (the phases may add up to more than the total).
+from_pretrained's own report splits its call per rank (import, config, build, layout, stream, wait:
+shardcast/_phases.py); a second table prints that split for each rank of the median run.
 Each rank samples its own /proc/self/status every 5 ms from just after init_process_group; peaks are
 above that baseline. Correctness next to every timing: each rank's CRC32 over its local shards in
 sorted parameter-name order, and over the names, must be the same under every method and run.
@@ -138,6 +143,14 @@ def run_shardcast_from_pretrained(prefetch=None, keep_quantized=False):
     return run
 
 
+def run_shardcast_default_layout(ckpt, world, clock, layout):
+    """from_pretrained's own default layout (fully_shard of each decoder layer, then the root, over all ranks):
+    the one whose pieces it predicts from the header, so it streams while it builds."""
+    import torch
+    import shardcast
+    return shardcast.from_pretrained(ckpt, dtype=torch.bfloat16)
+
+
 def run_shardcast(source):
     def run(ckpt, world, clock, layout):
         import shardcast
@@ -180,13 +193,17 @@ def dcp_load(model, full_sd, rank0):
 
 
 # build and shard inside one call, timed as load; the only methods that take a layout other than fsdp
-FOLDED = {"transformers", "shardcast-from-pretrained", "shardcast-from-pretrained-prefetch", "shardcast-kept-mxfp4"}
+FOLDED = {"transformers", "shardcast-from-pretrained", "shardcast-from-pretrained-prefetch", "shardcast-kept-mxfp4",
+          "shardcast-from-pretrained-default"}
+# folded, but with from_pretrained's own FSDP layout: --layout fsdp only
+OWN_LAYOUT = {"shardcast-from-pretrained-default"}
 # name -> (what its import phase imports besides transformers, how it builds, shards and loads)
 METHODS = {
     "transformers": (["transformers.distributed"], run_transformers),
     "shardcast-from-pretrained": (["transformers.distributed", "shardcast"], run_shardcast_from_pretrained()),
     "shardcast-from-pretrained-prefetch": (["transformers.distributed", "shardcast"],
                                            run_shardcast_from_pretrained(prefetch=True)),
+    "shardcast-from-pretrained-default": (["transformers.distributed", "shardcast"], run_shardcast_default_layout),
     "shardcast-kept-mxfp4": (["transformers.distributed", "shardcast"],
                              run_shardcast_from_pretrained(keep_quantized=True)),
     "shardcast-each-rank": (["shardcast"], run_shardcast("each-rank")),
@@ -230,7 +247,11 @@ def worker(method, ckpt, out, layout):
               "peak_rss_file": sampler.peak["RssFile"] - sampler.base["RssFile"],
               "base_rss_anon": sampler.base["RssAnon"], "base_rss_file": sampler.base["RssFile"]}
     if hasattr(model, "shardcast_report"):
-        result["source"] = model.shardcast_report.get("source")
+        report = model.shardcast_report
+        result["source"] = report.get("source")
+        mine = next((r for r in getattr(report, "ranks", ()) if r.rank == dist.get_rank()), None)
+        if mine is not None and mine.phases:  # from_pretrained's own split of its set-up
+            result["pretrained_phases"] = {**mine.phases, "total": mine.pretrained_seconds}
     pathlib.Path(f"{out}.{dist.get_rank()}").write_text(json.dumps(result))
     dist.destroy_process_group()
 
@@ -333,17 +354,31 @@ def summary(method, ranks):
             "source": ranks[0].get("source")}
 
 
+def print_phases(results):
+    """from_pretrained's own split of its set-up, per rank (the median run's), for the methods that call it."""
+    shown = {m: ranks for m, ranks in results.items() if all("pretrained_phases" in r for r in ranks)}
+    if not shown:
+        return
+    names = [p for p in next(iter(shown.values()))[0]["pretrained_phases"] if p != "total"]
+    print("from_pretrained by phase, each rank, seconds (stream beside build and layout: only its wait adds up)")
+    print(f"{'method':<34} {'rank':>4} " + " ".join(f"{p:>7}" for p in names) + f" {'total':>7}")
+    for m, ranks in shown.items():
+        for r in ranks:
+            ph = r["pretrained_phases"]
+            print(f"{m:<34} {r['rank']:>4} " + " ".join(f"{ph[p]:7.2f}" for p in names) + f" {ph['total']:7.2f}")
+
+
 def print_table(summaries, size, args, resident):
     seen = [b / 1e9 for b in resident]
     cached = f"{min(seen):.2f}-{max(seen):.2f} GB resident before each method"
     print(f"{args.model} checkpoint {size / 1e9:.2f} GB ({args.layers} layers), world size {args.world_size}, layout "
           f"{args.layout} {LAYOUTS[args.layout](args.world_size)}, "
           f"{'cold' if args.cold else 'warm'} page cache ({cached}), median of {args.repeat} run(s)")
-    print(f"{'method':<26} {'total s':>8} " + " ".join(f"{p:>7}" for p in PHASES)
+    print(f"{'method':<34} {'total s':>8} " + " ".join(f"{p:>7}" for p in PHASES)
           + f" {'r0 anon':>8} {'r0 file':>8} {'oth anon':>8}")
     for m, s in summaries.items():
         phases = " ".join("      -" if s["phases"][p] is None else f"{s['phases'][p]:7.2f}" for p in PHASES)
-        print(f"{m:<26} {s['seconds']:8.2f} {phases} {s['rank0_anon'] / 1e9:6.2f}GB {s['rank0_file'] / 1e9:6.2f}GB "
+        print(f"{m:<34} {s['seconds']:8.2f} {phases} {s['rank0_anon'] / 1e9:6.2f}GB {s['rank0_file'] / 1e9:6.2f}GB "
               f"{s['others_anon'] / 1e9:6.2f}GB" + (f"  (source {s['source']})" if s["source"] else ""))
     print("-: folded into load (one from_pretrained call)")
 
@@ -367,7 +402,8 @@ def main():
     ap.add_argument("--out", help="default bench/results/peers.json (fsdp), peers-LAYOUT.json (ep, tp)")
     args = ap.parse_args()
     mxfp4 = args.model == "gpt-oss-mxfp4"
-    takes = [m for m in METHODS if (args.layout == "fsdp" or m in FOLDED) and (m != "shardcast-kept-mxfp4" or mxfp4)]
+    takes = [m for m in METHODS if (args.layout == "fsdp" or (m in FOLDED and m not in OWN_LAYOUT))
+             and (m != "shardcast-kept-mxfp4" or mxfp4)]
     if mxfp4:
         takes = [m for m in takes if m in ("transformers", "shardcast-from-pretrained", "shardcast-kept-mxfp4")]
         if "--layers" not in sys.argv:
@@ -401,6 +437,7 @@ def main():
     results = {m: rs[len(rs) // 2] for m, rs in by_time.items()}
     summaries = {m: summary(m, ranks) for m, ranks in results.items()}
     print_table(summaries, size, args, resident)
+    print_phases(results)
     print(f"every rank's local shards identical across methods and runs: {same}")
     pathlib.Path(args.out).write_text(json.dumps(
         {"checkpoint_bytes": size, "layers": args.layers, "world_size": args.world_size, "repeat": args.repeat,

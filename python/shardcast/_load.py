@@ -32,6 +32,10 @@ def _tied(model) -> Dict[str, str]:
     return {}
 
 
+# The attribute naming the parameters from_pretrained's stream loaded beside the build: the load after it
+# fills only the buffers.
+STREAMED = "_shardcast_streamed"
+
 _OPTION_TYPES = (bool, int, float, str)
 
 
@@ -342,7 +346,10 @@ def _module_entries(model, path, target, config, buffer_init, pg, ch, rank, worl
             return [], _Layouts(), None, {}
         _materialize_or_raise(model, target, config, buffer_init)
         group_ranks = _group_ranks(pg, world)
+        streamed = getattr(model, STREAMED, frozenset())  # loaded already, beside the build (_stream.py)
         for name, param in named_parameters(model):
+            if name in streamed:
+                continue
             local, shape, layout = _local(param, f"'{name}'", group_ranks)
             entries.append((name, local, list(shape), "parameter", layouts.index(layout), comp.get(name)))
         non_persistent = {n for n, *_ in _non_persistent(model)}

@@ -33,6 +33,15 @@ def zero_storage(model: torch.nn.Module, device: torch.device) -> None:
     model._apply(lambda t: _zeros_like(t, device, padded.get(id(t))))
 
 
+def adopt_storage(model: torch.nn.Module, given: Dict[int, torch.Tensor]) -> None:
+    """Gives each FSDP2 parameter in `given` ({id(parameter): its padded storage, allocated and filled
+    already: the stream beside the build}) that storage as its padded sharded buffer, its first rows as
+    the local tensor, as zero_storage does with fresh zeros; every other tensor stays as it is.
+    REQUIRES: each storage has the parameter's padded shard shape (_padded_shape)."""
+    padded = _fsdp_params(model)
+    model._apply(lambda t: _zeros_like(t, t.device, padded.get(id(t)), given[id(t)]) if id(t) in given else t)
+
+
 # Below this size a host tensor is heap zeros: a mapping of its own would cost a whole page once written (a
 # norm's shard of a few hundred bytes), and a model has tens of thousands of such entries (DeepSeek-V3).
 LAZY_ZERO_MIN_BYTES = 64 << 10
@@ -64,7 +73,7 @@ def _warn_once(e: BaseException) -> None:
             "vm.max_map_count if the model has tens of thousands of tensors per rank.", e)
 
 
-def _zeros_like(t: torch.Tensor, device: torch.device, fsdp_param) -> torch.Tensor:
+def _zeros_like(t: torch.Tensor, device: torch.device, fsdp_param, storage=None) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
     if not isinstance(t, DTensor):
         return zeros(t.shape, t.dtype, device)
@@ -73,7 +82,7 @@ def _zeros_like(t: torch.Tensor, device: torch.device, fsdp_param) -> torch.Tens
     if padded_shape is None:
         local = zeros(local_shape, t.dtype, device)
     else:
-        storage = zeros(padded_shape, t.dtype, device)
+        storage = zeros(padded_shape, t.dtype, device) if storage is None else storage
         fsdp_param._sharded_param_data = storage.view(-1)  # FSDP2 sees its padded buffer: no second one
         local = storage.narrow(0, 0, local_shape[0])
     return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())

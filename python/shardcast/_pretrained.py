@@ -19,6 +19,12 @@ transformers' `from_pretrained(distributed_config=...)` lays it out (its `tp_pla
 `fsdp_plan`, on its own meshes), and then loaded by shardcast: a script moving from transformers'
 native loading changes one word.
 
+Under that default layout (no distributed_config, a 1-d mesh of the whole world on the host) the load does not
+wait for the model: each rank's pieces follow from the checkpoint's header, so they stream into their final
+buffers on a thread of their own while the model is imported, built and sharded, and become FSDP2's
+sharded data with no copy; the built model is checked against that plan first (_stream.py). Any other
+layout loads after fully_shard, as above (said at DEBUG level on the "shardcast" logger).
+
 A repo id is looked up in the local Hugging Face cache only (HF_HUB_CACHE / HF_HOME); nothing is
 downloaded, so every rank resolves the same snapshot without touching the network.
 """
@@ -31,10 +37,11 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 
-from . import _prefetch
+from . import _prefetch, _stream
 from ._launch import launch
 from ._load import _cuda_device, _target
 from ._log import logged
+from ._phases import PhaseClock, with_phases
 from ._shardcast import CheckpointError, InvalidArgument, Unsupported
 
 __all__ = ["from_pretrained", "resolve_checkpoint", "shard_units"]
@@ -204,13 +211,7 @@ def _build_meta(config, dtype: Optional[torch.dtype], trust_remote_code: bool, m
     if model_cls is not None and model_cls is not AutoModelForCausalLM:
         return _build_meta_with(model_cls, config, dtype, trust_remote_code)
     kwargs: Dict[str, Any] = {"trust_remote_code": trust_remote_code}
-    # Import the modeling module before entering the meta device context: with torch 2.6, importing
-    # e.g. DeepSeek-V3's under it fails (module-level code calls .item() on what is then a meta tensor).
-    try:
-        from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
-        MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    except Exception:  # remote code or an unmapped config: from_config below says what is wrong
-        pass
+    _import_modeling(config)
     with torch.device("meta"):
         try:  # transformers >= 4.56 names it dtype; older releases torch_dtype
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
@@ -218,6 +219,19 @@ def _build_meta(config, dtype: Optional[torch.dtype], trust_remote_code: bool, m
             model = AutoModelForCausalLM.from_config(config, torch_dtype=dtype, **kwargs)
     _keep_in_fp32(model, dtype)
     return model
+
+
+def _import_modeling(config, model_cls=None) -> None:
+    """Imports the modeling module of `config`'s model for model_cls (an AutoModel* class; default
+    AutoModelForCausalLM), which transformers imports lazily, on the first look-up of its class. Before
+    the meta device context: with torch 2.6, importing e.g. DeepSeek-V3's under it fails (module-level code
+    calls .item() on what is then a meta tensor); and from_pretrained charges it to its import phase."""
+    from transformers import AutoModelForCausalLM
+    mapping = getattr(model_cls or AutoModelForCausalLM, "_model_mapping", None)
+    try:
+        mapping[type(config)]
+    except Exception:  # noqa: BLE001 -- remote code, an unmapped config, no mapping: from_config says what is wrong
+        pass
 
 
 def _build_meta_with(model_cls, config, dtype: Optional[torch.dtype], trust_remote_code: bool):
@@ -381,6 +395,66 @@ def _join_failed_load(error: Exception, target: Optional[str], mesh, dc, meshes_
     _fail_load(pg, rank, world, store, problem, mapping=False)
 
 
+def _with_every_phase(report, clock: PhaseClock, load_kwargs: Dict[str, Any]):
+    """The load's report with every rank's phases (exchanged through the load's group, with its timeout)."""
+    from ._exchange import channel, gathered
+    from ._group import _group
+    from ._load import _options, _timeout_ms
+    from ._shardcast import load_timeout_seconds
+    pg, rank, world, store = _group(load_kwargs.get("process_group"))
+    timeout_s = load_timeout_seconds(_options(timeout_ms=_timeout_ms(load_kwargs.get("timeout")))) or 600.0
+    mine = {"phases": clock.seconds, "seconds": clock.total()}
+    return with_phases(report, gathered(channel(pg, store), rank, world, mine, timeout_s))
+
+
+def _start_stream(failed: Optional[BaseException], path, config, dtype, mesh, target, source, load_kwargs):
+    """(the stream beside the build, or None, this rank's failure so far). Every rank comes here, a failed
+    one too (it says it cannot stream, so none does, and it takes _join_failed_load as before); each plans
+    its part from the header and says whether it can stream, and all stream or none does (_stream.py)."""
+    from ._group import _group
+    from ._load import _options, _timeout_ms
+    from ._shardcast import load_timeout_seconds
+    try:
+        _dist_ready("cuda" if target == "cuda" else "cpu")
+    except Exception as e:  # noqa: BLE001 -- no group to agree in: _join_failed_load raises it on this rank
+        return None, failed or e
+    pg, rank, world, store = _group(None)
+    planned, options, timeout_s = None, None, 600.0
+    why = f"it failed already ({type(failed).__name__})" if failed is not None else _stream.off_host(mesh, target, world)
+    try:
+        if why is None:
+            options = _options(source=source, target=target, verify=load_kwargs.get("verify"),
+                               chunk_bytes=load_kwargs.get("chunk_bytes"), readahead_bytes=load_kwargs.get("readahead_bytes"),
+                               staging_slots=load_kwargs.get("staging_slots"),
+                               timeout_ms=_timeout_ms(load_kwargs.get("timeout")))
+            timeout_s = load_timeout_seconds(options) or 600.0
+            planned = _stream.plan(path, config, dtype, rank, world)
+    except Exception as e:  # noqa: BLE001 -- this rank cannot stream: every rank then loads after the build
+        why = f"{type(e).__name__}: {e}"
+    if not _stream.agree(pg, store, rank, world, why, timeout_s):
+        return None, failed
+    return _stream.Stream(planned, path, options, timeout_s, pg, store, rank, world), None
+
+
+def _finish_stream(stream, model, failed, path, source, target, config, load_kwargs, clock: PhaseClock):
+    """The stream's report once every rank's model matched its plan (else the same error on every rank),
+    the buffers filled by a load of their own after it; `wait` is what this rank spent here."""
+    from ._load import STREAMED, load
+    from ._report import LoadReport
+    report, persistent = stream.finish(model, failed)
+    clock.charge("stream", stream.seconds)
+    report = logged("load", path, None, LoadReport.from_dict({**report, "stream_beside_build": True}))
+    if persistent:  # from the checkpoint, by a load of their own; non-persistent ones are prepare's already
+        rest = {k: v for k, v in load_kwargs.items() if k not in ("strict", "strict_keys")}
+        object.__setattr__(model, STREAMED, frozenset(stream.planned))
+        try:
+            load(model, path, source=source, target=target, config=config, strict=False, **rest)
+        finally:
+            object.__delattr__(model, STREAMED)
+    clock.lap("wait")
+    return report
+
+
 def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None,
                     dtype: Optional[torch.dtype] = torch.bfloat16, shard: Sequence[str] = ("layers",),
                     fsdp_kwargs: Optional[Dict[str, Any]] = None, source: Optional[str] = None,
@@ -427,31 +501,53 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
         MemAvailable) while the model is built and sharded, so a cold load starts warm (`_prefetch.py`).
         None (default): where the node has at least two cores per local rank; True: always; False: never.
 
-    Returns the FSDP2 model; `model.shardcast_report` is the load's report. Raises a ShardcastError
+    Returns the FSDP2 model; `model.shardcast_report` is the load's report, with each rank's set-up by phase
+    (`report.ranks[r].phases`: import, config, build, layout, stream, wait; `stream_beside_build` says
+    whether the stream overlapped build and layout). Raises a ShardcastError
     subclass, the same on every rank: a failure on one rank before its load (a bad SHARDCAST_TARGET, a
     config it cannot read) is carried into the load's agreement, so every rank raises it at once.
     """
+    clock = PhaseClock()
     from transformers import AutoConfig
     from . import load, prepare
+    clock.lap("import")
 
-    ahead, dc, meshes_made = None, None, False
+    ahead, dc, meshes_made, stream, model = None, None, False, None, None
+    sizes = {"tp_size": tp_size, "ep_size": ep_size, "fsdp_size": fsdp_size, "dp_replicate_size": dp_replicate_size}
     try:
         # From the first line to the load's agreement, a failure on this rank is carried into it
-        # (_join_failed_load): the others would otherwise wait for this rank until their timeout.
+        # (_join_failed_load, or the stream's agreement): the others would otherwise wait for this rank
+        # until their timeout.
+        failed = None
         try:
             target = _pretrained_target(_target(target), mesh)
             path = resolve_checkpoint(path_or_local_repo_id, revision=revision)
             ahead = _prefetch.start(path, force=bool(prefetch)) if prefetch is not False else None
             config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-            dc = _distributed_config(distributed_config, {"tp_size": tp_size, "ep_size": ep_size,
-                                                          "fsdp_size": fsdp_size, "dp_replicate_size": dp_replicate_size})
+            dc = _distributed_config(distributed_config, sizes)
             if dc is not None and mesh is not None:
                 raise InvalidArgument("pass either mesh or distributed_config: transformers' plans make their own "
                                       "meshes")
+        except Exception as e:  # noqa: BLE001 -- carried into the agreement below
+            failed = e
+        dc_given = distributed_config is not None or any(v is not None for v in sizes.values())
+        why = _stream.unpredictable(mesh, dc_given, keep_quantized, model_cls, shard, fsdp_kwargs, dtype, load_kwargs)
+        if why is None:  # the same answer on every rank: each then says whether it can stream
+            stream, failed = _start_stream(failed, None if failed else path, None if failed else config, dtype, mesh,
+                                           target, source, load_kwargs)
+        else:
+            _stream.logger.debug("from_pretrained loads after the build, not beside it: %s", why)
+        clock.lap("config")
+        try:
+            if failed is not None:
+                raise failed
+            _import_modeling(config, model_cls)
+            clock.lap("import")
             model = _build_meta(config, dtype, trust_remote_code, model_cls)
             if keep_quantized:
                 _quantized_layout(model, config, path, dtype)
             prepare(model, config=config, target=target or "cpu", buffer_init=buffer_init)
+            clock.lap("build")
             if dc is not None:
                 _dist_ready("cuda" if target == "cuda" else "cpu")
                 meshes_made = True  # from here on, whatever groups transformers makes were made
@@ -465,9 +561,17 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
                 for unit in shard_units(model, shard):
                     fully_shard(unit, mesh=mesh, **kwargs)
                 fully_shard(model, mesh=mesh, **kwargs)
+            clock.lap("layout")
         except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
-            _join_failed_load(e, target, mesh, dc, meshes_made, load_kwargs.get("process_group"))
-        model.shardcast_report = load(model, path, source=source, target=target, config=config, **load_kwargs)
+            if stream is None:
+                _join_failed_load(e, target, mesh, dc, meshes_made, load_kwargs.get("process_group"))
+            failed = e
+        if stream is not None:
+            report = _finish_stream(stream, model, failed, path, source, target, config, load_kwargs, clock)
+        else:
+            report = load(model, path, source=source, target=target, config=config, **load_kwargs)
+            clock.lap("stream")
+        model.shardcast_report = _with_every_phase(report, clock, load_kwargs)
         if not keep_quantized and hasattr(model.config, "quantization_config"):
             del model.config.quantization_config  # dequantized, as transformers drops it after dequantizing
         logged("from_pretrained", f"{path} ({type(model).__name__})", None, model.shardcast_report)

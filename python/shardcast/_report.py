@@ -48,7 +48,9 @@ class _DictView(dict):
 @dataclasses.dataclass(frozen=True, eq=False)
 class LoadRank(_DictView):
     """One rank's share of a load: its wall time by phase (seconds), its traffic (bytes), and its resident
-    memory above what it held before the load (bytes; peaks over the load)."""
+    memory above what it held before the load (bytes; peaks over the load). From `from_pretrained`, also
+    its whole set-up: `phases` {import, config, build, layout, stream, wait: seconds} (see _phases.py)
+    and their total `pretrained_seconds`; a plain load leaves them empty and 0."""
     rank: int = 0
     seconds: float = 0.0
     handshake_seconds: float = 0.0
@@ -63,6 +65,8 @@ class LoadRank(_DictView):
     peak_rss_anon_above_baseline: int = 0
     peak_rss_file_above_baseline: int = 0
     verify: str = "off"
+    phases: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    pretrained_seconds: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -109,7 +113,9 @@ class _Totals:
 @dataclasses.dataclass(frozen=True, eq=False)
 class LoadReport(_Totals, _DictView):
     """What `shardcast.load` returns, the same on every rank: who read (source, and why), where the shards
-    went (target), the sizes, and one LoadRank per rank in `ranks`."""
+    went (target), the sizes, and one LoadRank per rank in `ranks`. stream_beside_build: from_pretrained
+    streamed the parameters while it built the model (its ranks' `stream` phase overlaps build and layout);
+    the report is then that stream's, its parameters' bytes."""
     source: str = ""
     source_reason: str = ""
     target: str = "cpu"
@@ -125,6 +131,7 @@ class LoadReport(_Totals, _DictView):
     chunk_bytes: int = 0
     staging_slots: int = 0
     setup_only: bool = False
+    stream_beside_build: bool = False
     ranks: Tuple[LoadRank, ...] = ()
 
     @classmethod

@@ -1,0 +1,300 @@
+"""from_pretrained's stream beside the build: the checkpoint's bytes land while Python builds the model.
+
+Under the default FSDP layout (fully_shard over a 1-d mesh of the whole world: Shard(0), torch.chunk rows,
+FSDP2's padded sharded buffer) each rank's pieces follow from the checkpoint's header and the world size
+alone:
+
+    header: key, shape [n, ...]  -->  rank r of W holds rows [r*c, min(n, r*c + c)), c = ceil(n / W)
+    padded buffer (lazy zero)         [ row r*c | ... | last row | pad ... pad ]   (c rows)
+    local tensor (the DTensor's)      <---- narrow(0, 0, rows) ---->
+
+Fused MoE experts (transformers' MergeModulelist [+ Concatenate] converters) are planned from the
+per-expert keys, in the order the load composes them. So the stream starts on a thread of its own as
+soon as the config and the header are read, and runs without the GIL (the C++ load, over a Gloo group of
+its own made from this operation's store), while this thread imports the modeling module, builds the meta
+model and applies fully_shard:
+
+    main:    config | plan, agree | import, build, layout | check | join | verdict | adopt, buffers
+    stream:                       | handshake, rows into the padded buffers ->|
+
+Agreed, never assumed: every rank plans, then all say whether they can stream (one store exchange); one
+rank that cannot (a layout it cannot predict, a header it cannot read, a failure before) and none does,
+and from_pretrained takes its sequential path. After the build, every rank checks its model against the
+plan (every parameter planned, with that shape, dtype and placement, in a padded buffer of that size) and
+hears the stream's outcome; one exchange makes any rank's problem the same error on every rank, before
+any buffer becomes a parameter's. Then the buffers become the parameters' sharded data (no copy). The
+non-persistent buffers are prepare's, untouched; where the model has persistent buffers (the same on every
+rank, agreed in that exchange), a small load fills them from the checkpoint.
+Every wait has the load's timeout.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from . import _shardcast
+
+logger = logging.getLogger("shardcast")
+
+# load's keywords the stream passes on as options; any other one (process_group, progress) takes the
+# sequential path, whose load handles it.
+_OPTIONS = ("verify", "chunk_bytes", "staging_slots", "timeout", "strict", "strict_keys", "readahead_bytes")
+# fully_shard's keywords that leave the sharded layout as planned
+_FSDP_KWARGS = ("reshard_after_forward", "mp_policy")
+# checkpoint dtypes that load as the model's floating dtype
+_FLOATING = ("F64", "F32", "F16", "BF16")
+
+
+def unpredictable(mesh, dc_given: bool, keep_quantized: bool, model_cls, shard, fsdp_kwargs: Optional[Dict[str, Any]],
+                  dtype, load_kwargs: Dict[str, Any]) -> Optional[str]:
+    """Why the call's arguments leave its layout unpredictable from the header; None when they do not.
+    Arguments only (the same on every rank), so every rank asks the same question, and every rank that
+    gets None goes on to say whether it can stream (`off_host`, `plan`, `agree`)."""
+    if dc_given:
+        return "distributed_config: transformers' plans lay it out"
+    if mesh is not None and getattr(mesh, "ndim", 1) != 1:
+        return f"a {mesh.ndim}-d mesh"
+    if keep_quantized:
+        return "keep_quantized"
+    if model_cls is not None:
+        return "model_cls"
+    if (shard,) != ("layers",) and tuple(shard) != ("layers",):
+        return "shard="
+    if dtype is None or not torch.empty((), dtype=dtype).is_floating_point():
+        return f"dtype={dtype}"
+    if other := sorted(set(fsdp_kwargs or {}) - set(_FSDP_KWARGS)):
+        return f"fsdp_kwargs {', '.join(other)}"
+    if other := sorted(set(load_kwargs) - set(_OPTIONS)):
+        return f"load options {', '.join(other)}"
+    if load_kwargs.get("strict") or load_kwargs.get("strict_keys"):
+        return "strict (the checkpoint's keys the model does not use are streamed, not refused)"
+    return None
+
+
+def off_host(mesh, target: Optional[str], world: int) -> Optional[str]:
+    """Why this rank's target or mesh is not the layout the stream predicts (host memory, a 1-d mesh of the
+    whole world in rank order); None when it is. The target may come from SHARDCAST_TARGET, so each
+    rank asks it of itself."""
+    if target not in (None, "cpu"):
+        return f"target {target}"
+    if mesh is not None and (mesh.device_type != "cpu" or mesh.mesh.flatten().tolist() != list(range(world))):
+        return "a mesh that is not the whole world on the host"
+    return None
+
+
+class Planned:
+    """One parameter the stream fills: its global shape, its dtype, the checkpoint keys it is made of
+    (None: its own key) and this rank's padded buffer and local rows of it."""
+
+    def __init__(self, key: str, shape: Tuple[int, ...], dtype: torch.dtype, compose: Optional[List[str]],
+                 rank: int, world: int):
+        from ._materialize import zeros
+        self.key, self.shape, self.dtype, self.compose = key, tuple(shape), dtype, compose
+        chunk = -(-shape[0] // world)  # torch.chunk's rows per rank; the trailing ranks hold fewer or none
+        begin, end = min(shape[0], rank * chunk), min(shape[0], rank * chunk + chunk)
+        self.padded = zeros((chunk,) + self.shape[1:], dtype, torch.device("cpu"))
+        self.local = self.padded.narrow(0, 0, end - begin)
+
+    def entry(self) -> tuple:
+        """The C++ load's entry: -2 is FSDP2's Shard(0) over the whole group."""
+        return (self.key, self.local, list(self.shape), "parameter", -2, self.compose)
+
+
+def plan(path: str, config, dtype: torch.dtype, rank: int, world: int) -> Dict[str, Planned]:
+    """Every parameter the checkpoint's header implies, with this rank's buffers. Raises Unsupported for a
+    checkpoint whose entries the header alone does not give (quantized, renamed keys, integer tensors, a
+    conversion other than stacking experts, a scalar)."""
+    from ._mapping import _renamed_keys, conversion_rules, expert_merges
+    if getattr(config, "quantization_config", None) is not None:
+        raise _shardcast.Unsupported("a quantized checkpoint (dequantized shapes and scales)")
+    tensors = _shardcast.checkpoint_tensors(path)
+    keys = {key: tuple(shape) for key, _, shape, _ in tensors}
+    if not keys:
+        raise _shardcast.Unsupported("no tensors in its header")
+    if bad := next((key for key, dt, shape, _ in tensors if dt not in _FLOATING or not shape), None):
+        raise _shardcast.Unsupported(f"'{bad}' is not a floating tensor of one dim or more")
+    rules = conversion_rules(_WithConfig(config))
+    merges = expert_merges(rules)
+    if _renamed_keys(rules, keys) or len([r for r in rules if type(r).__name__ == "WeightConverter"]) != len(merges):
+        raise _shardcast.Unsupported(f"transformers converts {config.model_type}'s keys beyond stacking experts")
+    fused, parts = _fused(merges, keys)
+    out = {}
+    for key, (shape, compose) in fused.items():
+        out[key] = Planned(key, shape, dtype, compose, rank, world)
+    for key, shape in keys.items():
+        if key not in parts:
+            out[key] = Planned(key, shape, dtype, None, rank, world)
+    return out
+
+
+class _WithConfig:
+    """What conversion_rules reads of a model: its config."""
+
+    def __init__(self, config):
+        self.config = config
+
+
+def _fused(merges, keys: Dict[str, Tuple[int, ...]]):
+    """({fused key: (shape, per-expert keys in order)}, every per-expert key used): transformers'
+    MergeModulelist on dim 0 (stacking the experts), then Concatenate on dim 1 where the rule has it,
+    applied to the checkpoint's keys, in the order compositions() gives the C++ load (expert-major)."""
+    fused, parts = {}, set()
+    for rule in merges:
+        sources, target = list(rule.source_patterns), rule.target_patterns[0]
+        found: Dict[str, Dict[int, Dict[str, str]]] = {}
+        patterns = [(src, re.compile("^(.*)" + re.escape(src).replace(r"\*", r"(\d+)") + "$")) for src in sources]
+        for key in keys:
+            for src, pattern in patterns:
+                if m := pattern.match(key):
+                    found.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[src] = key
+        for prefix, experts in found.items():
+            order = [experts.get(e, {}).get(src) for e in range(len(experts)) for src in sources]
+            if None in order:
+                raise _shardcast.Unsupported(f"the experts under '{prefix}' are not numbered 0..{len(experts) - 1} "
+                                             f"with every one of {sources}")
+            first = [keys[experts[0][src]] for src in sources]
+            if any(keys[k] != first[i % len(sources)] for i, k in enumerate(order)) or \
+                    any(len(s) != 2 or s[1] != first[0][1] for s in first):
+                raise _shardcast.Unsupported(f"the experts under '{prefix}' differ in shape")
+            rows = sum(s[0] for s in first)
+            fused[prefix + target] = ((len(experts), rows, first[0][1]), order)
+            parts.update(order)
+    return fused, parts
+
+
+class Stream:
+    """The stream of one from_pretrained on its thread, and what the main thread checks and adopts.
+
+    REQUIRES: started after every rank agreed to stream (`agree`); `finish` called on every rank."""
+
+    def __init__(self, planned: Dict[str, Planned], path: str, options: Dict[str, str], timeout_s: float,
+                 pg, store, rank: int, world: int):
+        from ._group import _store_host, operation_store
+        self.planned, self.rank, self.world, self.timeout_s = planned, rank, world, timeout_s
+        self.pg, self.store = pg, store
+        self.report, self.error, self.seconds = None, None, 0.0
+        self.moved = time.monotonic()  # when the stream last reported bytes landed (its progress)
+        op_store = operation_store(pg, store)  # made here, in step on every rank, before the thread
+        host = _store_host(store) if store is not None else ""
+        entries = [p.entry() for p in planned.values()]
+        self.thread = threading.Thread(target=self._run, name="shardcast-stream", daemon=True,
+                                       args=(entries, path, options, op_store, host))
+        self.thread.start()
+
+    def _run(self, entries, path, options, op_store, host) -> None:
+        start = time.monotonic()
+        try:
+            self.report = _shardcast.load_entries(entries, [], path, options, {}, op_store, self.rank, self.world,
+                                                  self._progress, None, host)
+        except BaseException as e:  # noqa: BLE001 -- handed to the main thread, which agrees on it
+            self.error = e
+        self.seconds = time.monotonic() - start
+
+    def _progress(self, done: int, total: int) -> None:
+        self.moved = time.monotonic()
+
+    def _join(self) -> Optional[BaseException]:
+        """Waits for the stream while it moves: a CommTimeout once it has neither ended nor landed bytes for
+        the load's timeout (a long load is not a stuck one; the C++ load's own waits have that deadline too)."""
+        waited = time.monotonic()
+        while self.thread.is_alive():
+            self.thread.join(1.0)
+            if time.monotonic() - max(self.moved, waited) > self.timeout_s:
+                return _shardcast.CommTimeout(f"the stream beside the build landed nothing for {self.timeout_s:g} s "
+                                              f"and did not end")
+        return self.error
+
+    def finish(self, model, problem: Optional[BaseException]) -> Tuple[dict, bool]:
+        """(the stream's report, whether the model has persistent buffers to load), once every rank's model
+        matched the plan and the stream succeeded everywhere; the buffers are then the parameters' sharded
+        data. Otherwise every rank raises the first rank's problem (this rank's `problem` from its build or
+        layout, a model that differs from the plan, the stream's own error, a stream that stopped moving),
+        naming that rank."""
+        persistent = None
+        if problem is None:
+            problem = _mismatch(model, self.planned, self.rank, self.world)
+            persistent = sorted(_persistent_buffers(model))
+        stream_problem = self._join()
+        problem = problem or stream_problem
+        every = _agree_or_raise(self.pg, self.store, self.rank, self.world, problem, persistent, self.timeout_s)
+        adopt(model, self.planned)
+        return self.report, bool(every[0])
+
+
+def _persistent_buffers(model) -> List[str]:
+    from ._names import named_buffers
+    from ._prepare import _non_persistent
+    non_persistent = {n for n, *_ in _non_persistent(model)}
+    return [n for n, _ in named_buffers(model) if n not in non_persistent]
+
+
+def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: float) -> bool:
+    """Whether every rank can stream (each with no reason not to); one store exchange."""
+    from ._exchange import channel, gathered
+    every = gathered(channel(pg, store), rank, world, why_not, timeout_s)
+    reasons = [f"rank {r}: {why}" for r, why in enumerate(every) if why is not None]
+    if reasons:
+        logger.debug("from_pretrained loads after the build, not beside it: %s", "; ".join(reasons))
+    return not reasons
+
+
+def _agree_or_raise(pg, store, rank: int, world: int, problem: Optional[BaseException], value: Any,
+                    timeout_s: float) -> List[Any]:
+    """Every rank's `value` (JSON) in rank order, when no rank has a problem and every rank's value is the
+    same. Otherwise the first problem, in rank order (a value that differs from rank 0's is one), raised on
+    every rank naming its rank (its own class; on the rank where it arose, chained to it)."""
+    from ._exchange import channel, gathered
+    from ._load import _problem
+    mine = [None if problem is None else list(_problem(problem)), value]
+    every = gathered(channel(pg, store), rank, world, mine, timeout_s)
+    first = next(((r, p) for r, (p, _) in enumerate(every) if p is not None), None)
+    if first is None:
+        other = next((r for r, (_, v) in enumerate(every) if v != every[0][1]), None)
+        if other is None:
+            return [v for _, v in every]
+        first = (other, ["ManifestMismatch", f"its built model has the persistent buffers {every[other][1]}, "
+                                             f"rank 0's {every[0][1]}"])
+    r, (kind, message) = first
+    error = getattr(_shardcast, kind, _shardcast.InternalError)
+    if not (isinstance(error, type) and issubclass(error, _shardcast.ShardcastError)):
+        error = _shardcast.InternalError
+    raise error(f"rank {r}: {message}") from (problem if r == rank else None)
+
+
+def _mismatch(model, planned: Dict[str, Planned], rank: int, world: int) -> Optional[BaseException]:
+    """A ManifestMismatch naming the first parameter of the built model that the plan did not foresee, or
+    foresaw with another shape, dtype or placement; None when every parameter is as planned."""
+    from torch.distributed.tensor import DTensor, Shard
+    from ._materialize import _fsdp_params, _padded_shape
+    from ._names import named_parameters
+    fsdp = _fsdp_params(model)
+    for name, p in named_parameters(model):
+        want = planned.get(name)
+        what = None
+        if want is None:
+            what = "is not in the plan the stream used (from the checkpoint's header)"
+        elif not isinstance(p, DTensor) or tuple(p.placements) != (Shard(0),) or p.device_mesh.ndim != 1 \
+                or p.device_mesh.size() != world:
+            what = f"is laid out as {getattr(p, 'placements', 'a plain tensor')}, not Shard(0) over the {world} ranks"
+        elif tuple(p.shape) != want.shape or p.dtype != want.dtype:
+            what = f"is {p.dtype} {list(p.shape)}, the plan {want.dtype} {list(want.shape)}"
+        elif tuple(p.to_local().shape) != tuple(want.local.shape) or \
+                _padded_shape(fsdp.get(id(p)), tuple(p.to_local().shape)) != tuple(want.padded.shape):
+            what = f"holds {list(p.to_local().shape)} on rank {rank}, the plan {list(want.local.shape)} " \
+                   f"in a padded {list(want.padded.shape)}"
+        if what is not None:
+            return _shardcast.ManifestMismatch(f"parameter '{name}' of the built model {what}: its layout differs "
+                                               f"from the one the stream predicted")
+    return None
+
+
+def adopt(model, planned: Dict[str, Planned]) -> None:
+    """The planned buffers become the parameters' sharded data (no copy)."""
+    from ._materialize import adopt_storage
+    from ._names import named_parameters
+    adopt_storage(model, {id(p): planned[name].padded for name, p in named_parameters(model)})

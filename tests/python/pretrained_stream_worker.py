@@ -1,0 +1,124 @@
+"""One rank of test_pretrained_stream: `python pretrained_stream_worker.py MODE ROOT OUT` with torchrun's
+variables, ROOT holding one checkpoint per model (save_pretrained).
+
+MODE phases:   shardcast.from_pretrained of every model; its report's per-rank phases, as the typed report
+               and as its dict.
+MODE stream:   every model twice: from_pretrained as it is (the stream beside the build) and with the load's
+               group given (process_group=WORLD: a layout it does not predict, so loaded after the build);
+               every local shard and buffer compared bit for bit, and where each local shard lives.
+MODE mismatch: ROOT is one checkpoint whose config.json no longer matches its tensors; what each rank raised.
+MODE fail_one: from_pretrained whose build fails on rank 1 alone (its buffer_init raises there, while the
+               stream runs); what each rank raised.
+MODE scenarios: several modes in turn, in these processes (ranks.each_scenario).
+"""
+import datetime
+import logging
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import ranks
+import shardcast
+
+DTYPE = torch.bfloat16
+
+
+def phases(root):
+    out = {}
+    for name in sorted(os.listdir(root)):
+        model = shardcast.from_pretrained(os.path.join(root, name), dtype=DTYPE, timeout=120)
+        report = model.shardcast_report
+        out[name] = {"typed": [{"rank": r.rank, "phases": dict(r.phases), "total": r.pretrained_seconds,
+                                "load_seconds": r.seconds} for r in report.ranks],
+                     "dict": report.to_dict()["ranks"], "beside": report.stream_beside_build}
+    return out
+
+
+def bits(t):
+    t = t.detach().contiguous()
+    return t.view(torch.uint8) if t.numel() else t
+
+
+def local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def in_padded_buffer(model):
+    """Parameters whose local shard is not the first rows of FSDP2's padded sharded buffer (a copy)."""
+    from shardcast._materialize import _fsdp_params
+    fsdp = _fsdp_params(model)
+    copied = []
+    for name, p in model.named_parameters():
+        padded = getattr(fsdp.get(id(p)), "_sharded_param_data", None)
+        if padded is None or local(p).untyped_storage().data_ptr() != padded.untyped_storage().data_ptr():
+            copied.append(name)
+    return copied
+
+
+def stream(root):
+    log, records = logging.getLogger("shardcast"), Records()
+    log.addHandler(records)
+    log.setLevel(logging.DEBUG)
+    out = {}
+    try:
+        for name in sorted(os.listdir(root)):
+            path = os.path.join(root, name)
+            ours = shardcast.from_pretrained(path, dtype=DTYPE, timeout=120)
+            seq = shardcast.from_pretrained(path, dtype=DTYPE, timeout=120, process_group=dist.group.WORLD)
+            a = dict(ours.named_parameters())
+            b = dict(seq.named_parameters())
+            differ = sorted(set(a) ^ set(b)) + [n for n in sorted(set(a) & set(b))
+                                                 if a[n].dtype != b[n].dtype or a[n].shape != b[n].shape
+                                                 or not torch.equal(bits(local(a[n])), bits(local(b[n])))]
+            ab, bb = dict(ours.named_buffers()), dict(seq.named_buffers())
+            differ += [f"buffer {n}" for n in sorted(bb) if n not in ab or not torch.equal(bits(ab[n]), bits(bb[n]))]
+            out[name] = {"beside": [ours.shardcast_report.stream_beside_build, seq.shardcast_report.stream_beside_build],
+                         "differ": differ, "params": len(a), "nonempty": sum(1 for p in a.values() if local(p).numel()),
+                         "copied": in_padded_buffer(ours), "bytes": ours.shardcast_report.total_bytes}
+    finally:
+        log.removeHandler(records)
+    out["debug"] = [line for line in records.lines if "not beside it" in line]
+    return out
+
+
+def raised(call):
+    try:
+        call()
+    except shardcast.ShardcastError as e:
+        return {"error": type(e).__name__, "message": str(e)}
+    return {"error": None}
+
+
+def mismatch(path):
+    return raised(lambda: shardcast.from_pretrained(path, dtype=DTYPE, timeout=60))
+
+
+def fail_one(path):
+    def init(name, meta):
+        if dist.get_rank() == 1:
+            raise RuntimeError("rank 1 cannot compute it")
+        return torch.ones(meta.shape, dtype=meta.dtype)
+    return raised(lambda: shardcast.from_pretrained(path, dtype=DTYPE, timeout=60, buffer_init={"*inv_freq": init}))
+
+
+def main():
+    mode, root, out_path = sys.argv[1:4]
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    modes = {"phases": phases, "stream": stream, "mismatch": mismatch, "fail_one": fail_one}
+    ranks.each_scenario(mode, root, lambda name, where: modes[name](where), f"{out_path}.{dist.get_rank()}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

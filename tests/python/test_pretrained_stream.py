@@ -1,0 +1,84 @@
+"""from_pretrained streams the checkpoint while it builds the model, and says where its time went.
+
+Real transformers checkpoints (llama with tied embeddings, qwen3_moe with fused experts, deepseek_v3 with a
+persistent buffer; dims that do not divide by the world size) saved by save_pretrained in several files,
+loaded by real rank processes over c10d Gloo, each launch with a deadline: every local shard and buffer of
+the stream beside the build is bit for bit the one the sequential path loads (which test_from_pretrained
+compares with transformers' own loading), each in FSDP2's padded buffer (no copy); a built model that
+differs from the stream's plan, or a build that fails on one rank, is the same error on every rank.
+"""
+import json
+import shutil
+
+import pytest
+
+import ranks
+
+PHASES = {"import", "config", "build", "layout", "stream", "wait"}
+MODELS = ("deepseek_v3", "llama", "qwen3_moe")
+
+
+@pytest.fixture(scope="module")
+def run(tiny_checkpoints, tmp_path_factory):
+    root = tiny_checkpoints("tied", models=MODELS)
+    # llama's config.json says 44 intermediate rows where its tensors have 40: the plan (from the header)
+    # and the built model (from the config) differ.
+    bad = tmp_path_factory.mktemp("mismatch") / "llama"
+    shutil.copytree(root / "llama", bad)
+    config = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**config, "intermediate_size": config["intermediate_size"] + 4}))
+    both = ["stream", ("mismatch", bad), ("fail_one", root / "llama")]
+    return ranks.Scenarios("pretrained_stream_worker.py", tmp_path_factory, {3: ["phases"] + both, 4: both},
+                           root=root, timeout=400)
+
+
+def test_every_rank_reports_every_rank_phases_adding_up_to_its_total(run):
+    results = run("phases", 3)
+    for name in MODELS:
+        every = [r[name] for r in results]
+        assert every[0]["beside"], name
+        assert all(e["dict"] == every[0]["dict"] for e in every), f"{name}: the ranks' reports differ"
+        for rank, row in enumerate(every[0]["typed"]):
+            assert row["rank"] == rank and set(row["phases"]) == PHASES, (name, row)
+            assert all(s >= 0 for s in row["phases"].values()), (name, row)
+            # A stream beside build and layout overlaps them: only the rank's wait for it adds up.
+            added = sum(s for p, s in row["phases"].items() if p != "stream" or not every[0]["beside"])
+            assert row["total"] > 0 and abs(added - row["total"]) <= 0.01 * row["total"] + 0.01, (name, row)
+            # The load is the stream phase, seen from inside: it cannot take longer than the phase around it.
+            assert row["phases"]["stream"] >= row["load_seconds"] > 0, (name, row)
+            assert every[0]["dict"][rank]["phases"] == row["phases"], (name, rank)
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_stream_beside_build_lands_the_sequential_paths_bits_in_fsdp2s_padded_buffers(run, world):
+    results = run("stream", world)
+    for rank, result in enumerate(results):
+        for name in MODELS:
+            r = result[name]
+            assert r["beside"] == [True, False], (rank, name, r)
+            assert r["differ"] == [] and r["params"] > 10, (rank, name, r)
+            assert r["copied"] == [], (rank, name, r)
+            assert r["bytes"] > 0, (rank, name, r)
+        # The sequential path's reason, at DEBUG level.
+        assert len(result["debug"]) == len(MODELS), result["debug"]
+        assert all("process_group" in line for line in result["debug"]), result["debug"]
+    if world == 4:  # 5 experts over 4 ranks: 2, 2, 1 and none, so rank 3 holds an empty piece
+        assert results[3]["qwen3_moe"]["nonempty"] < results[3]["qwen3_moe"]["params"], results[3]["qwen3_moe"]
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_a_built_model_other_than_the_plan_is_one_error_on_every_rank(run, world):
+    results = run("mismatch", world)
+    first = results[0]
+    assert first["error"] == "ManifestMismatch", first
+    assert "rank 0:" in first["message"] and "mlp" in first["message"] and "[44, 32]" in first["message"], first
+    assert all(r == first for r in results), results
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_a_build_failing_on_one_rank_while_it_streams_is_one_error_on_every_rank(run, world):
+    results = run("fail_one", world)
+    first = results[0]
+    assert first["error"] == "ConfigError" and "rank 1:" in first["message"], first
+    assert "rank 1 cannot compute it" in first["message"], first
+    assert all(r == first for r in results), results
