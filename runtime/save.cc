@@ -12,6 +12,7 @@
 #include "runtime/fault.h"
 #include "runtime/file_sink.h"
 #include "runtime/save_layout.h"
+#include "runtime/shard_source.h"
 #include "runtime/stream.h"
 #include "runtime/verdict.h"
 

@@ -4,13 +4,11 @@
 //   FileSource    the manifest's files as this rank opened them: copies a part's elements out of the
 //                 mapping, or converts them (dtype; fp8 rows with their block scales, dequantized in
 //                 the reader, so receivers never see fp8), releasing consumed pages
-//   ShardSource   this rank's local tensors: the segment's bytes at its local offset (save)
+//   ShardSource   this rank's local tensors (save): runtime/shard_source.h, the one libtorch source
 //
 // Thread safety: Read and Prefetch are called by the ring's reader thread only.
 // Failure: Read throws shardcast::Error (kCheckpoint for a truncated or changed file).
 #pragma once
-
-#include <ATen/core/Tensor.h>
 
 #include <vector>
 
@@ -64,15 +62,6 @@ class FileSource : public SegmentSource {
   bool release_;
   Buffer scratch_;
   Buffer row_;  // one dequantized part row, for a run that is not whole rows
-};
-
-class ShardSource : public SegmentSource {
- public:
-  explicit ShardSource(std::vector<at::Tensor> tensors) : tensors_(std::move(tensors)) {}
-  void Read(const Segment& s, unsigned char* out) override;
-
- private:
-  std::vector<at::Tensor> tensors_;  // one per manifest entry, CPU (a device shard is copied)
 };
 
 }  // namespace shardcast
