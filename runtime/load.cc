@@ -167,7 +167,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
 
   t = Clock::now();
   if (m.params.verify && !rq.setup_only) Together(comm, [&] {
-      VerifyDigests(comm, m, *route, r);
+      VerifyDigests(comm, m, r);
       return 0;
     });
   mine.verify_seconds = Since(t);
