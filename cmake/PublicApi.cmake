@@ -21,6 +21,7 @@ set(SHARDCAST_PUBLIC_HEADERS
   # what they include
   runtime/key_mapping.h
   runtime/progress.h
+  runtime/target.h
   runtime/plan.h
   runtime/layout.h
   runtime/layout_inl.h

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "allocators/error.h"
+#include "loaders/shape.h"
 #include "allocators/lazy_zero.h"
 #include "loaders/mxfp4.h"
 #include "loaders/nvfp4.h"
@@ -20,12 +21,6 @@ const char* TorchDTypeName(DType t) {
     case DType::kF16: return "float16";
     default: return "float32";
   }
-}
-
-std::string ShapeText(const std::vector<uint64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 bool EndsWith(const std::string& s, std::string_view suffix) {

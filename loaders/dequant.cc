@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "allocators/error.h"
+#include "loaders/shape.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
@@ -308,11 +309,6 @@ dequant_internal::Isa DetectIsa() {
   return dequant_internal::Isa::kBaseline;
 }
 
-dequant_internal::Isa BestIsa() {
-  static const dequant_internal::Isa best = DetectIsa();
-  return best;
-}
-
 bool IsWeightDType(DType d) { return d == DType::kF8_E4M3 || d == DType::kF8_E5M2; }
 bool IsScaleDType(DType d) {
   return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16 || d == DType::kF8_E8M0 || d == DType::kU8;
@@ -360,12 +356,6 @@ RowMode ExpandScaleRow(const DequantScale& scale, uint64_t row, uint64_t grid_us
   return RowMode::kScaledBits;
 }
 
-std::string ShapeText(const std::vector<uint64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 std::string BlockText(BlockSize b) { return std::to_string(b.rows) + " x " + std::to_string(b.cols); }
 
 std::string UnsupportedText(DType weight, DType scale, DType target) {
@@ -390,6 +380,11 @@ bool CanDequantize(DType weight, DType scale, DType target) {
 }
 
 namespace dequant_internal {
+
+Isa BestIsa() {
+  static const Isa best = DetectIsa();
+  return best;
+}
 
 std::string_view IsaName(Isa isa) {
   switch (isa) {
@@ -459,7 +454,7 @@ void DequantizeWithIsa(Isa isa, const DequantSource& weight, const DequantScale&
 
 void Dequantize(const DequantSource& weight, const DequantScale& scale, RowSpan rows, uint64_t cols,
                 BlockSize block, DType target, void* out) {
-  dequant_internal::DequantizeWithIsa(BestIsa(), weight, scale, rows, cols, block, target, out);
+  dequant_internal::DequantizeWithIsa(dequant_internal::BestIsa(), weight, scale, rows, cols, block, target, out);
 }
 
 std::string ScaleKeyFor(std::string_view weight_key) { return std::string(weight_key) + "_scale_inv"; }

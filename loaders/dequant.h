@@ -132,6 +132,7 @@ namespace dequant_internal {
 enum class Isa : uint8_t { kBaseline, kAvx2, kAvx512 };
 std::string_view IsaName(Isa isa);
 std::vector<Isa> SupportedIsas();  // on this CPU, kBaseline first, best last
+Isa BestIsa();                      // SupportedIsas().back(), detected once (every kernel's dispatch)
 
 // Dequantize with the kernels of `isa`; kInvalidArgument for one not in SupportedIsas().
 void DequantizeWithIsa(Isa isa, const DequantSource& weight, const DequantScale& scale, RowSpan rows,

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "allocators/error.h"
+#include "loaders/shape.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -33,9 +34,6 @@
 
 namespace shardcast {
 namespace {
-
-constexpr float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 enum TableIndex { kBF16Table = 0, kF16Table = 1 };
 
@@ -357,12 +355,6 @@ SHARDCAST_MXFP4_AVX2 void TransposedAvx2(const Rows& m, OutputWindow w, DType ta
 
 bool IsTarget(DType d) { return d == DType::kBF16 || d == DType::kF16 || d == DType::kF32; }
 
-std::string ShapeText(const std::vector<uint64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 std::string SpanText(RowSpan s) { return "[" + std::to_string(s.begin) + ", " + std::to_string(s.end) + ")"; }
 
 // Throws unless the window lies within what the call may read: out_rows x out_cols of the output,
@@ -393,19 +385,11 @@ bool CanDequantizeMxfp4(DType blocks, DType scales, DType target) {
   return blocks == DType::kU8 && (scales == DType::kU8 || scales == DType::kF8_E8M0) && IsTarget(target);
 }
 
-namespace {
-// Detected once: SupportedIsas() builds a vector, too slow to ask per call of a small window.
-dequant_internal::Isa BestIsa() {
-  static const dequant_internal::Isa best = dequant_internal::SupportedIsas().back();
-  return best;
-}
-}  // namespace
-
 namespace mxfp4_internal {
 
 void DequantizeWithIsa(dequant_internal::Isa isa, const Mxfp4Matrix& m, OutputWindow w, DType target, WindowOut out,
                        Layout layout, KernelOptions options) {
-  if (isa > BestIsa()) {  // SupportedIsas() is every ISA up to the best
+  if (isa > dequant_internal::BestIsa()) {  // SupportedIsas() is every ISA up to the best
     throw Error(ErrorKind::kInvalidArgument, "mxfp4",
                 "this CPU cannot run the " + std::string(dequant_internal::IsaName(isa)) + " kernels");
   }
@@ -427,12 +411,12 @@ void DequantizeWithIsa(dequant_internal::Isa isa, const Mxfp4Matrix& m, OutputWi
 }  // namespace mxfp4_internal
 
 void DequantizeMxfp4(const Mxfp4Matrix& m, OutputWindow w, DType target, WindowOut out) {
-  mxfp4_internal::DequantizeWithIsa(BestIsa(), m, w, target, out,
+  mxfp4_internal::DequantizeWithIsa(dequant_internal::BestIsa(), m, w, target, out,
                                     mxfp4_internal::Layout::kStored);
 }
 
 void DequantizeMxfp4Transposed(const Mxfp4Matrix& m, OutputWindow w, DType target, WindowOut out) {
-  mxfp4_internal::DequantizeWithIsa(BestIsa(), m, w, target, out,
+  mxfp4_internal::DequantizeWithIsa(dequant_internal::BestIsa(), m, w, target, out,
                                     mxfp4_internal::Layout::kTransposed);
 }
 

@@ -46,6 +46,11 @@
 
 namespace shardcast {
 
+// The 16 values of an FP4 E2M1 nibble (sign, 2 exponent bits, 1 mantissa bit), the element type of
+// both MXFP4 and NVFP4 (nvfp4.h): one table for both kernels.
+inline constexpr float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
 // One expert's stored matrix, or the rows of it a call reads. No alignment needed.
 struct Mxfp4Matrix {
   const uint8_t* blocks = nullptr;  // stored rows from first_row on, cols / 2 bytes each

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "allocators/error.h"
+#include "loaders/shape.h"
 #include "loaders/dequant.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -32,9 +33,6 @@
 
 namespace shardcast {
 namespace {
-
-constexpr float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 // Each scale byte's 16 outputs, built when the byte is first met.
 template <typename Bits>
@@ -215,32 +213,12 @@ SHARDCAST_NVFP4_AVX2 void Rows16Avx2(const Nvfp4Matrix& m, OutputWindow w, Windo
 }
 #endif
 
-std::string ShapeText(const std::vector<uint64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
-uint64_t Numel(const std::vector<uint64_t>& s) {
-  uint64_t n = 1;
-  for (uint64_t d : s) n *= d;
-  return n;
-}
-
-}  // namespace
-
-namespace {
-// Detected once: SupportedIsas() builds a vector, too slow to ask per call of a small window.
-dequant_internal::Isa BestIsa() {
-  static const dequant_internal::Isa best = dequant_internal::SupportedIsas().back();
-  return best;
-}
 }  // namespace
 
 namespace nvfp4_internal {
 
 void DequantizeWithIsa(dequant_internal::Isa isa, const Nvfp4Matrix& m, OutputWindow w, DType target, WindowOut out) {
-  if (isa > BestIsa()) {  // SupportedIsas() is every ISA up to the best
+  if (isa > dequant_internal::BestIsa()) {  // SupportedIsas() is every ISA up to the best
     throw Error(ErrorKind::kInvalidArgument, "nvfp4",
                 "this CPU cannot run the " + std::string(dequant_internal::IsaName(isa)) + " kernels");
   }
@@ -271,7 +249,7 @@ uint64_t TablesBuilt() { return tables_built; }
 }  // namespace nvfp4_internal
 
 void DequantizeNvfp4(const Nvfp4Matrix& m, OutputWindow w, DType target, WindowOut out) {
-  nvfp4_internal::DequantizeWithIsa(BestIsa(), m, w, target, out);
+  nvfp4_internal::DequantizeWithIsa(dequant_internal::BestIsa(), m, w, target, out);
 }
 
 void CheckNvfp4Triple(std::string_view key, DType weight, const std::vector<uint64_t>& weight_shape, DType scale,

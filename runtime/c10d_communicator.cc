@@ -204,49 +204,10 @@ class LocalCommunicator : public Communicator {
   void Abort() override {}
 };
 
-int EnvInt(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || x < 0 || x > 1 << 30) {
-    throw Error(ErrorKind::kInvalidArgument, name, std::string("\"") + v + "\" is not a non-negative integer");
-  }
-  return static_cast<int>(x);
-}
-
 }  // namespace
 
 std::string StoreHost(const Rendezvous& rv) {
   return "rank 0 (the store host at " + rv.master_addr + ":" + std::to_string(rv.master_port) + ")";
-}
-
-Rendezvous RendezvousFromEnvironment() {
-  Rendezvous rv;
-  if (std::getenv("RANK") && std::getenv("WORLD_SIZE")) {
-    rv.source = "torchrun";
-    rv.rank = EnvInt("RANK", 0);
-    rv.world_size = EnvInt("WORLD_SIZE", 1);
-    rv.local_rank = EnvInt("LOCAL_RANK", rv.rank);
-    rv.local_world_size = EnvInt("LOCAL_WORLD_SIZE", rv.world_size);
-  } else if (std::getenv("SLURM_PROCID") && std::getenv("SLURM_NTASKS")) {
-    rv.source = "slurm";
-    rv.rank = EnvInt("SLURM_PROCID", 0);
-    rv.world_size = EnvInt("SLURM_NTASKS", 1);
-    rv.local_rank = EnvInt("SLURM_LOCALID", 0);
-    rv.local_world_size = EnvInt("SLURM_NTASKS_PER_NODE", rv.world_size);  // "8" or "8(x2)": strtol stops early
-    if (const char* ip = std::getenv("SLURM_LAUNCH_NODE_IPADDR")) rv.master_addr = ip;
-  } else {
-    rv.source = "default";
-  }
-  if (const char* addr = std::getenv("MASTER_ADDR")) rv.master_addr = addr;
-  rv.master_port = EnvInt("MASTER_PORT", rv.master_port);
-  if (rv.rank == 0 && std::getenv("SHARDCAST_LISTEN_FD")) rv.listen_fd = EnvInt("SHARDCAST_LISTEN_FD", -1);
-  if (rv.world_size < 1 || rv.rank >= rv.world_size) {
-    throw Error(ErrorKind::kInvalidArgument, rv.source + " environment",
-                "rank " + std::to_string(rv.rank) + " is outside world size " + std::to_string(rv.world_size));
-  }
-  return rv;
 }
 
 std::unique_ptr<Communicator> WrapC10dBackend(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout,

@@ -34,7 +34,10 @@ struct Rendezvous {
   int listen_fd = -1;  // rank 0: a socket already listening on master_port (SHARDCAST_LISTEN_FD), or -1
   std::string source;  // "torchrun", "slurm" or "default" (single process)
 };
-Rendezvous RendezvousFromEnvironment();  // throws kInvalidArgument naming the variable on bad values
+// Throws kInvalidArgument naming the variable on bad values. The one parser of these variables
+// (runtime/launch_env.cc): SLURM_NTASKS_PER_NODE in any of SLURM's list forms ("8", "8(x2)", "2(x3),1"),
+// this node's count picked by SLURM_NODEID.
+Rendezvous RendezvousFromEnvironment();
 
 // A pending send; Wait throws like the collectives do. Destroying it, waited for or not, ends the
 // transport's use of the bytes: once the destructor returns the transport neither reads them nor will

@@ -9,14 +9,36 @@
 //   per expert e: runs = 2 (rows), stride 6, first = e*24 + 1*6 + 2
 #pragma once
 
-#include <c10/util/SmallVector.h>
+#include <algorithm>
+#include <array>
+#include <vector>
 
 namespace shardcast {
 namespace layout_detail {
 
 // Per-dim values without a heap allocation for the usual ranks (the walk runs once per box and rank,
-// hundreds of thousands of times at DeepSeek-V3's scale).
-using DimValues = c10::SmallVector<uint64_t, 6>;
+// hundreds of thousands of times at DeepSeek-V3's scale); a tensor of more dims spills to the heap.
+// Written out rather than c10::SmallVector so that layouts need no libtorch (the planning core).
+class DimValues {
+ public:
+  explicit DimValues(size_t n, uint64_t value = 0) {
+    if (n > inline_.size()) {
+      heap_.assign(n, value);
+      data_ = heap_.data();
+    } else {
+      std::fill_n(inline_.begin(), n, value);
+    }
+  }
+  DimValues(const DimValues&) = delete;  // data_ may point into this object
+  DimValues& operator=(const DimValues&) = delete;
+  uint64_t* data() { return data_; }
+  uint64_t& operator[](size_t i) { return data_[i]; }
+
+ private:
+  std::array<uint64_t, 6> inline_;
+  std::vector<uint64_t> heap_;
+  uint64_t* data_ = inline_.data();
+};
 
 // g: the global shape, ls: the local shape, o/l/lo: the box's offsets, lengths and local offsets; nd each.
 template <typename F>

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -122,8 +123,10 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   RankReport mine;
 
   auto t = Clock::now();
-  Agreement a = Together(
-      comm, [&] { return Handshake(comm, state->plan(), {rq.checkpoint, rq.options, rq.mapping}); });
+  // Shared: the file source holds the manifest and the open files through it (FileSource).
+  const auto agreed = std::make_shared<Agreement>(Together(
+      comm, [&] { return Handshake(comm, state->plan(), {rq.checkpoint, rq.options, rq.mapping}); }));
+  const Agreement& a = *agreed;
   const Manifest& m = a.manifest;
   mine.handshake_seconds = Since(t);
 
@@ -146,8 +149,8 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   ctx.comm = &comm;
   ctx.manifest = &m;
   ctx.route = route.get();
-  FileSource files(m, a.files, rq.options.release_pages);
-  ctx.source = &files;
+  ctx.source = std::make_shared<FileSource>(std::shared_ptr<const Manifest>(agreed, &a.manifest),
+                                            std::shared_ptr<const FileTable>(agreed, &a.files), rq.options.release_pages);
   ctx.sink = sink.get();
   ctx.readahead_bytes = ReadaheadFor(rq.options, ReadersOnNode(*route, a.nodes, comm.rank(), m.params.verify));
   ctx.progress = rq.progress;
@@ -164,7 +167,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
 
   t = Clock::now();
   if (m.params.verify && !rq.setup_only) Together(comm, [&] {
-      VerifyDigests(comm, m, *route, r);
+      VerifyDigests(comm, m, r);
       return 0;
     });
   mine.verify_seconds = Since(t);

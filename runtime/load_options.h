@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/materializer.h"
+#include "runtime/target.h"
 
 namespace shardcast {
 

@@ -7,25 +7,14 @@
 #include <unordered_set>
 
 #include "allocators/error.h"
+#include "loaders/shape.h"
 #include "loaders/dequant.h"
 #include "runtime/quant_parts.h"
 
 namespace shardcast {
 namespace {
 
-std::string Shape(const std::vector<uint64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 bool FromCheckpoint(Role r) { return r != Role::kNonPersistentBuffer; }
-
-uint64_t Numel(const std::vector<uint64_t>& s) {
-  uint64_t n = 1;
-  for (uint64_t d : s) n *= d;
-  return n;
-}
 
 // Rank 0's side of the resolution: one plan entry at a time, by key.
 class Resolver {
@@ -53,7 +42,7 @@ class Resolver {
       if (numel != Numel(e.shape)) {
         throw Error(ErrorKind::kManifestMismatch, "key '" + e.key + "'",
                     "its " + std::to_string(c->second.size()) + " checkpoint parts hold " + std::to_string(numel) +
-                        " elements but rank 0's plan has " + Shape(e.shape) + " = " + std::to_string(Numel(e.shape)));
+                        " elements but rank 0's plan has " + ShapeText(e.shape) + " = " + std::to_string(Numel(e.shape)));
       }
       return me;
     }
@@ -76,8 +65,8 @@ class Resolver {
       if (auto packed = ResolveNvfp4(e, ck, *found)) {
         if (packed->shape != e.shape) {
           throw Error(ErrorKind::kManifestMismatch, "key '" + e.key + "'",
-                      "NVFP4 '" + ck + "' " + Shape(found->info->shape) + " in the checkpoint (" + found->file->path() +
-                          ") holds " + Shape(packed->shape) + " but rank 0's plan has " + Shape(e.shape));
+                      "NVFP4 '" + ck + "' " + ShapeText(found->info->shape) + " in the checkpoint (" + found->file->path() +
+                          ") holds " + ShapeText(packed->shape) + " but rank 0's plan has " + ShapeText(e.shape));
         }
         me.parts.push_back(std::move(*packed));
         return me;
@@ -85,8 +74,8 @@ class Resolver {
     }
     if (found->info->shape != e.shape) {
       throw Error(ErrorKind::kManifestMismatch, "key '" + e.key + "'",
-                  "shape " + Shape(found->info->shape) + " in the checkpoint (" + found->file->path() + ") but " +
-                      Shape(e.shape) + " in rank 0's plan");
+                  "shape " + ShapeText(found->info->shape) + " in the checkpoint (" + found->file->path() + ") but " +
+                      ShapeText(e.shape) + " in rank 0's plan");
     }
     me.parts.push_back(Part(e, ck, *found));
     return me;
@@ -244,7 +233,7 @@ std::string CheckManifest(const Manifest& m, const Plan& plan, int rank, int wor
     const PlanEntry* p = plan.FindNext(e.key, &cursor);
     if (p == nullptr) return "key '" + e.key + "': in rank 0's plan but not in " + me + "'s";
     if (p->shape != e.shape) {
-      return "key '" + e.key + "': shape " + Shape(e.shape) + " on rank 0 but " + Shape(p->shape) + " on " + me;
+      return "key '" + e.key + "': shape " + ShapeText(e.shape) + " on rank 0 but " + ShapeText(p->shape) + " on " + me;
     }
     if (p->dtype != e.target_dtype) {
       return "key '" + e.key + "': dtype " + std::string(DTypeName(e.target_dtype)) + " on rank 0 but " +

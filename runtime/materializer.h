@@ -21,12 +21,9 @@
 
 #include "allocators/lazy_zero.h"
 #include "runtime/plan.h"
+#include "runtime/target.h"
 
 namespace shardcast {
-
-enum class Target { kCpu, kPinned, kCuda };
-std::optional<Target> ParseTarget(const std::string& name);
-const char* TargetName(Target target);
 
 struct PrepareOptions {
   Target target = Target::kCpu;  // default kCpu

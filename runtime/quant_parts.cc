@@ -4,23 +4,12 @@
 #include <cstring>
 
 #include "allocators/error.h"
+#include "loaders/shape.h"
 #include "loaders/mxfp4.h"
 #include "loaders/nvfp4.h"
 
 namespace shardcast {
 namespace {
-
-std::string ShapeText(const std::vector<uint64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
-uint64_t Numel(const std::vector<uint64_t>& s) {
-  uint64_t n = 1;
-  for (uint64_t d : s) n *= d;
-  return n;
-}
 
 // An MXFP4 part as experts of [in, out] (the entry's last two dims; the leading ones are experts).
 struct Experts {

@@ -12,6 +12,7 @@
 #include "runtime/fault.h"
 #include "runtime/file_sink.h"
 #include "runtime/save_layout.h"
+#include "runtime/shard_source.h"
 #include "runtime/stream.h"
 #include "runtime/verdict.h"
 
@@ -127,10 +128,10 @@ void Write(Communicator& comm, RankState* state, const SaveRequest& rq, const Ag
     output_dir::Create(a.tmp_dir, m.files, a.headers);
   }));
   FileSink sink(m, a.tmp_dir, me);
-  std::optional<ShardSource> source;
+  std::shared_ptr<ShardSource> source;
   AgreeTogether(comm, "save open", Try([&] {
     if (me == 0 || each_rank) sink.Open();
-    source.emplace(Shards(m, state));
+    source = std::make_shared<ShardSource>(Shards(m, state));
   }));
   mine->create_seconds = Since(t);
 
@@ -141,7 +142,7 @@ void Write(Communicator& comm, RankState* state, const SaveRequest& rq, const Ag
   ctx.comm = &comm;
   ctx.manifest = &m;
   ctx.route = route.get();
-  ctx.source = &*source;
+  ctx.source = source;
   ctx.sink = &sink;
   ctx.readahead_bytes = 0;  // the source is memory
   ctx.progress = rq.progress;

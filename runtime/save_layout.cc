@@ -12,17 +12,12 @@
 #include <unordered_set>
 
 #include "allocators/error.h"
+#include "loaders/shape.h"
 #include "loaders/writer.h"
 #include "runtime/file_sink.h"
 
 namespace shardcast {
 namespace {
-
-uint64_t Numel(const std::vector<uint64_t>& s) {
-  uint64_t n = 1;
-  for (uint64_t d : s) n *= d;
-  return n;
-}
 
 std::string Absolute(const std::string& path) {
   std::filesystem::path p = std::filesystem::absolute(path).lexically_normal();
@@ -185,7 +180,6 @@ nlohmann::json Params(const SaveRequest& rq) {
           {"max_shard_bytes", rq.max_shard_bytes}, {"keep_other_files", rq.keep_other_files},
           {"numbered_files", rq.numbered_files}};
 }
-
 
 Agreed Decide(const Plan& plan, const SaveRequest& rq, int world) {
   Agreed a;

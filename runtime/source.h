@@ -4,14 +4,13 @@
 //   FileSource    the manifest's files as this rank opened them: copies a part's elements out of the
 //                 mapping, or converts them (dtype; fp8 rows with their block scales, dequantized in
 //                 the reader, so receivers never see fp8), releasing consumed pages
-//   ShardSource   this rank's local tensors: the segment's bytes at its local offset (save)
+//   ShardSource   this rank's local tensors (save): runtime/shard_source.h, the one libtorch source
 //
 // Thread safety: Read and Prefetch are called by the ring's reader thread only.
 // Failure: Read throws shardcast::Error (kCheckpoint for a truncated or changed file).
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
+#include <memory>
 #include <vector>
 
 #include "loaders/safetensors_file.h"
@@ -46,10 +45,15 @@ class SegmentSource {
   virtual void Prefetch(const Segment& s) {}
 };
 
+// Owns (shares) the manifest and the file table it reads, so that a reader the staging ring left behind
+// in a hung read (staging_ring.h) returns into memory that is still there. The files' pointees must live
+// as long as `files` does: an aliasing pointer into the object that owns the checkpoint (the handshake's
+// Agreement) gives both one lifetime.
 class FileSource : public SegmentSource {
  public:
-  FileSource(const Manifest& m, const FileTable& files, bool release_pages)
-      : m_(m), files_(files), release_(release_pages) {}
+  FileSource(std::shared_ptr<const Manifest> m, std::shared_ptr<const FileTable> files, bool release_pages)
+      : m_owner_(std::move(m)), files_owner_(std::move(files)), m_(*m_owner_), files_(*files_owner_),
+        release_(release_pages) {}
   void Read(const Segment& s, unsigned char* out) override;
   void Prefetch(const Segment& s) override;
 
@@ -59,20 +63,13 @@ class FileSource : public SegmentSource {
   void ReadRun(const ManifestEntry& e, const ManifestPart& p, uint64_t first, uint64_t count, bool release,
                unsigned char* out);
 
+  const std::shared_ptr<const Manifest> m_owner_;
+  const std::shared_ptr<const FileTable> files_owner_;
   const Manifest& m_;
   const FileTable& files_;
   bool release_;
   Buffer scratch_;
   Buffer row_;  // one dequantized part row, for a run that is not whole rows
-};
-
-class ShardSource : public SegmentSource {
- public:
-  explicit ShardSource(std::vector<at::Tensor> tensors) : tensors_(std::move(tensors)) {}
-  void Read(const Segment& s, unsigned char* out) override;
-
- private:
-  std::vector<at::Tensor> tensors_;  // one per manifest entry, CPU (a device shard is copied)
 };
 
 }  // namespace shardcast

@@ -6,10 +6,12 @@
 
 namespace shardcast {
 
-// Everything the reader thread touches once it may have been left behind: the slots the consumer takes
-// (and their staging buffers, which sends read after the reader is done) and the state they share.
+// Everything the reader thread touches once it may have been left behind: the source it may be inside,
+// the slots the consumer takes (and their staging buffers, which sends read after the reader is done)
+// and the state they share.
 struct StagingRing::Core {
-  explicit Core(uint32_t n) : slots(n), buffers(n) {}
+  Core(uint32_t n, std::shared_ptr<SegmentSource> s) : source(std::move(s)), slots(n), buffers(n) {}
+  const std::shared_ptr<SegmentSource> source;
   std::mutex mu;
   std::condition_variable cv;
   std::vector<Slot> slots;
@@ -24,15 +26,16 @@ struct StagingRing::Core {
 
 struct StagingRing::Abandoned {};
 
-StagingRing::StagingRing(ScheduleWalk& walk, int reader, int ahead, SegmentSource& source, RingOptions options)
-    : walk_(&walk), reader_(reader), ahead_(ahead), source_(source), o_(std::move(options)),
-      core_(std::make_shared<Core>(o_.slots)) {
+StagingRing::StagingRing(ScheduleWalk& walk, int reader, int ahead, std::shared_ptr<SegmentSource> source,
+                         RingOptions options)
+    : walk_(&walk), reader_(reader), ahead_(ahead), o_(std::move(options)),
+      core_(std::make_shared<Core>(o_.slots, std::move(source))) {
   Start();
 }
 
-StagingRing::StagingRing(const Manifest& m, SegmentSource& source, RingOptions options)
+StagingRing::StagingRing(const Manifest& m, std::shared_ptr<SegmentSource> source, RingOptions options)
     : own_walk_(std::make_unique<ScheduleWalk>(std::make_unique<Schedule>(m), 2)), walk_(own_walk_.get()), reader_(0),
-      ahead_(1), source_(source), o_(std::move(options)), core_(std::make_shared<Core>(o_.slots)) {
+      ahead_(1), o_(std::move(options)), core_(std::make_shared<Core>(o_.slots, std::move(source))) {
   Start();
 }
 
@@ -130,7 +133,7 @@ void StagingRing::Prefetch(Core& core, std::shared_ptr<const Message>* pending, 
     if (!*pending && !(*pending = walk_->Next(ahead_))) return;
     if (o_.select(**pending)) {
       for (const Segment& s : (*pending)->segments) {
-        InSource(core, (*pending)->seq, s, [&] { source_.Prefetch(s); });
+        InSource(core, (*pending)->seq, s, [&] { core.source->Prefetch(s); });
         prefetched_ += s.source_bytes;
       }
     }
@@ -182,7 +185,7 @@ void StagingRing::ReadAll(Core& c) {
       }
     }
     for (size_t i = 0; i < msg.segments.size(); ++i) {
-      InSource(c, msg.seq, msg.segments[i], [&] { source_.Read(msg.segments[i], at[i]); });
+      InSource(c, msg.seq, msg.segments[i], [&] { c.source->Read(msg.segments[i], at[i]); });
       read += msg.segments[i].source_bytes;
     }
     {

@@ -16,8 +16,9 @@
 //
 // A reader stuck in the source (a hung mount) is not joined forever: after stopping it, the destructor
 // waits `abandon_after`, then leaves a reader that is inside a source call behind. It then touches only
-// memory it shares with nobody (its slots and buffers) when the call returns, and ends. Known gap: the
-// source itself, and an in-place destination, must outlive that call; the caller's usually do not.
+// memory it shares with nobody but the ring (its slots and buffers, and the source, which the ring and
+// the reader own together, so a source left behind lives until its call returns) and ends. Known gap: an
+// in-place destination (RingOptions::in_place) must outlive that call; the caller's usually does not.
 #pragma once
 
 #include <chrono>
@@ -25,6 +26,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -57,9 +59,9 @@ class StagingRing {
 
   // Reads along `walk` with its cursors `reader` and `ahead` (the read-ahead), which it closes when its
   // thread ends. REQUIRES: walk outlives the ring.
-  StagingRing(ScheduleWalk& walk, int reader, int ahead, SegmentSource& source, RingOptions options);
+  StagingRing(ScheduleWalk& walk, int reader, int ahead, std::shared_ptr<SegmentSource> source, RingOptions options);
   // Reads along a walk of its own over the whole schedule of `m`.
-  StagingRing(const Manifest& m, SegmentSource& source, RingOptions options);
+  StagingRing(const Manifest& m, std::shared_ptr<SegmentSource> source, RingOptions options);
   ~StagingRing();
   StagingRing(const StagingRing&) = delete;
   StagingRing& operator=(const StagingRing&) = delete;
@@ -83,7 +85,6 @@ class StagingRing {
   std::unique_ptr<ScheduleWalk> own_walk_;
   ScheduleWalk* walk_;
   int reader_, ahead_;
-  SegmentSource& source_;
   RingOptions o_;
   std::shared_ptr<Core> core_;
   uint64_t prefetched_ = 0;  // reader thread only

@@ -91,7 +91,7 @@ class Engine {
     }() : 0;
     const bool reads = route_.Reads(me_, verify_);
     walk_.emplace(std::make_unique<Schedule>(m_, route_.InterestOf(me_, verify_)), reads ? 3 : 1);
-    if (reads) ring_.emplace(*walk_, kReader, kAhead, *c_.source, RingFor());
+    if (reads) ring_.emplace(*walk_, kReader, kAhead, c_.source, RingFor());
     std::set<int> verifiers;
     uint64_t done = 0;
     while (const std::shared_ptr<const Message> next = walk_->Next(kEngine)) {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 
 #include "runtime/communicator.h"
 #include "runtime/digest.h"
@@ -37,7 +38,9 @@ struct StreamContext {
   Communicator* comm = nullptr;
   const Manifest* manifest = nullptr;
   const Route* route = nullptr;
-  SegmentSource* source = nullptr;  // REQUIRES: set when the route has this rank read
+  // REQUIRES: set when the route has this rank read. Shared with the staging ring's reader, which may
+  // outlive the stream inside a hung read (staging_ring.h).
+  std::shared_ptr<SegmentSource> source;
   Sink* sink = nullptr;
   uint64_t readahead_bytes = 256ull << 20;
   Progress progress;

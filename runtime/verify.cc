@@ -7,7 +7,7 @@
 
 namespace shardcast {
 
-void VerifyDigests(Communicator& comm, const Manifest& m, const Route& /*route*/, const StreamResult& r) {
+void VerifyDigests(Communicator& comm, const Manifest& m, const StreamResult& r) {
   FaultPoint("verify", comm.rank());
   const int me = comm.rank(), world = comm.world_size();
   const size_t n = m.entries.size();

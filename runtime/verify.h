@@ -6,11 +6,10 @@
 // Failure: kComm naming the key, the rank and both digests, the same on every rank.
 #pragma once
 
-#include "runtime/route.h"
 #include "runtime/stream.h"
 
 namespace shardcast {
 
-void VerifyDigests(Communicator& comm, const Manifest& m, const Route& route, const StreamResult& r);
+void VerifyDigests(Communicator& comm, const Manifest& m, const StreamResult& r);
 
 }  // namespace shardcast

@@ -40,12 +40,6 @@ std::string HumanCount(uint64_t n) {
   return buf;
 }
 
-std::string ShapeText(const std::vector<uint64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 void WriteTextFile(const std::string& path, const std::string& text) {
   // Written beside the target and renamed over it: a reader never sees half a file.
   const std::string tmp = path + ".tmp-" + std::to_string(getpid());

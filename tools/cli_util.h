@@ -9,12 +9,12 @@
 #include <vector>
 
 #include "loaders/dtype.h"
+#include "loaders/shape.h"
 
 namespace shardcast::tools {
 
 std::string HumanBytes(uint64_t bytes);    // "1.23 GiB"
 std::string HumanCount(uint64_t n);        // "229.0 B" (billions), "8.03 M"
-std::string ShapeText(const std::vector<uint64_t>& shape);
 // "bf16", "f16", "f32" (or the safetensors names BF16, F16, F32): a dequantization target; throws
 // kInvalidArgument naming `origin`.
 DType ParseFloatDType(const std::string& text, const std::string& origin);

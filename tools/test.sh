@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs every test: the sanitizer (ASan+UBSan) build of the loader tests, a short run of each fuzz
-# target, then the full build's unit, multi-process and Python tests under ctest.
-# Environment: SHARDCAST_FUZZ_SECONDS (default 80: the total, split over the fuzz targets).
+# Runs every test: the sanitizer (ASan+UBSan) build of the loaders', allocators' and planning core's
+# tests, a short run of each fuzz target, then the full build's unit, multi-process and Python tests under ctest.
+# Environment: SHARDCAST_FUZZ_SECONDS (default 100: the total, split over the fuzz targets).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh >/dev/null
@@ -9,7 +9,7 @@ jobs=${SHARDCAST_JOBS:-$(nproc)}
 # ccache hits across build dirs at the same depth (build/, build-install/ of the install test) and clones.
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 
-echo "== sanitizer build (clang, ASan+UBSan) of loaders and allocators, with the fuzzer"
+echo "== sanitizer build (clang, ASan+UBSan) of loaders, allocators and the planning core (no libtorch), with the fuzzer"
 CC=clang CXX=clang++ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDCAST_SANITIZE=ON \
   -DSHARDCAST_FUZZ=ON -DSHARDCAST_BUILD_RUNTIME=OFF -DSHARDCAST_BUILD_BENCH=OFF >/dev/null
 cmake --build build-asan -j"$jobs"
@@ -18,15 +18,19 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 
 # Each target runs from its seeds in tests/fuzz/corpus/<target>/ (read-only) into a working corpus
 # in build-asan/fuzz-corpus/<target>/ that grows from run to run; the header parser's also starts
-# from the malformed-file corpus. The time is split evenly over the targets, and $jobs of them run at
-# once (libFuzzer uses one core): the same fuzzing in 1/$jobs of the wall time.
-fuzz_targets=(header_fuzzer index_fuzzer checkpoint_fuzzer read_fuzzer)
-fuzz_seconds=${SHARDCAST_FUZZ_SECONDS:-80}
+# from the malformed-file corpus, the manifest decoder's from the wire blobs of today's manifest version
+# (core_test writes them). The time is split evenly over the targets, and $jobs of them run at once
+# (libFuzzer uses one core): the same fuzzing in 1/$jobs of the wall time.
+fuzz_targets=(header_fuzzer index_fuzzer checkpoint_fuzzer read_fuzzer manifest_fuzzer)
+fuzz_seconds=${SHARDCAST_FUZZ_SECONDS:-100}
 per_target=$(( fuzz_seconds / ${#fuzz_targets[@]} ))
 (( per_target >= 1 )) || per_target=1
 echo "== fuzzing ${#fuzz_targets[@]} targets, ${per_target} s each, ${jobs} at a time"
 mkdir -p build-asan/fuzz-corpus/header_fuzzer
 SHARDCAST_CORPUS_DIR=build-asan/fuzz-corpus/header_fuzzer build-asan/tests/loaders_test --gtest_filter='Corpus/*' >/dev/null
+mkdir -p build-asan/fuzz-corpus/manifest_fuzzer
+SHARDCAST_CORPUS_DIR=build-asan/fuzz-corpus/manifest_fuzzer build-asan/tests/core_test \
+  --gtest_filter='ManifestMapping.WireBlobsOfEveryLayoutEncodeBackToThemselves' >/dev/null
 fuzz() {  # its exit status to build-asan/fuzz-<target>.rc
   local t=$1 rc=0
   mkdir -p "build-asan/fuzz-corpus/$t"

@@ -3,8 +3,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "allocators/error.h"
 
@@ -51,6 +54,28 @@ struct ChildOutcome {
 // outcome instead of the end of the test binary. The child shares nothing back but the outcome:
 // gtest assertions inside body are lost, so body reports through its return value or by throwing.
 ChildOutcome RunInChild(const std::function<std::string()>& body, std::chrono::milliseconds deadline);
+
+// Sets or unsets environment variables for one test and restores them after (one that was unset or
+// empty is unset again).
+class Env {
+ public:
+  ~Env() {
+    for (const auto& [name, old] : saved_) old.empty() ? ::unsetenv(name.c_str()) : ::setenv(name.c_str(), old.c_str(), 1);
+  }
+  void Set(const std::string& name, const std::string& value) {
+    const char* old = ::getenv(name.c_str());
+    saved_.emplace_back(name, old ? old : "");
+    ::setenv(name.c_str(), value.c_str(), 1);
+  }
+  void Unset(const std::string& name) {
+    const char* old = ::getenv(name.c_str());
+    saved_.emplace_back(name, old ? old : "");
+    ::unsetenv(name.c_str());
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> saved_;
+};
 
 }  // namespace shardcast::testing
 

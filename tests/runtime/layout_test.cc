@@ -69,6 +69,28 @@ TEST(Layout, StridedShardIsFsdpOverTp) {
   EXPECT_EQ(PieceOf({9}, alone, 3).dims[0], (std::vector<Span>{{8, 9}}));
 }
 
+// Regression (found by the manifest fuzzer, a 12 s timeout): a _StridedShard cost its split factor
+// times the spans an earlier placement left, and a split factor far past the dim's length cost the split
+// factor itself. Before the fix the first layout below took 2^18 x 2^19 span visits per rank (hours),
+// the second 2^32 chunk steps; now each is linear in the spans.
+TEST(Layout, StridedShardOverManySpansOrPastTheLengthIsLinear) {
+  const uint64_t n = 1 << 20;
+  const Layout twice{{2, 2}, Ranks(4), {SS(0, 1 << 19), SS(0, 1 << 18)}};
+  for (int rank = 0; rank < 4; ++rank) {
+    // The first placement keeps every other element (odd ones for mesh row 1), the second every other
+    // of those (mesh column 1: the second of each pair): rank r holds the elements 4i + (2 * col + row).
+    const uint64_t residue = 2 * static_cast<uint64_t>(rank % 2) + static_cast<uint64_t>(rank / 2);
+    const std::vector<Span> spans = PieceOf({n}, twice, rank).dims[0];
+    ASSERT_EQ(spans.size(), n / 4) << "rank " << rank;
+    for (uint64_t i = 0; i < spans.size(); ++i) {
+      ASSERT_EQ(spans[i], (Span{4 * i + residue, 4 * i + residue + 1})) << "rank " << rank << ", span " << i;
+    }
+  }
+  const Layout past{{2}, Ranks(2), {SS(0, UINT32_MAX)}};  // chunks of one element, each to mesh rank 0
+  EXPECT_EQ(PieceOf({4}, past, 0).dims[0], (std::vector<Span>{{0, 4}}));
+  EXPECT_EQ(PieceOf({4}, past, 1).numel(), 0u);
+}
+
 TEST(Layout, ARankOutsideTheMeshHoldsNothing) {
   const Layout l{{2}, {3, 1}, {S(0)}};  // a mesh of its own, in another order
   EXPECT_FALSE(PieceOf({4}, l, 0).held);
@@ -96,6 +118,21 @@ TEST(Layout, ExplicitBoxesAreWhatEachRankDeclared) {
   EXPECT_FALSE(PieceOf({4, 6}, l, 3).held);  // not listed: holds nothing
   EXPECT_EQ(l.Text(), "boxes over ranks [0, 1, 2]: rank 0 [0:4, 0:2], rank 1 [0:2, 2:6], rank 2 [2:4, 2:6]");
   EXPECT_EQ(Holdings({4, 6}, l, 3).size(), 3u);
+}
+
+// Regression (found by the manifest fuzzer, a heap-buffer-overflow under ASan): the error for more boxes
+// than ranks named the layout by its text, which read a rank for every box.
+TEST(Layout, MoreBoxesThanRanksIsRefusedWithoutReadingPastTheRanks) {
+  Layout l;
+  l.ranks = {3};
+  l.boxes = {Box{{0}, {2}}, Box{{2}, {2}}};
+  try {
+    l.Check({4}, "w");
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 3 [0:2], rank ? [2:4]: one rank per box is needed"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Layout, ABoxOutsideTheTensorOrOfAnotherRankIsRefusedByName) {

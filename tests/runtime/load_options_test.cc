@@ -11,21 +11,7 @@
 namespace shardcast {
 namespace {
 
-// Sets environment variables for one test and restores them after.
-class Env {
- public:
-  ~Env() {
-    for (const auto& [name, old] : saved_) old.empty() ? unsetenv(name.c_str()) : setenv(name.c_str(), old.c_str(), 1);
-  }
-  void Set(const std::string& name, const std::string& value) {
-    const char* old = getenv(name.c_str());
-    saved_.emplace_back(name, old ? old : "");
-    setenv(name.c_str(), value.c_str(), 1);
-  }
-
- private:
-  std::vector<std::pair<std::string, std::string>> saved_;
-};
+using testing::Env;
 
 TEST(LoadOptionsBuilder, DefaultsWithNothingSet) {
   LoadOptions o = LoadOptionsBuilder().Build();

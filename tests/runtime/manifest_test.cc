@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "loaders/synth.h"
 #include "tests/loaders/test_util.h"
+#include "tests/runtime/layout_cases.h"
 
 namespace shardcast {
 namespace {
@@ -149,6 +152,38 @@ TEST_F(ManifestMapping, StripPrefixAndComposedEntries) {
   m.compose["language_model.lm_head.weight"] = {"language_model.model.norm.weight"};
   EXPECT_SC_ERROR(Resolve(plan, *ckpt, m, StreamParams{}), ErrorKind::kManifestMismatch,
                   "parts hold 8 elements", "[5, 8] = 40");
+}
+
+// The wire blobs of manifests over the test layouts (1-3 d meshes, strided shards, replicas) and one
+// part with block scales: each decodes to a manifest that encodes to the same bytes. With
+// SHARDCAST_CORPUS_DIR set they are also written there, as the manifest fuzzer's seeds (tools/test.sh).
+TEST_F(ManifestMapping, WireBlobsOfEveryLayoutEncodeBackToThemselves) {
+  KeyMapping m;
+  m.add_prefix = "language_model.";
+  m.tied["lm_head.weight"] = "model.embed_tokens.weight";
+  auto ckpt = Checkpoint::Open(dir_.path());
+  const char* dump = std::getenv("SHARDCAST_CORPUS_DIR");
+  struct Case {
+    const char* name;
+    const char* layout;  // "" for FSDP's Shard(0) on a 1-d mesh
+    int world;
+  };
+  for (const Case& c : {Case{"fsdp_w3", "", 3}, Case{"tp_fsdp_w4", "tp-fsdp", 4},
+                        Case{"hsdp_tp_fsdp_w8", "hsdp-tp-fsdp", 8}, Case{"shard1_w3", "shard1", 3},
+                        Case{"fp8_scale_w2", "", 2}}) {
+    SCOPED_TRACE(c.name);
+    PlanOptions o;
+    if (*c.layout != '\0') ApplyTestLayout(c.layout, c.world, spec_, &o);
+    Manifest man = Resolve(Plan::Build(spec_, c.world, o), *ckpt, m, Strict());
+    if (std::string(c.name) == "fp8_scale_w2") {  // the scale fields, as an fp8 checkpoint's part has them
+      ManifestPart& part = man.entries.front().parts.front();
+      part.dequantize = true;
+      part.scale = ManifestScale{part.checkpoint_key + "_scale_inv", DType::kF32, 0, 64, 1, 1, BlockSize{128, 128}, 0};
+    }
+    const std::string blob = EncodeManifest(man);
+    EXPECT_EQ(EncodeManifest(DecodeManifest(blob)), blob);
+    if (dump != nullptr) testing::WriteFile(std::string(dump) + "/" + c.name, blob);
+  }
 }
 
 }  // namespace

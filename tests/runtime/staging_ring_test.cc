@@ -52,6 +52,12 @@ class StagingRingTest : public ::testing::Test {
     return Resolve(*plan_, *ckpt_, {}, p);
   }
 
+  // A file source over a copy of `m` and the fixture's files (the fixture's checkpoint outlives every ring).
+  std::shared_ptr<FileSource> SourceOf(const Manifest& m) {
+    return std::make_shared<FileSource>(std::make_shared<const Manifest>(m), std::make_shared<const FileTable>(files_),
+                                        true);
+  }
+
   // The target bytes a segment must hold: synthetic source values, converted.
   std::string Expected(const Manifest& m, const Segment& s) {
     const ManifestEntry& e = m.entries[s.entry];
@@ -77,8 +83,7 @@ TEST_F(StagingRingTest, EverySelectedMessageInScheduleOrderBitExact) {
       o.slots = 2;
       o.readahead_bytes = 1024;
       o.select = [](const Message& msg) { return msg.dest != 1; };  // not rank 1's rows
-      FileSource source(m, files_, true);
-  StagingRing ring(m, source, o);
+      StagingRing ring(m, SourceOf(m), o);
       Schedule schedule(m);
       Message msg;
       uint64_t count = 0;
@@ -123,8 +128,7 @@ TEST_F(StagingRingTest, ReadsEachSegmentInPlaceWhereTheConsumerGivesPlaces) {
     }
     return true;
   };
-  FileSource source(m, files_, true);
-  StagingRing ring(m, source, o);
+  StagingRing ring(m, SourceOf(m), o);
   int in_place = 0, batched_in_place = 0, staged = 0;
   while (StagingRing::Slot* slot = ring.Next()) {
     const auto& segs = slot->msg.segments;
@@ -162,8 +166,7 @@ TEST_F(StagingRingTest, AFileTruncatedWhileOpenIsACheckpointErrorFromNext) {
   RingOptions o;
   o.slots = 2;
   o.select = [](const Message&) { return true; };
-  FileSource source(m, files_, true);
-  StagingRing ring(m, source, o);
+  StagingRing ring(m, SourceOf(m), o);
   EXPECT_SC_ERROR(
       {
         while (StagingRing::Slot* slot = ring.Next()) ring.Free(slot);
@@ -171,53 +174,62 @@ TEST_F(StagingRingTest, AFileTruncatedWhileOpenIsACheckpointErrorFromNext) {
       ErrorKind::kCheckpoint, "truncated", "model.safetensors");
 }
 
-// A storage read that never returns until the test writes: a read() of a FIFO nobody writes to (opened
-// read-write, so it is never at end of file).
-class FifoSource : public SegmentSource {
- public:
-  explicit FifoSource(const std::string& path) {
-    EXPECT_EQ(mkfifo(path.c_str(), 0600), 0);
-    fd_ = open(path.c_str(), O_RDWR);
-    EXPECT_GE(fd_, 0);
-  }
-  ~FifoSource() override { close(fd_); }
-  void Read(const Segment& s, unsigned char* out) override {
-    char c;
-    entered_ = true;
-    EXPECT_EQ(read(fd_, &c, 1), 1);
-    std::memset(out, 0, s.target_bytes);
-    returned_ = true;
-  }
-  void Release() { EXPECT_EQ(write(fd_, "x", 1), 1); }
-  std::atomic<bool> entered_{false}, returned_{false};
-
- private:
-  int fd_ = -1;
+// A storage read that never returns until the test writes: a read() of a FIFO nobody else writes to
+// (opened read-write, so it is never at end of file). What the source did is recorded in a trace the
+// test keeps; the source itself is the ring's (and its reader's) alone.
+struct FifoTrace {
+  std::atomic<bool> entered{false}, returned{false}, destroyed{false};
 };
 
+class FifoSource : public SegmentSource {
+ public:
+  FifoSource(int fd, std::shared_ptr<FifoTrace> trace) : fd_(fd), trace_(std::move(trace)) {}
+  ~FifoSource() override { trace_->destroyed = true; }
+  void Read(const Segment& s, unsigned char* out) override {
+    char c;
+    trace_->entered = true;
+    EXPECT_EQ(read(fd_, &c, 1), 1);
+    std::memset(out, 0, s.target_bytes);
+    trace_->returned = true;
+  }
+
+ private:
+  int fd_;
+  std::shared_ptr<FifoTrace> trace_;
+};
+
+// The reader is left behind in a hung read and the ring ends without it; the source, which only the ring
+// and that reader hold, stays alive until the read returns and is destroyed by the reader itself. (Before
+// the source was shared, it was the caller's: gone with the caller's frame while the read still ran.)
 TEST_F(StagingRingTest, AReaderStuckInStorageIsAnIoErrorByTheDeadlineAndTheRingEndsWithoutIt) {
   Manifest m = Make(1, 64);
-  FifoSource source(dir_.path() + "/stuck.fifo");
+  const std::string fifo = dir_.path() + "/stuck.fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const int fd = open(fifo.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  auto trace = std::make_shared<FifoTrace>();
   RingOptions o;
   o.slots = 2;
   o.readahead_bytes = 0;
   o.select = [](const Message&) { return true; };
   o.abandon_after = std::chrono::milliseconds(100);
-  auto ring = std::make_unique<StagingRing>(m, source, o);
+  auto ring = std::make_unique<StagingRing>(m, std::make_shared<FifoSource>(fd, trace), o);
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_SC_ERROR(ring->Next(t0 + std::chrono::milliseconds(300)), ErrorKind::kIo, "no message read by the deadline",
                   "message 0");
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
-  EXPECT_TRUE(source.entered_);
+  EXPECT_TRUE(trace->entered);
   const auto t1 = std::chrono::steady_clock::now();
   ring.reset();  // the reader is still in read(): left behind, not joined
   EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(5));
-  EXPECT_FALSE(source.returned_);
-  // Let the reader out; it ends touching only its own memory. The source outlives the call (the gap).
-  source.Release();
-  for (int i = 0; i < 500 && !source.returned_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  EXPECT_TRUE(source.returned_);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(trace->returned);
+  EXPECT_FALSE(trace->destroyed);  // nobody but the reader holds it now, and it is inside it
+  // Let the reader out: it returns into the live source, then drops the last reference.
+  ASSERT_EQ(write(fd, "x", 1), 1);
+  for (int i = 0; i < 500 && !trace->destroyed; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(trace->returned);
+  EXPECT_TRUE(trace->destroyed);
+  close(fd);
 }
 
 }  // namespace
