@@ -119,7 +119,7 @@ def computed_on_rank0(ch, rank: int, world: int, compute: Callable[[], Any], tim
     return value if status == "ok" else None
 
 
-def gathered(ch, rank: int, world: int, value: Any, timeout_s: float) -> List[Any]:
+def gathered(ch, rank: int, world: int, value: Any, timeout_s: float, what: str = "every rank's boxes") -> List[Any]:
     """Every rank's `value` (JSON), in rank order, on every rank."""
     if world == 1 or ch is None:
         return [value]
@@ -128,5 +128,5 @@ def gathered(ch, rank: int, world: int, value: Any, timeout_s: float) -> List[An
         _forget(store, n, world)
     store.set(_key(n, rank), json.dumps(value))
     keys = [_key(n, r) for r in range(world)]
-    _wait(ch, keys, timeout_s, "every rank's boxes")
+    _wait(ch, keys, timeout_s, what)
     return [json.loads(store.get(k)) for k in keys]

@@ -404,7 +404,7 @@ def _with_every_phase(report, clock: PhaseClock, load_kwargs: Dict[str, Any]):
     pg, rank, world, store = _group(load_kwargs.get("process_group"))
     timeout_s = load_timeout_seconds(_options(timeout_ms=_timeout_ms(load_kwargs.get("timeout")))) or 600.0
     mine = {"phases": clock.seconds, "seconds": clock.total()}
-    return with_phases(report, gathered(channel(pg, store), rank, world, mine, timeout_s))
+    return with_phases(report, gathered(channel(pg, store), rank, world, mine, timeout_s, "every rank's phase times"))
 
 
 def _start_stream(failed: Optional[BaseException], path, config, dtype, mesh, target, source, load_kwargs):

@@ -236,7 +236,7 @@ def _persistent_buffers(model) -> List[str]:
 def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: float) -> bool:
     """Whether every rank can stream (each with no reason not to); one store exchange."""
     from ._exchange import channel, gathered
-    every = gathered(channel(pg, store), rank, world, why_not, timeout_s)
+    every = gathered(channel(pg, store), rank, world, why_not, timeout_s, "every rank's answer whether it can stream")
     reasons = [f"rank {r}: {why}" for r, why in enumerate(every) if why is not None]
     if reasons:
         logger.debug("from_pretrained loads after the build, not beside it: %s", "; ".join(reasons))
@@ -251,7 +251,7 @@ def _agree_or_raise(pg, store, rank: int, world: int, problem: Optional[BaseExce
     from ._exchange import channel, gathered
     from ._load import _problem
     mine = [None if problem is None else list(_problem(problem)), value]
-    every = gathered(channel(pg, store), rank, world, mine, timeout_s)
+    every = gathered(channel(pg, store), rank, world, mine, timeout_s, "every rank's verdict")
     first = next(((r, p) for r, (p, _) in enumerate(every) if p is not None), None)
     if first is None:
         other = next((r for r, (_, v) in enumerate(every) if v != every[0][1]), None)
