@@ -70,3 +70,18 @@ def on_rank0(process_group, compute: Callable[[], Any], timeout_s: float, what: 
     if reply[0] == "ok":
         return reply[1]
     _raise(reply[1], reply[2])
+
+
+def alone(plans: list, process_group) -> bool:
+    """Whether DCP's plan step ran on this rank alone while a group of several runs (dcp.save or dcp.load
+    with no_dist=True on one rank, use_collectives=False): then the storage layer runs as a world of one.
+    Another count of plans than the group's size is a group DCP runs over but the storage layer was not
+    given: an InvalidArgument (on every rank: DCP hands the coordinator's error to each)."""
+    world = _group(process_group)[2]
+    if len(plans) == 1 and world > 1:
+        return True
+    if len(plans) != world:
+        raise _shardcast.InvalidArgument(f"dcp runs over {len(plans)} ranks but shardcast's storage layer over a group of "
+                              f"{world}: pass the process_group given to dcp.save/dcp.load to the storage "
+                              "reader or writer as well")
+    return False

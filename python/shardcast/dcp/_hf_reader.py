@@ -47,9 +47,8 @@ from .._group import _group, _store_host, operation_store
 from .._layouts import _Layouts
 from .._load import _options
 from .._shardcast import InvalidArgument, ShardcastError
-from ._agree import on_rank0
+from ._agree import alone as _alone, on_rank0
 from ._cover import cover_problem
-from ._hf_writer import _alone
 
 try:
     from torch.distributed.checkpoint._hf_utils import _HFStorageInfo

@@ -45,6 +45,7 @@ from torch.futures import Future
 
 from .. import _shardcast
 from .._shardcast import InvalidArgument, ShardcastError, Unsupported
+from ._agree import alone as _alone
 from ._cover import cover_problem
 
 __all__ = ["HuggingFaceStorageWriter"]
@@ -238,22 +239,6 @@ def _ordered_keys(plans: List[SavePlan]) -> List[str]:
         out.append(key)
         stack.extend(reversed(after.get(key, [])))
     return out
-
-
-def _alone(plans: list, process_group) -> bool:
-    """Whether DCP's plan step ran on this rank alone while a group of several runs (dcp.save or dcp.load
-    with no_dist=True on one rank, use_collectives=False): then the storage layer runs as a world of one.
-    Another count of plans than the group's size is a group DCP runs over but the storage layer was not
-    given: an InvalidArgument (on every rank: DCP hands the coordinator's error to each)."""
-    from .._group import _group
-    world = _group(process_group)[2]
-    if len(plans) == 1 and world > 1:
-        return True
-    if len(plans) != world:
-        raise InvalidArgument(f"dcp runs over {len(plans)} ranks but shardcast's storage layer over a group of "
-                              f"{world}: pass the process_group given to dcp.save/dcp.load to the storage "
-                              "reader or writer as well")
-    return False
 
 
 def _global_layout(plans: List[SavePlan]) -> _SaveLayout:
