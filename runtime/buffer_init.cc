@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string_view>
 #include <nlohmann/json.hpp>
 
 #include "allocators/error.h"
@@ -12,15 +13,53 @@
 namespace shardcast {
 namespace {
 
-std::string RotaryInvFreq(const BufferInitContext& ctx, at::Tensor& out) {
+// The config that holds the RoPE fields: the model's own, or a composite model's text_config (a
+// ForConditionalGeneration's language model: gemma3, qwen2.5-vl).
+const nlohmann::json& RopeConfig(const nlohmann::json& config) {
+  for (const char* k : {"rope_parameters", "rope_scaling", "rope_theta"}) {
+    if (config.contains(k)) return config;
+  }
+  if (config.contains("text_config") && config["text_config"].is_object()) return config["text_config"];
+  return config;
+}
+
+std::string FillRotary(const BufferInitContext& ctx, const nlohmann::json& config, at::Tensor& out) {
   if (out.dim() != 1 || out.scalar_type() != at::kFloat) {
     throw Error(ErrorKind::kConfig, ctx.source, "buffer '" + ctx.key + "' must be a 1-d float32 tensor for rotary_inv_freq");
   }
-  RopeInit r = ComputeRope(ctx.config, ctx.source, static_cast<size_t>(out.size(0)) * 2);
+  RopeInit r = ComputeRope(config, ctx.source, static_cast<size_t>(out.size(0)) * 2);
   std::memcpy(out.data_ptr<float>(), r.inv_freq.data(), r.inv_freq.size() * sizeof(float));
   char note[96];
   std::snprintf(note, sizeof(note), "%s, attention scaling %.6g", r.rope_type.c_str(), r.attention_scaling);
   return note;
+}
+
+std::string RotaryInvFreq(const BufferInitContext& ctx, at::Tensor& out) {
+  return FillRotary(ctx, RopeConfig(ctx.config), out);
+}
+
+// RoPE per attention type (transformers >= 5: gemma3, olmo3, modernbert, ...): one rotary module holds
+// "<type>_inv_freq" and "<type>_original_inv_freq" (the same values) for each type in layer_types, each
+// computed from rope_parameters[<type>], as transformers calls its rope init with layer_type=<type>.
+std::string LayerTypeRotaryInvFreq(const BufferInitContext& ctx, at::Tensor& out) {
+  constexpr std::string_view kModule = "rotary_emb.", kSuffix = "_inv_freq", kOriginal = "_original";
+  std::string type = ctx.key.substr(ctx.key.rfind(kModule) + kModule.size());
+  type.resize(type.size() - kSuffix.size());
+  if (type.size() > kOriginal.size() && type.compare(type.size() - kOriginal.size(), kOriginal.size(), kOriginal) == 0) {
+    type.resize(type.size() - kOriginal.size());
+  }
+  const nlohmann::json& config = RopeConfig(ctx.config);
+  const auto params = config.find("rope_parameters");
+  if (params == config.end() || !params->is_object() || !params->contains(type) || !(*params)[type].is_object()) {
+    throw Error(ErrorKind::kConfig, ctx.source, "buffer '" + ctx.key + "' is the rotary buffer of layer type '" + type +
+                "', but the config's rope_parameters has no object for '" + type + "'");
+  }
+  // The type's own parameters in place of the per-type table; a top-level rope_theta is not this type's.
+  nlohmann::json view = config;
+  view.erase("rope_scaling");
+  view.erase("rope_theta");
+  view["rope_parameters"] = (*params)[type];
+  return FillRotary(ctx, view, out);
 }
 
 // Gemma's scaled embedding (gemma, gemma2, gemma3): the embeddings are multiplied by sqrt(hidden_size),
@@ -67,6 +106,8 @@ BufferInitRegistry& BufferInitRegistry::Global() {
     r->Register("rotary_inv_freq", "*rotary_emb.inv_freq", RotaryInvFreq);
     // transformers >= 5 keeps the unscaled-at-init copy that dynamic RoPE resets to: the same values.
     r->Register("rotary_original_inv_freq", "*rotary_emb.original_inv_freq", RotaryInvFreq);
+    // after the two above, which "original_inv_freq" must match first
+    r->Register("rotary_layer_type_inv_freq", "*rotary_emb.*_inv_freq", LayerTypeRotaryInvFreq);
     r->Register("embed_scale", "*embed_tokens.embed_scale", EmbedScale);
     return r;
   }();

@@ -3,7 +3,9 @@
 // Non-persistent buffers (RoPE inv_freq) are not in the state dict, so every rank computes them from
 // the config; they are never broadcast or left uninitialized. A rule is registered under a name and
 // a key pattern ('*' matches any run of characters); a new architecture adds a rule, not a branch.
-// Built-in: "rotary_inv_freq" for "*rotary_emb.inv_freq" and "*rotary_emb.original_inv_freq".
+// Built-in: "rotary_inv_freq" for "*rotary_emb.inv_freq" and "*rotary_emb.original_inv_freq";
+// "rotary_layer_type_inv_freq" for "*rotary_emb.<layer type>_inv_freq" (and its "_original_" twin) from
+// rope_parameters[<layer type>]; "embed_scale" for Gemma's "*embed_tokens.embed_scale".
 //
 // Thread safety: Register before concurrent use; Find/Run are then thread-safe.
 // Failure: Run throws kConfig naming the key when no rule matches, or the rule's own error.

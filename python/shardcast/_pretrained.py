@@ -491,8 +491,8 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
         class (LlamaForCausalLM), or a callable(config) returning a module (built under
         torch.device("meta"); its floating tensors are cast to `dtype`). Its parameter names must be the
         checkpoint's keys (AutoModel on a *ForCausalLM checkpoint, whose keys carry "model.", does not pair).
-    buffer_init: values for non-persistent buffers no built-in rule covers (Gemma 3's
-        `*sliding_attention*inv_freq`), as for shardcast.prepare: {fnmatch pattern: callable(name, meta)}.
+    buffer_init: values for non-persistent buffers no built-in rule covers (RoPE, per attention type
+        too, and Gemma's embed_scale have rules), as for shardcast.prepare: {fnmatch pattern: callable(name, meta)}.
     shard: which submodules get their own fully_shard before the root's (see `shard_units`).
     fsdp_kwargs: passed to every fully_shard (mp_policy, reshard_after_forward, offload_policy, ...).
     source, target, **load_kwargs: passed to shardcast.load (verify, chunk_bytes, timeout, strict);

@@ -1,11 +1,14 @@
 """One rank of the buffer and dtype tests: `python buffers_worker.py MODE ROOT OUT` under torchrun's variables
 (MODE all: every scenario below, in order, in the same processes).
 
-gemma:            prepare(buffer_init=...) for the buffers no rule covers (Gemma 3's embed_scale and
-                  per-layer-type inv_freq); after fully_shard + load they must equal transformers' own,
-                  and so must the logits.
+gemma:            prepare(buffer_init=...) given for buffers a built-in rule also covers (Gemma 3's
+                  embed_scale and its sliding-attention inv_freq): the caller's values win; after
+                  fully_shard + load every buffer must equal transformers' own, and so must the logits.
 gemma_pretrained: the same through shardcast.from_pretrained(buffer_init=...).
-gemma_missing:    prepare without buffer_init: one ConfigError naming every such buffer.
+gemma_builtin:    from_pretrained with no buffer_init: the built-in rules (embed_scale, and inv_freq per
+                  layer type from rope_parameters[type], the global one linear x8) equal transformers'.
+gemma_missing:    prepare without buffer_init, on a model with two non-persistent buffers no rule covers:
+                  one ConfigError naming both.
 gemma_noprepare:  load without prepare: the same ConfigError on every rank, through the handshake.
 deepseek_fp32:    a bf16 model from_config on meta: prepare keeps e_score_correction_bias in fp32 (the
                   class's _keep_in_fp32_modules_strict), and the load equals from_pretrained(dtype=bf16).
@@ -97,14 +100,36 @@ def catch(fn):
     return {"type": None}
 
 
+def gemma_builtin(root, rank, world):
+    from transformers import AutoModelForCausalLM
+    ckpt = os.path.join(root, "gemma3")
+    ref = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+    model = shardcast.from_pretrained(ckpt, dtype=torch.float32)
+    ref_buffers = dict(ref.named_buffers())
+    bad = [n for n, b in model.named_buffers() if not torch.equal(b, ref_buffers[n])]
+    ids = torch.tensor([[1, 5, 9, 2, 30, 7]])
+    with torch.no_grad():
+        logits, want = model(ids).logits, ref(ids).logits
+    return {"bad": bad, "buffers": sorted(n for n, _ in model.named_buffers()),
+            "logits_equal": bool(torch.equal(logits, want))}
+
+
+def unruled(model):
+    """Two non-persistent buffers no built-in rule covers, on the meta model."""
+    model.model.register_buffer("alibi_slopes", torch.empty(4, device="meta"), persistent=False)
+    model.lm_head.register_buffer("logit_bias_table", torch.empty(37, device="meta"), persistent=False)
+    return model
+
+
 def gemma_missing(root, rank, world):
     config, model = meta_model(os.path.join(root, "gemma3"))
-    return catch(lambda: shardcast.prepare(model, config=config))
+    return catch(lambda: shardcast.prepare(unruled(model), config=config))
 
 
 def gemma_noprepare(root, rank, world):
     ckpt = os.path.join(root, "gemma3")
     _, model = meta_model(ckpt)
+    unruled(model)
     shard(model, world)
     return catch(lambda: shardcast.load(model, ckpt, timeout=30))
 
@@ -144,7 +169,8 @@ def main():
     mode, root, out_path = sys.argv[1:4]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
-    modes = {"gemma": gemma, "gemma_pretrained": gemma_pretrained, "gemma_missing": gemma_missing,
+    modes = {"gemma": gemma, "gemma_pretrained": gemma_pretrained,
+             "gemma_builtin": gemma_builtin, "gemma_missing": gemma_missing,
              "gemma_noprepare": gemma_noprepare,
              "deepseek_fp32": deepseek_fp32, "alloc_fail": alloc_fail}
     # "all": every scenario in these same processes (start-up dominates on a small machine). Each failure

@@ -26,6 +26,10 @@ def configs():
         "gpt_oss": t.GptOssConfig(intermediate_size=16, num_local_experts=5, num_experts_per_tok=2, head_dim=8,
                                   sliding_window=16, **common),
         "gemma2": t.Gemma2Config(intermediate_size=40, head_dim=8, **common),
+        # One rotary module with a RoPE per attention type ("<type>_inv_freq" from rope_parameters[type]).
+        "gemma3": t.Gemma3TextConfig(intermediate_size=40, head_dim=8, sliding_window=16,
+                                     layer_types=["sliding_attention", "full_attention"], **common),
+        "olmo3": t.AutoConfig.for_model("olmo3", intermediate_size=40, sliding_window=16, **common),
         # Checkpoint names that transformers renames with regular expressions ("mlp\\.router\\.gate\\.weight",
         # "mlp\\.expert_bias", "mlp\\.shared_mlp\\.") around fused experts; and Phi-MoE's plain renames
         # (".block_sparse_moe." -> ".mlp.", ".gate.weight" -> ".router.weight") with w1/w3/w2 experts.

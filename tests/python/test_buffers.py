@@ -14,8 +14,12 @@ def models(tmp_path_factory):
     from transformers import AutoModelForCausalLM, DeepseekV3Config, Gemma3TextConfig
     root = tmp_path_factory.mktemp("buffers")
     torch.manual_seed(1)
+    # both attention types, each with its own RoPE (the global one scaled, as Gemma 3's published configs)
     gemma = Gemma3TextConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                             head_dim=8, intermediate_size=40, vocab_size=37, sliding_window=16)
+                             head_dim=8, intermediate_size=40, vocab_size=37, sliding_window=16,
+                             layer_types=["sliding_attention", "full_attention"], rope_parameters={
+                                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                 "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}})
     AutoModelForCausalLM.from_config(gemma).save_pretrained(root / "gemma3", max_shard_size="40KB")
     # DeepSeek-V3 in bf16 with its routing bias stored F32, as transformers itself keeps it.
     ds = DeepseekV3Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
@@ -54,15 +58,22 @@ def test_from_pretrained_passes_buffer_init_to_prepare(results):
         assert r["bad"] == [] and r["verify"] == "ok", (rank, r)
 
 
+def test_rope_per_layer_type_and_embed_scale_need_no_buffer_init(results):
+    for rank, r in enumerate(results["gemma_builtin"]):
+        assert r["bad"] == [] and r["logits_equal"], (rank, r)
+        assert {f"model.rotary_emb.{t}{o}_inv_freq" for t in ("sliding_attention", "full_attention")
+                for o in ("", "_original")} <= set(r["buffers"]), r
+
+
 @pytest.mark.parametrize("mode", ["gemma_missing", "gemma_noprepare"])
 def test_a_buffer_with_no_value_is_one_config_error_naming_all(results, mode):
     rs = results[mode]
     assert {r["type"] for r in rs} == {"ConfigError"}, rs
     assert len({r["message"] for r in rs}) == 1, rs
     msg = rs[0]["message"]
-    for name in ("model.rotary_emb.sliding_attention_inv_freq", "model.rotary_emb.sliding_attention_original_inv_freq"):
+    for name in ("model.alibi_slopes", "lm_head.logit_bias_table"):
         assert name in msg, msg
-    assert "embed_scale" not in msg, msg  # Gemma's embed_scale has a built-in rule
+    assert "embed_scale" not in msg and "inv_freq" not in msg, msg  # Gemma's have built-in rules
     assert "2 non-persistent buffer(s)" in msg and "buffer_init" in msg and "prepare()" in msg, msg
 
 

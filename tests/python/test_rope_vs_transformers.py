@@ -35,3 +35,52 @@ def test_inv_freq_matches_transformers(name):
         assert ulps(ours, theirs) <= 1, (name, buffer, ulps(ours, theirs))
     scaling = float(note.rsplit(" ", 1)[-1])
     assert scaling == pytest.approx(rotary.attention_scaling, rel=1e-6), (name, note, rotary.attention_scaling)
+
+
+# Models whose one rotary module holds "<layer type>_inv_freq" per attention type (transformers >= 5), with
+# each type's own rope_parameters: Gemma 3's published layout (local 10k default, global 1M linear x8),
+# OLMo 3's YaRN on every type; the composite Gemma 3 (text_config) as its ForConditionalGeneration saves it.
+LAYER_TYPES = {
+    "gemma3_text": dict(head_dim=16, rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}),
+    "olmo3": dict(hidden_size=64, num_attention_heads=4, max_position_embeddings=4096, rope_parameters={
+        t: {"rope_type": "yarn", "factor": 4.0, "rope_theta": 500000.0, "original_max_position_embeddings": 1024,
+            "attention_factor": 1.2, "beta_fast": 32.0, "beta_slow": 1.0} for t in ("sliding_attention", "full_attention")}),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(LAYER_TYPES) + ["gemma3 (text_config)"])
+def test_inv_freq_per_layer_type_matches_transformers(model_type):
+    from transformers import AutoConfig
+    composite = model_type.startswith("gemma3 ")
+    name = "gemma3_text" if composite else model_type
+    config = AutoConfig.for_model(name, num_hidden_layers=6, **LAYER_TYPES[name])
+    assert set(config.layer_types) == {"sliding_attention", "full_attention"}, config.layer_types
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
+    from transformers.models.olmo3.modeling_olmo3 import Olmo3RotaryEmbedding
+    rotary_cls = Gemma3RotaryEmbedding if name == "gemma3_text" else Olmo3RotaryEmbedding
+    rotary = rotary_cls(config=config)  # transformers computes every type's buffers, on CPU
+    saved = config.to_dict()
+    if composite:
+        saved = {"model_type": "gemma3", "text_config": saved}
+    prefix = "model.language_model.rotary_emb" if composite else "model.rotary_emb"
+    names = [n for n, _ in rotary.named_buffers()]
+    assert sorted(names) == sorted(f"{t}{o}_inv_freq" for t in ("sliding_attention", "full_attention")
+                                   for o in ("", "_original")), names
+    for buffer in names:
+        theirs = getattr(rotary, buffer)
+        ours = torch.zeros_like(theirs)
+        note = shardcast._shardcast.init_buffer(json.dumps(saved), model_type, f"{prefix}.{buffer}", ours)
+        assert ulps(ours, theirs) <= 1, (model_type, buffer, ulps(ours, theirs))
+        layer_type = buffer.removesuffix("_inv_freq").removesuffix("_original")
+        assert float(note.rsplit(" ", 1)[-1]) == pytest.approx(
+            getattr(rotary, f"{layer_type}_attention_scaling"), rel=1e-6), note
+
+
+def test_a_layer_type_the_config_has_no_rope_parameters_for_is_a_config_error():
+    from transformers import AutoConfig
+    saved = AutoConfig.for_model("gemma3_text", **LAYER_TYPES["gemma3_text"]).to_dict()
+    with pytest.raises(shardcast.ConfigError, match="layer type 'chunked_attention'.*rope_parameters"):
+        shardcast._shardcast.init_buffer(json.dumps(saved), "cfg.json", "model.rotary_emb.chunked_attention_inv_freq",
+                                         torch.zeros(8))
