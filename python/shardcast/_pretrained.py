@@ -441,12 +441,12 @@ def _finish_stream(stream, model, failed, path, source, target, config, load_kwa
     the buffers filled by a load of their own after it; `wait` is what this rank spent here."""
     from ._load import STREAMED, load
     from ._report import LoadReport
-    report, persistent = stream.finish(model, failed)
+    report, persistent, redo = stream.finish(model, failed)
     clock.charge("stream", stream.seconds)
     report = logged("load", path, None, LoadReport.from_dict({**report, "stream_beside_build": True}))
-    if persistent:  # from the checkpoint, by a load of their own; non-persistent ones are prepare's already
+    if persistent or redo:  # from the checkpoint, by a load of their own; non-persistent ones are prepare's
         rest = {k: v for k, v in load_kwargs.items() if k not in ("strict", "strict_keys")}
-        object.__setattr__(model, STREAMED, frozenset(stream.planned))
+        object.__setattr__(model, STREAMED, frozenset(stream.planned) - set(redo))
         try:
             load(model, path, source=source, target=target, config=config, strict=False, **rest)
         finally:

@@ -23,8 +23,10 @@ and from_pretrained takes its sequential path. After the build, every rank check
 plan (every parameter planned, with that shape, dtype and placement, in a padded buffer of that size) and
 hears the stream's outcome; one exchange makes any rank's problem the same error on every rank, before
 any buffer becomes a parameter's. Then the buffers become the parameters' sharded data (no copy). The
-non-persistent buffers are prepare's, untouched; where the model has persistent buffers (the same on every
-rank, agreed in that exchange), a small load fills them from the checkpoint.
+non-persistent buffers are prepare's, untouched; where the model has persistent buffers, or parameters its
+class keeps in another dtype (transformers' `_keep_in_fp32_modules_strict`: a router's weight, which the
+header cannot foresee), the same on every rank and agreed in that exchange, a small load fills them from
+the checkpoint after the build.
 Every wait has the load's timeout.
 """
 from __future__ import annotations
@@ -209,21 +211,27 @@ class Stream:
                                               f"and did not end")
         return self.error
 
-    def finish(self, model, problem: Optional[BaseException]) -> Tuple[dict, bool]:
-        """(the stream's report, whether the model has persistent buffers to load), once every rank's model
-        matched the plan and the stream succeeded everywhere; the buffers are then the parameters' sharded
-        data. Otherwise every rank raises the first rank's problem (this rank's `problem` from its build or
-        layout, a model that differs from the plan, the stream's own error, a stream that stopped moving),
-        naming that rank."""
-        persistent = None
+    def finish(self, model, problem: Optional[BaseException]) -> Tuple[dict, List[str], List[str]]:
+        """(the stream's report, the model's persistent buffers, the parameters to load after all), once
+        every rank's model matched the plan and the stream succeeded everywhere; the buffers of the other
+        parameters are then their sharded data. The parameters to load after all are those the model
+        class keeps in another dtype (transformers' `_keep_in_fp32_modules[_strict]`: routers, sinks),
+        which the header cannot tell. Otherwise every rank raises the first rank's problem (this rank's
+        `problem` from its build or layout, a model that differs from the plan, the stream's own error,
+        a stream that stopped moving), naming that rank."""
+        value = None
         if problem is None:
-            problem = _mismatch(model, self.planned, self.rank, self.world)
-            persistent = sorted(_persistent_buffers(model))
+            problem, redo = _mismatch(model, self.planned, self.rank, self.world)
+            value = [sorted(_persistent_buffers(model)), redo]
         stream_problem = self._join()
         problem = problem or stream_problem
-        every = _agree_or_raise(self.pg, self.store, self.rank, self.world, problem, persistent, self.timeout_s)
-        adopt(model, self.planned)
-        return self.report, bool(every[0])
+        persistent, redo = _agree_or_raise(self.pg, self.store, self.rank, self.world, problem, value,
+                                           self.timeout_s)[0]
+        if redo:
+            logger.debug("from_pretrained loads %d parameter(s) the model keeps in another dtype after the build: "
+                         "%s", len(redo), ", ".join(redo[:4]) + (", ..." if len(redo) > 4 else ""))
+        adopt(model, self.planned, redo=frozenset(redo))
+        return self.report, persistent, redo
 
 
 def _persistent_buffers(model) -> List[str]:
@@ -257,8 +265,8 @@ def _agree_or_raise(pg, store, rank: int, world: int, problem: Optional[BaseExce
         other = next((r for r, (_, v) in enumerate(every) if v != every[0][1]), None)
         if other is None:
             return [v for _, v in every]
-        first = (other, ["ManifestMismatch", f"its built model has the persistent buffers {every[other][1]}, "
-                                             f"rank 0's {every[0][1]}"])
+        first = (other, ["ManifestMismatch", f"its built model has [persistent buffers, parameters in a dtype of "
+                                             f"their own] {every[other][1]}, rank 0's {every[0][1]}"])
     r, (kind, message) = first
     error = getattr(_shardcast, kind, _shardcast.InternalError)
     if not (isinstance(error, type) and issubclass(error, _shardcast.ShardcastError)):
@@ -266,13 +274,14 @@ def _agree_or_raise(pg, store, rank: int, world: int, problem: Optional[BaseExce
     raise error(f"rank {r}: {message}") from (problem if r == rank else None)
 
 
-def _mismatch(model, planned: Dict[str, Planned], rank: int, world: int) -> Optional[BaseException]:
-    """A ManifestMismatch naming the first parameter of the built model that the plan did not foresee, or
-    foresaw with another shape, dtype or placement; None when every parameter is as planned."""
+def _mismatch(model, planned: Dict[str, Planned], rank: int, world: int) -> Tuple[Optional[BaseException], List[str]]:
+    """(a ManifestMismatch naming the first parameter of the built model that the plan did not foresee, or
+    foresaw with another shape or placement, else None; the parameters as planned but for their dtype)."""
     from torch.distributed.tensor import DTensor, Shard
     from ._materialize import _fsdp_params, _padded_shape
     from ._names import named_parameters
     fsdp = _fsdp_params(model)
+    redo = []
     for name, p in named_parameters(model):
         want = planned.get(name)
         what = None
@@ -281,20 +290,26 @@ def _mismatch(model, planned: Dict[str, Planned], rank: int, world: int) -> Opti
         elif not isinstance(p, DTensor) or tuple(p.placements) != (Shard(0),) or p.device_mesh.ndim != 1 \
                 or p.device_mesh.size() != world:
             what = f"is laid out as {getattr(p, 'placements', 'a plain tensor')}, not Shard(0) over the {world} ranks"
-        elif tuple(p.shape) != want.shape or p.dtype != want.dtype:
+        elif tuple(p.shape) != want.shape:
             what = f"is {p.dtype} {list(p.shape)}, the plan {want.dtype} {list(want.shape)}"
         elif tuple(p.to_local().shape) != tuple(want.local.shape) or \
                 _padded_shape(fsdp.get(id(p)), tuple(p.to_local().shape)) != tuple(want.padded.shape):
             what = f"holds {list(p.to_local().shape)} on rank {rank}, the plan {list(want.local.shape)} " \
                    f"in a padded {list(want.padded.shape)}"
+        elif p.dtype != want.dtype:
+            redo.append(name)  # kept in its own dtype by the model class: loaded after the build
         if what is not None:
             return _shardcast.ManifestMismatch(f"parameter '{name}' of the built model {what}: its layout differs "
-                                               f"from the one the stream predicted")
-    return None
+                                               f"from the one the stream predicted"), []
+    return None, redo
 
 
-def adopt(model, planned: Dict[str, Planned]) -> None:
-    """The planned buffers become the parameters' sharded data (no copy)."""
-    from ._materialize import adopt_storage
+def adopt(model, planned: Dict[str, Planned], redo: frozenset = frozenset()) -> None:
+    """The planned buffers become the parameters' sharded data (no copy); those to load after all (`redo`)
+    get zeros of their own dtype instead, so that no parameter is left on meta for the load after."""
+    from ._materialize import adopt_storage, zeros
     from ._names import named_parameters
-    adopt_storage(model, {id(p): planned[name].padded for name, p in named_parameters(model)})
+    cpu = torch.device("cpu")
+    adopt_storage(model, {id(p): planned[name].padded if name not in redo else
+                          zeros(tuple(planned[name].padded.shape), p.dtype, cpu)
+                          for name, p in named_parameters(model)})

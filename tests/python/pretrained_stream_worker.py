@@ -6,6 +6,7 @@ MODE phases:   shardcast.from_pretrained of every model; its report's per-rank p
 MODE stream:   every model twice: from_pretrained as it is (the stream beside the build) and with the load's
                group given (process_group=WORLD: a layout it does not predict, so loaded after the build);
                every local shard and buffer compared bit for bit, and where each local shard lives.
+               (stream:kept: a model class that keeps a parameter in float32, loaded after the build.)
 MODE mismatch: ROOT is one checkpoint whose config.json no longer matches its tensors; what each rank raised.
 MODE fail_one: from_pretrained whose build fails on rank 1 alone (its buffer_init raises there, while the
                stream runs); what each rank raised.
@@ -85,7 +86,8 @@ def stream(root):
             differ += [f"buffer {n}" for n in sorted(bb) if n not in ab or not torch.equal(bits(ab[n]), bits(bb[n]))]
             out[name] = {"beside": [ours.shardcast_report.stream_beside_build, seq.shardcast_report.stream_beside_build],
                          "differ": differ, "params": len(a), "nonempty": sum(1 for p in a.values() if local(p).numel()),
-                         "copied": in_padded_buffer(ours), "bytes": ours.shardcast_report.total_bytes}
+                         "copied": in_padded_buffer(ours), "bytes": ours.shardcast_report.total_bytes,
+                         "kept": sorted(n for n, p in a.items() if p.dtype != DTYPE)}
     finally:
         log.removeHandler(records)
     out["debug"] = [line for line in records.lines if "not beside it" in line]

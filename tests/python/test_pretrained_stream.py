@@ -28,8 +28,24 @@ def run(tiny_checkpoints, tmp_path_factory):
     config = json.loads((bad / "config.json").read_text())
     (bad / "config.json").write_text(json.dumps({**config, "intermediate_size": config["intermediate_size"] + 4}))
     both = ["stream", ("mismatch", bad), ("fail_one", root / "llama")]
-    return ranks.Scenarios("pretrained_stream_worker.py", tmp_path_factory, {3: ["phases"] + both, 4: both},
+    return ranks.Scenarios("pretrained_stream_worker.py", tmp_path_factory,
+                           {3: ["phases", ("stream:kept", kept_dtype(tmp_path_factory))] + both, 4: both},
                            root=root, timeout=400)
+
+
+def kept_dtype(tmp_path_factory):
+    """A checkpoint of a model class that keeps a parameter in float32 at any dtype (transformers' beam:
+    `_keep_in_fp32_modules_strict` = its router's `mlp.gate.weight`), which the header cannot foresee."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    root = tmp_path_factory.mktemp("kept")
+    config = AutoConfig.for_model("beam", hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, head_dim=8, vocab_size=37, intermediate_size=40,
+                                  moe_intermediate_size=16, num_experts=5, num_experts_per_tok=2,
+                                  mlp_layer_types=["dense", "sparse"], tie_word_embeddings=False)
+    torch.manual_seed(3)
+    AutoModelForCausalLM.from_config(config).save_pretrained(root / "beam", max_shard_size="40KB")
+    return root
 
 
 def test_every_rank_reports_every_rank_phases_adding_up_to_its_total(run):
@@ -64,6 +80,14 @@ def test_stream_beside_build_lands_the_sequential_paths_bits_in_fsdp2s_padded_bu
         assert all("process_group" in line for line in result["debug"]), result["debug"]
     if world == 4:  # 5 experts over 4 ranks: 2, 2, 1 and none, so rank 3 holds an empty piece
         assert results[3]["qwen3_moe"]["nonempty"] < results[3]["qwen3_moe"]["params"], results[3]["qwen3_moe"]
+
+
+def test_a_parameter_the_model_class_keeps_in_float32_is_loaded_after_the_build_not_refused(run):
+    for rank, result in enumerate(run("stream:kept", 3)):
+        r = result["beam"]
+        assert r["beside"] == [True, False], (rank, r)
+        assert r["differ"] == [] and r["copied"] == [], (rank, r)
+        assert r["kept"] == ["model.layers.1.mlp.gate.weight"], (rank, r)
 
 
 @pytest.mark.parametrize("world", [3, 4])
