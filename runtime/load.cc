@@ -13,6 +13,7 @@
 #include "runtime/failure.h"
 #include "runtime/fault.h"
 #include "runtime/handshake.h"
+#include "runtime/report_fields.h"
 #include "runtime/stream.h"
 #include "runtime/verdict.h"
 #include "runtime/verify.h"
@@ -72,8 +73,6 @@ std::vector<at::Tensor> Targets(const Manifest& m, RankState* state) {
   return out;
 }
 
-// The stream, and one error on every rank if it fails: through the store for a route with data on
-// the wire (its peers are blocked on us), by verdict for one without.
 // The ranks on `me`'s node that read from storage: they share the node's read-ahead budget.
 int ReadersOnNode(const Route& route, const NodeMap& nodes, int me, bool verify) {
   const auto node = [&](int r) { return r < static_cast<int>(nodes.node_of_rank.size()) ? nodes.node_of_rank[r] : 0; };
@@ -82,26 +81,6 @@ int ReadersOnNode(const Route& route, const NodeMap& nodes, int me, bool verify)
     if (node(r) == node(me) && route.Reads(r, verify)) ++readers;
   }
   return readers;
-}
-
-StreamResult Stream(Communicator& comm, const Route& route, const StreamContext& ctx) {
-  Problem local;
-  std::optional<StreamResult> r;
-  try {
-    r = RunStream(ctx);
-    if (route.Communicates()) comm.Barrier();
-  } catch (const std::exception& e) {
-    if (route.Communicates()) FailTogether(comm, e);
-    local = AsProblem(e);
-    local.message = "rank " + std::to_string(comm.rank()) + ": " + local.message;
-  }
-  if (!route.Communicates()) {
-    Together(comm, [&] {
-      Agree(comm, "stream", local);
-      return 0;
-    });
-  }
-  return std::move(*r);
 }
 
 }  // namespace
@@ -161,7 +140,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
     r.stats = PlanStream(ctx);  // the schedule, walked: what the stream would do, with no bytes moved
     r.stats.bytes_read = r.stats.bytes_received = 0;
   } else {
-    r = Stream(comm, *route, ctx);
+    r = StreamTogether(comm, ctx, "load", "stream", /*name_rank=*/true);
   }
   mine.stream_seconds = Since(t);
 
@@ -206,31 +185,35 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   return report;
 }
 
-std::vector<RankReport> GatherReports(Communicator& comm, const RankReport& m) {
-  auto us = [](double s) { return static_cast<int64_t>(s * 1e6); };
-  auto all = AllGather(comm, {static_cast<int64_t>(m.bytes_received), static_cast<int64_t>(m.bytes_stored),
-                              static_cast<int64_t>(m.bytes_sent), static_cast<int64_t>(m.bytes_read),
-                              static_cast<int64_t>(m.messages), us(m.seconds), us(m.handshake_seconds),
-                              us(m.allocate_seconds), us(m.stream_seconds), us(m.verify_seconds),
-                              static_cast<int64_t>(m.peak_rss_anon), static_cast<int64_t>(m.peak_rss_file),
-                              static_cast<int64_t>(m.baseline_rss_anon), static_cast<int64_t>(m.baseline_rss_file),
-                              m.verified, us(m.cpu_seconds), us(m.setup_cpu_seconds),
-                              static_cast<int64_t>(m.digest)});
-  std::vector<RankReport> out;
-  for (int i = 0; i < comm.world_size(); ++i) {
-    const auto& v = all[i];
-    RankReport rr;
-    rr.rank = i;
-    rr.bytes_received = v[0], rr.bytes_stored = v[1], rr.bytes_sent = v[2], rr.bytes_read = v[3], rr.messages = v[4];
-    rr.seconds = v[5] / 1e6, rr.handshake_seconds = v[6] / 1e6, rr.allocate_seconds = v[7] / 1e6;
-    rr.stream_seconds = v[8] / 1e6, rr.verify_seconds = v[9] / 1e6;
-    rr.peak_rss_anon = v[10], rr.peak_rss_file = v[11], rr.baseline_rss_anon = v[12], rr.baseline_rss_file = v[13];
-    rr.verified = static_cast<int>(v[14]);
-    rr.cpu_seconds = v[15] / 1e6, rr.setup_cpu_seconds = v[16] / 1e6;
-    rr.digest = static_cast<uint64_t>(v[17]);
-    out.push_back(rr);
-  }
-  return out;
+namespace {
+
+// One row of the load's report: its AllGather and its JSON (runtime/report_fields.h). `verified` and
+// `digest` travel too; the JSON writes them as text ("verify", and "digest" in hex for checksum-only).
+constexpr ReportField<RankReport> kRankFields[] = {
+    {"seconds", &RankReport::seconds},
+    {"handshake_seconds", &RankReport::handshake_seconds},
+    {"allocate_seconds", &RankReport::allocate_seconds},
+    {"stream_seconds", &RankReport::stream_seconds},
+    {"verify_seconds", &RankReport::verify_seconds},
+    {"cpu_seconds", &RankReport::cpu_seconds},
+    {"setup_cpu_seconds", &RankReport::setup_cpu_seconds},
+    {"messages", &RankReport::messages},
+    {"bytes_received", &RankReport::bytes_received},
+    {"bytes_stored", &RankReport::bytes_stored},
+    {"bytes_sent", &RankReport::bytes_sent},
+    {"bytes_read", &RankReport::bytes_read},
+    {"peak_rss_anon_above_baseline", &RankReport::peak_rss_anon},
+    {"peak_rss_file_above_baseline", &RankReport::peak_rss_file},
+    {"baseline_rss_anon", &RankReport::baseline_rss_anon},
+    {"baseline_rss_file", &RankReport::baseline_rss_file},
+    {nullptr, &RankReport::verified},
+    {nullptr, &RankReport::digest},
+};
+
+}  // namespace
+
+std::vector<RankReport> GatherReports(Communicator& comm, const RankReport& mine) {
+  return GatherRows(comm, mine, kRankFields);
 }
 
 std::string LoadReport::ToJson() const {
@@ -254,17 +237,8 @@ std::string LoadReport::ToJson() const {
   j["adopted"] = adopted;
   j["ranks"] = nlohmann::json::array();
   for (const auto& rr : ranks) {
-    j["ranks"].push_back({{"rank", rr.rank}, {"seconds", rr.seconds}, {"handshake_seconds", rr.handshake_seconds},
-                          {"allocate_seconds", rr.allocate_seconds}, {"stream_seconds", rr.stream_seconds},
-                          {"verify_seconds", rr.verify_seconds}, {"cpu_seconds", rr.cpu_seconds},
-                          {"setup_cpu_seconds", rr.setup_cpu_seconds},
-                          {"messages", rr.messages},
-                          {"bytes_received", rr.bytes_received}, {"bytes_stored", rr.bytes_stored},
-                          {"bytes_sent", rr.bytes_sent}, {"bytes_read", rr.bytes_read},
-                          {"peak_rss_anon_above_baseline", rr.peak_rss_anon},
-                          {"peak_rss_file_above_baseline", rr.peak_rss_file},
-                          {"baseline_rss_anon", rr.baseline_rss_anon}, {"baseline_rss_file", rr.baseline_rss_file},
-                          {"verify", rr.verified == 1 ? "ok" : "off"}});
+    j["ranks"].push_back(RowJson(rr, kRankFields));
+    j["ranks"].back()["verify"] = rr.verified == 1 ? "ok" : "off";
     if (target == "checksum-only") {  // hex: JSON readers lose integers past 2^53
       char hex[17];
       std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(rr.digest));

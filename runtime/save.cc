@@ -11,6 +11,7 @@
 #include "runtime/failure.h"
 #include "runtime/fault.h"
 #include "runtime/file_sink.h"
+#include "runtime/report_fields.h"
 #include "runtime/save_layout.h"
 #include "runtime/shard_source.h"
 #include "runtime/stream.h"
@@ -89,22 +90,6 @@ Agreed DecideTogether(Communicator& comm, const Plan& plan, const SaveRequest* r
   return a;
 }
 
-// As load.cc's Stream: one error on every rank, through the store for a route with data on the wire,
-// by verdict for one without.
-StreamResult Stream(Communicator& comm, const Route& route, const StreamContext& ctx) {
-  Problem local;
-  std::optional<StreamResult> r;
-  try {
-    r = RunStream(ctx);
-    if (route.Communicates()) comm.Barrier();
-  } catch (const std::exception& e) {
-    if (route.Communicates()) FailTogether(comm, e, "save");
-    local = AsProblem(e);  // the verdict names the rank
-  }
-  if (!route.Communicates()) AgreeTogether(comm, "save stream", local);
-  return std::move(*r);
-}
-
 std::vector<at::Tensor> Shards(const Manifest& m, RankState* state) {
   std::vector<at::Tensor> out(m.entries.size());
   size_t cursor = 0;
@@ -146,7 +131,7 @@ void Write(Communicator& comm, RankState* state, const SaveRequest& rq, const Ag
   ctx.sink = &sink;
   ctx.readahead_bytes = 0;  // the source is memory
   ctx.progress = rq.progress;
-  *stats = Stream(comm, *route, ctx).stats;
+  *stats = StreamTogether(comm, ctx, "save", "save stream", /*name_rank=*/false).stats;
   mine->stream_seconds = Since(t);
 
   t = Clock::now();
@@ -181,27 +166,24 @@ void Write(Communicator& comm, RankState* state, const SaveRequest& rq, const Ag
   mine->commit_seconds = Since(t);
 }
 
-std::vector<SaveRankReport> Gather(Communicator& comm, const SaveRankReport& m) {
-  auto us = [](double s) { return static_cast<int64_t>(s * 1e6); };
-  auto all = AllGather(comm, {static_cast<int64_t>(m.bytes_written), static_cast<int64_t>(m.bytes_sent),
-                              static_cast<int64_t>(m.bytes_received), static_cast<int64_t>(m.bytes_read),
-                              static_cast<int64_t>(m.files_written), us(m.seconds), us(m.layout_seconds),
-                              us(m.create_seconds), us(m.stream_seconds), us(m.sync_seconds), us(m.commit_seconds),
-                              static_cast<int64_t>(m.peak_rss_anon), static_cast<int64_t>(m.peak_rss_file),
-                              static_cast<int64_t>(m.baseline_rss_anon), static_cast<int64_t>(m.baseline_rss_file)});
-  std::vector<SaveRankReport> out;
-  for (int i = 0; i < comm.world_size(); ++i) {
-    const auto& v = all[i];
-    SaveRankReport r;
-    r.rank = i;
-    r.bytes_written = v[0], r.bytes_sent = v[1], r.bytes_received = v[2], r.bytes_read = v[3], r.files_written = v[4];
-    r.seconds = v[5] / 1e6, r.layout_seconds = v[6] / 1e6, r.create_seconds = v[7] / 1e6;
-    r.stream_seconds = v[8] / 1e6, r.sync_seconds = v[9] / 1e6, r.commit_seconds = v[10] / 1e6;
-    r.peak_rss_anon = v[11], r.peak_rss_file = v[12], r.baseline_rss_anon = v[13], r.baseline_rss_file = v[14];
-    out.push_back(r);
-  }
-  return out;
-}
+// One row of the save's report: its AllGather and its JSON (runtime/report_fields.h).
+constexpr ReportField<SaveRankReport> kRankFields[] = {
+    {"seconds", &SaveRankReport::seconds},
+    {"layout_seconds", &SaveRankReport::layout_seconds},
+    {"create_seconds", &SaveRankReport::create_seconds},
+    {"stream_seconds", &SaveRankReport::stream_seconds},
+    {"sync_seconds", &SaveRankReport::sync_seconds},
+    {"commit_seconds", &SaveRankReport::commit_seconds},
+    {"bytes_written", &SaveRankReport::bytes_written},
+    {"files_written", &SaveRankReport::files_written},
+    {"bytes_sent", &SaveRankReport::bytes_sent},
+    {"bytes_received", &SaveRankReport::bytes_received},
+    {"bytes_read", &SaveRankReport::bytes_read},
+    {"peak_rss_anon_above_baseline", &SaveRankReport::peak_rss_anon},
+    {"peak_rss_file_above_baseline", &SaveRankReport::peak_rss_file},
+    {"baseline_rss_anon", &SaveRankReport::baseline_rss_anon},
+    {"baseline_rss_file", &SaveRankReport::baseline_rss_file},
+};
 
 }  // namespace
 
@@ -260,7 +242,7 @@ SaveReport Save(Communicator& comm, RankState* state, const SaveRequest& rq) {
   report.chunk_bytes = m.params.chunk_bytes;
   report.staging_slots = static_cast<int>(m.params.staging_slots);
   report.seconds = mine.seconds;
-  report.ranks = Together(comm, [&] { return Gather(comm, mine); });
+  report.ranks = Together(comm, [&] { return GatherRows(comm, mine, kRankFields); });
   return report;
 }
 
@@ -278,16 +260,7 @@ std::string SaveReport::ToJson() const {
   j["staging_slots"] = staging_slots;
   j["seconds"] = seconds;
   j["ranks"] = nlohmann::json::array();
-  for (const auto& r : ranks) {
-    j["ranks"].push_back({{"rank", r.rank}, {"seconds", r.seconds}, {"layout_seconds", r.layout_seconds},
-                          {"create_seconds", r.create_seconds}, {"stream_seconds", r.stream_seconds},
-                          {"sync_seconds", r.sync_seconds}, {"commit_seconds", r.commit_seconds},
-                          {"bytes_written", r.bytes_written}, {"files_written", r.files_written},
-                          {"bytes_sent", r.bytes_sent}, {"bytes_received", r.bytes_received},
-                          {"bytes_read", r.bytes_read}, {"peak_rss_anon_above_baseline", r.peak_rss_anon},
-                          {"peak_rss_file_above_baseline", r.peak_rss_file},
-                          {"baseline_rss_anon", r.baseline_rss_anon}, {"baseline_rss_file", r.baseline_rss_file}});
-  }
+  for (const auto& r : ranks) j["ranks"].push_back(RowJson(r, kRankFields));
   return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 

@@ -8,7 +8,9 @@
 #include <set>
 
 #include "allocators/error.h"
+#include "runtime/failure.h"
 #include "runtime/fault.h"
+#include "runtime/verdict.h"
 
 namespace shardcast {
 namespace {
@@ -318,5 +320,30 @@ StreamStats PlanStream(const StreamContext& c) {
 }
 
 StreamResult RunStream(const StreamContext& c) { return Engine(c).Run(); }
+
+StreamResult StreamTogether(Communicator& comm, const StreamContext& c, const char* operation,
+                            const char* verdict_phase, bool name_rank) {
+  const bool wire = c.route->Communicates();
+  Problem local;
+  std::optional<StreamResult> r;
+  try {
+    r = RunStream(c);
+    if (wire) comm.Barrier();
+  } catch (const std::exception& e) {
+    if (wire) FailTogether(comm, e, operation);
+    local = AsProblem(e);
+    if (name_rank) local.message = "rank " + std::to_string(comm.rank()) + ": " + local.message;
+  }
+  if (!wire) {
+    Together(
+        comm,
+        [&] {
+          Agree(comm, verdict_phase, local);
+          return 0;
+        },
+        operation);
+  }
+  return std::move(*r);
+}
 
 }  // namespace shardcast

@@ -58,6 +58,13 @@ StreamStats PlanStream(const StreamContext& c);
 
 StreamResult RunStream(const StreamContext& c);
 
+// RunStream with one outcome on every rank: a failure on a route with data on the wire goes through the
+// store (its peers are blocked on this rank: FailTogether), on one without by a verdict named
+// `verdict_phase`. `operation` ("load", "save") names the operation in those errors; with `name_rank`
+// the failing rank's message starts with "rank N: ".
+StreamResult StreamTogether(Communicator& comm, const StreamContext& c, const char* operation,
+                            const char* verdict_phase, bool name_rank);
+
 // Total target bytes of a manifest (every entry once).
 uint64_t TotalTargetBytes(const Manifest& m);
 
