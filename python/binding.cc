@@ -415,6 +415,15 @@ PYBIND11_MODULE(_shardcast, m) {
       "A contiguous CPU tensor on a fresh anonymous mapping (allocators/lazy_zero.h): it reads as zeros and "
       "commits no memory until written, page by page; its storage is unmapped when freed, never recycled. "
       "IoError naming the size where the mapping is refused.");
+  m.def(
+      "launch_environment",
+      [] {
+        const Rendezvous rv = RendezvousFromEnvironment();
+        return py::make_tuple(rv.source, rv.rank, rv.world_size, rv.local_rank, rv.local_world_size);
+      },
+      "(launcher, rank, world size, local rank, local world size) from torchrun's or SLURM's variables, by the "
+      "rendezvous' own parser (runtime/launch_env.cc): launcher is \"torchrun\", \"slurm\" or \"default\". "
+      "InvalidArgument naming the variable for a value it cannot read.");
   m.def("has_buffer_rule", [](const std::string& key) { return BufferInitRegistry::Global().Find(key, "") != nullptr; },
         "Whether a built-in init rule matches this buffer key.");
   m.def(

@@ -1,11 +1,12 @@
 """Where this process sits in its job, from its launcher's variables, before any process group exists:
 torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) or SLURM's srun (SLURM_PROCID, SLURM_NTASKS,
-SLURM_LOCALID, SLURM_NTASKS_PER_NODE), as the C++ rendezvous reads them (RendezvousFromEnvironment)."""
+SLURM_LOCALID, SLURM_NTASKS_PER_NODE in any of SLURM's list forms, "8(x2)", with SLURM_NODEID). Read by the
+C++ rendezvous' own parser (runtime/launch_env.cc), so Python and C++ never disagree about a variable."""
 from __future__ import annotations
 
-import os
-import re
 from typing import NamedTuple
+
+from . import _shardcast
 
 
 class Launch(NamedTuple):
@@ -16,22 +17,7 @@ class Launch(NamedTuple):
     local_world: int
 
 
-def _int(env, name: str, default: int) -> int:
-    text = env.get(name)
-    if text is None:
-        return default
-    m = re.match(r"\s*(\d+)", text)  # SLURM_NTASKS_PER_NODE may read "8(x2)"
-    return int(m.group(1)) if m else default
-
-
-def launch(env=None) -> Launch:
-    env = os.environ if env is None else env
-    if "WORLD_SIZE" in env:
-        world = _int(env, "WORLD_SIZE", 1)
-        rank = _int(env, "RANK", 0)
-        return Launch("torchrun", rank, world, _int(env, "LOCAL_RANK", rank), _int(env, "LOCAL_WORLD_SIZE", world))
-    if "SLURM_NTASKS" in env and "SLURM_PROCID" in env:
-        world = _int(env, "SLURM_NTASKS", 1)
-        return Launch("slurm", _int(env, "SLURM_PROCID", 0), world, _int(env, "SLURM_LOCALID", 0),
-                      _int(env, "SLURM_NTASKS_PER_NODE", world))
-    return Launch("none", 0, 1, 0, 1)
+def launch() -> Launch:
+    """This process's place; an InvalidArgument naming the variable whose value cannot be read."""
+    launcher, rank, world, local_rank, local_world = _shardcast.launch_environment()
+    return Launch("none" if launcher == "default" else launcher, rank, world, local_rank, local_world)
