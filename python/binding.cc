@@ -517,6 +517,11 @@ PYBIND11_MODULE(_shardcast, m) {
         }
       },
       py::arg("options"), "The per-collective timeout in seconds the load will use, or None if the options are bad.");
+  m.def(
+      "load_target", [](py::dict opts) { return std::string(TargetName(OptionsFrom(opts).target)); },
+      py::arg("options"),
+      "The target the load will use (\"cpu\", \"pinned\", \"cuda\"): the options' own, else SHARDCAST_TARGET's, "
+      "by the one options parser; InvalidArgument naming the option or variable for a value it cannot read.");
   m.def("load_entries", &LoadEntries, py::arg("entries"), py::arg("layouts"), py::arg("checkpoint"), py::arg("options"),
         py::arg("tied"), py::arg("store"), py::arg("rank"), py::arg("world_size"),
         py::arg("progress") = py::none(), py::arg("problem") = py::none(),

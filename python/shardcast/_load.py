@@ -63,16 +63,12 @@ def _timeout_ms(timeout) -> Optional[int]:
 
 
 def _target(target: Optional[str]) -> Optional[str]:
-    """Where the shards live: the keyword, else SHARDCAST_TARGET (as for every option), else None (CPU).
-    Resolved once, in Python, because Python allocates them (and builds the mesh and the buffers)."""
-    if target is not None:
+    """Where the shards live: the keyword, else SHARDCAST_TARGET (as for every option, read by the C++ options
+    parser), else None (the device follows the mesh; CPU). Resolved before the load, because Python allocates
+    the shards (and builds the mesh and the buffers)."""
+    if target is not None or not os.environ.get("SHARDCAST_TARGET", "").strip():
         return target
-    env = os.environ.get("SHARDCAST_TARGET", "").strip()
-    if not env:
-        return None
-    if env not in ("cpu", "pinned", "cuda"):
-        raise InvalidArgument(f"SHARDCAST_TARGET={env!r} is not a target (cpu, pinned or cuda)")
-    return env
+    return _shardcast.load_target({})
 
 
 def _cuda_device() -> torch.device:
