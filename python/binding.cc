@@ -5,6 +5,8 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/utils/pybind.h>
 
+#include <cerrno>
+#include <cstring>
 #include <fcntl.h>
 #include <functional>
 #include <sys/stat.h>
@@ -233,6 +235,17 @@ void Adopt(Communicator& comm, const std::optional<Error>& failed, Entries& in, 
   }
 }
 
+// (__metadata__, [(key, dtype name, shape, begin, end)]) of a validated file, for Python.
+py::tuple HeaderTuple(const SafetensorsFile& f) {
+  py::dict metadata;
+  for (const auto& [k, v] : f.header().metadata) metadata[py::str(k)] = py::str(v);
+  py::list tensors;
+  for (const TensorInfo& t : f.header().tensors) {
+    tensors.append(py::make_tuple(t.key, std::string(DTypeName(t.dtype)), t.shape, t.begin, t.end));
+  }
+  return py::make_tuple(metadata, tensors);
+}
+
 // entries: [(key, local tensor, global shape, role, layout index, compose or None)], one per entry, in an
 // order every rank shares (the model's named_parameters/named_buffers order). options: {name: text},
 // only those the caller gave (the environment fills the rest; given ones win). problem: (kind name,
@@ -458,18 +471,31 @@ PYBIND11_MODULE(_shardcast, m) {
           if (!node) throw Error(ErrorKind::kIo, dir + "/" + name, "no such file");
           f = SafetensorsFile::FromDescriptor(node->fd.release(), dir + "/" + name);
         }
-        py::dict metadata;
-        for (const auto& [k, v] : f->header().metadata) metadata[py::str(k)] = py::str(v);
-        py::list tensors;
-        for (const TensorInfo& t : f->header().tensors) {
-          tensors.append(py::make_tuple(t.key, std::string(DTypeName(t.dtype)), t.shape));
-        }
-        return py::make_tuple(metadata, tensors);
+        return HeaderTuple(*f);
       },
       py::arg("dir"), py::arg("name"),
-      "(__metadata__ as a dict, [(key, safetensors dtype name, shape)] in header order) of the file `name` of the "
-      "directory `dir`, resolved beneath it as the loader resolves names and validated by the loader's reader. "
+      "(__metadata__ as a dict, [(key, safetensors dtype name, shape, begin, end)] in header order; begin and end "
+      "relative to the data area, which starts at 8 + the header's length) of the file `name` of the directory "
+      "`dir`, resolved beneath it as the loader resolves names and validated by the loader's reader. "
       "CheckpointError naming the file otherwise; IoError when there is no such file.");
+  m.def(
+      "safetensors_header_of",
+      [](int fd, const std::string& where) {
+        std::unique_ptr<SafetensorsFile> f;
+        {
+          py::gil_scoped_release nogil;
+          const int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);  // the caller keeps its descriptor; the reader closes its own
+          if (own < 0) throw Error(ErrorKind::kIo, where, std::string("cannot duplicate its descriptor: ") + strerror(errno));
+          OpenOptions o;
+          o.mode = ReadMode::kPread;  // the header only: nothing mapped
+          o.sequential_hint = false;
+          f = SafetensorsFile::FromDescriptor(own, where, o);
+        }
+        return HeaderTuple(*f);
+      },
+      py::arg("fd"), py::arg("where"),
+      "safetensors_header's answer for a file the caller opened (its descriptor, not closed here; `where` names "
+      "it in errors), validated by the same reader.");
   m.def(
       "checkpoint_tensors",
       [](const std::string& path) {

@@ -344,7 +344,7 @@ def _pieces_by_file(path: str) -> List[list]:
     for name, meta, tensors in headers:
         file = os.path.join(path, name)
         if not placed:
-            pieces += [[key, dtype, list(shape), file, [0] * len(shape)] for key, dtype, shape in tensors]
+            pieces += [[key, dtype, list(shape), file, [0] * len(shape)] for key, dtype, shape, _, _ in tensors]
             continue
         if _SHARDING_INFO not in meta:
             raise _shardcast.CheckpointError(f"{file}: has no {_SHARDING_INFO} where the other files of {path} "
@@ -353,7 +353,7 @@ def _pieces_by_file(path: str) -> List[list]:
             info = json.loads(meta[_SHARDING_INFO])
         except ValueError as e:
             raise _shardcast.CheckpointError(f"{file}: {_SHARDING_INFO} is not JSON ({e})") from None
-        for key, dtype, shape in tensors:
+        for key, dtype, shape, _, _ in tensors:
             offsets = info.get(key, {}).get("saved_offsets") if isinstance(info, dict) and isinstance(
                 info.get(key), dict) else None
             if (not isinstance(offsets, list) or len(offsets) != len(shape)

@@ -9,8 +9,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from .. import _shardcast
 from .._shardcast import CheckpointError, IoError
-from ._state_codec import _BY_CODE, DEFAULT_BLOCK_BYTES, StoredItem, _dims, _rank
+from ._state_codec import _BY_CODE, DEFAULT_BLOCK_BYTES, StoredItem, _rank
 
 # ---------------------------------------------------------------------------------------------------------
 # Rank files: the safetensors layout, written streamed and read with pread.
@@ -65,9 +66,8 @@ def _bins(sizes: List[int], n: int) -> List[List[int]]:
 class _RankFile:
     """One rank file opened for reading: its header validated, its bytes read with pread (not mapped: a
     file that shrinks after its header was validated is then a CheckpointError naming it, where a mapping
-    would kill the process with SIGBUS). The header is hostile: capped, every entry's dtype known, its
-    byte range of exactly numel * itemsize bytes, and the entries tiling the data area with no gap,
-    overlap or tail."""
+    would kill the process with SIGBUS). The header is hostile: capped here, then parsed and checked by
+    the loader's reader (_parse)."""
 
     def __init__(self, path: str, max_header_bytes: int) -> None:
         self.path, self.rank = path, _rank()
@@ -85,42 +85,26 @@ class _RankFile:
             if n > max_header_bytes or 8 + n > size:
                 raise CheckpointError(f"rank {self.rank}: {path}: header of {n} bytes exceeds the cap of "
                                       f"{max_header_bytes} or the file's {size} bytes (truncated?)")
-            self.entries = self._parse(os.pread(fd, n, 8), size - 8 - n)
+            self.entries = self._parse(fd)
             self.data_start, self.size = 8 + n, size
         except BaseException:
             self.close()
             raise
 
-    def _parse(self, text: bytes, data_bytes: int) -> Dict[str, Tuple[torch.dtype, List[int], int, int]]:
+    def _parse(self, fd: int) -> Dict[str, Tuple[torch.dtype, List[int], int, int]]:
+        """{key: (dtype, shape, begin, end)}, by the loader's fuzzed reader (the one every checkpoint goes
+        through): every dtype known, every byte range exactly numel * itemsize, the ranges tiling the
+        data area with no gap, overlap or tail."""
         where = f"rank {self.rank}: {self.path}"
         try:
-            header = json.loads(text)
-        except (ValueError, RecursionError) as e:
-            raise CheckpointError(f"{where}: header is not JSON ({e})") from e
-        if not isinstance(header, dict):
-            raise CheckpointError(f"{where}: header is not a JSON object")
-        header.pop("__metadata__", None)
-        entries, spans = {}, []
-        for key, e in header.items():
-            if not isinstance(e, dict) or e.get("dtype") not in _BY_CODE or not isinstance(e.get("data_offsets"), list):
-                raise CheckpointError(f"{where}: tensor '{key}': malformed entry or unknown dtype {str(e)[:80]}")
-            dtype = _BY_CODE[e["dtype"]]
-            shape = _dims(e.get("shape"), f"{where}: tensor '{key}'", "shape")
-            begin, end = (_dims(e["data_offsets"], f"{where}: tensor '{key}'", "data_offsets") + [None, None])[:2]
-            if len(e["data_offsets"]) != 2 or end < begin or end - begin != math.prod(shape) * dtype.itemsize:
-                raise CheckpointError(f"{where}: tensor '{key}': data_offsets {e['data_offsets']} do not hold "
-                                      f"{shape} of {e['dtype']}")
-            entries[key] = (dtype, shape, begin, end)
-            spans.append((begin, end, key))
-        at = 0
-        for begin, end, key in sorted(spans):
-            if begin != at:
-                raise CheckpointError(f"{where}: tensor '{key}' starts at data byte {begin}, expected {at} "
-                                      f"(a gap or an overlap)")
-            at = end
-        if at != data_bytes:
-            raise CheckpointError(f"{where}: the header's tensors end at data byte {at} but the file holds "
-                                  f"{data_bytes} data bytes ({'truncated' if at > data_bytes else 'trailing bytes'})")
+            _, tensors = _shardcast.safetensors_header_of(fd, self.path)
+        except _shardcast.ShardcastError as e:
+            raise CheckpointError(f"rank {self.rank}: {e}") from None
+        entries = {}
+        for key, code, shape, begin, end in tensors:
+            if code not in _BY_CODE:
+                raise CheckpointError(f"{where}: tensor '{key}': dtype {code} is not one a training state holds")
+            entries[key] = (_BY_CODE[code], list(shape), begin, end)
         return entries
 
     def locate(self, key: str, item: StoredItem, dtype: Optional[torch.dtype], shape: Optional[List[int]]) -> int:
