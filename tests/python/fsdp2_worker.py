@@ -85,9 +85,46 @@ def flow(root, rank, world):
             checked += 1
         out[name] = {"checked": checked, "bad": bad, "computed": sorted(prep["computed_buffers"]),
                      "verify": report["ranks"][rank]["verify"], "skipped": report["skipped_keys"],
-                     "entries": report["entries"], "key_reads": KEY_READS[0]}
+                     "entries": report["entries"], "key_reads": KEY_READS[0],
+                     "dcp": through_dcp(ckpt, config, model, mesh)}
         KEY_READS[0] = 0
     return out
+
+
+def through_dcp(ckpt, config, loaded, mesh):
+    """The same FSDP2 layout filled by dcp.load through torch's HuggingFaceStorageReader and through
+    shardcast.dcp's, each compared bit for bit with `loaded` (shardcast.load's, checked against
+    transformers): [(reader, key)] that differ. Where transformers' module names are not the checkpoint's
+    keys (experts it fuses, tied weights the file omits), DCP needs a StateDictAdapter, as torchtitan's:
+    "keys differ" then, for both readers alike."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoModelForCausalLM
+    import shardcast.dcp as sdcp
+    stored = {k for k, *_ in shardcast._shardcast.checkpoint_tensors(ckpt)}
+    want = loaded.state_dict()
+    if not set(want) <= stored:
+        return "keys differ"
+    differ = []
+    for reader in (HuggingFaceStorageReader(ckpt), sdcp.HuggingFaceStorageReader(ckpt)):
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        model.to_empty(device="cpu")
+        with torch.no_grad():
+            for t in model.state_dict().values():
+                (t.to_local() if hasattr(t, "to_local") else t).fill_(-7)
+        got = model.state_dict()
+        dcp.load(got, storage_reader=reader)
+        for key, t in want.items():
+            a, b = (x.to_local() if hasattr(x, "to_local") else x for x in (t, got[key]))
+            if a.dtype != b.dtype or not torch.equal(a.view(torch.uint8) if a.numel() else a,
+                                                     b.view(torch.uint8) if b.numel() else b):
+                differ.append((type(reader).__module__.split(".")[0], key))
+    return differ
 
 
 def hsdp(root, rank, world):

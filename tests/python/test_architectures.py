@@ -1,7 +1,9 @@
 """More real architectures than the ones shardcast was built around: tiny random configs of each,
 written by transformers' own save_pretrained (several files), loaded through the user flow (meta model,
 prepare, fully_shard, load) at world size 3, where no hidden size, vocabulary or expert count divides
-evenly, and compared bit for bit with transformers' own from_pretrained on every rank."""
+evenly, and compared bit for bit with transformers' own from_pretrained on every rank; then, where the
+model's names are the checkpoint's keys, the same layout through dcp.load with torch's and shardcast.dcp's
+HuggingFaceStorageReader, bit for bit against it."""
 import os
 
 import pytest
@@ -60,3 +62,7 @@ def test_every_architecture_is_bit_exact_at_world_size_3(checkpoints, tmp_path):
         for model, r in result.items():
             assert r["bad"] == [], f"rank {rank} {model}: {r['bad']}"
             assert r["checked"] > 10 and r["verify"] == "ok", (model, r)
+            assert r["dcp"] in ([], "keys differ"), f"rank {rank} {model}: dcp.load differs: {r['dcp']}"
+        # dcp.load through torch's and shardcast's HF readers, where the model's names are the checkpoint's
+        through_dcp = sorted(m for m, r in result.items() if r["dcp"] == [])
+        assert {"gemma2", "gemma3", "gpt_oss", "olmo3", "phi3", "qwen2"} <= set(through_dcp), through_dcp
