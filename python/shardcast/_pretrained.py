@@ -19,11 +19,13 @@ transformers' `from_pretrained(distributed_config=...)` lays it out (its `tp_pla
 `fsdp_plan`, on its own meshes), and then loaded by shardcast: a script moving from transformers'
 native loading changes one word.
 
-Under that default layout (no distributed_config, a 1-d mesh of the whole world on the host) the load does not
-wait for the model: each rank's pieces follow from the checkpoint's header, so they stream into their final
-buffers on a thread of their own while the model is imported, built and sharded, and become FSDP2's
-sharded data with no copy; the built model is checked against that plan first (_stream.py). Any other
-layout loads after fully_shard, as above (said at DEBUG level on the "shardcast" logger).
+Under that default layout (a 1-d mesh of the whole world on the host), and under transformers' FSDP alone
+(distributed_config with fsdp_size = the world size and every other size 1, which lays every parameter out
+the same way), the load does not wait for the model: each rank's pieces follow from the checkpoint's
+header, so they stream into their final buffers on a thread of their own while the model is imported,
+built and sharded, and become FSDP2's sharded data with no copy; the built model is checked against that
+plan first (_stream.py). Any other layout loads after fully_shard, as above (said at DEBUG level on the
+"shardcast" logger).
 
 A repo id is looked up in the local Hugging Face cache only (HF_HUB_CACHE / HF_HOME); nothing is
 downloaded, so every rank resolves the same snapshot without touching the network.
@@ -407,7 +409,7 @@ def _with_every_phase(report, clock: PhaseClock, load_kwargs: Dict[str, Any]):
     return with_phases(report, gathered(channel(pg, store), rank, world, mine, timeout_s, "every rank's phase times"))
 
 
-def _start_stream(failed: Optional[BaseException], path, config, dtype, mesh, target, source, load_kwargs):
+def _start_stream(failed: Optional[BaseException], path, config, dtype, mesh, target, source, load_kwargs, dc=None):
     """(the stream beside the build, or None, this rank's failure so far). Every rank comes here, a failed
     one too (it says it cannot stream, so none does, and it takes _join_failed_load as before); each plans
     its part from the header and says whether it can stream, and all stream or none does (_stream.py)."""
@@ -420,7 +422,8 @@ def _start_stream(failed: Optional[BaseException], path, config, dtype, mesh, ta
         return None, failed or e
     pg, rank, world, store = _group(None)
     planned, options, timeout_s = None, None, 600.0
-    why = f"it failed already ({type(failed).__name__})" if failed is not None else _stream.off_host(mesh, target, world)
+    why = f"it failed already ({type(failed).__name__})" if failed is not None else _stream.off_host(mesh, target,
+                                                                                                  world, dc)
     try:
         if why is None:
             options = _options(source=source, target=target, verify=load_kwargs.get("verify"),
@@ -531,10 +534,11 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
         except Exception as e:  # noqa: BLE001 -- carried into the agreement below
             failed = e
         dc_given = distributed_config is not None or any(v is not None for v in sizes.values())
-        why = _stream.unpredictable(mesh, dc_given, keep_quantized, model_cls, shard, fsdp_kwargs, dtype, load_kwargs)
+        why = _stream.unpredictable(mesh, dc_given, dc, keep_quantized, model_cls, shard, fsdp_kwargs, dtype,
+                                    load_kwargs)
         if why is None:  # the same answer on every rank: each then says whether it can stream
             stream, failed = _start_stream(failed, None if failed else path, None if failed else config, dtype, mesh,
-                                           target, source, load_kwargs)
+                                           target, source, load_kwargs, dc)
         else:
             _stream.logger.debug("from_pretrained loads after the build, not beside it: %s", why)
         clock.lap("config")

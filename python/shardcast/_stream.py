@@ -52,25 +52,42 @@ _FSDP_KWARGS = ("reshard_after_forward", "mp_policy")
 _FLOATING = ("F64", "F32", "F16", "BF16")
 
 
-def unpredictable(mesh, dc_given: bool, keep_quantized: bool, model_cls, shard, fsdp_kwargs: Optional[Dict[str, Any]],
-                  dtype, load_kwargs: Dict[str, Any]) -> Optional[str]:
+# DistributedConfig fields that must keep their defaults for transformers' layout to be FSDP2 alone.
+_DC_DEFAULTS = {"tp_size": (None, 1), "ep_size": (None, 1), "dp_replicate_size": (None, 1), "pp_size": (None, 1),
+                "tp_plan": (None,), "ep_plan": (None,), "fsdp_plan": (None,), "enable_expert_parallel": (False,),
+                "enable_sequence_parallel": (False,), "fsdp_cpu_offload": (False,), "fsdp_mixed_precision": (False,)}
+
+
+def unpredictable(mesh, dc_given: bool, dc, keep_quantized: bool, model_cls, shard,
+                  fsdp_kwargs: Optional[Dict[str, Any]], dtype, load_kwargs: Dict[str, Any]) -> Optional[str]:
     """Why the call's arguments leave its layout unpredictable from the header; None when they do not.
     Arguments only (the same on every rank), so every rank asks the same question, and every rank that
-    gets None goes on to say whether it can stream (`off_host`, `plan`, `agree`)."""
+    gets None goes on to say whether it can stream (`off_host`, `plan`, `agree`). transformers'
+    distributed_config with FSDP alone (fsdp_size, every other size 1 and no plan of the caller's) lays
+    every parameter out as the default layout does: Shard(0) over a 1-d mesh of the whole world."""
     if dc_given:
-        return "distributed_config: transformers' plans lay it out"
+        if dc is None:
+            return "distributed_config: not read"
+        if other := sorted(k for k, ok in _DC_DEFAULTS.items() if getattr(dc, k, None) not in ok):
+            return f"distributed_config: transformers' plans lay it out ({', '.join(other)})"
+        return _unpredictable_call(keep_quantized, model_cls, dtype, load_kwargs)
     if mesh is not None and getattr(mesh, "ndim", 1) != 1:
         return f"a {mesh.ndim}-d mesh"
+    if (shard,) != ("layers",) and tuple(shard) != ("layers",):
+        return "shard="
+    if other := sorted(set(fsdp_kwargs or {}) - set(_FSDP_KWARGS)):
+        return f"fsdp_kwargs {', '.join(other)}"
+    return _unpredictable_call(keep_quantized, model_cls, dtype, load_kwargs)
+
+
+def _unpredictable_call(keep_quantized: bool, model_cls, dtype, load_kwargs: Dict[str, Any]) -> Optional[str]:
+    """What else of the call leaves the checkpoint's entries or the load's options unpredictable."""
     if keep_quantized:
         return "keep_quantized"
     if model_cls is not None:
         return "model_cls"
-    if (shard,) != ("layers",) and tuple(shard) != ("layers",):
-        return "shard="
     if dtype is None or not torch.empty((), dtype=dtype).is_floating_point():
         return f"dtype={dtype}"
-    if other := sorted(set(fsdp_kwargs or {}) - set(_FSDP_KWARGS)):
-        return f"fsdp_kwargs {', '.join(other)}"
     if other := sorted(set(load_kwargs) - set(_OPTIONS)):
         return f"load options {', '.join(other)}"
     if load_kwargs.get("strict") or load_kwargs.get("strict_keys"):
@@ -78,12 +95,14 @@ def unpredictable(mesh, dc_given: bool, keep_quantized: bool, model_cls, shard, 
     return None
 
 
-def off_host(mesh, target: Optional[str], world: int) -> Optional[str]:
-    """Why this rank's target or mesh is not the layout the stream predicts (host memory, a 1-d mesh of the
-    whole world in rank order); None when it is. The target may come from SHARDCAST_TARGET, so each
-    rank asks it of itself."""
+def off_host(mesh, target: Optional[str], world: int, dc=None) -> Optional[str]:
+    """Why this rank's target, mesh or FSDP size is not the layout the stream predicts (host memory, a 1-d
+    mesh of the whole world in rank order); None when it is. The target may come from SHARDCAST_TARGET,
+    so each rank asks it of itself."""
     if target not in (None, "cpu"):
         return f"target {target}"
+    if dc is not None and getattr(dc, "fsdp_size", None) != world:
+        return f"distributed_config's fsdp_size {getattr(dc, 'fsdp_size', None)} is not the world size {world}"
     if mesh is not None and (mesh.device_type != "cpu" or mesh.mesh.flatten().tolist() != list(range(world))):
         return "a mesh that is not the whole world on the host"
     return None
@@ -275,8 +294,9 @@ def _agree_or_raise(pg, store, rank: int, world: int, problem: Optional[BaseExce
 
 
 def _mismatch(model, planned: Dict[str, Planned], rank: int, world: int) -> Tuple[Optional[BaseException], List[str]]:
-    """(a ManifestMismatch naming the first parameter of the built model that the plan did not foresee, or
-    foresaw with another shape or placement, else None; the parameters as planned but for their dtype)."""
+    """(a ManifestMismatch naming the first parameter of the built model that the plan foresaw with another
+    shape or placement, else None; the parameters to load after the build: those the plan did not foresee,
+    and those as planned but for their dtype)."""
     from torch.distributed.tensor import DTensor, Shard
     from ._materialize import _fsdp_params, _padded_shape
     from ._names import named_parameters
@@ -285,10 +305,10 @@ def _mismatch(model, planned: Dict[str, Planned], rank: int, world: int) -> Tupl
     for name, p in named_parameters(model):
         want = planned.get(name)
         what = None
-        if want is None:
-            what = "is not in the plan the stream used (from the checkpoint's header)"
+        if want is None:  # under a name the header does not hold (a tied lm_head transformers' FSDP unties):
+            redo.append(name)  # the load after the build resolves it as the sequential load would
         elif not isinstance(p, DTensor) or tuple(p.placements) != (Shard(0),) or p.device_mesh.ndim != 1 \
-                or p.device_mesh.size() != world:
+                or p.device_mesh.mesh.flatten().tolist() != list(range(world)):
             what = f"is laid out as {getattr(p, 'placements', 'a plain tensor')}, not Shard(0) over the {world} ranks"
         elif tuple(p.shape) != want.shape:
             what = f"is {p.dtype} {list(p.shape)}, the plan {want.dtype} {list(want.shape)}"
@@ -306,10 +326,7 @@ def _mismatch(model, planned: Dict[str, Planned], rank: int, world: int) -> Tupl
 
 def adopt(model, planned: Dict[str, Planned], redo: frozenset = frozenset()) -> None:
     """The planned buffers become the parameters' sharded data (no copy); those to load after all (`redo`)
-    get zeros of their own dtype instead, so that no parameter is left on meta for the load after."""
-    from ._materialize import adopt_storage, zeros
+    get fresh zeros instead, so that no parameter is left on meta for the load after."""
+    from ._materialize import adopt_storage
     from ._names import named_parameters
-    cpu = torch.device("cpu")
-    adopt_storage(model, {id(p): planned[name].padded if name not in redo else
-                          zeros(tuple(planned[name].padded.shape), p.dtype, cpu)
-                          for name, p in named_parameters(model)})
+    adopt_storage(model, {id(p): None if name in redo else planned[name].padded for name, p in named_parameters(model)})

@@ -7,6 +7,8 @@ MODE stream:   every model twice: from_pretrained as it is (the stream beside th
                group given (process_group=WORLD: a layout it does not predict, so loaded after the build);
                every local shard and buffer compared bit for bit, and where each local shard lives.
                (stream:kept: a model class that keeps a parameter in float32, loaded after the build.)
+MODE stream_dc: the same through distributed_config=DistributedConfig(fsdp_size=W), transformers' own FSDP
+               layout, which the stream predicts as well.
 MODE mismatch: ROOT is one checkpoint whose config.json no longer matches its tensors; what each rank raised.
 MODE fail_one: from_pretrained whose build fails on rank 1 alone (its buffer_init raises there, while the
                stream runs); what each rank raised.
@@ -67,16 +69,20 @@ def in_padded_buffer(model):
     return copied
 
 
-def stream(root):
+def stream(root, dc=False):
     log, records = logging.getLogger("shardcast"), Records()
     log.addHandler(records)
     log.setLevel(logging.DEBUG)
     out = {}
+    layout = {}
+    if dc:  # transformers' own FSDP layout: fsdp_size over the whole world, nothing else
+        from transformers.distributed import DistributedConfig
+        layout = {"distributed_config": DistributedConfig(fsdp_size=dist.get_world_size())}
     try:
         for name in sorted(os.listdir(root)):
             path = os.path.join(root, name)
-            ours = shardcast.from_pretrained(path, dtype=DTYPE, timeout=120)
-            seq = shardcast.from_pretrained(path, dtype=DTYPE, timeout=120, process_group=dist.group.WORLD)
+            ours = shardcast.from_pretrained(path, dtype=DTYPE, timeout=120, **layout)
+            seq = shardcast.from_pretrained(path, dtype=DTYPE, timeout=120, process_group=dist.group.WORLD, **layout)
             a = dict(ours.named_parameters())
             b = dict(seq.named_parameters())
             differ = sorted(set(a) ^ set(b)) + [n for n in sorted(set(a) & set(b))
@@ -117,7 +123,8 @@ def fail_one(path):
 def main():
     mode, root, out_path = sys.argv[1:4]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
-    modes = {"phases": phases, "stream": stream, "mismatch": mismatch, "fail_one": fail_one}
+    modes = {"phases": phases, "stream": stream, "mismatch": mismatch, "fail_one": fail_one,
+             "stream_dc": lambda root: stream(root, dc=True)}
     ranks.each_scenario(mode, root, lambda name, where: modes[name](where), f"{out_path}.{dist.get_rank()}")
     dist.destroy_process_group()
 

@@ -29,7 +29,8 @@ def run(tiny_checkpoints, tmp_path_factory):
     (bad / "config.json").write_text(json.dumps({**config, "intermediate_size": config["intermediate_size"] + 4}))
     both = ["stream", ("mismatch", bad), ("fail_one", root / "llama")]
     return ranks.Scenarios("pretrained_stream_worker.py", tmp_path_factory,
-                           {3: ["phases", ("stream:kept", kept_dtype(tmp_path_factory))] + both, 4: both},
+                           {3: ["phases", ("stream:kept", kept_dtype(tmp_path_factory)), "stream_dc"] + both,
+                            4: both},
                            root=root, timeout=400)
 
 
@@ -80,6 +81,17 @@ def test_stream_beside_build_lands_the_sequential_paths_bits_in_fsdp2s_padded_bu
         assert all("process_group" in line for line in result["debug"]), result["debug"]
     if world == 4:  # 5 experts over 4 ranks: 2, 2, 1 and none, so rank 3 holds an empty piece
         assert results[3]["qwen3_moe"]["nonempty"] < results[3]["qwen3_moe"]["params"], results[3]["qwen3_moe"]
+
+
+def test_transformers_fsdp_layout_streams_beside_the_build_too(run):
+    """distributed_config with FSDP alone lays every parameter out as the stream predicts: it streams, and
+    lands the bits of the same call loaded after the build, each in FSDP2's padded buffer."""
+    results = run("stream_dc", 3)
+    for rank, result in enumerate(results):
+        for name in MODELS:
+            r = result[name]
+            assert r["beside"] == [True, False], (rank, name, r)
+            assert r["differ"] == [] and r["copied"] == [] and r["params"] > 10, (rank, name, r)
 
 
 def test_a_parameter_the_model_class_keeps_in_float32_is_loaded_after_the_build_not_refused(run):
