@@ -30,7 +30,7 @@ def run(tiny_checkpoints, tmp_path_factory):
     both = ["stream", ("mismatch", bad), ("fail_one", root / "llama")]
     return ranks.Scenarios("pretrained_stream_worker.py", tmp_path_factory,
                            {3: ["phases", ("stream:kept", kept_dtype(tmp_path_factory)), "stream_dc"] + both,
-                            4: both},
+                            4: ["stream"]},
                            root=root, timeout=400)
 
 
@@ -102,7 +102,7 @@ def test_a_parameter_the_model_class_keeps_in_float32_is_loaded_after_the_build_
         assert r["kept"] == ["model.layers.1.mlp.gate.weight"], (rank, r)
 
 
-@pytest.mark.parametrize("world", [3, 4])
+@pytest.mark.parametrize("world", [3])  # 4 adds nothing for a failure: its launch checks the empty rank's stream
 def test_a_built_model_other_than_the_plan_is_one_error_on_every_rank(run, world):
     results = run("mismatch", world)
     first = results[0]
@@ -111,7 +111,7 @@ def test_a_built_model_other_than_the_plan_is_one_error_on_every_rank(run, world
     assert all(r == first for r in results), results
 
 
-@pytest.mark.parametrize("world", [3, 4])
+@pytest.mark.parametrize("world", [3])  # 4 adds nothing for a failure: its launch checks the empty rank's stream
 def test_a_build_failing_on_one_rank_while_it_streams_is_one_error_on_every_rank(run, world):
     results = run("fail_one", world)
     first = results[0]
