@@ -13,13 +13,16 @@
 namespace shardcast {
 namespace {
 
-// The config that holds the RoPE fields: the model's own, or a composite model's text_config (a
-// ForConditionalGeneration's language model: gemma3, qwen2.5-vl).
-const nlohmann::json& RopeConfig(const nlohmann::json& config) {
+// The config that holds a rotary buffer's RoPE fields: the model's own; in a composite model whose top level
+// has none, its language model's text_config for a buffer under the language model (or any buffer
+// outside a vision tower). A vision tower's rotary buffers keep the top level, as before this fallback:
+// transformers computes those from vision_config with rules of the tower's own.
+const nlohmann::json& RopeConfig(const nlohmann::json& config, const std::string& key) {
   for (const char* k : {"rope_parameters", "rope_scaling", "rope_theta"}) {
     if (config.contains(k)) return config;
   }
-  if (config.contains("text_config") && config["text_config"].is_object()) return config["text_config"];
+  const bool vision = key.find("vision") != std::string::npos || key.find("visual") != std::string::npos;
+  if (!vision && config.contains("text_config") && config["text_config"].is_object()) return config["text_config"];
   return config;
 }
 
@@ -35,7 +38,7 @@ std::string FillRotary(const BufferInitContext& ctx, const nlohmann::json& confi
 }
 
 std::string RotaryInvFreq(const BufferInitContext& ctx, at::Tensor& out) {
-  return FillRotary(ctx, RopeConfig(ctx.config), out);
+  return FillRotary(ctx, RopeConfig(ctx.config, ctx.key), out);
 }
 
 // RoPE per attention type (transformers >= 5: gemma3, olmo3, modernbert, ...): one rotary module holds
@@ -48,17 +51,21 @@ std::string LayerTypeRotaryInvFreq(const BufferInitContext& ctx, at::Tensor& out
   if (type.size() > kOriginal.size() && type.compare(type.size() - kOriginal.size(), kOriginal.size(), kOriginal) == 0) {
     type.resize(type.size() - kOriginal.size());
   }
-  const nlohmann::json& config = RopeConfig(ctx.config);
+  const nlohmann::json& config = RopeConfig(ctx.config, ctx.key);
   const auto params = config.find("rope_parameters");
   if (params == config.end() || !params->is_object() || !params->contains(type) || !(*params)[type].is_object()) {
     throw Error(ErrorKind::kConfig, ctx.source, "buffer '" + ctx.key + "' is the rotary buffer of layer type '" + type +
                 "', but the config's rope_parameters has no object for '" + type + "'");
   }
-  // The type's own parameters in place of the per-type table; a top-level rope_theta is not this type's.
+  // The type's own parameters in place of the per-type table. Its rope_theta wins over a top-level one,
+  // which stands in where the type has none (transformers' standardization fills it so).
   nlohmann::json view = config;
   view.erase("rope_scaling");
-  view.erase("rope_theta");
   view["rope_parameters"] = (*params)[type];
+  if (view["rope_parameters"].contains("rope_theta")) view.erase("rope_theta");
+  // transformers' YaRN reads "truncate" from the per-type table itself, never from the type's entry, so
+  // per type it always truncates: the same here, to give its values.
+  view["rope_parameters"].erase("truncate");
   return FillRotary(ctx, view, out);
 }
 

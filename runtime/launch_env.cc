@@ -70,6 +70,13 @@ int SlurmTasksOnNode(const std::string& name, const std::string& text, int node)
 
 Rendezvous RendezvousFromEnvironment() {
   Rendezvous rv;
+  if ((std::getenv("RANK") != nullptr) != (std::getenv("WORLD_SIZE") != nullptr)) {
+    // Half of torchrun's pair: read as no launcher, every process would load alone as a world of one.
+    const char* given = std::getenv("RANK") ? "RANK" : "WORLD_SIZE";
+    throw Error(ErrorKind::kInvalidArgument, "torchrun environment",
+                std::string(given) + " is set but " + (std::getenv("RANK") ? "WORLD_SIZE" : "RANK") +
+                    " is not: set both (torchrun does), or neither for a single process");
+  }
   if (std::getenv("RANK") && std::getenv("WORLD_SIZE")) {
     rv.source = "torchrun";
     rv.rank = EnvInt("RANK", 0);

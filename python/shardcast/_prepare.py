@@ -69,7 +69,12 @@ def _compute_buffers(model, config_json: str, source: str, device, buffer_init: 
             notes[name] = "buffer_init"
         elif _shardcast.has_buffer_rule(name):
             out = torch.zeros(buf.shape, dtype=buf.dtype, device=dev)
-            notes[name] = _shardcast.init_buffer(config_json, source, name, out)
+            try:
+                notes[name] = _shardcast.init_buffer(config_json, source, name, out)
+            except ConfigError as e:  # a rule matched the name but cannot compute it (a rope type it lacks)
+                raise ConfigError(f"non-persistent buffer '{name}': {e}. Pass buffer_init={{pattern: fn(name, "
+                                  f"meta_tensor) -> tensor}} to shardcast.prepare() (it survives to load) or to "
+                                  f"shardcast.load() for it") from None
             owner._buffers[leaf] = out
         elif buf.device.type == "meta" or keep is not None:
             missing.append(name)

@@ -575,6 +575,9 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
         else:
             report = load(model, path, source=source, target=target, config=config, **load_kwargs)
             clock.lap("stream")
+        if dc is not None and hasattr(model, "tie_weights"):
+            # transformers' FSDP layout unties tied weights; its from_pretrained ties them again after the load
+            model.tie_weights(recompute_mapping=False)
         model.shardcast_report = _with_every_phase(report, clock, load_kwargs)
         if not keep_quantized and hasattr(model.config, "quantization_config"):
             del model.config.quantization_config  # dequantized, as transformers drops it after dequantizing

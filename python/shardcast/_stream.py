@@ -20,13 +20,14 @@ model and applies fully_shard:
 Agreed, never assumed: every rank plans, then all say whether they can stream (one store exchange); one
 rank that cannot (a layout it cannot predict, a header it cannot read, a failure before) and none does,
 and from_pretrained takes its sequential path. After the build, every rank checks its model against the
-plan (every parameter planned, with that shape, dtype and placement, in a padded buffer of that size) and
-hears the stream's outcome; one exchange makes any rank's problem the same error on every rank, before
-any buffer becomes a parameter's. Then the buffers become the parameters' sharded data (no copy). The
-non-persistent buffers are prepare's, untouched; where the model has persistent buffers, or parameters its
-class keeps in another dtype (transformers' `_keep_in_fp32_modules_strict`: a router's weight, which the
-header cannot foresee), the same on every rank and agreed in that exchange, a small load fills them from
-the checkpoint after the build.
+plan (every planned parameter with that shape and placement, in a padded buffer of that size, over the
+whole world in rank order) and hears the stream's outcome; one exchange makes any rank's problem the same
+error on every rank, before any buffer becomes a parameter's. Then the buffers become the parameters'
+sharded data (no copy). The non-persistent buffers are prepare's, untouched. Where the model has
+persistent buffers, parameters its class keeps in another dtype (transformers'
+`_keep_in_fp32_modules_strict`: a router's weight, which the header cannot foresee), or parameters under
+a name the header does not hold (a tied lm_head that transformers' FSDP unties), the same on every rank
+and agreed in that exchange, a small load fills them from the checkpoint after the build.
 Every wait has the load's timeout.
 """
 from __future__ import annotations
@@ -247,8 +248,9 @@ class Stream:
         persistent, redo = _agree_or_raise(self.pg, self.store, self.rank, self.world, problem, value,
                                            self.timeout_s)[0]
         if redo:
-            logger.debug("from_pretrained loads %d parameter(s) the model keeps in another dtype after the build: "
-                         "%s", len(redo), ", ".join(redo[:4]) + (", ..." if len(redo) > 4 else ""))
+            logger.debug("from_pretrained loads %d parameter(s) after the build (kept in a dtype of their own, or "
+                         "under a name the header does not hold): %s", len(redo),
+                         ", ".join(redo[:4]) + (", ..." if len(redo) > 4 else ""))
         adopt(model, self.planned, redo=frozenset(redo))
         return self.report, persistent, redo
 

@@ -93,7 +93,9 @@ def stream(root, dc=False):
             out[name] = {"beside": [ours.shardcast_report.stream_beside_build, seq.shardcast_report.stream_beside_build],
                          "differ": differ, "params": len(a), "nonempty": sum(1 for p in a.values() if local(p).numel()),
                          "copied": in_padded_buffer(ours), "bytes": ours.shardcast_report.total_bytes,
-                         "kept": sorted(n for n, p in a.items() if p.dtype != DTYPE)}
+                         "kept": sorted(n for n, p in a.items() if p.dtype != DTYPE),
+                         "tied": [m.config.tie_word_embeddings and m.lm_head.weight is m.model.embed_tokens.weight
+                                  for m in (ours, seq)]}
     finally:
         log.removeHandler(records)
     out["debug"] = [line for line in records.lines if "not beside it" in line]

@@ -46,3 +46,10 @@ def test_a_value_that_cannot_be_read_names_its_variable(env, name, value):
     env.setenv(name, value)
     with pytest.raises(shardcast.InvalidArgument, match=name):
         launch()
+
+
+@pytest.mark.parametrize("given", ["RANK", "WORLD_SIZE"])
+def test_half_of_torchruns_pair_is_an_error_not_a_world_of_one(env, given):
+    env.setenv(given, "1")
+    with pytest.raises(shardcast.InvalidArgument, match=f"{given} is set but"):
+        launch()

@@ -92,6 +92,8 @@ def test_transformers_fsdp_layout_streams_beside_the_build_too(run):
             r = result[name]
             assert r["beside"] == [True, False], (rank, name, r)
             assert r["differ"] == [] and r["copied"] == [] and r["params"] > 10, (rank, name, r)
+        # llama's tied lm_head: transformers' FSDP unties it, its from_pretrained ties it again; so does ours
+        assert result["llama"]["tied"] == [True, True], (rank, result["llama"])
 
 
 def test_a_parameter_the_model_class_keeps_in_float32_is_loaded_after_the_build_not_refused(run):

@@ -84,3 +84,65 @@ def test_a_layer_type_the_config_has_no_rope_parameters_for_is_a_config_error():
     with pytest.raises(shardcast.ConfigError, match="layer type 'chunked_attention'.*rope_parameters"):
         shardcast._shardcast.init_buffer(json.dumps(saved), "cfg.json", "model.rotary_emb.chunked_attention_inv_freq",
                                          torch.zeros(8))
+
+
+def _per_type(**rope_parameters):
+    from transformers import AutoConfig
+    return AutoConfig.for_model("olmo3", hidden_size=64, num_attention_heads=4, num_hidden_layers=4,
+                                max_position_embeddings=4096, rope_parameters=rope_parameters)
+
+
+def _rotary(config):
+    from transformers.models.olmo3.modeling_olmo3 import Olmo3RotaryEmbedding
+    return Olmo3RotaryEmbedding(config=config)
+
+
+def test_a_top_level_rope_theta_stands_in_for_a_type_without_one():
+    """A raw config (a dict given to prepare) whose per-type entries carry no rope_theta: transformers'
+    standardization fills them from the top level; so does the rule."""
+    config = _per_type(sliding_attention={"rope_type": "default"}, full_attention={"rope_type": "default"})
+    raw = config.to_dict()
+    raw["rope_theta"] = 1e6
+    for entry in raw["rope_parameters"].values():
+        entry.pop("rope_theta", None)
+    theirs = _rotary(type(config).from_dict(raw)).full_attention_inv_freq
+    ours = torch.zeros_like(theirs)
+    shardcast._shardcast.init_buffer(json.dumps(raw), "raw", "model.rotary_emb.full_attention_inv_freq", ours)
+    assert ulps(ours, theirs) <= 1, (ours, theirs)
+
+
+def test_yarn_per_type_truncates_as_transformers_does_whatever_the_entry_says():
+    """transformers reads YaRN's `truncate` from the per-type table, never from a type's entry."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 500000.0, "original_max_position_embeddings": 1024,
+            "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
+    config = _per_type(sliding_attention=dict(yarn), full_attention=dict(yarn))
+    theirs = _rotary(config).full_attention_inv_freq
+    ours = torch.zeros_like(theirs)
+    shardcast._shardcast.init_buffer(json.dumps(config.to_dict()), "cfg", "model.rotary_emb.full_attention_inv_freq",
+                                     ours)
+    assert ulps(ours, theirs) <= 1, ulps(ours, theirs)
+
+
+def test_a_vision_towers_rotary_buffer_is_not_computed_from_the_text_config():
+    """A composite config's text_config holds the language model's RoPE; a vision tower's rotary buffer keeps
+    the top level (transformers computes it from vision_config by the tower's own rule)."""
+    composite = {"model_type": "x", "text_config": {"rope_theta": 5e6, "max_position_embeddings": 4096},
+                 "vision_config": {}}
+    text, vision, plain = torch.zeros(8), torch.zeros(8), torch.zeros(8)
+    init = shardcast._shardcast.init_buffer
+    init(json.dumps(composite), "cfg", "model.language_model.rotary_emb.inv_freq", text)
+    init(json.dumps(composite), "cfg", "model.vision_tower.rotary_emb.inv_freq", vision)
+    init(json.dumps({"model_type": "x"}), "cfg", "model.rotary_emb.inv_freq", plain)
+    assert torch.equal(vision, plain) and not torch.equal(text, plain)
+
+
+def test_a_rule_that_cannot_compute_a_buffer_names_it_and_says_where_buffer_init_goes():
+    from transformers import AutoModelForCausalLM
+    config = _per_type(sliding_attention={"rope_type": "default", "rope_theta": 1e4},
+                       full_attention={"rope_type": "default", "rope_theta": 1e4})
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    raw = config.to_dict()
+    raw["rope_parameters"]["full_attention"]["rope_type"] = "proportional"
+    with pytest.raises(shardcast.ConfigError, match="'model.rotary_emb.full_attention_inv_freq'.*proportional.*buffer_init"):
+        shardcast.prepare(model, config=raw)
