@@ -61,7 +61,7 @@ def test_shardcast_target_from_the_environment_is_the_keyword_s_twin(checkpoint,
     with pytest.raises(shardcast.Unsupported, match='target="pinned": pinned host memory needs CUDA'):
         shardcast.load(meta_model(), path)
     monkeypatch.setenv("SHARDCAST_TARGET", "gpu")
-    with pytest.raises(shardcast.InvalidArgument, match="SHARDCAST_TARGET='gpu' is not a target"):
+    with pytest.raises(shardcast.InvalidArgument, match='SHARDCAST_TARGET: "gpu" is not a target'):
         shardcast.load(meta_model(), path)
     monkeypatch.setenv("SHARDCAST_TARGET", "cpu")
     model = meta_model()

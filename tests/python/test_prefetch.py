@@ -28,6 +28,7 @@ def test_shares_cover_the_budget_once_in_file_order():
 
 def test_several_nodes_read_nothing_ahead(monkeypatch, tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"\0" * 4096)
+    monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "16")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     assert _prefetch.start(str(tmp_path), force=True) is None
@@ -36,6 +37,7 @@ def test_several_nodes_read_nothing_ahead(monkeypatch, tmp_path):
 def test_by_default_only_with_two_cores_per_local_rank(monkeypatch, tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"\0" * 4096)
     cores = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", str(cores))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores))
     monkeypatch.setenv("LOCAL_RANK", "0")
