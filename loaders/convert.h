@@ -26,6 +26,7 @@
 
 #include "loaders/checkpoint.h"
 #include "loaders/dequant.h"
+#include "loaders/quant/format.h"
 #include "loaders/writer.h"
 
 namespace shardcast {
@@ -39,11 +40,10 @@ struct ConvertOptions {
 
 struct ConvertPlan {
   struct Output {
-    std::string key;
-    DType source_dtype;  // in the input
-    bool dequantize = false;  // fp8 with its block scales
-    bool nvfp4 = false;       // a ModelOpt NVFP4 weight: U8 [out, in / 2] in, `target` [out, in] out
-    bool mxfp4 = false;       // "<key>_blocks" + "<key>_scales" in, the model's "<key>" [..., in, out] out
+    std::string key;                      // the model's key (MXFP4: "<p>" of "<p>_blocks")
+    DType source_dtype;                   // in the input
+    const QuantFormat* format = nullptr;  // the data's format, dequantized to `target`; nullptr: copied
+    std::string source_key;               // the input's key of a dequantized output
   };
   std::vector<CheckpointFile> files;  // the output layout
   std::vector<Output> outputs;        // by key order within files: files[f].entries[i] <-> outputs[k]
@@ -51,8 +51,9 @@ struct ConvertPlan {
   uint64_t input_bytes = 0, output_bytes = 0;
 };
 
-// Decides the output: which tensors are dequantized (fp8 with a '<key>_scale_inv' of its block
-// grid), which are copied, and the files. Throws as the header says.
+// Decides the output: which tensors are dequantized (every data tensor a format of
+// loaders/quant/format.h claims, checked by its bind), which scales are dropped, which tensors are
+// copied, and the files. Throws as the header says.
 ConvertPlan PlanConvert(const Checkpoint& input, const ConvertOptions& options);
 
 // Writes output file `file` of the plan into `dir` (temp name, fsync, rename). Peak memory is about
