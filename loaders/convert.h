@@ -6,7 +6,7 @@
 //   input:  model.layers.0.mlp.up_proj.weight            F8_E4M3 [out, in]
 //           model.layers.0.mlp.up_proj.weight_scale_inv  F32 [ceil(out/128), ceil(in/128)]
 //   output: model.layers.0.mlp.up_proj.weight            BF16 [out, in]       (the scale is gone)
-// ModelOpt NVFP4 weights the same way (loaders/nvfp4.h): "<m>.weight" U8 [out, in / 2] with its
+// ModelOpt NVFP4 weights the same way (loaders/quant/nvfp4.h): "<m>.weight" U8 [out, in / 2] with its
 // "<m>.weight_scale" and "<m>.weight_scale_2" becomes "<m>.weight" [out, in]; the scales and
 // "<m>.input_scale" (an activation scale, meaningless to a dequantized model) are dropped.
 // Every other tensor is copied byte for byte. Output tensors keep the input's order (file by file,
@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "loaders/checkpoint.h"
-#include "loaders/dequant.h"
+#include "loaders/quant/dequant.h"
 #include "loaders/quant/format.h"
 #include "loaders/writer.h"
 

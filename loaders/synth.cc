@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "allocators/error.h"
-#include "loaders/nvfp4.h"
+#include "loaders/quant/nvfp4.h"
 #include "loaders/quant/format.h"
 
 namespace shardcast {

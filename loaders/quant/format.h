@@ -39,7 +39,7 @@
 #include <string_view>
 #include <vector>
 
-#include "loaders/dequant.h"
+#include "loaders/quant/dequant.h"
 #include "loaders/dtype.h"
 #include "loaders/checkpoint.h"
 

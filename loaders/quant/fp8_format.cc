@@ -1,6 +1,6 @@
 // The fp8 block entry (DeepSeek-V3 and its kin): "<w>" F8_E4M3 / F8_E5M2 [rows, cols] with
 // "<w>_scale_inv" [ceil(rows / bh), ceil(cols / bw)], one scale per block of the config's
-// weight_block_size (loaders/dequant.h has the rule and the kernel). The model's tensor is the
+// weight_block_size (loaders/quant/dequant.h has the rule and the kernel). The model's tensor is the
 // stored shape.
 //
 //   rows  |  r0 ......... r1 |            scale rows [r0 / bh, ceil(r1 / bh)), grid_cols wide

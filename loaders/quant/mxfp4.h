@@ -41,7 +41,7 @@
 #include <string_view>
 #include <vector>
 
-#include "loaders/dequant.h"
+#include "loaders/quant/dequant.h"
 #include "loaders/dtype.h"
 
 namespace shardcast {

@@ -1,5 +1,5 @@
 // The MXFP4 entry (gpt-oss): "<p>_blocks" U8 [..., out, in / 32, 16] + "<p>_scales" [..., out, in / 32]
-// hold the model's "<p>" [..., in, out] (loaders/mxfp4.h has the rule and the kernel).
+// hold the model's "<p>" [..., in, out] (loaders/quant/mxfp4.h has the rule and the kernel).
 //
 // A read produces elements [first, first + n) of the model's tensor one expert at a time:
 //
@@ -14,7 +14,7 @@
 #include <algorithm>
 
 #include "allocators/error.h"
-#include "loaders/mxfp4.h"
+#include "loaders/quant/mxfp4.h"
 #include "loaders/quant/entry_util.h"
 
 namespace shardcast {

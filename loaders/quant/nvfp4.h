@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "loaders/dtype.h"
-#include "loaders/mxfp4.h"
+#include "loaders/quant/mxfp4.h"
 
 namespace shardcast {
 

@@ -1,6 +1,6 @@
 // The NVFP4 entry (NVIDIA ModelOpt): "<m>.weight" U8 [out, in / 2], "<m>.weight_scale" F8_E4M3
 // [out, in / 16] and "<m>.weight_scale_2" F32 hold the model's "<m>.weight" [out, in]
-// (loaders/nvfp4.h has the rule and the kernel). "<m>.input_scale" (the activations' scale, meaningful
+// (loaders/quant/nvfp4.h has the rule and the kernel). "<m>.input_scale" (the activations' scale, meaningful
 // only to an NVFP4 matmul) is consumed with the weight and dropped.
 //
 // No transpose: the model's rows are the stored rows, so a read takes exactly the packed bytes and
@@ -17,7 +17,7 @@
 #include <cstring>
 
 #include "allocators/error.h"
-#include "loaders/nvfp4.h"
+#include "loaders/quant/nvfp4.h"
 #include "loaders/quant/entry_util.h"
 
 namespace shardcast {

@@ -7,8 +7,8 @@
 #include <cstring>
 
 #include "loaders/checkpoint.h"
-#include "loaders/mxfp4.h"
-#include "loaders/nvfp4.h"
+#include "loaders/quant/mxfp4.h"
+#include "loaders/quant/nvfp4.h"
 #include "loaders/quantization.h"
 #include "loaders/shape.h"
 #include "loaders/synth.h"
