@@ -7,9 +7,10 @@
 namespace shardcast {
 namespace {
 
-// A part's format: its Packing is the format's manifest id. kInternal for one no entry has.
+// A dequantized part's format: its Packing is the format's manifest id (kNone: fp8's block-scaled
+// rows). kInternal for a part that does not dequantize or a packing no entry has.
 const QuantFormat& FormatOf(const ManifestPart& p) {
-  const QuantFormat* f = QuantFormatOfPacking(static_cast<uint8_t>(p.packing));
+  const QuantFormat* f = p.dequantize ? QuantFormatOfPacking(static_cast<uint8_t>(p.packing)) : nullptr;
   if (f == nullptr) {
     throw Error(ErrorKind::kInternal, "tensor '" + p.checkpoint_key + "'", "no quantized format packs it");
   }
@@ -102,21 +103,6 @@ void ReadPacked(const ManifestPart& p, const FileTable& files, uint64_t first, u
 
 void PrefetchPacked(const ManifestPart& p, const FileTable& files, uint64_t first, uint64_t count) {
   FormatOf(p).prefetch(PackedOf(p, &files), first, count);
-}
-
-void ReadNvfp4(const ManifestPart& p, const FileTable& files, uint64_t first, uint64_t count, DType target,
-               Buffer* scratch, bool release, unsigned char* out) {
-  ReadPacked(p, files, first, count, target, scratch, release, out);
-}
-void ReadMxfp4(const ManifestPart& p, const FileTable& files, uint64_t first, uint64_t count, DType target,
-               Buffer* scratch, bool release, unsigned char* out) {
-  ReadPacked(p, files, first, count, target, scratch, release, out);
-}
-void PrefetchNvfp4(const ManifestPart& p, const FileTable& files, uint64_t first, uint64_t count) {
-  PrefetchPacked(p, files, first, count);
-}
-void PrefetchMxfp4(const ManifestPart& p, const FileTable& files, uint64_t first, uint64_t count) {
-  PrefetchPacked(p, files, first, count);
 }
 
 }  // namespace shardcast

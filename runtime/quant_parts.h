@@ -4,8 +4,8 @@
 // manifest parts and back. A part's Packing is its format's manifest id. The hooks the runtime calls:
 //   Resolve (manifest.cc)    ResolveMxfp4Part, where the checkpoint has no tensor under the entry's key;
 //                            ResolveNvfp4Part, where it holds a U8 tensor with NVFP4 scales beside it
-//   FileSource (source.cc)   ReadPacked / PrefetchPacked for a part with a Packing other than kNone
-//                            (ReadMxfp4, ReadNvfp4 and their Prefetch are the same calls, by name)
+//   FileSource (source.cc)   ReadPacked / PrefetchPacked for every part that dequantizes (fp8's
+//                            block-scaled rows have Packing kNone; MXFP4 and NVFP4 their own)
 //
 // The global scale of an NVFP4 part is read by rank 0 at resolve time and travels in the manifest
 // (ManifestScale::global_bits), so every rank applies the same one.
@@ -54,21 +54,14 @@ uint64_t PackedSourceBytes(const ManifestPart& p);
 uint64_t Mxfp4SourceBytes(const ManifestPart& p);
 uint64_t Nvfp4SourceBytes(const ManifestPart& p);
 
-// Writes elements [first, first + count) of a packed part (the entry's order) as `target` at `out`, by
-// its format's read. scratch holds one step of packed bytes and scales at a time (MXFP4: one expert;
-// NVFP4: at most 8 MiB of packed rows); `release` drops the file pages of each step once read.
+// Writes elements [first, first + count) of a part that dequantizes (the entry's order) as `target` at
+// `out`, by its format's read. scratch holds one step of stored bytes and scales at a time (fp8 and
+// NVFP4: at most 8 MiB of stored rows; MXFP4: one expert); `release` drops each step's file pages once
+// read.
 void ReadPacked(const ManifestPart& p, const FileTable& files, uint64_t first, uint64_t count, DType target,
                 Buffer* scratch, bool release, unsigned char* out);
 
-// Asks for the stored bytes that elements [first, first + count) of a packed part come from.
+// Asks for the stored bytes that elements [first, first + count) of a part that dequantizes come from.
 void PrefetchPacked(const ManifestPart& p, const FileTable& files, uint64_t first, uint64_t count);
-
-// ReadPacked and PrefetchPacked under the names source.cc calls them by.
-void ReadNvfp4(const ManifestPart& p, const FileTable& files, uint64_t first, uint64_t count, DType target,
-               Buffer* scratch, bool release, unsigned char* out);
-void PrefetchNvfp4(const ManifestPart& p, const FileTable& files, uint64_t first, uint64_t count);
-void ReadMxfp4(const ManifestPart& p, const FileTable& files, uint64_t first, uint64_t count, DType target,
-               Buffer* scratch, bool release, unsigned char* out);
-void PrefetchMxfp4(const ManifestPart& p, const FileTable& files, uint64_t first, uint64_t count);
 
 }  // namespace shardcast

@@ -36,7 +36,7 @@ const QuantFormat* QuantFormatNamed(std::string_view name) {
 
 const QuantFormat* QuantFormatOfPacking(uint8_t packing) {
   for (const QuantFormat* f : QuantFormats()) {
-    if (f->packing == packing && packing != 0) return f;
+    if (f->packing == packing) return f;
   }
   return nullptr;
 }

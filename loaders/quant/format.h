@@ -144,7 +144,8 @@ const std::vector<const QuantFormat*>& QuantFormats();
 // format claims it or there is no such key.
 QuantMatch DetectQuant(const FindStored& find, const std::string& key);
 
-// By name or manifest packing id; nullptr when none has it.
+// By name or manifest packing id (0, the plain layout, is fp8's when a part dequantizes); nullptr when
+// none has it.
 const QuantFormat* QuantFormatNamed(std::string_view name);
 const QuantFormat* QuantFormatOfPacking(uint8_t packing);
 

@@ -119,7 +119,8 @@ TEST(QuantFormat, ShapesFromTheStoredShape) {
   ASSERT_EQ(QuantFormats().size(), 3u);
   EXPECT_EQ(QuantFormatOfPacking(1), &kMxfp4Format);
   EXPECT_EQ(QuantFormatOfPacking(2), &kNvfp4Format);
-  EXPECT_EQ(QuantFormatOfPacking(0), nullptr);  // the plain layout
+  EXPECT_EQ(QuantFormatOfPacking(0), &kFp8Format);  // the plain layout, when a part dequantizes
+  EXPECT_EQ(QuantFormatOfPacking(3), nullptr);
   EXPECT_EQ(QuantFormatNamed("fp8"), &kFp8Format);
 }
 
