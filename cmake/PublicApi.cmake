@@ -27,6 +27,7 @@ set(SHARDCAST_PUBLIC_HEADERS
   runtime/layout_inl.h
   loaders/model_spec.h
   loaders/dequant.h
+  loaders/quant/dequant.h
   loaders/dtype.h
   allocators/error.h
   allocators/memory_probe.h

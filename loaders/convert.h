@@ -6,7 +6,7 @@
 //   input:  model.layers.0.mlp.up_proj.weight            F8_E4M3 [out, in]
 //           model.layers.0.mlp.up_proj.weight_scale_inv  F32 [ceil(out/128), ceil(in/128)]
 //   output: model.layers.0.mlp.up_proj.weight            BF16 [out, in]       (the scale is gone)
-// ModelOpt NVFP4 weights the same way (loaders/nvfp4.h): "<m>.weight" U8 [out, in / 2] with its
+// ModelOpt NVFP4 weights the same way (loaders/quant/nvfp4.h): "<m>.weight" U8 [out, in / 2] with its
 // "<m>.weight_scale" and "<m>.weight_scale_2" becomes "<m>.weight" [out, in]; the scales and
 // "<m>.input_scale" (an activation scale, meaningless to a dequantized model) are dropped.
 // Every other tensor is copied byte for byte. Output tensors keep the input's order (file by file,
@@ -25,7 +25,8 @@
 #include <vector>
 
 #include "loaders/checkpoint.h"
-#include "loaders/dequant.h"
+#include "loaders/quant/dequant.h"
+#include "loaders/quant/format.h"
 #include "loaders/writer.h"
 
 namespace shardcast {
@@ -39,11 +40,10 @@ struct ConvertOptions {
 
 struct ConvertPlan {
   struct Output {
-    std::string key;
-    DType source_dtype;  // in the input
-    bool dequantize = false;  // fp8 with its block scales
-    bool nvfp4 = false;       // a ModelOpt NVFP4 weight: U8 [out, in / 2] in, `target` [out, in] out
-    bool mxfp4 = false;       // "<key>_blocks" + "<key>_scales" in, the model's "<key>" [..., in, out] out
+    std::string key;                      // the model's key (MXFP4: "<p>" of "<p>_blocks")
+    DType source_dtype;                   // in the input
+    const QuantFormat* format = nullptr;  // the data's format, dequantized to `target`; nullptr: copied
+    std::string source_key;               // the input's key of a dequantized output
   };
   std::vector<CheckpointFile> files;  // the output layout
   std::vector<Output> outputs;        // by key order within files: files[f].entries[i] <-> outputs[k]
@@ -51,8 +51,9 @@ struct ConvertPlan {
   uint64_t input_bytes = 0, output_bytes = 0;
 };
 
-// Decides the output: which tensors are dequantized (fp8 with a '<key>_scale_inv' of its block
-// grid), which are copied, and the files. Throws as the header says.
+// Decides the output: which tensors are dequantized (every data tensor a format of
+// loaders/quant/format.h claims, checked by its bind), which scales are dropped, which tensors are
+// copied, and the files. Throws as the header says.
 ConvertPlan PlanConvert(const Checkpoint& input, const ConvertOptions& options);
 
 // Writes output file `file` of the plan into `dir` (temp name, fsync, rename). Peak memory is about

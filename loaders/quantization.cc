@@ -3,63 +3,41 @@
 #include <nlohmann/json.hpp>
 
 #include "allocators/error.h"
+#include "loaders/quant/format.h"
 
 namespace shardcast {
 namespace {
 
-bool EndsWith(std::string_view s, std::string_view suffix) {
-  return s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-std::string_view Strip(std::string_view s, std::string_view suffix) { return s.substr(0, s.size() - suffix.size()); }
-
-const TensorInfo* Info(const Checkpoint& ckpt, const std::string& key) {
-  const Checkpoint::Entry* e = ckpt.Find(key);
-  return e ? e->info : nullptr;
-}
+// How inspect names each format's pieces: the roles of QuantRole, by format and piece.
+struct RoleOf {
+  QuantRole role;
+  std::string_view format;
+  QuantPiece piece;
+};
+constexpr RoleOf kRoles[] = {
+    {QuantRole::kFp8Weight, "fp8", QuantPiece::kData},       {QuantRole::kFp8Scale, "fp8", QuantPiece::kScale},
+    {QuantRole::kMxfp4Blocks, "mxfp4", QuantPiece::kData},   {QuantRole::kMxfp4Scales, "mxfp4", QuantPiece::kScale},
+    {QuantRole::kNvfp4Weight, "nvfp4", QuantPiece::kData},   {QuantRole::kNvfp4Scale, "nvfp4", QuantPiece::kScale},
+};
 
 }  // namespace
 
 TensorQuant QuantOf(const Checkpoint& ckpt, std::string_view key) {
-  const TensorInfo* self = Info(ckpt, std::string(key));
-  if (self == nullptr) return {};
-  if (EndsWith(key, "_scale_inv")) {
-    const std::string w(Strip(key, "_scale_inv"));
-    if (const TensorInfo* t = Info(ckpt, w); t && IsFp8(t->dtype)) return {QuantRole::kFp8Scale, w};
-  }
-  if (IsFp8(self->dtype) && Info(ckpt, std::string(key) + "_scale_inv")) {
-    return {QuantRole::kFp8Weight, std::string(key) + "_scale_inv"};
-  }
-  if (EndsWith(key, "_blocks") && self->dtype == DType::kU8) {
-    const std::string s = std::string(Strip(key, "_blocks")) + "_scales";
-    if (Info(ckpt, s)) return {QuantRole::kMxfp4Blocks, s};
-  }
-  if (EndsWith(key, "_scales")) {
-    const std::string b = std::string(Strip(key, "_scales")) + "_blocks";
-    if (const TensorInfo* t = Info(ckpt, b); t && t->dtype == DType::kU8) return {QuantRole::kMxfp4Scales, b};
-  }
-  for (std::string_view suffix : {".weight_scale_2", ".weight_scale"}) {
-    if (!EndsWith(key, suffix)) continue;
-    const std::string w = std::string(Strip(key, suffix)) + ".weight";
-    if (const TensorInfo* t = Info(ckpt, w); t && t->dtype == DType::kU8) return {QuantRole::kNvfp4Scale, w};
-  }
-  if (EndsWith(key, ".weight") && self->dtype == DType::kU8) {
-    const std::string s = std::string(Strip(key, ".weight")) + ".weight_scale";
-    if (const TensorInfo* t = Info(ckpt, s); t && t->dtype == DType::kF8_E4M3) return {QuantRole::kNvfp4Weight, s};
+  const QuantMatch m = DetectQuant(FindIn(ckpt), std::string(key));
+  if (!m.complete) return {};  // a claim without its partners: the reader names it, inspect does not
+  for (const RoleOf& r : kRoles) {
+    if (r.format == m.format->name && r.piece == m.piece) return {r.role, m.partner};
   }
   return {};
 }
 
 std::string_view QuantRoleName(QuantRole role) {
-  switch (role) {
-    case QuantRole::kFp8Weight: return "fp8";
-    case QuantRole::kFp8Scale: return "fp8 scale";
-    case QuantRole::kMxfp4Blocks: return "mxfp4";
-    case QuantRole::kMxfp4Scales: return "mxfp4 scales";
-    case QuantRole::kNvfp4Weight: return "nvfp4";
-    case QuantRole::kNvfp4Scale: return "nvfp4 scale";
-    default: return "";
+  for (const RoleOf& r : kRoles) {
+    if (r.role != role) continue;
+    const QuantFormat* f = QuantFormatNamed(r.format);
+    return r.piece == QuantPiece::kData ? f->data_name : f->scale_name;
   }
+  return "";
 }
 
 void CheckQuantMethod(std::string_view source, std::string_view config_json) {

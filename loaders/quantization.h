@@ -1,12 +1,14 @@
-// loaders/quantization: which quantized format each checkpoint tensor belongs to, by its key and its
-// partners' keys alone (what `shardcast inspect` and `convert` name). Pairs are found by key, never by
-// position:
+// loaders/quantization: which quantized format each checkpoint tensor belongs to, as `shardcast inspect`
+// names it, and the check of a config's quantization_config. Pairs are found by key, never by position;
+// the formats and their rules are the entries of loaders/quant/format.h:
 //
 //   fp8 blocks  "<w>" F8_E4M3 / F8_E5M2          + "<w>_scale_inv" (F32, BF16, F16, F8_E8M0 or U8)
 //   MXFP4       "<p>_blocks" U8 [..., out, g, 16] + "<p>_scales" U8 / F8_E8M0 [..., out, g]  (gpt-oss)
 //   NVFP4       "<w>" U8 [out, in / 2]            + "<m>.weight_scale" F8_E4M3 [out, in / 16]
 //                                                 + "<m>.weight_scale_2" F32 (ModelOpt)
 //
+// QuantOf names a tensor only when its pairing is complete (DetectQuant's `complete`): a weight whose
+// partner is missing is "" here, and the reader names what is wrong with it.
 // Thread safety: pure functions over an immutable Checkpoint.
 #pragma once
 

@@ -10,7 +10,8 @@
 #include <vector>
 
 #include "allocators/error.h"
-#include "loaders/nvfp4.h"
+#include "loaders/quant/nvfp4.h"
+#include "loaders/quant/format.h"
 
 namespace shardcast {
 namespace {
@@ -234,8 +235,15 @@ Bf16Twin MakeBf16Twin(const ModelSpec& spec) {
   const BlockSize block = ConfigBlockSize(spec);
   Bf16Twin twin;
   std::unordered_set<std::string> sidecars;
+  const FindStored find = [&by_key](const std::string& key) -> std::optional<StoredTensor> {
+    auto it = by_key.find(key);
+    if (it == by_key.end()) return std::nullopt;
+    return StoredTensor{it->second->dtype, &it->second->shape};
+  };
   for (const auto& e : spec.entries) {
-    if (e.dtype == DType::kU8 && EndsWith(e.key, kWeightSuffix)) {  // NVFP4: U8 [out, in / 2] + its scales
+    const QuantMatch m = DetectQuant(find, e.key);  // the formats' own rules (loaders/quant/format.h)
+    if (m.piece != QuantPiece::kData) continue;
+    if (m.format == &kNvfp4Format) {  // NVFP4: U8 [out, in / 2] + its scales
       const std::string base = e.key.substr(0, e.key.size() - kWeightSuffix.size());
       auto sc = by_key.find(base + ".weight_scale");
       auto global = by_key.find(base + ".weight_scale_2");
@@ -246,7 +254,7 @@ Bf16Twin MakeBf16Twin(const ModelSpec& spec) {
       twin.dequantized.push_back({e.key, e.dtype, sc->second->dtype, {e.shape[0], e.shape[1] * 2}, {1, kNvfp4Block}});
       continue;
     }
-    if (e.dtype != DType::kF8_E4M3 && e.dtype != DType::kF8_E5M2) continue;
+    if (m.format != &kFp8Format || (e.dtype != DType::kF8_E4M3 && e.dtype != DType::kF8_E5M2)) continue;
     auto it = by_key.find(ScaleKeyFor(e.key));
     if (it == by_key.end()) continue;  // no scale: not block-quantized, stays as it is
     const SpecEntry& sc = *it->second;

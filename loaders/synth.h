@@ -20,7 +20,7 @@
 #include <string>
 #include <string_view>
 
-#include "loaders/dequant.h"
+#include "loaders/quant/dequant.h"
 #include "loaders/model_spec.h"
 #include "loaders/writer.h"
 
@@ -39,7 +39,7 @@ struct SynthOptions {
 
 // A block-quantized synthetic weight: its fp8 values are SynthElements(seed, key, weight_dtype, ...),
 // its scales SynthElements(seed, ScaleKeyFor(key), scale_dtype, ...). weight_dtype U8 is an NVFP4
-// weight "<m>.weight" (loaders/nvfp4.h): packed U8 values, "<m>.weight_scale" F8_E4M3 block scales
+// weight "<m>.weight" (loaders/quant/nvfp4.h): packed U8 values, "<m>.weight_scale" F8_E4M3 block scales
 // and the "<m>.weight_scale_2" global, block {1, 16}.
 struct SynthQuantizedWeight {
   std::string key;

@@ -15,6 +15,7 @@
 
 #include "loaders/checkpoint.h"
 #include "loaders/posix_file.h"
+#include "loaders/quant/format.h"
 #include "runtime/buffer_init.h"
 #include "runtime/c10d_communicator.h"
 #include "runtime/failure.h"
@@ -515,6 +516,51 @@ PYBIND11_MODULE(_shardcast, m) {
       "[(key, safetensors dtype name, shape, file path)] of every tensor of a checkpoint (a file, or a directory "
       "with model.safetensors.index.json or model.safetensors), sorted by key: opened and validated by the "
       "loader's own reader (headers, index, names beneath the root). CheckpointError naming the file otherwise.");
+  m.def(
+      "quantization_of",
+      [](py::list tensors) {
+        // The tensors as detect sees them: {key: (dtype, shape)}; a dtype is a safetensors name or a torch.dtype.
+        std::unordered_map<std::string, std::pair<DType, std::vector<uint64_t>>> stored;
+        std::vector<std::string> keys;
+        for (py::handle h : tensors) {
+          const auto t = h.cast<py::tuple>();
+          const std::string key = t[0].cast<std::string>();
+          std::optional<DType> dtype = py::isinstance<py::str>(t[1]) ? ParseDType(t[1].cast<std::string>())
+                                                                    : FromScalarType(t[1].cast<at::ScalarType>());
+          if (dtype) stored[key] = {*dtype, t[2].cast<std::vector<uint64_t>>()};  // else no format's
+          keys.push_back(key);
+        }
+        const FindStored find = [&stored](const std::string& key) -> std::optional<StoredTensor> {
+          auto it = stored.find(key);
+          if (it == stored.end()) return std::nullopt;
+          return StoredTensor{it->second.first, &it->second.second};
+        };
+        static constexpr const char* kPieces[] = {"", "data", "scale", "sidecar"};
+        py::list out;
+        for (const std::string& key : keys) {
+          const QuantMatch q = DetectQuant(find, key);
+          if (q.piece == QuantPiece::kNone) {
+            out.append(py::none());
+            continue;
+          }
+          const std::vector<uint64_t>& shape = stored.at(key).second;  // detect found it
+          py::dict d;
+          d["format"] = std::string(q.format->name);
+          d["piece"] = kPieces[static_cast<int>(q.piece)];
+          d["partner"] = q.partner;
+          d["model_key"] = q.model_key;
+          d["model_shape"] = q.format->model_shape(shape);
+          d["kept_shape"] = q.format->kept_shape(shape);
+          d["complete"] = q.complete;
+          out.append(d);
+        }
+        return out;
+      },
+      py::arg("tensors"),
+      "For [(key, dtype, shape)] (a safetensors dtype name or a torch.dtype; one safetensors lacks is no "
+      "format's), each key's quantized format as the C++ registry decides it (loaders/quant/format.h), in "
+      "order: None, or {format, piece ('data', 'scale' or 'sidecar'), partner, model_key, model_shape ([] "
+      "when the stored shape makes none), kept_shape, complete}. Python keeps no copy of the formats' rules.");
   m.def(
       "layout_piece",
       [](std::vector<uint64_t> shape, py::list layouts, int rank) {

@@ -58,7 +58,6 @@ class FileSource : public SegmentSource {
   void Prefetch(const Segment& s) override;
 
  private:
-  void Dequantize(const ManifestEntry& e, const ManifestPart& p, uint64_t r0, uint64_t r1, unsigned char* out);
   // Elements [first, first + count) of a part, converted to the entry's dtype, at `out`.
   void ReadRun(const ManifestEntry& e, const ManifestPart& p, uint64_t first, uint64_t count, bool release,
                unsigned char* out);
@@ -69,7 +68,6 @@ class FileSource : public SegmentSource {
   const FileTable& files_;
   bool release_;
   Buffer scratch_;
-  Buffer row_;  // one dequantized part row, for a run that is not whole rows
 };
 
 }  // namespace shardcast

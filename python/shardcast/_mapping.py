@@ -16,46 +16,62 @@ import torch
 
 
 class CheckpointKeys(Dict[str, Tuple[int, ...]]):
-    """{key: shape}, with `dtypes` {key: safetensors dtype name} beside it."""
+    """{key: shape}, with `dtypes` {key: safetensors dtype name} and `quant` {key: the C++ registry's
+    verdict on it (loaders/quant/format.h, through the binding's quantization_of)} beside it.
+    `stored` maps a model key the checkpoint holds under another key (MXFP4's "<p>" as "<p>_blocks")
+    to that key."""
 
-    def __init__(self, shapes=(), dtypes: Optional[Dict[str, str]] = None) -> None:
+    def __init__(self, shapes=(), dtypes: Optional[Dict[str, str]] = None,
+                 quant: Optional[Dict[str, dict]] = None) -> None:
         super().__init__(shapes)
         self.dtypes: Dict[str, str] = dict(dtypes or {})
+        self.quant: Dict[str, dict] = dict(quant or {})
+        self.stored: Dict[str, str] = {q["model_key"]: k for k, q in self.quant.items()
+                                       if q["piece"] == "data" and q["model_key"] != k}
+
+
+def quantized_keys(tensors) -> CheckpointKeys:
+    """The CheckpointKeys of [(key, dtype, shape)] (a safetensors dtype name or a torch.dtype), each key's
+    quantized format decided by the C++ registry (loaders/quant/format.h): Python keeps no format rule."""
+    from . import _shardcast
+
+    tensors = [(k, d, tuple(s)) for k, d, s in tensors]
+    verdicts = _shardcast.quantization_of([(k, d, list(s)) for k, d, s in tensors])
+    return CheckpointKeys({k: s for k, _, s in tensors}, {k: d for k, d, _ in tensors if isinstance(d, str)},
+                          {k: q for (k, _, _), q in zip(tensors, verdicts) if q is not None})
 
 
 def checkpoint_keys(path: str) -> CheckpointKeys:
     """{key: shape} of a checkpoint (a file, a dir with model.safetensors, or with an index), read by the C++
-    loader's own validating reader (headers, index, names beneath the checkpoint's root): Python parses no
-    checkpoint header. {} when it is missing, malformed or resolves outside its root: the C++ core raises
-    the precise CheckpointError on every rank in its handshake."""
+    loader's own validating reader (headers, index, names beneath the checkpoint's root), each key's
+    quantized format decided by the C++ registry: Python parses no checkpoint header and keeps no format
+    rule. {} when it is missing, malformed or resolves outside its root: the C++ core raises the precise
+    CheckpointError on every rank in its handshake."""
     from . import _shardcast
 
     try:
         tensors = _shardcast.checkpoint_tensors(os.fspath(path))
     except (OSError, _shardcast.ShardcastError):
         return CheckpointKeys()
-    return CheckpointKeys({k: tuple(s) for k, _, s, _ in tensors}, {k: d for k, d, _, _ in tensors})
+    return quantized_keys((k, d, s) for k, d, s, _ in tensors)
 
 
 def entry_shape(keys: Dict[str, Tuple[int, ...]], key: str, floating: bool = True) -> Optional[Tuple[int, ...]]:
-    """The shape checkpoint entry `key` loads as: its own; for a floating entry of an NVFP4 weight
-    ("<m>.weight" U8 [out, in / 2] beside a "<m>.weight_scale" or "<m>.weight_scale_2": the C++
-    reader's rule, loaders/quantization.cc, which then checks the triple and names what is wrong with it;
-    an fp8 weight with a float32 per-channel "weight_scale" is not one) the [out, in] it dequantizes to; or for an MXFP4 pair ("<key>_blocks" [..., out, in / 32, 16] with "<key>_scales")
-    the transpose it dequantizes to, [..., in, out]. None when the checkpoint has neither."""
+    """The shape checkpoint entry `key` loads as: for a floating entry whose checkpoint tensor is a
+    quantized format's data, the shape it dequantizes to (NVFP4's [out, in] from its packed [out, in / 2]);
+    for a model key stored under another key (MXFP4's "<key>_blocks" [..., out, in / 32, 16]) the shape
+    it dequantizes to ([..., in, out]); otherwise the stored shape. The C++ registry decides which tensors
+    are which and then checks the pieces, naming what is wrong. None when the checkpoint has neither."""
+    quant = getattr(keys, "quant", {})
     if key in keys:
-        shape = keys[key]
-        dtypes = getattr(keys, "dtypes", {})
-        base = key[: -len(".weight")] if key.endswith(".weight") else None
-        nvfp4 = (base is not None and dtypes.get(key) == "U8"
-                 and (base + ".weight_scale" in keys or base + ".weight_scale_2" in keys))
-        if floating and nvfp4 and len(shape) == 2:
-            return (shape[0], shape[1] * 2)
-        return shape
-    blocks = keys.get(key + "_blocks")
-    if blocks is None or len(blocks) < 3:
+        q = quant.get(key)
+        if floating and q is not None and q["piece"] == "data" and q["model_key"] == key and q["model_shape"]:
+            return tuple(q["model_shape"])
+        return keys[key]
+    stored = getattr(keys, "stored", {}).get(key)
+    if stored is None or not quant[stored]["model_shape"]:
         return None
-    return tuple(blocks[:-3]) + (blocks[-2] * 32, blocks[-3])
+    return tuple(quant[stored]["model_shape"])
 
 
 def conversion_rules(model):
@@ -83,26 +99,21 @@ def expert_merges(rules) -> list:
 
 
 _SCALE_INV = "_scale_inv"
-_BLOCKS = "_blocks"
 
 
-def merged_blocks_shape(blocks: Tuple[int, ...]) -> Tuple[int, ...]:
-    """The shape of an MXFP4 "<key>_blocks" [..., out, in / 32, 16] with its last two dims merged, as
-    transformers' quantized gpt-oss experts hold it: [..., out, in / 2] (the same bytes)."""
-    return tuple(blocks[:-2]) + (blocks[-2] * blocks[-1],)
-
-
-def packed_mxfp4(model, keys: Dict[str, Tuple[int, ...]]) -> Dict[str, List[str]]:
-    """{model key: ["<key>_blocks"]} for every uint8 parameter the checkpoint holds as MXFP4 blocks of the
-    parameter's merged shape (kept quantized: the packed bytes as they are; its "<key>_scales" load as
-    their own parameter). A shape that does not merge is left out: the C++ core names both shapes."""
+def kept_quantized(model, keys: Dict[str, Tuple[int, ...]]) -> Dict[str, List[str]]:
+    """{model key: [stored key]} for every uint8 parameter the checkpoint holds under another key (MXFP4's
+    "<key>_blocks") in the shape the model keeps it quantized (the registry's kept_shape: [..., out, in / 2],
+    the same bytes), loaded as they are; its scales load as their own parameter. A shape that does not
+    match is left out: the C++ core names both shapes."""
     from ._names import named_parameters
+    quant = getattr(keys, "quant", {})
     out: Dict[str, List[str]] = {}
     for name, p in named_parameters(model):
-        blocks = keys.get(name + _BLOCKS)
-        if (p.dtype == torch.uint8 and name not in keys and blocks is not None and len(blocks) >= 3
-                and merged_blocks_shape(blocks) == tuple(p.shape)):
-            out[name] = [name + _BLOCKS]
+        stored = getattr(keys, "stored", {}).get(name)
+        if (p.dtype == torch.uint8 and name not in keys and stored is not None
+                and quant[stored]["kept_shape"] and tuple(quant[stored]["kept_shape"]) == tuple(p.shape)):
+            out[name] = [stored]
     return out
 
 
@@ -131,8 +142,9 @@ def _renamed_keys(rules, keys) -> Dict[str, str]:
 
 def compositions(model, keys: Dict[str, Tuple[int, ...]]) -> Dict[str, List[str]]:
     """{model key: [checkpoint keys, concatenated in order]} for model entries not stored under their
-    own key. Entries it cannot explain are left out; the load then names them as missing."""
-    packed = packed_mxfp4(model, keys)
+    own key. `keys` is a CheckpointKeys (checkpoint_keys, quantized_keys): the formats come from it. Entries
+    it cannot explain are left out; the load then names them as missing."""
+    packed = kept_quantized(model, keys)
     rules = conversion_rules(model)
     if not rules:
         return packed

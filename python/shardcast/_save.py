@@ -20,7 +20,7 @@ import torch
 from . import _shardcast
 from ._shardcast import InvalidArgument
 from ._log import logged
-from ._mapping import compositions
+from ._mapping import compositions, quantized_keys
 from ._names import fqn, named_buffers, named_parameters, unwrapped
 from ._report import SaveReport
 
@@ -123,7 +123,7 @@ def plan_entries(model, layouts, group_ranks=None):
     from ._shardcast import Unsupported
     outputs = output_tensors(model)
     shapes = {k: s for k, (s, _) in outputs.items()}
-    comp = compositions(model, shapes)
+    comp = compositions(model, quantized_keys((k, d, s) for k, (s, d) in outputs.items()))
     aliases = _aliases(model)
     covered: Dict[str, str] = {}
     entries = []

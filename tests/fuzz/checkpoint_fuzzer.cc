@@ -28,8 +28,8 @@
 
 #include "allocators/error.h"
 #include "loaders/checkpoint.h"
-#include "loaders/mxfp4.h"
-#include "loaders/nvfp4.h"
+#include "loaders/quant/mxfp4.h"
+#include "loaders/quant/nvfp4.h"
 #include "loaders/quantization.h"
 #include "tests/fuzz/fuzz_util.h"
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "loaders/dequant.h"
+#include "loaders/quant/dequant.h"
 
 namespace shardcast::testing {
 

@@ -1,4 +1,4 @@
-#include "loaders/nvfp4.h"
+#include "loaders/quant/nvfp4.h"
 #include "loaders/quantization.h"
 
 #include <gtest/gtest.h>

@@ -7,7 +7,7 @@
 #include <set>
 
 #include "loaders/checkpoint.h"
-#include "loaders/dequant.h"
+#include "loaders/quant/dequant.h"
 #include "tests/loaders/test_util.h"
 
 namespace shardcast {

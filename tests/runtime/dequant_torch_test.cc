@@ -11,7 +11,7 @@
 #include <iostream>
 #include <set>
 
-#include "loaders/dequant.h"
+#include "loaders/quant/dequant.h"
 #include "tests/loaders/dequant_cases.h"
 
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 7)

@@ -1,4 +1,4 @@
-#include "loaders/nvfp4.h"
+#include "loaders/quant/nvfp4.h"
 
 #include <algorithm>
 #include <array>
@@ -8,7 +8,7 @@
 
 #include "allocators/error.h"
 #include "loaders/shape.h"
-#include "loaders/dequant.h"
+#include "loaders/quant/dequant.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>

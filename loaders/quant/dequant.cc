@@ -1,4 +1,4 @@
-#include "loaders/dequant.h"
+#include "loaders/quant/dequant.h"
 
 #include <algorithm>
 #include <array>

@@ -1,4 +1,4 @@
-#include "loaders/mxfp4.h"
+#include "loaders/quant/mxfp4.h"
 
 #include <algorithm>
 #include <cmath>
