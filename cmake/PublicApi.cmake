@@ -26,6 +26,7 @@ set(SHARDCAST_PUBLIC_HEADERS
   runtime/layout.h
   runtime/layout_inl.h
   loaders/model_spec.h
+  loaders/key_index.h
   loaders/dequant.h
   loaders/quant/dequant.h
   loaders/dtype.h

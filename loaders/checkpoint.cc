@@ -146,7 +146,7 @@ std::unique_ptr<Checkpoint> Checkpoint::Open(const std::string& path, const Open
   Top top = OpenTop(path, options);
   if (top.file) {
     ckpt->AddFile(std::move(top.file));
-    ckpt->SortKeys();
+    ckpt->IndexAllTensors();
     return ckpt;
   }
   const NameRoot& root = *top.dir;
@@ -157,7 +157,6 @@ std::unique_ptr<Checkpoint> Checkpoint::Open(const std::string& path, const Open
     // Pairs sorted by key name runs of one file (a file holds a block of layers): the file of the
     // previous pair is looked up again only when the name changes.
     std::unordered_map<std::string_view, const SafetensorsFile*> by_name;
-    ckpt->entries_.reserve(weight_map.size());  // one allocation: DeepSeek-V3 lists 92k keys
     const std::string* last_name = nullptr;
     for (const auto& [key, name] : weight_map) {
       if (last_name != nullptr && name == *last_name) continue;
@@ -169,31 +168,13 @@ std::unique_ptr<Checkpoint> Checkpoint::Open(const std::string& path, const Open
       ckpt->AddFile(SafetensorsFile::FromDescriptor(node->fd.release(), path + "/" + name, options));
       it->second = ckpt->files_.back().get();
     }
-    // Every pair's key must be in the file it names: keys are unique across files, so that is its entry
-    // naming that file. When the index lists every key the files hold, as it does, its pairs (sorted by
-    // key) are keys() already and nothing needs sorting again.
-    const bool lists_every_key = ckpt->entries_.size() == weight_map.size();
-    if (lists_every_key) ckpt->keys_.reserve(weight_map.size());
-    last_name = nullptr;
-    const SafetensorsFile* file = nullptr;
-    for (auto& [key, name] : weight_map) {
-      if (last_name == nullptr || name != *last_name) file = by_name.at(name), last_name = &name;
-      auto it = ckpt->entries_.find(key);
-      if (it == ckpt->entries_.end() || it->second.file != file) {
-        Fail(index, Names(key, name) + ", which holds no tensor '" + Printable(key) + "'");
-      }
-      if (lists_every_key) {
-        it->second.key_index = ckpt->keys_.size();
-        ckpt->keys_.push_back(std::move(key));
-      }
-    }
-    if (lists_every_key) return ckpt;
+    if (ckpt->IndexPairs(index, weight_map, by_name)) return ckpt;
   } else if (std::optional<OpenNode> single_node = OpenBeneath(root, path, kSingleFileName)) {
     ckpt->AddFile(SafetensorsFile::FromDescriptor(single_node->fd.release(), path + "/" + kSingleFileName, options));
   } else {
     Fail(path, std::string("holds neither ") + kIndexFileName + " nor " + kSingleFileName);
   }
-  ckpt->SortKeys();
+  ckpt->IndexAllTensors();
   return ckpt;
 }
 
@@ -206,7 +187,7 @@ std::unique_ptr<Checkpoint> Checkpoint::OpenKnown(const std::string& path, const
   Top top = OpenTop(path, single);
   if (top.file) {
     ckpt->AddFile(std::move(top.file));
-    ckpt->SortKeys();
+    ckpt->IndexAllTensors();
     return ckpt;
   }
   const NameRoot& root = *top.dir;
@@ -216,32 +197,63 @@ std::unique_ptr<Checkpoint> Checkpoint::OpenKnown(const std::string& path, const
     options.known_header_digest = known.digest;
     ckpt->AddFile(SafetensorsFile::FromDescriptor(node->fd.release(), path + "/" + known.name, options));
   }
-  ckpt->SortKeys();
+  ckpt->IndexAllTensors();
   return ckpt;
 }
 
-void Checkpoint::AddFile(std::unique_ptr<SafetensorsFile> f) {
-  for (const TensorInfo& t : f->header().tensors) {
-    auto [it, inserted] = entries_.emplace(t.key, Entry{f.get(), &t});
-    if (!inserted) {
-      Fail(f->path(), "tensor '" + t.key + "' is also in " + it->second.file->path() +
-                          "; every key must be unique across files");
+// Every pair's key must be in the file it names. Pairs sorted by key name runs of one file (a file holds
+// a block of layers): the file is looked up again only when the name changes. When the index lists every
+// tensor the files hold, as it does, its pairs are entries_ in key order already, and no key can be in two
+// files (each pair found one tensor, and no two pairs share a key).
+bool Checkpoint::IndexPairs(const std::string& index, const std::vector<std::pair<std::string, std::string>>& pairs,
+                            const std::unordered_map<std::string_view, const SafetensorsFile*>& by_name) {
+  size_t tensors = 0;
+  for (const auto& f : files_) tensors += f->header().tensors.size();
+  entries_.clear();
+  entries_.reserve(pairs.size());
+  const std::string* last_name = nullptr;
+  const SafetensorsFile* file = nullptr;
+  for (const auto& [key, name] : pairs) {
+    if (last_name == nullptr || name != *last_name) file = by_name.at(name), last_name = &name;
+    const TensorInfo* info = file->Find(key);
+    if (info == nullptr) {
+      IndexAllTensors();  // a key in two files is the first problem, as it always was
+      Fail(index, Names(key, name) + ", which holds no tensor '" + Printable(key) + "'");
     }
+    entries_.push_back(Entry{file, info, entries_.size()});
   }
-  files_.push_back(std::move(f));
+  if (entries_.size() != tensors) return false;
+  BuildKeyIndex();
+  return true;
 }
 
-void Checkpoint::SortKeys() {
-  std::vector<Entry*> order;
-  order.reserve(entries_.size());
-  for (auto& [key, e] : entries_) order.push_back(&e);
-  std::sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) { return a->info->key < b->info->key; });
-  keys_.clear();
-  keys_.reserve(order.size());
-  for (Entry* e : order) {
-    e->key_index = keys_.size();
-    keys_.push_back(e->info->key);
+void Checkpoint::IndexAllTensors() {
+  entries_.clear();
+  for (const auto& f : files_) {
+    for (const TensorInfo& t : f->header().tensors) entries_.push_back(Entry{f.get(), &t, 0});
   }
+  // Stable: of a key in two files, the one opened first comes first, and the second is named.
+  std::stable_sort(entries_.begin(), entries_.end(),
+                   [](const Entry& a, const Entry& b) { return a.info->key < b.info->key; });
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (i > 0 && entries_[i].info->key == entries_[i - 1].info->key) {
+      Fail(entries_[i].file->path(), "tensor '" + entries_[i].info->key + "' is also in " +
+                                         entries_[i - 1].file->path() + "; every key must be unique across files");
+    }
+    entries_[i].key_index = i;
+  }
+  BuildKeyIndex();
+}
+
+void Checkpoint::BuildKeyIndex() {
+  index_.Build(entries_.size(), [&](size_t i) -> std::string_view { return entries_[i].info->key; });
+}
+
+std::vector<std::string> Checkpoint::keys() const {
+  std::vector<std::string> out;
+  out.reserve(entries_.size());
+  for (const Entry& e : entries_) out.push_back(e.info->key);
+  return out;
 }
 
 uint64_t Checkpoint::total_bytes() const {
@@ -251,8 +263,8 @@ uint64_t Checkpoint::total_bytes() const {
 }
 
 const Checkpoint::Entry* Checkpoint::Find(std::string_view key) const {
-  auto it = entries_.find(key);
-  return it == entries_.end() ? nullptr : &it->second;
+  const size_t i = index_.Find(key, [&](size_t j) -> std::string_view { return entries_[j].info->key; });
+  return i == KeyIndex::npos ? nullptr : &entries_[i];
 }
 
 const Checkpoint::Entry& Checkpoint::Get(std::string_view key) const {

@@ -26,6 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "loaders/key_index.h"
 #include "loaders/posix_file.h"
 #include "loaders/safetensors_file.h"
 
@@ -67,21 +68,32 @@ class Checkpoint {
   const std::string& root() const { return root_; }  // the directory, or the file's path
   size_t num_files() const { return files_.size(); }
   const SafetensorsFile& file(size_t i) const { return *files_[i]; }
-  const std::vector<std::string>& keys() const { return keys_; }  // sorted
+  // Every tensor's key, sorted: key(i) is the key of key_index i. keys() copies them all (for tools and
+  // tests); key(i) and num_keys() copy nothing.
+  size_t num_keys() const { return entries_.size(); }
+  std::string_view key(size_t i) const { return entries_[i].info->key; }
+  std::vector<std::string> keys() const;
   uint64_t total_bytes() const;
 
   const Entry* Find(std::string_view key) const;
   const Entry& Get(std::string_view key) const;  // throws kCheckpoint naming the key
 
  private:
-  void AddFile(std::unique_ptr<SafetensorsFile> f);
-  void SortKeys();  // keys_ from entries_, and each entry's key_index
+  void AddFile(std::unique_ptr<SafetensorsFile> f) { files_.push_back(std::move(f)); }
+  // entries_ from the index's pairs (sorted by key): each must be in the file it names. Returns false,
+  // with entries_ to be rebuilt by IndexAllTensors, when the files hold tensors the index does not list.
+  bool IndexPairs(const std::string& index, const std::vector<std::pair<std::string, std::string>>& pairs,
+                  const std::unordered_map<std::string_view, const SafetensorsFile*>& by_name);
+  // entries_ from every file's tensors; throws kCheckpoint naming both files for a key in two files.
+  void IndexAllTensors();
+  void BuildKeyIndex();  // index_ from entries_, which are sorted by key
 
   std::string root_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
-  // Keyed by views of the TensorInfo keys, which files_ owns and never moves.
-  std::unordered_map<std::string_view, Entry> entries_;
-  std::vector<std::string> keys_;
+  // Every tensor, sorted by key (entries_[i].key_index == i), and looked up through index_. The keys are
+  // the TensorInfo's own, which files_ owns and never moves: no key is copied (92k at DeepSeek-V3's scale).
+  std::vector<Entry> entries_;
+  KeyIndex index_;
 };
 
 // Parses an index.json's weight_map (key -> file name) with every rule above that needs no file

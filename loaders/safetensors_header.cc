@@ -290,28 +290,12 @@ uint64_t TensorInfo::row_bytes() const {
 }
 
 const TensorInfo* Header::Find(std::string_view key) const {
-  if (index.empty()) return nullptr;
-  const size_t mask = index.size() - 1;
-  for (size_t s = std::hash<std::string_view>{}(key) & mask;; s = (s + 1) & mask) {
-    if (index[s] == kFreeSlot) return nullptr;
-    if (tensors[index[s]].key == key) return &tensors[index[s]];
-  }
+  const size_t i = index.Find(key, [&](size_t j) -> std::string_view { return tensors[j].key; });
+  return i == KeyIndex::npos ? nullptr : &tensors[i];
 }
 
 bool Header::BuildIndex() {
-  size_t slots = 4;
-  while (slots < 2 * tensors.size()) slots *= 2;
-  index.assign(slots, kFreeSlot);
-  const size_t mask = slots - 1;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const std::string& key = tensors[i].key;
-    size_t s = std::hash<std::string_view>{}(key) & mask;
-    for (; index[s] != kFreeSlot; s = (s + 1) & mask) {
-      if (tensors[index[s]].key == key) return false;
-    }
-    index[s] = static_cast<uint32_t>(i);
-  }
-  return true;
+  return index.Build(tensors.size(), [&](size_t j) -> std::string_view { return tensors[j].key; });
 }
 
 std::string ByteRangeText(uint64_t begin, uint64_t end) {

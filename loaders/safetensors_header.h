@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "loaders/dtype.h"
+#include "loaders/key_index.h"
 
 namespace shardcast {
 
@@ -47,12 +48,11 @@ struct Header {
   uint64_t data_bytes = 0;
 
   const TensorInfo* Find(std::string_view key) const;
-  // Fills `index` from tensors. Returns false, with `index` unusable, when a key is there twice.
+  // Fills `index` from tensors. Returns false when a key is there twice.
   bool BuildIndex();
-  // key -> position in tensors: open addressing over positions, 2 to 4 slots a tensor, kFreeSlot
-  // where none. It holds no pointers, so a copied Header's index is right. Built by ParseHeader.
-  static constexpr uint32_t kFreeSlot = UINT32_MAX;
-  std::vector<uint32_t> index;
+  // key -> position in tensors (key_index.h: no pointers, so a copied Header's index is right). Built by
+  // ParseHeader.
+  KeyIndex index;
 };
 
 // Reads N from the first 8 bytes and checks it against the cap and the file size.

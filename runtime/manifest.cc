@@ -20,7 +20,7 @@ bool FromCheckpoint(Role r) { return r != Role::kNonPersistentBuffer; }
 class Resolver {
  public:
   Resolver(const Checkpoint& ckpt, const KeyMapping& mapping, BlockSize block)
-      : ckpt_(ckpt), mapping_(mapping), block_(block), used_(ckpt.keys().size(), 0) {
+      : ckpt_(ckpt), mapping_(mapping), block_(block), used_(ckpt.num_keys(), 0) {
     for (size_t i = 0; i < ckpt.num_files(); ++i) file_index_[&ckpt.file(i)] = static_cast<uint32_t>(i);
   }
 
@@ -81,7 +81,7 @@ class Resolver {
     return me;
   }
 
-  // Whether the checkpoint's key_index-th key (Checkpoint::keys()) went into an entry.
+  // Whether the checkpoint's key_index-th key (Checkpoint::key) went into an entry.
   bool Used(size_t key_index) const { return used_[key_index] != 0; }
 
  private:
@@ -207,10 +207,10 @@ Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& map
   for (const PlanEntry& e : plan.entries()) {
     if (FromCheckpoint(e.role)) m.entries.push_back(resolver.Entry(e));
   }
-  for (size_t i = 0; i < ckpt.keys().size(); ++i) {
+  for (size_t i = 0; i < ckpt.num_keys(); ++i) {
     if (resolver.Used(i)) continue;
     ++m.skipped;
-    if (m.skipped_examples.size() < 5) m.skipped_examples.push_back(ckpt.keys()[i]);
+    if (m.skipped_examples.size() < 5) m.skipped_examples.emplace_back(ckpt.key(i));
   }
   if (params.strict_keys && m.skipped > 0) {
     throw Error(ErrorKind::kManifestMismatch, "checkpoint " + ckpt.root(),

@@ -61,14 +61,13 @@ Plan Plan::Build(ModelSpec spec, int world_size, const PlanOptions& options) {
     plan.entries_.push_back(std::move(p));
   }
   for (PlanEntry& p : plan.entries_) p.layout = &plan.layouts_[p.layout_index];
-  plan.index_.reserve(plan.entries_.size());
-  for (size_t i = 0; i < plan.entries_.size(); ++i) plan.index_.emplace(plan.entries_[i].key, i);
+  plan.index_.Build(plan.entries_.size(), [&](size_t i) -> std::string_view { return plan.entries_[i].key; });
   return plan;
 }
 
 const PlanEntry* Plan::Find(const std::string& key) const {
-  auto it = index_.find(key);
-  return it == index_.end() ? nullptr : &entries_[it->second];
+  const size_t i = index_.Find(key, [&](size_t j) -> std::string_view { return entries_[j].key; });
+  return i == KeyIndex::npos ? nullptr : &entries_[i];
 }
 
 const PlanEntry* Plan::FindNext(const std::string& key, size_t* cursor) const {

@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "loaders/key_index.h"
 #include "loaders/model_spec.h"
 #include "runtime/layout.h"
 
@@ -67,7 +68,7 @@ struct PlanOptions {
 class Plan {
  public:
   Plan() = default;
-  Plan(Plan&&) = default;  // move-only: the index points into entries_
+  Plan(Plan&&) = default;  // move-only: entries_ refer into spec_
   Plan& operator=(Plan&&) = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -99,7 +100,7 @@ class Plan {
   ModelSpec spec_;
   std::vector<Layout> layouts_;  // [0] replicated, [1] the default sharded layout, then the caller's
   std::vector<PlanEntry> entries_;
-  std::unordered_map<std::string_view, size_t> index_;
+  KeyIndex index_;  // key -> position in entries_ (the spec's keys; a duplicate key finds its first entry)
 };
 
 }  // namespace shardcast

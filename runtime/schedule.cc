@@ -35,17 +35,36 @@ const Schedule::Pieces& Schedule::PiecesOf(uint32_t entry) {
   auto key = std::make_pair(e.layout, e.shape);
   auto it = pieces_.find(key);
   if (it != pieces_.end()) return *(pieces_of_[entry] = &it->second);
-  Pieces p;
-  p.holdings = Holdings(e.shape, m_.LayoutOf(e), world_);
-  for (const Holding& h : p.holdings) {
-    p.ids.push_back(SetId(h.holders));
-    p.holders.push_back(sets_[p.ids.back()]);
-  }
+  Pieces& p = pieces_.emplace(std::move(key), Pieces{}).first->second;
+  holdings_ = Holdings(e.shape, m_.LayoutOf(e), world_);
+  holdings_of_ = &p;
   uint64_t numel = 1;
   for (uint64_t d : e.shape) numel *= d;
-  p.broadcast = p.holdings.size() == 1 && p.holdings[0].holders.size() == static_cast<size_t>(world_) &&
-                p.holdings[0].piece.numel() == numel;
-  return *(pieces_of_[entry] = &pieces_.emplace(std::move(key), std::move(p)).first->second);
+  p.broadcast = holdings_.size() == 1 && holdings_[0].holders.size() == static_cast<size_t>(world_) &&
+                holdings_[0].piece.numel() == numel;
+  for (uint32_t h = 0; h < holdings_.size(); ++h) {
+    p.ids.push_back(SetId(holdings_[h].holders));
+    if (p.broadcast || wanted_[p.ids.back()]) p.kept.emplace_back(h, holdings_[h].piece);
+  }
+  return *(pieces_of_[entry] = &p);
+}
+
+const Piece& Schedule::Pieces::KeptPiece(uint32_t holding) const {
+  auto it = std::lower_bound(kept.begin(), kept.end(), holding,
+                             [](const std::pair<uint32_t, Piece>& k, uint32_t h) { return k.first < h; });
+  if (it == kept.end() || it->first != holding) {
+    throw Error(ErrorKind::kInternal, "schedule", "a piece cut that was only counted");
+  }
+  return it->second;
+}
+
+const std::vector<Holding>& Schedule::HoldingsOf(uint32_t entry, const Pieces& p) {
+  if (holdings_of_ != &p) {
+    const ManifestEntry& e = m_.entries[entry];
+    holdings_ = Holdings(e.shape, m_.LayoutOf(e), world_);
+    holdings_of_ = &p;
+  }
+  return holdings_;
 }
 
 // An entry's holdings as bands: what counting a batch needs of them, the same for every entry whose
@@ -64,11 +83,12 @@ const Schedule::Counted& Schedule::CountedOf(uint32_t entry) {
   if (fresh) {
     c.pieces = &p;
     const uint64_t ts = DTypeSize(e.target_dtype);
-    for (uint32_t h = 0; h < p.holdings.size(); ++h) {
-      const uint64_t n = p.holdings[h].piece.numel() * ts;
+    const std::vector<Holding>& holdings = HoldingsOf(entry, p);
+    for (uint32_t h = 0; h < holdings.size(); ++h) {
+      const uint64_t n = holdings[h].piece.numel() * ts;
       uint64_t segments = 0;
       if (n >= coalesce_) {
-        ForEachRuns(e.shape, p.holdings[h].piece, [&](const StridedRuns& r) { Cut(entry, r, [&](Segment&&) { ++segments; }); });
+        ForEachRuns(e.shape, holdings[h].piece, [&](const StridedRuns& r) { Cut(entry, r, [&](Segment&&) { ++segments; }); });
       }
       Band* last = c.bands.empty() ? nullptr : &c.bands.back();
       if (last != nullptr && p.ids[h] == last->id + last->ids && h == last->holding + last->ids && n == last->bytes &&
@@ -89,7 +109,7 @@ bool Schedule::Next(Message* out) {
     if (next_broadcast_ < m_.entries.size()) {
       const uint32_t e = next_broadcast_++;
       const Pieces& p = PiecesOf(e);
-      ForEachRuns(m_.entries[e].shape, p.holdings[0].piece, [&](const StridedRuns& r) {
+      ForEachRuns(m_.entries[e].shape, p.KeptPiece(0), [&](const StridedRuns& r) {
         Cut(e, r, [&](Segment&& s) {
           const uint64_t bytes = s.target_bytes, seq = seq_++;
           if (interest_.broadcasts) Push(Message{seq, kBroadcast, nullptr, {s}, bytes});
@@ -211,13 +231,13 @@ uint64_t Schedule::CutGroup(const std::vector<uint32_t>& batch, uint32_t id, uin
     const Counted& c = CountedOf(entry);
     auto band = std::upper_bound(c.bands.begin(), c.bands.end(), id, [](uint32_t x, const Band& b) { return x < b.id; });
     if (band == c.bands.begin() || id >= (--band)->id + band->ids) continue;
-    const Holding& holding = c.pieces->holdings[band->holding + (id - band->id)];
+    const Piece& piece = c.pieces->KeptPiece(band->holding + (id - band->id));
     const ManifestEntry& e = m_.entries[entry];
-    const uint64_t n = holding.piece.numel() * DTypeSize(e.target_dtype);
+    const uint64_t n = piece.numel() * DTypeSize(e.target_dtype);
     const bool large = n >= coalesce_;
     if (large) flush();
     if (!large && pack.target_bytes + n > coalesce_) flush();
-    ForEachRuns(e.shape, holding.piece, [&](const StridedRuns& r) {
+    ForEachRuns(e.shape, piece, [&](const StridedRuns& r) {
       Cut(entry, r, [&](Segment&& s) {
         if (large) {
           const uint64_t b = s.target_bytes;

@@ -98,11 +98,15 @@ class Schedule {
   bool Next(Message* out);  // false when done
 
  private:
-  struct Pieces {  // an entry's holdings, shared by every entry of the same shape and layout
-    std::vector<Holding> holdings;
-    std::vector<std::shared_ptr<const std::vector<int>>> holders;
-    std::vector<uint32_t> ids;  // each holding's holder-set id (SetId)
-    bool broadcast = false;     // one piece, the whole entry, held by every rank
+  // An entry's holdings, shared by every entry of the same shape and layout. Only the pieces this part
+  // cuts are kept (its wanted holder sets', and a broadcast's one); the others are counted from a
+  // Holdings computed again when a new Counted needs them, so what stays does not grow with the world
+  // (4 bytes a holding, where every rank's Piece and holder list were ~240).
+  struct Pieces {
+    std::vector<uint32_t> ids;                    // each holding's holder-set id (SetId)
+    std::vector<std::pair<uint32_t, Piece>> kept;  // (holding, its piece), ascending
+    bool broadcast = false;                       // one piece, the whole entry, held by every rank
+    const Piece& KeptPiece(uint32_t holding) const;
   };
   // Holdings whose holder-set ids are consecutive and whose pieces count alike: `holding` is the first
   // of them, with id `id`; each is `bytes` on the wire, cut into `segments` messages when large.
@@ -116,6 +120,8 @@ class Schedule {
   };
   struct Group;  // schedule.cc: a run of holder-set ids within a batch
   const Pieces& PiecesOf(uint32_t entry);
+  // Every holding of the entry's (layout, shape): the last ones PiecesOf computed, else again.
+  const std::vector<Holding>& HoldingsOf(uint32_t entry, const Pieces& p);
   const Counted& CountedOf(uint32_t entry);
   uint32_t SetId(const std::vector<int>& holders);
   void FillBatch();
@@ -136,6 +142,8 @@ class Schedule {
   uint64_t seq_ = 0;
   std::deque<Message, HostStlAllocator<Message>> queue_;
   std::map<std::pair<uint32_t, std::vector<uint64_t>>, Pieces> pieces_;  // by (layout, shape)
+  std::vector<Holding> holdings_;         // HoldingsOf's, of holdings_of_
+  const Pieces* holdings_of_ = nullptr;
   // Holder sets by id: a single rank r is id r, a larger set W + (its order of first meeting). One shared
   // list per set, so messages of a group share it.
   std::map<std::vector<int>, uint32_t> set_ids_;

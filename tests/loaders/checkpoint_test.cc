@@ -81,6 +81,54 @@ TEST(Checkpoint, RejectsBadIndexes) {
   EXPECT_SC_ERROR(ok->Get("nope"), ErrorKind::kCheckpoint, "no tensor 'nope'");
 }
 
+// Keys are found through one index over every file's tensors, in key order: key_index is the key's
+// position in keys(), whichever file holds it.
+TEST(Checkpoint, FindsEveryKeyOfEveryFileAtItsPositionInKeyOrder) {
+  testing::TempDir dir;
+  Small(dir / "a.safetensors", {"d", "b"});
+  Small(dir / "b.safetensors", {"e", "a", "c"});
+  testing::WriteFile(dir / kIndexFileName,
+                     R"({"weight_map":{"d":"a.safetensors","b":"a.safetensors","e":"b.safetensors",)"
+                     R"("a":"b.safetensors","c":"b.safetensors"}})");
+  for (const auto& ckpt : {Checkpoint::Open(dir.path()), Checkpoint::Open(dir.path() + "/")}) {
+    ASSERT_EQ(ckpt->keys(), (std::vector<std::string>{"a", "b", "c", "d", "e"}));
+    ASSERT_EQ(ckpt->num_keys(), 5u);
+    for (size_t i = 0; i < ckpt->num_keys(); ++i) {
+      const Checkpoint::Entry* e = ckpt->Find(ckpt->key(i));
+      ASSERT_NE(e, nullptr) << ckpt->key(i);
+      EXPECT_EQ(e->key_index, i);
+      EXPECT_EQ(e->info->key, ckpt->key(i));
+      EXPECT_EQ(e->file->path(), dir / (ckpt->key(i) == "b" || ckpt->key(i) == "d" ? "a.safetensors" : "b.safetensors"));
+    }
+    EXPECT_EQ(ckpt->Find("f"), nullptr);
+    EXPECT_EQ(ckpt->Find(""), nullptr);
+  }
+}
+
+// An index that leaves out a tensor its files hold: the tensor is still a key, found in its file.
+TEST(Checkpoint, ATensorTheIndexLeavesOutIsStillAKey) {
+  testing::TempDir dir;
+  Small(dir / "a.safetensors", {"y", "x"});
+  testing::WriteFile(dir / kIndexFileName, R"({"weight_map":{"x":"a.safetensors"}})");
+  auto ckpt = Checkpoint::Open(dir.path());
+  EXPECT_EQ(ckpt->keys(), (std::vector<std::string>{"x", "y"}));
+  EXPECT_EQ(ckpt->Get("y").file->path(), dir / "a.safetensors");
+  EXPECT_EQ(ckpt->Get("y").key_index, 1u);
+}
+
+// A key in two files is named (with both files) before a pair naming a file that lacks its key: the
+// order of the problems is the one Open always had.
+TEST(Checkpoint, AKeyInTwoFilesIsNamedBeforeAPairWhoseFileLacksItsKey) {
+  testing::TempDir dir;
+  Small(dir / "a.safetensors", {"q"});
+  Small(dir / "b.safetensors", {"x", "q"});
+  testing::WriteFile(dir / kIndexFileName, R"({"weight_map":{"q":"b.safetensors","x":"a.safetensors"}})");
+  EXPECT_SC_ERROR(Checkpoint::Open(dir.path()), ErrorKind::kCheckpoint, "tensor 'q' is also in",
+                  (dir / "a.safetensors").c_str(), (dir / "b.safetensors").c_str());
+  Small(dir / "b.safetensors", {"x"});  // now no key is in two files: the pair is the problem
+  EXPECT_SC_ERROR(Checkpoint::Open(dir.path()), ErrorKind::kCheckpoint, "weight_map['q']", "holds no tensor 'q'");
+}
+
 // Symlinks inside the directory are followed, a directory's too; where one leads outside is
 // symlink_root_test.cc's (issue 20: they were followed anywhere).
 TEST(Checkpoint, FollowsSymlinksThatStayInsideTheDirectory) {
