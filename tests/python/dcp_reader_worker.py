@@ -129,23 +129,12 @@ def boxes(root, world, problems):
 
 
 def fsdp(root, world, problems):
-    from torch.distributed.fsdp import fully_shard
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+    from dtensor_ref import sentinel_fsdp_model
     path = os.path.join(root, "llama")
     cfg = AutoConfig.from_pretrained(path)
     mesh = init_device_mesh("cpu", (world,))
-    models = []
-    for _ in range(2):
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(cfg)
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        model.to_empty(device="cpu")
-        with torch.no_grad():
-            for p in model.parameters():
-                p.to_local().fill_(-7)
-        models.append(model)
+    models = [sentinel_fsdp_model(cfg, mesh) for _ in range(2)]
     dcp.load(models[0].state_dict(), storage_reader=TorchReader(path))
     dcp.load(models[1].state_dict(), storage_reader=sdcp.HuggingFaceStorageReader(path))
     return compare(models[0].state_dict(), models[1].state_dict(), "fsdp", problems)

@@ -99,25 +99,15 @@ def through_dcp(ckpt, config, loaded, mesh):
     "keys differ" then, for both readers alike."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageReader
-    from torch.distributed.fsdp import fully_shard
-    from transformers import AutoModelForCausalLM
     import shardcast.dcp as sdcp
+    from dtensor_ref import sentinel_fsdp_model
     stored = {k for k, *_ in shardcast._shardcast.checkpoint_tensors(ckpt)}
     want = loaded.state_dict()
     if not set(want) <= stored:
         return "keys differ"
     differ = []
     for reader in (HuggingFaceStorageReader(ckpt), sdcp.HuggingFaceStorageReader(ckpt)):
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        model.to_empty(device="cpu")
-        with torch.no_grad():
-            for t in model.state_dict().values():
-                (t.to_local() if hasattr(t, "to_local") else t).fill_(-7)
-        got = model.state_dict()
+        got = sentinel_fsdp_model(config, mesh).state_dict()
         dcp.load(got, storage_reader=reader)
         for key, t in want.items():
             a, b = (x.to_local() if hasattr(x, "to_local") else x for x in (t, got[key]))
