@@ -24,6 +24,7 @@ import time
 import torch
 import torch.distributed as dist
 
+import ranks
 import shardcast
 
 
@@ -92,12 +93,8 @@ def gemma_pretrained(root, rank, world):
     return {"bad": bad, "verify": model.shardcast_report["ranks"][rank]["verify"]}
 
 
-def catch(fn):
-    try:
-        fn()
-    except shardcast.ShardcastError as e:
-        return {"type": type(e).__name__, "message": str(e)}
-    return {"type": None}
+def catch(call):
+    return ranks.shardcast_error(call)
 
 
 def gemma_builtin(root, rank, world):

@@ -103,11 +103,7 @@ def stream(root, dc=False):
 
 
 def raised(call):
-    try:
-        call()
-    except shardcast.ShardcastError as e:
-        return {"error": type(e).__name__, "message": str(e)}
-    return {"error": None}
+    return ranks.shardcast_error(call, key="error")
 
 
 def mismatch(path):

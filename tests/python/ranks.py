@@ -146,6 +146,17 @@ class Scenarios:
         return results, why
 
 
+def shardcast_error(call, key="type"):
+    """What a worker reports of a failure every rank must share: {key: the class name of the ShardcastError
+    `call` raised (None if it raised none), "message": its text}. Any other exception propagates."""
+    import shardcast
+    try:
+        call()
+    except shardcast.ShardcastError as e:
+        return {key: type(e).__name__, "message": str(e)}
+    return {key: None}
+
+
 def each_scenario(mode, root, call, out_file):
     """The worker's side: for MODE `scenarios`, runs call(mode, root) for each scenario the launch lists,
     in order, with its variables set, and writes {name: {"result": ...} or {"raised": traceback}} to out_file after each (a rank

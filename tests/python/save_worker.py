@@ -24,6 +24,7 @@ import time
 import torch
 import torch.distributed as dist
 
+import ranks
 import shardcast
 
 MODELS = ["qwen3_moe", "mixtral", "llama", "deepseek_v3"]
@@ -46,12 +47,8 @@ def loaded(root, name, group):
     return model
 
 
-def catch(fn):
-    try:
-        fn()
-    except shardcast.ShardcastError as e:
-        return {"type": type(e).__name__, "message": str(e)}
-    return {"type": None}
+def catch(call):
+    return ranks.shardcast_error(call)
 
 
 def summary(report, rank):
