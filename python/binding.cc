@@ -286,6 +286,7 @@ py::dict LoadEntries(py::object entries, py::object layouts, py::object checkpoi
     std::optional<RankState> state;
     Adopt(*comm, carried.error(), in, plan_options, rank, world_size, FailLoad, plan, state);
     report = Load(*comm, &*state, rq);
+    KeepGlooGroup(std::move(comm));
   }
   return py::module_::import("json").attr("loads")(report.ToJson()).cast<py::dict>();
 }
@@ -367,6 +368,7 @@ py::dict SaveEntries(py::object entries, py::object layouts, py::object out_dir,
     std::optional<RankState> state;
     Adopt(*comm, carried.error(), in, plan_options, rank, world_size, FailSave, plan, state);
     report = Save(*comm, &*state, rq);
+    KeepGlooGroup(std::move(comm));
   }
   return py::module_::import("json").attr("loads")(report.ToJson()).cast<py::dict>();
 }
@@ -604,4 +606,8 @@ PYBIND11_MODULE(_shardcast, m) {
         py::arg("problem") = py::none(),
         py::arg("store_host") = "the process group's store", py::arg("file_numbers") = py::dict(),
         py::arg("keep_other_files") = false, py::arg("numbered_files") = false);
+  m.def(
+      "forget_gloo_groups", [] { ForgetGlooGroups(); },
+      "Drops the Gloo groups kept between operations (torch.distributed was shut down: the groups they served "
+      "are gone).");
 }

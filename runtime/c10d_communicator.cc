@@ -8,6 +8,9 @@
 #include <torch/version.h>
 
 #include <csignal>
+#include <cstdio>
+#include <map>
+#include <random>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -48,6 +51,19 @@ class C10dCommunicator : public Communicator {
   void AwaitFailureAcks(int n, std::chrono::milliseconds wait) override { channel_.AwaitAcks(n, wait); }
 
   ~C10dCommunicator() override = default;
+
+  // The Gloo group's identity between operations (KeepGlooGroup): its token, agreed by every rank, and
+  // the store its operations' prefixes share; an empty token for a group not to be kept.
+  std::string token;
+  const c10d::Store* group = nullptr;
+
+  // The backend, for the next operation, where this one owns it and finished well; else null.
+  c10::intrusive_ptr<c10d::Backend> Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_ || !owns_ || token.empty()) return {};
+    finished_ = "kept for the next operation";
+    return std::move(backend_);
+  }
 
   int rank() const override { return rank_; }
   int world_size() const override { return size_; }
@@ -266,20 +282,100 @@ c10::intrusive_ptr<c10d::Backend> GlooGroup(const c10::intrusive_ptr<c10d::Store
 
 }  // namespace
 
+namespace {
+
+// A Gloo group kept after an operation that ended well on this rank (KeepGlooGroup), for the next
+// operation over the same caller's group. Its mesh is up, so that operation skips the rendezvous (W - 1
+// connections a rank) and the teardown (gloo's threads joined: ~20 ms a group here).
+struct KeptGroup {
+  c10::intrusive_ptr<c10d::Backend> backend;
+  std::string token;
+  int rank = -1, world_size = 0;
+  std::chrono::milliseconds timeout{0};
+};
+
+std::mutex kept_mu;
+
+// By the store the operations' prefixes share (the caller's group's own). Never destroyed: at exit the
+// OS closes the sockets, where joining gloo's threads from a static destructor could hang.
+std::map<const c10d::Store*, KeptGroup>& Kept() {
+  static auto* kept = new std::map<const c10d::Store*, KeptGroup>();
+  return *kept;
+}
+
+const c10d::Store* GroupOf(const c10::intrusive_ptr<c10d::Store>& store) {
+  if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(store.get())) return prefixed->getUnderlyingStore().get();
+  return store.get();
+}
+
+// This rank's kept group for `store`, taken out (an operation that fails does not put it back), where it
+// was made for this rank, world size and timeout (gloo's own deadline is the one it was made with).
+std::optional<KeptGroup> TakeKept(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
+                                  std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(kept_mu);
+  auto it = Kept().find(GroupOf(store));
+  if (it == Kept().end()) return std::nullopt;
+  KeptGroup kept = std::move(it->second);
+  Kept().erase(it);
+  if (kept.rank != rank || kept.world_size != world_size || kept.timeout != timeout) return std::nullopt;
+  return kept;
+}
+
+std::string FreshToken() {
+  std::random_device random;
+  const uint64_t v = (static_cast<uint64_t>(random()) << 32) ^ random();
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(v));
+  return text;
+}
+
+// Whether every rank still holds the kept group `mine` names, agreed over the operation's own store so
+// every rank makes the same choice: "reuse TOKEN" where every rank holds it, else "new TOKEN" (a group
+// every rank makes now). A rank whose last operation failed, or that joined later, holds none or another,
+// so a group is reused only by exactly the ranks that made it, each in its own place. The last rank to
+// arrive decides; the rest wait for its word (the caller's deadline bounds the wait).
+std::string AgreeOnGroup(c10d::Store& store, const std::string& mine, int world_size) {
+  auto bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
+  bool differs = mine.empty();
+  if (!differs) {
+    const std::vector<uint8_t> now = store.compareSet("group/token", {}, bytes(mine));
+    differs = std::string(now.begin(), now.end()) != mine;
+  }
+  if (differs) store.add("group/differ", 1);
+  if (store.add("group/arrived", 1) == world_size) {
+    store.set("group/decision",
+              bytes(store.add("group/differ", 0) == 0 ? "reuse " + mine : "new " + FreshToken()));
+  }
+  store.wait({"group/decision"});
+  const std::vector<uint8_t> decided = store.get("group/decision");
+  return std::string(decided.begin(), decided.end());
+}
+
+struct AgreedGroup {
+  c10::intrusive_ptr<c10d::Backend> backend;
+  std::string token;
+};
+
+}  // namespace
+
 std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c10d::Store> store, int rank,
                                                             int world_size, std::chrono::milliseconds timeout,
                                                             std::string store_host) {
   IgnoreBrokenPipes();
   const char* env_addr = std::getenv("MASTER_ADDR");
   const std::string master_addr = env_addr ? env_addr : "";
-  std::function<c10::intrusive_ptr<c10d::Backend>()> make = [store, rank, world_size, timeout, master_addr] {
-    return GlooGroup(store, rank, world_size, timeout, master_addr);
+  std::optional<KeptGroup> kept = TakeKept(store, rank, world_size, timeout);
+  std::function<AgreedGroup()> make = [store, rank, world_size, timeout, master_addr, kept]() -> AgreedGroup {
+    const std::string decided = AgreeOnGroup(*store, kept ? kept->token : "", world_size);
+    if (decided.rfind("reuse ", 0) == 0) return {kept->backend, kept->token};
+    return {GlooGroup(store, rank, world_size, timeout, master_addr), decided.substr(decided.find(' ') + 1)};
   };
+  kept.reset();  // the lambda holds the only reference: a group not reused is torn down with it
   const std::string where = "rank " + std::to_string(rank) + ": this operation's Gloo group (" +
                             std::to_string(world_size) + " ranks, over " + store_host + ")";
-  std::optional<c10::intrusive_ptr<c10d::Backend>> pg;
+  std::optional<AgreedGroup> agreed;
   try {
-    pg = WithDeadline(std::move(make), RendezvousDeadline(timeout));
+    agreed = WithDeadline(std::move(make), RendezvousDeadline(timeout));
   } catch (const c10::Error& e) {
     const std::string m = Clean(e.what_without_backtrace());
     throw Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, m);
@@ -287,13 +383,37 @@ std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c
     const std::string m = Clean(e.what());
     throw Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, m);
   }
-  if (!pg) {
+  if (!agreed) {
     throw Error(ErrorKind::kCommTimeout, where,
                 "not every rank arrived within " + std::to_string(RendezvousDeadline(timeout).count()) +
                     " ms: a rank died, is frozen, or does not call the same shardcast operation");
   }
-  return std::make_unique<C10dCommunicator>(*pg, std::move(store), std::move(store_host), timeout,
-                                            c10::Device(c10::kCPU), /*owns=*/true);
+  auto comm = std::make_unique<C10dCommunicator>(agreed->backend, store, std::move(store_host), timeout,
+                                                 c10::Device(c10::kCPU), /*owns=*/true);
+  comm->token = agreed->token;
+  comm->group = GroupOf(store);
+  return comm;
+}
+
+void KeepGlooGroup(std::unique_ptr<Communicator> comm) {
+  auto* c = dynamic_cast<C10dCommunicator*>(comm.get());
+  if (c == nullptr) return;
+  c10::intrusive_ptr<c10d::Backend> backend = c->Release();
+  if (!backend) return;
+  std::lock_guard<std::mutex> lock(kept_mu);
+  // A program that makes and destroys many groups would keep one Gloo group (W - 1 sockets, two
+  // threads) for each; past a few, one goes (the ranks agree on reuse, so which one does not matter).
+  constexpr size_t kMostKept = 8;
+  if (Kept().size() >= kMostKept && Kept().count(c->group) == 0) Kept().erase(Kept().begin());
+  Kept()[c->group] = KeptGroup{std::move(backend), c->token, c->rank(), c->world_size(), c->timeout()};
+}
+
+void ForgetGlooGroups() {
+  std::map<const c10d::Store*, KeptGroup> gone;
+  {
+    std::lock_guard<std::mutex> lock(kept_mu);
+    gone.swap(Kept());
+  }
 }
 
 std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::chrono::milliseconds timeout,

@@ -20,14 +20,25 @@ std::unique_ptr<Communicator> WrapC10dBackend(c10::intrusive_ptr<c10d::Backend> 
                                               std::string store_host = "the process group's store");
 
 // A Gloo group of its own for one load or save, made by `world_size` ranks over the caller's `store`
-// (give each operation its own prefix: its failure note and Gloo's rendezvous keys live there). It is
-// owned, so a rank that fails aborts it and the peers blocked on that rank fail at once, while the
-// caller's process groups are never touched and stay usable. Every rank's mesh is up before any
-// returns; a rank that does not arrive within RendezvousDeadline(timeout) is a CommTimeout naming
-// `store_host`. GLOO_SOCKET_IFNAME picks the interface; a loopback MASTER_ADDR, loopback.
+// (give each operation its own prefix of one store per caller's group: its failure note and Gloo's
+// rendezvous keys live there). It is owned, so a rank that fails aborts it and the peers blocked on that
+// rank fail at once, while the caller's process groups are never touched and stay usable. Every rank's
+// mesh is up before any returns; a rank that does not arrive within RendezvousDeadline(timeout) is a
+// CommTimeout naming `store_host`. GLOO_SOCKET_IFNAME picks the interface; a loopback MASTER_ADDR,
+// loopback. Where every rank still holds the group the previous operation over the same store left
+// (KeepGlooGroup: it ended well on every rank, with this rank, world size and timeout), the ranks agree
+// over `store` to use it again instead of making one.
 std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c10d::Store> store, int rank,
                                                             int world_size, std::chrono::milliseconds timeout,
                                                             std::string store_host);
+
+// After an operation that ended well on this rank: its Gloo group (one CreateGlooCommunicatorOnStore
+// made, and not aborted) is kept for the next operation over the same caller's store. Anything else is
+// simply destroyed.
+void KeepGlooGroup(std::unique_ptr<Communicator> comm);
+
+// Drops every kept group (the caller's process groups are gone: torch.distributed was shut down).
+void ForgetGlooGroups();
 
 // "rank 0 (the store host at ADDR:PORT)": the store a Rendezvous makes, for failure messages.
 std::string StoreHost(const Rendezvous& rv);

@@ -8,7 +8,9 @@ touched and stay usable after a failure; and no c10d group is registered, so eve
 new_group calls stay in step. The operation's store is a prefix of the group's own store, numbered per
 group (every rank of a group makes the same shardcast calls in the same order, as for collectives): each
 operation's failure note and Gloo rendezvous keys are its own, so a failure is never reported again by
-a later operation."""
+a later operation. An operation that ends well leaves its Gloo group for the next one over the same group
+(C++ KeepGlooGroup): where every rank still holds it, agreed over the next operation's store, that one
+skips the rendezvous and the teardown; an operation that fails takes its group with it."""
 from __future__ import annotations
 
 import itertools
@@ -25,7 +27,10 @@ def _group(process_group):
     and store are None where torch.distributed is not running (a world of one)."""
     import torch.distributed as dist
     if not dist.is_available() or not dist.is_initialized():
-        _OPERATIONS.clear()  # a later init_process_group starts every group afresh
+        if _OPERATIONS:  # a later init_process_group starts every group afresh
+            _OPERATIONS.clear()
+            from ._shardcast import forget_gloo_groups
+            forget_gloo_groups()
         if process_group is not None:
             raise InvalidArgument("process_group given but torch.distributed is not initialized")
         return None, 0, 1, None

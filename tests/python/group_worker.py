@@ -8,6 +8,11 @@ MODE failure: world 2; rank 1 fails mid-stream (its progress callback raises) in
 with its own cause, over source rank0 (rank 0 sends, rank 1 receives). Every rank must raise that
 load's cause (not the first one's) at once, not after the timeout, and the default group must still
 work afterwards (an all_reduce, then a load that succeeds).
+MODE kept: world 3; eight loads in a row over the default group and one over a subgroup, each checked
+row for row, with the Gloo group each used as agreed in the operation's store ("reuse" or "new"): the
+second reuses the first's; after a failed load, a new one; a rank that dropped its group alone (rank 1)
+makes every rank make a new one; another timeout makes a new one; a subgroup's load leaves the world's
+group kept.
 """
 import time
 import datetime
@@ -92,12 +97,65 @@ def failure(root, rank, world):
     return out
 
 
+def decision_of_last_operation(group=None):
+    """The decision the last shardcast operation over `group` agreed on: "reuse" or "new" (read from the
+    group's store, where every operation has its own prefix shardcast/op/N)."""
+    c10d = dist.distributed_c10d
+    store = c10d._get_default_store() if group is None else c10d._world.pg_map[group][1]
+    n = 0
+    while store.check([f"shardcast/op/{n}/group/decision"]):
+        n += 1
+    return store.get(f"shardcast/op/{n - 1}/group/decision").decode().split(" ")[0] if n else None
+
+
+def kept(root, rank, world):
+    from safetensors.torch import load_file
+    from shardcast import _shardcast
+    path = os.path.join(root, "model.safetensors")
+    ref = load_file(path)["w"]
+    b, e = rows(ref.shape[0], world, rank)
+    steps = []
+
+    def load(what, timeout=20, progress=None):
+        local = torch.empty(e - b, ref.shape[1])
+        try:
+            shardcast.load({"w": (local, b, e)}, path, timeout=timeout, chunk_bytes=4096, progress=progress)
+            ok, error = torch.equal(local, ref[b:e]), None
+        except shardcast.ShardcastError as err:
+            ok, error = False, str(err)
+        steps.append({"what": what, "ok": ok, "error": error, "group": decision_of_last_operation()})
+
+    def fail_on_rank1(done, total):
+        if rank == 1:
+            raise ValueError("rank 1 fails mid-stream")
+
+    load("first")
+    load("second")
+    load("failed", progress=fail_on_rank1)
+    load("after the failure")
+    load("again")
+    if rank == 1:
+        _shardcast.forget_gloo_groups()
+    load("after rank 1 alone dropped its group")
+    load("another timeout", timeout=25)
+    sub = dist.new_group([0, 1], backend="gloo")
+    if rank in (0, 1):
+        sb, se = rows(ref.shape[0], 2, rank)
+        local = torch.empty(se - sb, ref.shape[1])
+        shardcast.load({"w": (local, sb, se)}, path, process_group=sub, timeout=25)
+        steps.append({"what": "subgroup", "ok": torch.equal(local, ref[sb:se]), "error": None,
+                      "group": decision_of_last_operation(sub)})
+    dist.destroy_process_group(sub)
+    load("after the subgroup's", timeout=25)
+    return {"steps": steps}
+
+
 def main():
     mode, root, out = sys.argv[1:4]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     try:
-        result = {"subgroup": subgroup, "failure": failure}[mode](root, rank, world)
+        result = {"subgroup": subgroup, "failure": failure, "kept": kept}[mode](root, rank, world)
         dist.barrier()
     finally:
         dist.destroy_process_group()
