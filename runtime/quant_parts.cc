@@ -77,17 +77,20 @@ std::optional<ManifestPart> ResolveMxfp4Part(const Checkpoint& ckpt, const FileI
   const std::string stored = f.stored_key(ck);
   const Checkpoint::Entry* data = ckpt.Find(stored);
   if (data == nullptr) return std::nullopt;
-  if (!f.dequantizes_to(target)) {  // kept quantized, but not in the shape the model keeps it in
-    throw Error(ErrorKind::kManifestMismatch, "key '" + model_key + "'",
-                "'" + stored + "' " + ShapeText(data->info->shape) + " in " + data->file->path() +
-                    " kept quantized is " + ShapeText(f.kept_shape(data->info->shape)) +
-                    " ([..., out, in / 2], as transformers' Mxfp4GptOssExperts holds it) but rank 0's plan has " +
-                    ShapeText(shape));
-  }
   BindRequest r;
   r.context = "key '" + model_key + "'";
   r.target = target;
   r.model_shape = &shape;
+  // Blocks without their scales are that first, whatever the target: bind names the missing scales.
+  if (!ckpt.Find(f.detect(FindIn(ckpt), stored).partner)) f.bind(ckpt, stored, r);
+  if (!f.dequantizes_to(target)) {  // kept quantized, but not in the shape the model keeps it in
+    const std::vector<uint64_t>& bs = data->info->shape;
+    throw Error(ErrorKind::kManifestMismatch, "key '" + model_key + "'",
+                "'" + stored + "' " + ShapeText(bs) + " in " + data->file->path() + " kept quantized is " +
+                    ShapeText(bs.size() >= 3 ? f.kept_shape(bs) : bs) +
+                    " ([..., out, in / 2], as transformers' Mxfp4GptOssExperts holds it) but rank 0's plan has " +
+                    ShapeText(shape));
+  }
   return PartOf(f, f.bind(ckpt, stored, r), files);
 }
 

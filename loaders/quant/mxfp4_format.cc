@@ -25,9 +25,12 @@ constexpr std::string_view kBlocks = "_blocks", kScales = "_scales";
 
 QuantMatch Detect(const FindStored& find, const std::string& key) {
   if (EndsWith(key, kBlocks)) {
+    // Packed bytes, or anything beside its scales (bind then names the dtype): a float tensor that only
+    // ends in "_blocks" is an ordinary one.
     const std::string param = Strip(key, kBlocks), scales = Mxfp4ScalesKey(param);
-    const bool complete = find(key)->dtype == DType::kU8 && find(scales).has_value();
-    return Match(kMxfp4Format, QuantPiece::kData, key, param, scales, complete);
+    const bool u8 = find(key)->dtype == DType::kU8, paired = find(scales).has_value();
+    if (!u8 && !paired) return {};
+    return Match(kMxfp4Format, QuantPiece::kData, key, param, scales, u8 && paired);
   }
   if (EndsWith(key, kScales)) {
     const std::string param = Strip(key, kScales), blocks = Mxfp4BlocksKey(param);

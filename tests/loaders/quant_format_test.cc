@@ -36,6 +36,7 @@ std::unique_ptr<Checkpoint> WriteMixed(const TempDir& dir) {
       {"nv.input_scale", DType::kF32, {}},
       {"half.weight", DType::kU8, {2, 8}},                   // NVFP4 without its block scale
       {"half.weight_scale_2", DType::kF32, {}},
+      {"enc.pos_blocks", DType::kBF16, {4, 8}},              // a float tensor that only ends in _blocks
   };
   WriteCheckpoint(dir.path(), entries, [](const WriteEntry& e, uint64_t offset, unsigned char* out, size_t n) {
     const size_t es = DTypeSize(e.dtype);
@@ -74,6 +75,8 @@ TEST(QuantFormat, EachKeyBelongsToOneFormatAsOnePiece) {
       {"nv.input_scale", "nvfp4", QuantPiece::kSidecar, false, "nv.weight", "nv.weight"},
       {"half.weight", "nvfp4", QuantPiece::kData, false, "half.weight_scale", "half.weight"},
       {"half.weight_scale_2", "nvfp4", QuantPiece::kScale, true, "half.weight", "half.weight"},
+      // Regression (review): MXFP4 claimed any *_blocks, so convert refused to copy this one.
+      {"enc.pos_blocks", "", QuantPiece::kNone, false, "", ""},
   };
   const FindStored find = FindIn(*ckpt);
   for (const Expected& w : want) {

@@ -188,3 +188,35 @@ TEST_F(ManifestMapping, WireBlobsOfEveryLayoutEncodeBackToThemselves) {
 
 }  // namespace
 }  // namespace shardcast
+
+namespace shardcast {
+namespace {
+
+// Regression (review): a kept-quantized (U8) MXFP4 entry whose blocks lack their scales was reported as
+// a shape mismatch (ManifestMismatch, "kept quantized is ..."); the missing scales are the checkpoint's
+// fault and come first, as before the format registry. Blocks of fewer than 3 dims name their own shape.
+TEST(ManifestMxfp4, KeptQuantizedBlocksWithoutScalesNameTheScalesFirst) {
+  testing::TempDir dir;
+  WriteCheckpoint(dir.path(), {{"e.down_proj_blocks", DType::kU8, {2, 4, 1, 16}}, {"f.up_proj_blocks", DType::kU8, {4, 16}},
+                               {"f.up_proj_scales", DType::kF8_E8M0, {4}}},
+                  [](const WriteEntry& e, uint64_t off, unsigned char* out, size_t n) {
+                    SynthElements(0, e.key, e.dtype, off, n, out);
+                  });
+  auto ckpt = Checkpoint::Open(dir.path());
+  auto plan_of = [](const std::string& key, std::vector<uint64_t> shape) {
+    ModelSpec spec;
+    SpecEntry s;
+    s.key = key;
+    s.shape = std::move(shape);
+    s.dtype = DType::kU8;
+    spec.entries.push_back(std::move(s));
+    return Plan::Build(std::move(spec), 2);
+  };
+  EXPECT_SC_ERROR(Resolve(plan_of("e.down_proj", {2, 4, 8}), *ckpt, KeyMapping{}, StreamParams{}),
+                  ErrorKind::kCheckpoint, "e.down_proj_scales");
+  EXPECT_SC_ERROR(Resolve(plan_of("f.up_proj", {4, 8}), *ckpt, KeyMapping{}, StreamParams{}),
+                  ErrorKind::kManifestMismatch, "kept quantized is [4, 16]");
+}
+
+}  // namespace
+}  // namespace shardcast
