@@ -525,11 +525,14 @@ PYBIND11_MODULE(_shardcast, m) {
         std::unordered_map<std::string, std::pair<DType, std::vector<uint64_t>>> stored;
         std::vector<std::string> keys;
         for (py::handle h : tensors) {
-          const auto t = h.cast<py::tuple>();
-          const std::string key = t[0].cast<std::string>();
-          std::optional<DType> dtype = py::isinstance<py::str>(t[1]) ? ParseDType(t[1].cast<std::string>())
-                                                                    : FromScalarType(t[1].cast<at::ScalarType>());
-          if (dtype) stored[key] = {*dtype, t[2].cast<std::vector<uint64_t>>()};  // else no format's
+          const auto t = Cast<py::tuple>(h, "tensors", "(key, dtype, shape) tuples");
+          if (t.size() != 3) throw Error(ErrorKind::kInvalidArgument, "tensors", "expected (key, dtype, shape) tuples");
+          const std::string key = Cast<std::string>(t[0], "tensors", "a key (text)");
+          const std::string where = "tensor '" + key + "'";
+          std::optional<DType> dtype = py::isinstance<py::str>(t[1])
+                                           ? ParseDType(t[1].cast<std::string>())
+                                           : FromScalarType(Cast<at::ScalarType>(t[1], where, "a dtype name or torch.dtype"));
+          if (dtype) stored[key] = {*dtype, Cast<std::vector<uint64_t>>(t[2], where, "a shape (list of sizes)")};  // else no format's
           keys.push_back(key);
         }
         const FindStored find = [&stored](const std::string& key) -> std::optional<StoredTensor> {

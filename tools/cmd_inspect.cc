@@ -32,6 +32,7 @@ std::string JsonText(const nlohmann::ordered_json& j) {
 
 int Inspect(const InspectArgs& a) {
   auto ckpt = Checkpoint::Open(a.path);
+  const std::vector<std::string> keys = ckpt->keys();  // sorted; a copy, made once
   uint64_t total = 0;
   if (a.json) {
     nlohmann::ordered_json out;
@@ -39,7 +40,7 @@ int Inspect(const InspectArgs& a) {
     out["files"] = nlohmann::json::array();
     for (size_t i = 0; i < ckpt->num_files(); ++i) out["files"].push_back(ckpt->file(i).path());
     auto& tensors = out["tensors"] = nlohmann::json::array();
-    for (const auto& key : ckpt->keys()) {
+    for (const auto& key : keys) {
       const auto& e = ckpt->Get(key);
       const TensorQuant q = QuantOf(*ckpt, key);
       tensors.push_back({{"key", key}, {"dtype", std::string(DTypeName(e.info->dtype))}, {"shape", e.info->shape},
@@ -47,18 +48,18 @@ int Inspect(const InspectArgs& a) {
                          {"quant", std::string(QuantRoleName(q.role))}, {"quant_partner", q.partner}});
       total += e.info->nbytes();
     }
-    out["total_tensors"] = ckpt->keys().size();
+    out["total_tensors"] = keys.size();
     out["total_bytes"] = total;
     std::cout << JsonText(out) << "\n";
     return 0;
   }
   // Keys and file names come from the checkpoint: escaped, so none can drive the terminal.
   size_t key_w = 3;
-  for (const auto& key : ckpt->keys()) key_w = std::max(key_w, EscapeForTerminal(key).size());
+  for (const auto& key : keys) key_w = std::max(key_w, EscapeForTerminal(key).size());
   key_w = std::min<size_t>(key_w, 72);
   std::printf("%-*s  %-8s  %-22s  %14s  %-12s  %s\n", static_cast<int>(key_w), "key", "dtype", "shape", "bytes",
               "quant", "file");
-  for (const auto& key : ckpt->keys()) {
+  for (const auto& key : keys) {
     const auto& e = ckpt->Get(key);
     const std::string quant(QuantRoleName(QuantOf(*ckpt, key).role));
     std::printf("%-*s  %-8s  %-22s  %14llu  %-12s  %s\n", static_cast<int>(key_w), EscapeForTerminal(key).c_str(),
@@ -67,7 +68,7 @@ int Inspect(const InspectArgs& a) {
                 EscapeForTerminal(BaseName(e.file->path())).c_str());
     total += e.info->nbytes();
   }
-  std::printf("\n%zu tensors, %llu bytes (%s) in %zu file(s)\n", ckpt->keys().size(),
+  std::printf("\n%zu tensors, %llu bytes (%s) in %zu file(s)\n", keys.size(),
               static_cast<unsigned long long>(total), HumanBytes(total).c_str(), ckpt->num_files());
   return 0;
 }

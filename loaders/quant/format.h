@@ -12,8 +12,8 @@
 //   prefetch     asks for the stored ranges a read of those elements touches
 //
 // Who asks: QuantOf (inspect, the fuzzer), runtime/quant_parts (rank 0's resolve, the reader),
-// convert, synth's bf16 twin, and the binding's checkpoint_quantization (so Python keeps no copy of
-// the rules). The kernels stay in their own files (dequant, mxfp4, nvfp4) behind one ISA dispatch
+// convert, synth's bf16 twin, and the binding's quantization_of (so Python keeps no copy of the
+// detection rules). The kernels stay in their own files (dequant, mxfp4, nvfp4) behind one ISA dispatch
 // (dequant_internal::BestIsa). Adding a format is one entry file, its kernel, and one line in
 // QuantFormats().
 //
