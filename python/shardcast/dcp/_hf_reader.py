@@ -46,6 +46,7 @@ from .. import _shardcast
 from .._group import _group, _store_host, operation_store
 from .._layouts import _Layouts
 from .._load import _options
+from .._mapping import quantized_keys
 from .._shardcast import InvalidArgument, ShardcastError
 from ._agree import alone as _alone, on_rank0
 from ._cover import cover_problem
@@ -412,33 +413,29 @@ class QuantizedHuggingFaceStorageReader(HuggingFaceStorageReader, _TorchQuantize
             raise _shardcast.Unsupported(
                 f"{self.path}: per-rank files (HuggingFaceStorageWriter(save_distributed=True)) are read by "
                 "HuggingFaceStorageReader, not dequantized: a weight's scale blocks need not lie in its piece")
-        for fqn, md in keys.items():
-            if not isinstance(md, TensorStorageMetadata):
+        tensors = [(fqn, md.properties.dtype, tuple(md.size)) for fqn, md in keys.items()
+                   if isinstance(md, TensorStorageMetadata)]
+        # Which tensors are a format's data with every partner there: the C++ registry decides, as for the
+        # engine that reads them (an incomplete one stays as stored, as torch's reader leaves it)
+        for fqn, q in quantized_keys(tensors).quant.items():
+            if q["piece"] != "data" or not q["complete"]:
                 continue
-            if fqn.endswith(".weight_scale_inv") and fqn[: -len("_scale_inv")] in keys:
-                self._quantized.add(fqn[: -len("_scale_inv")])
-            elif (fqn.endswith(".weight_scale") and fqn[: -len("_scale")] in keys
-                  and md.properties.dtype == torch.float8_e4m3fn
-                  and keys[fqn[: -len("_scale")]].properties.dtype == torch.uint8
-                  and len(keys[fqn[: -len("_scale")]].size) == 2):
-                # NVFP4 (ModelOpt): "<m>.weight" [out, in / 2] of packed E2M1 with E4M3 block scales and
-                # a global "<m>.weight_scale_2" (the C++ reader's rule: a U8 weight, an F8_E4M3 scale);
-                # torch's reader has no NVFP4 and reports the packed shape
-                weight = keys[fqn[: -len("_scale")]]
-                self._quantized.add(fqn[: -len("_scale")])
-                out, half = weight.size
-                weight.size = torch.Size([out, half * 2])
-                weight.chunks = [ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=weight.size)]
-            elif fqn.endswith("_scales") and fqn[: -len("_scales")] + "_blocks" in keys:
-                blocks = fqn[: -len("_scales")] + "_blocks"
-                self._quantized.add(blocks)
-                *prefix, groups, block = keys[blocks].size
-                keys[blocks].size = torch.Size([*prefix, groups * block * 2])
-                # torch's reader keeps the packed [..., G, 16] chunk beside the dequantized size, so DCP's
-                # planner reads only the first G columns of each row and leaves the rest of the destination
-                # as it was (torch 2.15); the chunk here is the whole dequantized tensor
-                keys[blocks].chunks = [ChunkStorageMetadata(offsets=torch.Size([0] * (len(prefix) + 1)),
-                                                            sizes=keys[blocks].size)]
+            self._quantized.add(fqn)
+            md = keys[fqn]
+            if q["format"] == "nvfp4":
+                # ModelOpt's "<m>.weight" [out, in / 2] of packed E2M1: torch's reader has no NVFP4 and
+                # reports the packed shape; here the dequantized [out, in]
+                md.size = torch.Size(q["model_shape"])
+            elif q["format"] == "mxfp4":
+                # "<name>_blocks" [..., out, G, 16] as torch's reader reports it dequantized, [..., out, G * 32]
+                # (the engine's model shape is its transpose, [..., in, out]). torch's reader keeps the packed
+                # [..., G, 16] chunk beside that size, so DCP's planner reads only the first G columns of each
+                # row and leaves the rest of the destination as it was (torch 2.15); the chunk here is the
+                # whole dequantized tensor
+                md.size = torch.Size(_swapped(q["model_shape"]))
+            else:
+                continue  # fp8: the stored shape is the dequantized one
+            md.chunks = [ChunkStorageMetadata(offsets=torch.Size([0] * len(md.size)), sizes=md.size)]
 
     def _delivered_dtype(self, key: str, stored: torch.dtype) -> torch.dtype:
         return self.target_dtype if key in self._quantized else stored
