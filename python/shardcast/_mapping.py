@@ -32,7 +32,7 @@ class CheckpointKeys(Dict[str, Tuple[int, ...]]):
 
 def quantized_keys(tensors) -> CheckpointKeys:
     """The CheckpointKeys of [(key, dtype, shape)] (a safetensors dtype name or a torch.dtype), each key's
-    quantized format decided by the C++ registry (loaders/quant/format.h): Python keeps no format rule."""
+    quantized format decided by the C++ registry (loaders/quant/format.h): Python keeps no detection rule."""
     from . import _shardcast
 
     tensors = [(k, d, tuple(s)) for k, d, s in tensors]
@@ -44,7 +44,7 @@ def quantized_keys(tensors) -> CheckpointKeys:
 def checkpoint_keys(path: str) -> CheckpointKeys:
     """{key: shape} of a checkpoint (a file, a dir with model.safetensors, or with an index), read by the C++
     loader's own validating reader (headers, index, names beneath the checkpoint's root), each key's
-    quantized format decided by the C++ registry: Python parses no checkpoint header and keeps no format
+    quantized format decided by the C++ registry: Python parses no checkpoint header and keeps no detection
     rule. {} when it is missing, malformed or resolves outside its root: the C++ core raises the precise
     CheckpointError on every rank in its handshake."""
     from . import _shardcast
