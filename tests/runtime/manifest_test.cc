@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "loaders/quant/format.h"
 #include "loaders/synth.h"
 #include "tests/loaders/test_util.h"
 #include "tests/runtime/layout_cases.h"
@@ -216,6 +217,24 @@ TEST(ManifestMxfp4, KeptQuantizedBlocksWithoutScalesNameTheScalesFirst) {
                   ErrorKind::kCheckpoint, "e.down_proj_scales");
   EXPECT_SC_ERROR(Resolve(plan_of("f.up_proj", {4, 8}), *ckpt, KeyMapping{}, StreamParams{}),
                   ErrorKind::kManifestMismatch, "kept quantized is [4, 16]");
+}
+
+}  // namespace
+}  // namespace shardcast
+
+namespace shardcast {
+namespace {
+
+// The manifest's Packing and the registry's packing ids are written in two places (runtime/manifest.h and
+// each entry file of loaders/quant/, which cannot see the runtime): this is what ties them together, both
+// ways, so a new format or a renumbering cannot pass one side alone.
+TEST(ManifestPacking, EveryPackingIsItsRegistryEntrysId) {
+  EXPECT_EQ(QuantFormatOfPacking(static_cast<uint8_t>(Packing::kNone)), &kFp8Format);
+  EXPECT_EQ(QuantFormatOfPacking(static_cast<uint8_t>(Packing::kMxfp4)), &kMxfp4Format);
+  EXPECT_EQ(QuantFormatOfPacking(static_cast<uint8_t>(Packing::kNvfp4)), &kNvfp4Format);
+  for (const QuantFormat* f : QuantFormats()) {
+    EXPECT_LE(f->packing, static_cast<uint8_t>(Packing::kNvfp4)) << f->name << " has a packing the manifest cannot carry";
+  }
 }
 
 }  // namespace
