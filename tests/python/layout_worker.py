@@ -3,7 +3,8 @@
 MODE native:  for every model under ROOT and every layout in LAYOUTS (a JSON list of DistributedConfig
               keyword dicts), shardcast.from_pretrained(distributed_config=...) against transformers' own
               from_pretrained(distributed_config=...) on the same layout: every parameter's placements,
-              mesh and local tensor, bit for bit; SOURCE picks shardcast's source. Where transformers' own
+              mesh and local tensor, bit for bit; SOURCES (or SOURCE) picks shardcast's sources, each
+              against the same reference. Where transformers' own
               loading fails on a layout, shardcast's local tensors are checked against the full tensors
               split by DTensor's own placement arithmetic (and the result says why: "native").
 MODE manual:  a hand-built 2-d mesh (dp, tp): parallelize_module (Colwise/Rowwise) then fully_shard, loaded
@@ -40,10 +41,13 @@ def _local(p):
 
 
 def native(root, rank, world):
+    """Each (model, layout): transformers' own loading once, then shardcast's through every source in
+    SOURCES (a comma list; else SOURCE alone, or auto), each compared with it. With several sources each
+    result's key ends in " @<source>"."""
     from transformers import AutoModelForCausalLM
     from transformers.distributed import DistributedConfig
     layouts = json.loads(os.environ["LAYOUTS"])
-    source = os.environ.get("SOURCE")
+    sources = os.environ["SOURCES"].split(",") if os.environ.get("SOURCES") else [os.environ.get("SOURCE")]
     out = {}
     for name in sorted(os.listdir(root)):
         ckpt = os.path.join(root, name)
@@ -58,53 +62,62 @@ def native(root, rank, world):
                 print(f"rank {rank} {key}: {why}", flush=True)
             ok = torch.tensor([0 if ref is None else 1])
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # every rank compares the same way
-            native_ok = bool(ok.item())
-            if not native_ok:  # a layout transformers' own loading fails on: against DTensor's split instead
+            if not ok.item():  # a layout transformers' own loading fails on: against DTensor's split instead
                 why = why or "transformers failed on another rank"
-                try:
-                    model = shardcast.from_pretrained(ckpt, distributed_config=DistributedConfig(**spec),
-                                                      source=source, verify=True, chunk_bytes=4096, timeout=60)
-                except Exception as e:  # noqa: BLE001 -- the same layout transformers cannot build either
-                    out[key] = {"skipped": f"{why}; shardcast: {type(e).__name__}: {str(e)[:200]}"}
-                    continue
                 full = dict(AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16).named_parameters())
-                bad, checked, layouts_seen = [], 0, set()
-                for pname, p in model.named_parameters():
-                    layouts_seen.add(_describe(p))
-                    want = split_reference(full[pname].detach(), tuple(p.device_mesh.mesh.shape), p.placements,
-                                            p.device_mesh.get_coordinate()) if hasattr(p, "device_mesh") else full[pname]
-                    got = _local(p)
-                    if got.shape != want.shape or not torch.equal(_bits(got), _bits(want)):
-                        bad.append(f"{pname}: local {tuple(got.shape)} differs from DTensor's split {tuple(want.shape)}")
-                    checked += 1
-                out[key] = {"checked": checked, "bad": bad, "layouts": sorted(layouts_seen), "native": why[:200],
-                            "verify": model.shardcast_report["ranks"][rank]["verify"],
-                            "source": model.shardcast_report["source"]}
-                del model
-                continue
-            model = shardcast.from_pretrained(ckpt, distributed_config=DistributedConfig(**spec), source=source,
-                                              verify=True, chunk_bytes=4096, timeout=60)
-            ref_params = dict(ref.named_parameters())
-            bad, checked, layouts_seen = [], 0, set()
-            for pname, p in model.named_parameters():
-                r = ref_params.get(pname)
-                if r is None:
-                    bad.append(f"{pname}: not in transformers' model")
-                    continue
-                if _describe(p) != _describe(r):
-                    bad.append(f"{pname}: layout {_describe(p)} but transformers' {_describe(r)}")
-                    continue
-                layouts_seen.add(_describe(p))
-                a, b = _local(p), _local(r)
-                if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(_bits(a), _bits(b)):
-                    bad.append(f"{pname}: local {tuple(a.shape)} {a.dtype} differs from transformers' "
-                               f"{tuple(b.shape)} {b.dtype}")
-                checked += 1
-            report = model.shardcast_report
-            out[key] = {"checked": checked, "bad": bad, "layouts": sorted(layouts_seen),
-                        "verify": report["ranks"][rank]["verify"], "source": report["source"]}
-            del model, ref
+            for source in sources:
+                at = key if len(sources) == 1 else f"{key} @{source}"
+                if ref is None or not ok.item():
+                    out[at] = _against_split(ckpt, spec, source, full, why, rank)
+                else:
+                    out[at] = _against_transformers(ckpt, spec, source, ref, rank)
+            del ref
     return out
+
+
+def _against_split(ckpt, spec, source, full, why, rank):
+    from transformers.distributed import DistributedConfig
+    try:
+        model = shardcast.from_pretrained(ckpt, distributed_config=DistributedConfig(**spec),
+                                          source=source, verify=True, chunk_bytes=4096, timeout=60)
+    except Exception as e:  # noqa: BLE001 -- the same layout transformers cannot build either
+        return {"skipped": f"{why}; shardcast: {type(e).__name__}: {str(e)[:200]}"}
+    bad, checked, layouts_seen = [], 0, set()
+    for pname, p in model.named_parameters():
+        layouts_seen.add(_describe(p))
+        want = split_reference(full[pname].detach(), tuple(p.device_mesh.mesh.shape), p.placements,
+                               p.device_mesh.get_coordinate()) if hasattr(p, "device_mesh") else full[pname]
+        got = _local(p)
+        if got.shape != want.shape or not torch.equal(_bits(got), _bits(want)):
+            bad.append(f"{pname}: local {tuple(got.shape)} differs from DTensor's split {tuple(want.shape)}")
+        checked += 1
+    return {"checked": checked, "bad": bad, "layouts": sorted(layouts_seen), "native": why[:200],
+            "verify": model.shardcast_report["ranks"][rank]["verify"], "source": model.shardcast_report["source"]}
+
+
+def _against_transformers(ckpt, spec, source, ref, rank):
+    from transformers.distributed import DistributedConfig
+    model = shardcast.from_pretrained(ckpt, distributed_config=DistributedConfig(**spec), source=source,
+                                      verify=True, chunk_bytes=4096, timeout=60)
+    ref_params = dict(ref.named_parameters())
+    bad, checked, layouts_seen = [], 0, set()
+    for pname, p in model.named_parameters():
+        r = ref_params.get(pname)
+        if r is None:
+            bad.append(f"{pname}: not in transformers' model")
+            continue
+        if _describe(p) != _describe(r):
+            bad.append(f"{pname}: layout {_describe(p)} but transformers' {_describe(r)}")
+            continue
+        layouts_seen.add(_describe(p))
+        a, b = _local(p), _local(r)
+        if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(_bits(a), _bits(b)):
+            bad.append(f"{pname}: local {tuple(a.shape)} {a.dtype} differs from transformers' "
+                       f"{tuple(b.shape)} {b.dtype}")
+        checked += 1
+    report = model.shardcast_report
+    return {"checked": checked, "bad": bad, "layouts": sorted(layouts_seen),
+            "verify": report["ranks"][rank]["verify"], "source": report["source"]}
 
 
 def manual(root, rank, world):
