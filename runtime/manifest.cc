@@ -19,14 +19,14 @@ bool FromCheckpoint(Role r) { return r != Role::kNonPersistentBuffer; }
 // Rank 0's side of the resolution: one plan entry at a time, by key.
 class Resolver {
  public:
-  Resolver(const Checkpoint& ckpt, const KeyMapping& mapping, BlockSize block)
-      : ckpt_(ckpt), mapping_(mapping), block_(block), used_(ckpt.num_keys(), 0) {
+  Resolver(Manifest* m, const Checkpoint& ckpt, const KeyMapping& mapping, BlockSize block)
+      : m_(*m), ckpt_(ckpt), mapping_(mapping), block_(block), used_(ckpt.num_keys(), 0) {
     for (size_t i = 0; i < ckpt.num_files(); ++i) file_index_[&ckpt.file(i)] = static_cast<uint32_t>(i);
   }
 
   ManifestEntry Entry(const PlanEntry& e) {
     ManifestEntry me;
-    me.key = e.key;
+    me.key = m_.Keep(e.key);
     me.target_dtype = e.dtype;
     me.shape = e.shape;
     me.role = e.role;
@@ -37,6 +37,7 @@ class Resolver {
         const Checkpoint::Entry* found = ckpt_.Find(ck);
         if (found == nullptr) throw Missing(e.key, ck);
         me.parts.push_back(Part(e, ck, *found));
+        KeepKeys(me.key, &me.parts.back());
         numel += me.parts.back().numel;  // the elements it supplies (an NVFP4 part: twice its bytes)
       }
       if (numel != Numel(e.shape)) {
@@ -51,7 +52,8 @@ class Resolver {
     if (found == nullptr) {
       if (auto packed = ResolveMxfp4Part(ckpt_, file_index_, e.key, ck, e.shape, e.dtype)) {
         Use(packed->checkpoint_key);
-        Use(packed->scale.key);
+        Use(packed->scale->key);
+        KeepKeys(me.key, &*packed);
         me.parts.push_back(std::move(*packed));
         return me;
       }
@@ -68,6 +70,7 @@ class Resolver {
                       "NVFP4 '" + ck + "' " + ShapeText(found->info->shape) + " in the checkpoint (" + found->file->path() +
                           ") holds " + ShapeText(packed->shape) + " but rank 0's plan has " + ShapeText(e.shape));
         }
+        KeepKeys(me.key, &*packed);
         me.parts.push_back(std::move(*packed));
         return me;
       }
@@ -78,7 +81,14 @@ class Resolver {
                       ShapeText(e.shape) + " in rank 0's plan");
     }
     me.parts.push_back(Part(e, ck, *found));
+    KeepKeys(me.key, &me.parts.back());
     return me;
+  }
+
+  // The part's key, which views a string of the resolver's or the checkpoint's, as one the manifest
+  // owns: the entry's own when they are equal (a checkpoint that names tensors as the model does).
+  void KeepKeys(std::string_view entry_key, ManifestPart* p) {
+    p->checkpoint_key = p->checkpoint_key == entry_key ? entry_key : m_.Keep(p->checkpoint_key);
   }
 
   // Whether the checkpoint's key_index-th key (Checkpoint::key) went into an entry.
@@ -105,9 +115,14 @@ class Resolver {
                       " in rank 0's plan, and there is no conversion between them");
     }
     used_[found.key_index] = 1;
-    return ManifestPart{ck, stored, file_index_.at(found.file),
-                        found.file->header().data_offset() + found.info->begin, found.info->numel(),
-                        found.info->shape, /*dequantize=*/false, ManifestScale{}};
+    ManifestPart p;
+    p.checkpoint_key = ck;  // viewed until Entry keeps it
+    p.source_dtype = stored;
+    p.file = file_index_.at(found.file);
+    p.offset = found.file->header().data_offset() + found.info->begin;
+    p.numel = found.info->numel();
+    p.shape = found.info->shape;
+    return p;
   }
 
   // An fp8 weight for a floating entry: dequantized with its block scales, never cast without them.
@@ -124,16 +139,23 @@ class Resolver {
     CheckScaleShape(ck, found.info->shape, scale->info->shape, block_);
     used_[found.key_index] = 1;
     used_[scale->key_index] = 1;
-    ManifestPart p{ck, found.info->dtype, file_index_.at(found.file),
-                   found.file->header().data_offset() + found.info->begin, found.info->numel(), found.info->shape,
-                   /*dequantize=*/true, ManifestScale{}};
-    p.scale.key = scale_key;
-    p.scale.dtype = scale->info->dtype;
-    p.scale.file = file_index_.at(scale->file);
-    p.scale.offset = scale->file->header().data_offset() + scale->info->begin;
-    p.scale.grid_rows = scale->info->shape[0];
-    p.scale.grid_cols = scale->info->shape[1];
-    p.scale.block = block_;
+    ManifestPart p;
+    p.checkpoint_key = ck;  // viewed until Entry keeps it
+    p.source_dtype = found.info->dtype;
+    p.dequantize = true;
+    p.file = file_index_.at(found.file);
+    p.offset = found.file->header().data_offset() + found.info->begin;
+    p.numel = found.info->numel();
+    p.shape = found.info->shape;
+    ManifestScale sc;
+    sc.key = scale_key;
+    sc.dtype = scale->info->dtype;
+    sc.file = file_index_.at(scale->file);
+    sc.offset = scale->file->header().data_offset() + scale->info->begin;
+    sc.grid_rows = scale->info->shape[0];
+    sc.grid_cols = scale->info->shape[1];
+    sc.block = block_;
+    p.scale = std::make_shared<const ManifestScale>(std::move(sc));
     return p;
   }
 
@@ -151,10 +173,11 @@ class Resolver {
                  "rank 0's plan needs it but the checkpoint " + ckpt_.root() + " has no tensor '" + ck + "'");
   }
 
+  Manifest& m_;
   const Checkpoint& ckpt_;
   const KeyMapping& mapping_;
   const BlockSize block_;
-  void Use(const std::string& key) {
+  void Use(std::string_view key) {
     if (const Checkpoint::Entry* e = ckpt_.Find(key)) used_[e->key_index] = 1;
   }
 
@@ -163,6 +186,14 @@ class Resolver {
 };
 
 }  // namespace
+
+std::string_view Manifest::Keep(std::string_view text) {
+  if (text.empty()) return {};
+  if (strings_ == nullptr) strings_ = std::make_shared<std::pmr::monotonic_buffer_resource>();
+  char* copy = static_cast<char*>(strings_->allocate(text.size(), 1));
+  std::copy(text.begin(), text.end(), copy);
+  return {copy, text.size()};
+}
 
 uint64_t ManifestPart::row_elems() const {
   if (shape.size() < 2) return 1;
@@ -202,7 +233,7 @@ Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& map
     const SafetensorsFile& f = ckpt.file(i);
     m.files.push_back(ManifestFile{RelativeName(ckpt, i), f.file_size(), FileDigest(f)});
   }
-  Resolver resolver(ckpt, mapping, block);
+  Resolver resolver(&m, ckpt, mapping, block);
   m.entries.reserve(plan.entries().size());
   for (const PlanEntry& e : plan.entries()) {
     if (FromCheckpoint(e.role)) m.entries.push_back(resolver.Entry(e));
@@ -231,20 +262,22 @@ std::string CheckManifest(const Manifest& m, const Plan& plan, int rank, int wor
   size_t cursor = 0;
   for (const ManifestEntry& e : m.entries) {
     const PlanEntry* p = plan.FindNext(e.key, &cursor);
-    if (p == nullptr) return "key '" + e.key + "': in rank 0's plan but not in " + me + "'s";
+    if (p == nullptr) return "key '" + std::string(e.key) + "': in rank 0's plan but not in " + me + "'s";
     if (p->shape != e.shape) {
-      return "key '" + e.key + "': shape " + ShapeText(e.shape) + " on rank 0 but " + ShapeText(p->shape) + " on " + me;
+      return "key '" + std::string(e.key) + "': shape " + ShapeText(e.shape) + " on rank 0 but " + ShapeText(p->shape) +
+             " on " + me;
     }
     if (p->dtype != e.target_dtype) {
-      return "key '" + e.key + "': dtype " + std::string(DTypeName(e.target_dtype)) + " on rank 0 but " +
+      return "key '" + std::string(e.key) + "': dtype " + std::string(DTypeName(e.target_dtype)) + " on rank 0 but " +
              std::string(DTypeName(p->dtype)) + " on " + me;
     }
     if (p->role != e.role) {
-      return "key '" + e.key + "': role " + std::string(RoleName(e.role)) + " on rank 0 but " +
+      return "key '" + std::string(e.key) + "': role " + std::string(RoleName(e.role)) + " on rank 0 but " +
              std::string(RoleName(p->role)) + " on " + me;
     }
     if (!(*p->layout == m.LayoutOf(e))) {
-      return "key '" + e.key + "': layout " + m.LayoutOf(e).Text() + " on rank 0 but " + p->layout->Text() + " on " + me;
+      return "key '" + std::string(e.key) + "': layout " + m.LayoutOf(e).Text() + " on rank 0 but " +
+             p->layout->Text() + " on " + me;
     }
   }
   if (from_ckpt != m.entries.size()) {
@@ -252,7 +285,7 @@ std::string CheckManifest(const Manifest& m, const Plan& plan, int rank, int wor
     for (const ManifestEntry& x : m.entries) in_manifest.insert(x.key);
     for (const PlanEntry& e : plan.entries()) {
       if (FromCheckpoint(e.role) && !in_manifest.count(e.key)) {
-        return "key '" + e.key + "': in " + me + "'s plan but not in rank 0's";
+        return "key '" + std::string(e.key) + "': in " + me + "'s plan but not in rank 0's";
       }
     }
   }
@@ -289,7 +322,7 @@ uint64_t SourceBytes(const Manifest& m) {
         continue;
       }
       total += p.numel * DTypeSize(p.source_dtype);
-      if (p.dequantize) total += p.scale.grid_rows * p.scale.grid_cols * DTypeSize(p.scale.dtype);
+      if (p.dequantize) total += p.scale->grid_rows * p.scale->grid_cols * DTypeSize(p.scale->dtype);
     }
   }
   return total;

@@ -21,7 +21,10 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <memory_resource>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "loaders/checkpoint.h"
@@ -73,21 +76,27 @@ enum class Packing : uint8_t {
 };
 
 // One checkpoint tensor that supplies consecutive elements of an entry.
+//
+// The keys of parts and entries are views of strings their Manifest owns (Manifest::Keep), one copy
+// each: 90k entries at DeepSeek-V3's scale, where a std::string per field was a third of the manifest.
+// A part or entry built outside a manifest views strings that outlive it (literals, or a Keep).
 struct ManifestPart {
-  std::string checkpoint_key;
+  std::string_view checkpoint_key;
   DType source_dtype = DType::kBF16;  // in the checkpoint (U8 E8M0 exponent bytes for an F8_E8M0 entry: F8_E8M0)
+  bool dequantize = false;            // fp8 with block scales, to the entry's floating dtype
+  Packing packing = Packing::kNone;
   uint32_t file = 0;                  // index into Manifest::files
   uint64_t offset = 0;                // absolute byte offset of its data in that file
   uint64_t numel = 0;
   std::vector<uint64_t> shape;        // the checkpoint tensor's own shape
-  bool dequantize = false;            // fp8 with block scales, to the entry's floating dtype
-  ManifestScale scale;                // when dequantize
-  Packing packing = Packing::kNone;
+  // When dequantize, else null. Out of line because most parts have none (shared by copies of the part:
+  // set once, never changed).
+  std::shared_ptr<const ManifestScale> scale;
   uint64_t row_elems() const;         // elements of one dim-0 row of the part (1 for 0-dim and 1-d)
 };
 
 struct ManifestEntry {
-  std::string key;                    // the model's key
+  std::string_view key;               // the model's key
   DType target_dtype = DType::kBF16;  // rank 0's plan
   std::vector<uint64_t> shape;
   Role role = Role::kParameter;
@@ -105,6 +114,14 @@ struct Manifest {
   std::vector<ManifestEntry> entries;
   uint64_t skipped = 0;                       // checkpoint keys the model does not own
   std::vector<std::string> skipped_examples;  // up to 5
+
+  // Copies `text` into storage this manifest owns and returns a view of the copy, valid while the
+  // manifest or any copy of it lives (copies share the storage, which only grows): what the entries'
+  // and parts' keys view. Not thread-safe: one thread builds a manifest (and its copies' keys).
+  std::string_view Keep(std::string_view text);
+
+ private:
+  std::shared_ptr<std::pmr::monotonic_buffer_resource> strings_;
 };
 
 std::string EncodeManifest(const Manifest& m);

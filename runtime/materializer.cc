@@ -163,7 +163,7 @@ LocalTensor* RankState::Find(const std::string& key) {
   return FindNext(key, &cursor);
 }
 
-LocalTensor* RankState::FindNext(const std::string& key, size_t* cursor) {
+LocalTensor* RankState::FindNext(std::string_view key, size_t* cursor) {
   // tensors_ holds one entry per plan entry, in plan order: the plan's index finds it in O(1).
   const PlanEntry* e = plan_->FindNext(key, cursor);
   if (e == nullptr) return nullptr;
