@@ -28,7 +28,7 @@ class Resolver {
     ManifestEntry me;
     me.key = m_.Keep(e.key);
     me.target_dtype = e.dtype;
-    me.shape = e.shape;
+    me.shape = m_.KeepShape(e.shape);
     me.role = e.role;
     me.layout = e.layout_index;
     if (auto c = mapping_.compose.find(e.key); c != mapping_.compose.end()) {
@@ -50,10 +50,9 @@ class Resolver {
     std::string ck = CheckpointKey(e.key);
     const Checkpoint::Entry* found = ckpt_.Find(ck);
     if (found == nullptr) {
-      if (auto packed = ResolveMxfp4Part(ckpt_, file_index_, e.key, ck, e.shape, e.dtype)) {
+      if (auto packed = ResolveMxfp4Part(&m_, ckpt_, file_index_, e.key, ck, e.shape, e.dtype)) {
         Use(packed->checkpoint_key);
         Use(packed->scale->key);
-        KeepKeys(me.key, &*packed);
         me.parts.push_back(std::move(*packed));
         return me;
       }
@@ -70,7 +69,6 @@ class Resolver {
                       "NVFP4 '" + ck + "' " + ShapeText(found->info->shape) + " in the checkpoint (" + found->file->path() +
                           ") holds " + ShapeText(packed->shape) + " but rank 0's plan has " + ShapeText(e.shape));
         }
-        KeepKeys(me.key, &*packed);
         me.parts.push_back(std::move(*packed));
         return me;
       }
@@ -85,8 +83,9 @@ class Resolver {
     return me;
   }
 
-  // The part's key, which views a string of the resolver's or the checkpoint's, as one the manifest
-  // owns: the entry's own when they are equal (a checkpoint that names tensors as the model does).
+  // The key of a part from Part, which views a string of the resolver's or the checkpoint's, as one the
+  // manifest owns: the entry's own when they are equal (a checkpoint that names tensors as the model
+  // does). Packed parts (quant_parts.h) come with their keys kept.
   void KeepKeys(std::string_view entry_key, ManifestPart* p) {
     p->checkpoint_key = p->checkpoint_key == entry_key ? entry_key : m_.Keep(p->checkpoint_key);
   }
@@ -121,7 +120,7 @@ class Resolver {
     p.file = file_index_.at(found.file);
     p.offset = found.file->header().data_offset() + found.info->begin;
     p.numel = found.info->numel();
-    p.shape = found.info->shape;
+    p.shape = m_.KeepShape(found.info->shape);
     return p;
   }
 
@@ -146,7 +145,7 @@ class Resolver {
     p.file = file_index_.at(found.file);
     p.offset = found.file->header().data_offset() + found.info->begin;
     p.numel = found.info->numel();
-    p.shape = found.info->shape;
+    p.shape = m_.KeepShape(found.info->shape);
     ManifestScale sc;
     sc.key = scale_key;
     sc.dtype = scale->info->dtype;
@@ -161,7 +160,7 @@ class Resolver {
 
   // A U8 "<m>.weight" with NVFP4 scales beside it, for a floating entry; its partners marked used.
   std::optional<ManifestPart> ResolveNvfp4(const PlanEntry& e, const std::string& ck, const Checkpoint::Entry& found) {
-    std::optional<ManifestPart> p = ResolveNvfp4Part(ckpt_, file_index_, e.key, ck, found, e.dtype);
+    std::optional<ManifestPart> p = ResolveNvfp4Part(&m_, ckpt_, file_index_, e.key, ck, found, e.dtype);
     if (!p) return p;
     used_[found.key_index] = 1;
     for (const std::string& k : Nvfp4ConsumedKeys(*p)) Use(k);
@@ -187,13 +186,25 @@ class Resolver {
 
 }  // namespace
 
+// What a manifest's keys and shapes view: the arena never frees or moves a string, nor the set a shape.
+struct Manifest::Held {
+  std::pmr::monotonic_buffer_resource strings;
+  std::set<std::vector<uint64_t>> shapes;
+};
+
+Manifest::Held& Manifest::held() {
+  if (held_ == nullptr) held_ = std::make_shared<Held>();
+  return *held_;
+}
+
 std::string_view Manifest::Keep(std::string_view text) {
   if (text.empty()) return {};
-  if (strings_ == nullptr) strings_ = std::make_shared<std::pmr::monotonic_buffer_resource>();
-  char* copy = static_cast<char*>(strings_->allocate(text.size(), 1));
+  char* copy = static_cast<char*>(held().strings.allocate(text.size(), 1));
   std::copy(text.begin(), text.end(), copy);
   return {copy, text.size()};
 }
+
+ShapeView Manifest::KeepShape(const std::vector<uint64_t>& shape) { return ShapeView(&*held().shapes.insert(shape).first); }
 
 uint64_t ManifestPart::row_elems() const {
   if (shape.size() < 2) return 1;

@@ -23,11 +23,13 @@
 #include <map>
 #include <memory>
 #include <memory_resource>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "loaders/checkpoint.h"
+#include "loaders/shape.h"
 #include "runtime/key_mapping.h"
 #include "runtime/load_options.h"
 #include "runtime/plan.h"
@@ -77,9 +79,10 @@ enum class Packing : uint8_t {
 
 // One checkpoint tensor that supplies consecutive elements of an entry.
 //
-// The keys of parts and entries are views of strings their Manifest owns (Manifest::Keep), one copy
-// each: 90k entries at DeepSeek-V3's scale, where a std::string per field was a third of the manifest.
-// A part or entry built outside a manifest views strings that outlive it (literals, or a Keep).
+// The keys and shapes of parts and entries are views of what their Manifest holds (Manifest::Keep,
+// KeepShape), one copy of each key and one of each distinct shape: 90k entries at DeepSeek-V3's scale,
+// where a std::string and a std::vector per field were two thirds of the manifest. A part or entry
+// built outside a manifest views keys that outlive it (literals, or a Keep) and kept shapes.
 struct ManifestPart {
   std::string_view checkpoint_key;
   DType source_dtype = DType::kBF16;  // in the checkpoint (U8 E8M0 exponent bytes for an F8_E8M0 entry: F8_E8M0)
@@ -88,7 +91,7 @@ struct ManifestPart {
   uint32_t file = 0;                  // index into Manifest::files
   uint64_t offset = 0;                // absolute byte offset of its data in that file
   uint64_t numel = 0;
-  std::vector<uint64_t> shape;        // the checkpoint tensor's own shape
+  ShapeView shape;                    // the checkpoint tensor's own shape
   // When dequantize, else null. Out of line because most parts have none (shared by copies of the part:
   // set once, never changed).
   std::shared_ptr<const ManifestScale> scale;
@@ -98,7 +101,7 @@ struct ManifestPart {
 struct ManifestEntry {
   std::string_view key;               // the model's key
   DType target_dtype = DType::kBF16;  // rank 0's plan
-  std::vector<uint64_t> shape;
+  ShapeView shape;
   Role role = Role::kParameter;
   uint32_t layout = 0;                // index into Manifest::layouts
   std::vector<ManifestPart> parts;    // one, or several concatenated (KeyMapping::compose)
@@ -119,9 +122,13 @@ struct Manifest {
   // manifest or any copy of it lives (copies share the storage, which only grows): what the entries'
   // and parts' keys view. Not thread-safe: one thread builds a manifest (and its copies' keys).
   std::string_view Keep(std::string_view text);
+  // The same for a shape: one copy of each distinct shape, however many entries have it.
+  ShapeView KeepShape(const std::vector<uint64_t>& shape);
 
  private:
-  std::shared_ptr<std::pmr::monotonic_buffer_resource> strings_;
+  struct Held;
+  Held& held();
+  std::shared_ptr<Held> held_;
 };
 
 std::string EncodeManifest(const Manifest& m);

@@ -228,7 +228,7 @@ Manifest DecodeManifest(const std::string& bytes) {
     e.role = r.Enum<Role>(4);
     e.layout = static_cast<uint32_t>(r.U64());
     if (e.layout >= m.layouts.size()) throw Error(ErrorKind::kComm, "manifest", "an entry names a layout past the list");
-    e.shape = r.Dims();
+    e.shape = m.KeepShape(r.Dims());
     try {
       m.layouts[e.layout].CheckKey(e.shape, std::string(e.key));
     } catch (const Error& bad) {
@@ -243,7 +243,7 @@ Manifest DecodeManifest(const std::string& bytes) {
       if (part.file >= m.files.size()) throw Error(ErrorKind::kComm, "manifest", "a part names a file past the list");
       part.offset = r.U64();
       part.numel = r.U64();
-      part.shape = r.Dims();
+      part.shape = m.KeepShape(r.Dims());
       part.dequantize = r.U64() != 0;
       if (part.dequantize) {
         ManifestScale sc;

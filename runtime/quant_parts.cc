@@ -17,18 +17,18 @@ const QuantFormat& FormatOf(const ManifestPart& p) {
   return *f;
 }
 
-// The manifest part of a bound tensor: its bytes by file index, its format's packing. Its key views the
-// checkpoint's own (the resolver copies it into the manifest).
-ManifestPart PartOf(const QuantFormat& f, const PackedTensor& t, const Checkpoint& ckpt, const FileIndex& files) {
+// The manifest part of a bound tensor: its bytes by file index, its format's packing; its key and shape
+// kept by `m`.
+ManifestPart PartOf(Manifest* m, const QuantFormat& f, const PackedTensor& t, const FileIndex& files) {
   ManifestPart p;
-  p.checkpoint_key = ckpt.Get(t.data_key).info->key;
+  p.checkpoint_key = m->Keep(t.data_key);
   p.source_dtype = t.data_dtype;
   p.dequantize = true;
   p.packing = static_cast<Packing>(f.packing);
   p.file = files.at(t.data_file);
   p.offset = t.data_offset;
   p.numel = Numel(t.shape);
-  p.shape = t.shape;
+  p.shape = m->KeepShape(t.shape);
   ManifestScale sc;
   sc.key = t.scale_key;
   sc.dtype = t.scale_dtype;
@@ -65,7 +65,7 @@ PackedTensor PackedOf(const ManifestPart& p, const FileTable* files) {
 
 }  // namespace
 
-std::optional<ManifestPart> ResolveNvfp4Part(const Checkpoint& ckpt, const FileIndex& files, const std::string& model_key,
+std::optional<ManifestPart> ResolveNvfp4Part(Manifest* manifest, const Checkpoint& ckpt, const FileIndex& files, const std::string& model_key,
                                              const std::string& ck, const Checkpoint::Entry& found, DType target) {
   (void)found;  // detect looks it up by key
   const QuantFormat& f = kNvfp4Format;
@@ -74,14 +74,14 @@ std::optional<ManifestPart> ResolveNvfp4Part(const Checkpoint& ckpt, const FileI
   BindRequest r;
   r.context = "key '" + model_key + "'";
   r.target = target;
-  return PartOf(f, f.bind(ckpt, ck, r), ckpt, files);
+  return PartOf(manifest, f, f.bind(ckpt, ck, r), files);
 }
 
 std::vector<std::string> Nvfp4ConsumedKeys(const ManifestPart& p) {
   return FormatOf(p).consumed(std::string(p.checkpoint_key));
 }
 
-std::optional<ManifestPart> ResolveMxfp4Part(const Checkpoint& ckpt, const FileIndex& files, const std::string& model_key,
+std::optional<ManifestPart> ResolveMxfp4Part(Manifest* manifest, const Checkpoint& ckpt, const FileIndex& files, const std::string& model_key,
                                              const std::string& ck, const std::vector<uint64_t>& shape, DType target) {
   const QuantFormat& f = kMxfp4Format;
   const std::string stored = f.stored_key(ck);
@@ -98,7 +98,7 @@ std::optional<ManifestPart> ResolveMxfp4Part(const Checkpoint& ckpt, const FileI
   r.context = "key '" + model_key + "'";
   r.target = target;
   r.model_shape = &shape;
-  return PartOf(f, f.bind(ckpt, stored, r), ckpt, files);
+  return PartOf(manifest, f, f.bind(ckpt, stored, r), files);
 }
 
 uint64_t PackedSourceBytes(const ManifestPart& p) { return FormatOf(p).source_bytes(PackedOf(p, nullptr)); }

@@ -43,7 +43,7 @@ void Entries(const Plan& plan, const SaveRequest& rq, Manifest* m) {
   std::unordered_set<std::string> seen;
   for (const PlanEntry& e : plan.entries()) {
     if (e.role == Role::kNonPersistentBuffer) continue;
-    ManifestEntry me{m->Keep(e.key), e.dtype, e.shape, e.role, e.layout_index, {}};
+    ManifestEntry me{m->Keep(e.key), e.dtype, m->KeepShape(e.shape), e.role, e.layout_index, {}};
     const DType file_dtype = FileDType(e.dtype, rq.dtype);
     auto it = rq.outputs.find(e.key);
     const std::vector<SaveOutput> own{{e.key, e.shape}};
@@ -56,7 +56,7 @@ void Entries(const Plan& plan, const SaveRequest& rq, Manifest* m) {
       part.checkpoint_key = o.key == e.key ? me.key : m->Keep(o.key);
       part.source_dtype = file_dtype;
       part.numel = Numel(o.shape);
-      part.shape = o.shape;
+      part.shape = m->KeepShape(o.shape);
       me.parts.push_back(std::move(part));
       numel += Numel(o.shape);
     }

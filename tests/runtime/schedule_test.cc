@@ -12,13 +12,13 @@ namespace shardcast {
 namespace {
 
 // An entry of `rows` x `cols` elements supplied by `parts` consecutive checkpoint tensors, laid out
-// back to back in file 0 from `*offset`; its keys kept by `m`, the manifest it goes into.
+// back to back in file 0 from `*offset`; its keys and shapes kept by `m`, the manifest it goes into.
 ManifestEntry Entry(Manifest* m, const std::string& key, uint64_t rows, uint64_t cols, DType src, DType dst, int parts,
                     uint64_t* offset, bool replicated = false) {
   ManifestEntry e;
   e.key = m->Keep(key);
   e.target_dtype = dst;
-  e.shape = cols ? std::vector<uint64_t>{rows, cols} : std::vector<uint64_t>{rows};
+  e.shape = m->KeepShape(cols ? std::vector<uint64_t>{rows, cols} : std::vector<uint64_t>{rows});
   e.layout = replicated ? 0 : 1;  // Model's layouts: [Replicate, FSDP2's Shard(0)]
   const uint64_t per = rows / parts;  // each part is `per` rows (the last takes the rest)
   for (int p = 0; p < parts; ++p) {
@@ -27,7 +27,7 @@ ManifestEntry Entry(Manifest* m, const std::string& key, uint64_t rows, uint64_t
     part.source_dtype = src;
     const uint64_t r = p == parts - 1 ? rows - per * (parts - 1) : per;
     part.numel = r * std::max<uint64_t>(cols, 1);
-    part.shape = cols ? std::vector<uint64_t>{r, cols} : std::vector<uint64_t>{r};
+    part.shape = m->KeepShape(cols ? std::vector<uint64_t>{r, cols} : std::vector<uint64_t>{r});
     part.offset = *offset;
     *offset += part.numel * DTypeSize(src);
     e.parts.push_back(part);
