@@ -82,7 +82,8 @@ RankState RankState::Prepare(const Plan& plan, int rank, const PrepareOptions& o
         const at::ScalarType dtype = ToScalarType(e.dtype);
         at::Tensor host = LazyZeroTensor(local, dtype);
         try {
-          t.note = BufferInitRegistry::Global().Run(BufferInitContext{config, spec.source, e.key}, e.init_rule, host);
+          t.note = BufferInitRegistry::Global().Run(BufferInitContext{config, spec.source, e.key},
+                                                    std::string(e.init_rule), host);
         } catch (const Error& err) {
           const std::string what = err.what();
           if (what.compare(0, e.key.size(), e.key) == 0) throw;

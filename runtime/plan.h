@@ -47,7 +47,7 @@ struct PlanEntry {
   const std::vector<uint64_t>& shape;  // global
   DType dtype;
   Role role;
-  const std::string& init_rule;  // non-persistent buffers
+  std::string_view init_rule;  // non-persistent buffers
   const Layout* layout = nullptr;  // into the plan's layout table
   uint32_t layout_index = 0;
 
