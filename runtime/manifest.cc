@@ -1,6 +1,7 @@
 #include "runtime/manifest.h"
 
 #include <algorithm>
+#include <deque>
 #include <optional>
 #include <set>
 #include <unordered_map>
@@ -154,7 +155,7 @@ class Resolver {
     sc.grid_rows = scale->info->shape[0];
     sc.grid_cols = scale->info->shape[1];
     sc.block = block_;
-    p.scale = std::make_shared<const ManifestScale>(std::move(sc));
+    p.scale = m_.KeepScale(std::move(sc));
     return p;
   }
 
@@ -190,6 +191,7 @@ class Resolver {
 struct Manifest::Held {
   std::pmr::monotonic_buffer_resource strings;
   std::set<std::vector<uint64_t>> shapes;
+  std::deque<ManifestScale> scales;
 };
 
 Manifest::Held& Manifest::held() {
@@ -205,6 +207,8 @@ std::string_view Manifest::Keep(std::string_view text) {
 }
 
 ShapeView Manifest::KeepShape(const std::vector<uint64_t>& shape) { return ShapeView(&*held().shapes.insert(shape).first); }
+
+const ManifestScale* Manifest::KeepScale(ManifestScale scale) { return &held().scales.emplace_back(std::move(scale)); }
 
 uint64_t ManifestPart::row_elems() const {
   if (shape.size() < 2) return 1;

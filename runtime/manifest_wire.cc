@@ -258,7 +258,7 @@ Manifest DecodeManifest(const std::string& bytes) {
         sc.block.cols = r.U64();
         part.packing = r.Enum<Packing>(3);
         sc.global_bits = static_cast<uint32_t>(r.U64());
-        part.scale = std::make_shared<const ManifestScale>(std::move(sc));
+        part.scale = m.KeepScale(std::move(sc));
       }
     }
   }

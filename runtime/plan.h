@@ -47,7 +47,7 @@ struct PlanEntry {
   const std::vector<uint64_t>& shape;  // global
   DType dtype;
   Role role;
-  std::string_view init_rule;  // non-persistent buffers
+  const std::string_view& init_rule;  // non-persistent buffers (the spec entry's view: 8 B here, not 16)
   const Layout* layout = nullptr;  // into the plan's layout table
   uint32_t layout_index = 0;
 

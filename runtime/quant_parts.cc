@@ -38,7 +38,7 @@ ManifestPart PartOf(Manifest* m, const QuantFormat& f, const PackedTensor& t, co
   sc.grid_cols = t.grid_cols;
   sc.block = t.block;
   sc.global_bits = t.global_bits;
-  p.scale = std::make_shared<const ManifestScale>(std::move(sc));
+  p.scale = m->KeepScale(std::move(sc));
   return p;
 }
 

@@ -178,7 +178,7 @@ TEST_F(ManifestMapping, WireBlobsOfEveryLayoutEncodeBackToThemselves) {
     if (std::string(c.name) == "fp8_scale_w2") {  // the scale fields, as an fp8 checkpoint's part has them
       ManifestPart& part = man.entries.front().parts.front();
       part.dequantize = true;
-      part.scale = std::make_shared<const ManifestScale>(
+      part.scale = man.KeepScale(
           ManifestScale{std::string(part.checkpoint_key) + "_scale_inv", DType::kF32, 0, 64, 1, 1, BlockSize{128, 128}, 0});
     }
     const std::string blob = EncodeManifest(man);
