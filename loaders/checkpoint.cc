@@ -152,21 +152,18 @@ std::unique_ptr<Checkpoint> Checkpoint::Open(const std::string& path, const Open
   const NameRoot& root = *top.dir;
   if (const std::string index = path + "/" + kIndexFileName;
       std::optional<OpenNode> index_node = OpenBeneath(root, path, kIndexFileName)) {
-    auto weight_map = ParseWeightMap(index, ReadIndex(*index_node, index));
+    const weight_map::Table weight_map = weight_map::ParseIndex(index, ReadIndex(*index_node, index));
     index_node.reset();
-    // Pairs sorted by key name runs of one file (a file holds a block of layers): the file of the
-    // previous pair is looked up again only when the name changes.
-    std::unordered_map<std::string_view, const SafetensorsFile*> by_name;
-    const std::string* last_name = nullptr;
-    for (const auto& [key, name] : weight_map) {
-      if (last_name != nullptr && name == *last_name) continue;
-      last_name = &name;
-      auto [it, fresh] = by_name.emplace(name, nullptr);
-      if (!fresh) continue;
-      std::optional<OpenNode> node = OpenBeneath(root, path, name);
-      if (!node) Fail(index, Names(key, name) + ", which does not exist");
-      ckpt->AddFile(SafetensorsFile::FromDescriptor(node->fd.release(), path + "/" + name, options));
-      it->second = ckpt->files_.back().get();
+    // Each name is opened once, in the order the sorted keys first name it (the first key that names
+    // one that does not exist is the one the error names).
+    std::vector<const SafetensorsFile*> by_name(weight_map.names.size(), nullptr);
+    for (const auto& [key, name] : weight_map.keys) {
+      if (by_name[name] != nullptr) continue;
+      const std::string& file_name = weight_map.names[name];
+      std::optional<OpenNode> node = OpenBeneath(root, path, file_name);
+      if (!node) Fail(index, Names(key, file_name) + ", which does not exist");
+      ckpt->AddFile(SafetensorsFile::FromDescriptor(node->fd.release(), path + "/" + file_name, options));
+      by_name[name] = ckpt->files_.back().get();
     }
     if (ckpt->IndexPairs(index, weight_map, by_name)) return ckpt;
   } else if (std::optional<OpenNode> single_node = OpenBeneath(root, path, kSingleFileName)) {
@@ -205,20 +202,18 @@ std::unique_ptr<Checkpoint> Checkpoint::OpenKnown(const std::string& path, const
 // a block of layers): the file is looked up again only when the name changes. When the index lists every
 // tensor the files hold, as it does, its pairs are entries_ in key order already, and no key can be in two
 // files (each pair found one tensor, and no two pairs share a key).
-bool Checkpoint::IndexPairs(const std::string& index, const std::vector<std::pair<std::string, std::string>>& pairs,
-                            const std::unordered_map<std::string_view, const SafetensorsFile*>& by_name) {
+bool Checkpoint::IndexPairs(const std::string& index, const weight_map::Table& map,
+                            const std::vector<const SafetensorsFile*>& by_name) {
   size_t tensors = 0;
   for (const auto& f : files_) tensors += f->header().tensors.size();
   entries_.clear();
-  entries_.reserve(pairs.size());
-  const std::string* last_name = nullptr;
-  const SafetensorsFile* file = nullptr;
-  for (const auto& [key, name] : pairs) {
-    if (last_name == nullptr || name != *last_name) file = by_name.at(name), last_name = &name;
+  entries_.reserve(map.keys.size());
+  for (const auto& [key, name] : map.keys) {
+    const SafetensorsFile* file = by_name[name];
     const TensorInfo* info = file->Find(key);
     if (info == nullptr) {
       IndexAllTensors();  // a key in two files is the first problem, as it always was
-      Fail(index, Names(key, name) + ", which holds no tensor '" + Printable(key) + "'");
+      Fail(index, Names(key, map.names[name]) + ", which holds no tensor '" + Printable(key) + "'");
     }
     entries_.push_back(Entry{file, info, entries_.size()});
   }

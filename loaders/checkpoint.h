@@ -23,7 +23,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "loaders/key_index.h"
@@ -31,6 +30,10 @@
 #include "loaders/safetensors_file.h"
 
 namespace shardcast {
+
+namespace weight_map {
+struct Table;  // loaders/weight_map.h
+}
 
 inline constexpr const char* kIndexFileName = "model.safetensors.index.json";
 inline constexpr const char* kSingleFileName = "model.safetensors";
@@ -80,10 +83,11 @@ class Checkpoint {
 
  private:
   void AddFile(std::unique_ptr<SafetensorsFile> f) { files_.push_back(std::move(f)); }
-  // entries_ from the index's pairs (sorted by key): each must be in the file it names. Returns false,
-  // with entries_ to be rebuilt by IndexAllTensors, when the files hold tensors the index does not list.
-  bool IndexPairs(const std::string& index, const std::vector<std::pair<std::string, std::string>>& pairs,
-                  const std::unordered_map<std::string_view, const SafetensorsFile*>& by_name);
+  // entries_ from the index's keys (sorted): each must be in the file it names, by_name[i] the file of
+  // map.names[i]. Returns false, with entries_ to be rebuilt by IndexAllTensors, when the files hold
+  // tensors the index does not list.
+  bool IndexPairs(const std::string& index, const weight_map::Table& map,
+                  const std::vector<const SafetensorsFile*>& by_name);
   // entries_ from every file's tensors; throws kCheckpoint naming both files for a key in two files.
   void IndexAllTensors();
   void BuildKeyIndex();  // index_ from entries_, which are sorted by key

@@ -37,7 +37,9 @@ struct SpecEntry {
   std::vector<uint64_t> shape;
   DType dtype = DType::kBF16;
   Role role = Role::kParameter;
-  std::string init_rule;    // kNonPersistentBuffer only: the rule's name, e.g. "rotary_inv_freq"
+  // kNonPersistentBuffer only: the rule's name, e.g. "rotary_inv_freq"; a view of a string that outlives
+  // every spec (a literal: a handful of rules, where a std::string in each of 90k entries cost 32 B).
+  std::string_view init_rule;
   bool replicated = false;  // declared Replicate (besides 0-dim entries, which always are)
   int layer = -1;           // decoder layer index, or -1 for entries outside the layers
 

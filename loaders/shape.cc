@@ -2,6 +2,8 @@
 
 namespace shardcast {
 
+const std::vector<uint64_t> ShapeView::kScalar;
+
 std::string ShapeText(const std::vector<uint64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);

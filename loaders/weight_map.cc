@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <optional>
+#include <unordered_map>
 #include <nlohmann/json.hpp>
 
 #include "allocators/error.h"
@@ -211,6 +212,20 @@ class WeightMapSax : public nlohmann::json_sax<nlohmann::json> {
   std::string error_;
 };
 
+// The table of sorted, unique (key, name) pairs.
+template <typename Pairs>
+weight_map::Table TableOf(const Pairs& pairs) {
+  weight_map::Table t;
+  t.keys.reserve(pairs.size());
+  std::unordered_map<std::string_view, uint32_t> by_name;  // views of the pairs' names
+  for (const auto& [key, name] : pairs) {
+    auto [it, fresh] = by_name.emplace(name, static_cast<uint32_t>(t.names.size()));
+    if (fresh) t.names.emplace_back(name);
+    t.keys.emplace_back(key, it->second);
+  }
+  return t;
+}
+
 #if SHARDCAST_HAVE_SIMDJSON
 // ---- the fast path --------------------------------------------------------------------------------
 // simdjson's DOM parser (validating, ~1 GB/s here against nlohmann's ~65 MB/s) and one walk of its
@@ -249,12 +264,16 @@ bool FastValue(simdjson::dom::element v, int depth) {
   return true;
 }
 
-// The pairs sorted by key, or nullopt for the diagnosing parser to decide.
-std::optional<std::vector<std::pair<std::string, std::string>>> ParseWeightMapFast(std::string_view json) {
+// The table, or nullopt for the diagnosing parser to decide. `owned`, when given, holds `json` with at
+// least SIMDJSON_PADDING bytes of capacity past its end: it is parsed in place and freed once accepted.
+std::optional<weight_map::Table> ParseWeightMapFast(std::string_view json, std::string* owned) {
   simdjson::dom::parser parser;
   simdjson::dom::element doc;
   simdjson::dom::object top;
-  if (parser.parse(json.data(), json.size()).get(doc) || doc.get_object().get(top)) return std::nullopt;
+  const bool padded = owned != nullptr && owned->capacity() >= owned->size() + simdjson::SIMDJSON_PADDING;
+  if (parser.parse(json.data(), json.size(), /*realloc_if_needed=*/!padded).get(doc) || doc.get_object().get(top)) {
+    return std::nullopt;
+  }
   WeightMapViews pairs;
   std::vector<std::string_view> top_keys;
   bool found = false;
@@ -278,13 +297,11 @@ std::optional<std::vector<std::pair<std::string, std::string>>> ParseWeightMapFa
       !SortedUnique(&pairs, [](const auto& p) { return p.first; })) {
     return std::nullopt;
   }
-  std::vector<std::pair<std::string, std::string>> out;
-  out.reserve(pairs.size());
-  for (const auto& [key, name] : pairs) out.emplace_back(key, name);
-  return out;
+  if (owned != nullptr) std::string().swap(*owned);  // the tree holds its own copy of every string
+  return TableOf(pairs);
 }
 #else
-std::optional<std::vector<std::pair<std::string, std::string>>> ParseWeightMapFast(std::string_view) {
+std::optional<weight_map::Table> ParseWeightMapFast(std::string_view, std::string*) {
   return std::nullopt;  // built without simdjson: the diagnosing parser only
 }
 #endif
@@ -313,9 +330,26 @@ std::vector<std::pair<std::string, std::string>> ParseWithSax(std::string_view i
 
 std::vector<std::pair<std::string, std::string>> ParseWeightMap(std::string_view index_path, std::string_view json) {
   CheckIndexText(index_path, json);
-  if (auto fast = ParseWeightMapFast(json)) return std::move(*fast);
-  return ParseWithSax(index_path, json);
+  std::optional<weight_map::Table> fast = ParseWeightMapFast(json, nullptr);
+  if (!fast) return ParseWithSax(index_path, json);
+  std::vector<std::pair<std::string, std::string>> out;
+  out.reserve(fast->keys.size());
+  for (auto& [key, name] : fast->keys) out.emplace_back(std::move(key), fast->names[name]);
+  return out;
 }
+
+namespace weight_map {
+
+Table ParseIndex(std::string_view index_path, std::string text) {
+  CheckIndexText(index_path, text);
+#if SHARDCAST_HAVE_SIMDJSON
+  text.reserve(text.size() + simdjson::SIMDJSON_PADDING);
+#endif
+  if (std::optional<Table> fast = ParseWeightMapFast(text, &text)) return std::move(*fast);
+  return TableOf(ParseWithSax(index_path, text));
+}
+
+}  // namespace weight_map
 
 std::vector<std::pair<std::string, std::string>> ParseWeightMapDiagnosing(std::string_view index_path,
                                                                           std::string_view json) {

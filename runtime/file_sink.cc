@@ -26,14 +26,14 @@ std::string Range(uint64_t offset, uint64_t n) {
 // Writes all of [data, data + n) at `offset`, through EINTR and short writes.
 // `key`, when given, names the tensor in the error.
 void PwriteAll(int fd, const unsigned char* data, uint64_t n, uint64_t offset, const std::string& path,
-               const std::string& key = "") {
+               std::string_view key = {}) {
   uint64_t done = 0;
   while (done < n) {
     const ssize_t w = ::pwrite(fd, data + done, n - done, static_cast<off_t>(offset + done));
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
       const int err = w < 0 ? errno : EIO;
-      throw Error(ErrorKind::kIo, "writing " + path + (key.empty() ? "" : " (tensor '" + key + "')"),
+      throw Error(ErrorKind::kIo, "writing " + path + (key.empty() ? "" : " (tensor '" + std::string(key) + "')"),
                   "cannot write " + Range(offset + done, n - done) + ": " + ErrnoText(err));
     }
     done += static_cast<uint64_t>(w);

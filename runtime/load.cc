@@ -67,7 +67,7 @@ std::vector<at::Tensor> Targets(const Manifest& m, RankState* state) {
   size_t cursor = 0;
   for (size_t i = 0; i < m.entries.size(); ++i) {
     LocalTensor* t = state->FindNext(m.entries[i].key, &cursor);
-    if (t == nullptr) throw Error(ErrorKind::kInternal, m.entries[i].key, "agreed but not prepared");
+    if (t == nullptr) throw Error(ErrorKind::kInternal, std::string(m.entries[i].key), "agreed but not prepared");
     out[i] = t->tensor;
   }
   return out;

@@ -1,6 +1,7 @@
 #include "runtime/manifest.h"
 
 #include <algorithm>
+#include <deque>
 #include <optional>
 #include <set>
 #include <unordered_map>
@@ -19,16 +20,16 @@ bool FromCheckpoint(Role r) { return r != Role::kNonPersistentBuffer; }
 // Rank 0's side of the resolution: one plan entry at a time, by key.
 class Resolver {
  public:
-  Resolver(const Checkpoint& ckpt, const KeyMapping& mapping, BlockSize block)
-      : ckpt_(ckpt), mapping_(mapping), block_(block), used_(ckpt.num_keys(), 0) {
+  Resolver(Manifest* m, const Checkpoint& ckpt, const KeyMapping& mapping, BlockSize block)
+      : m_(*m), ckpt_(ckpt), mapping_(mapping), block_(block), used_(ckpt.num_keys(), 0) {
     for (size_t i = 0; i < ckpt.num_files(); ++i) file_index_[&ckpt.file(i)] = static_cast<uint32_t>(i);
   }
 
   ManifestEntry Entry(const PlanEntry& e) {
     ManifestEntry me;
-    me.key = e.key;
+    me.key = m_.Keep(e.key);
     me.target_dtype = e.dtype;
-    me.shape = e.shape;
+    me.shape = m_.KeepShape(e.shape);
     me.role = e.role;
     me.layout = e.layout_index;
     if (auto c = mapping_.compose.find(e.key); c != mapping_.compose.end()) {
@@ -37,6 +38,7 @@ class Resolver {
         const Checkpoint::Entry* found = ckpt_.Find(ck);
         if (found == nullptr) throw Missing(e.key, ck);
         me.parts.push_back(Part(e, ck, *found));
+        KeepKeys(me.key, &me.parts.back());
         numel += me.parts.back().numel;  // the elements it supplies (an NVFP4 part: twice its bytes)
       }
       if (numel != Numel(e.shape)) {
@@ -49,9 +51,9 @@ class Resolver {
     std::string ck = CheckpointKey(e.key);
     const Checkpoint::Entry* found = ckpt_.Find(ck);
     if (found == nullptr) {
-      if (auto packed = ResolveMxfp4Part(ckpt_, file_index_, e.key, ck, e.shape, e.dtype)) {
+      if (auto packed = ResolveMxfp4Part(&m_, ckpt_, file_index_, e.key, ck, e.shape, e.dtype)) {
         Use(packed->checkpoint_key);
-        Use(packed->scale.key);
+        Use(packed->scale->key);
         me.parts.push_back(std::move(*packed));
         return me;
       }
@@ -78,7 +80,15 @@ class Resolver {
                       ShapeText(e.shape) + " in rank 0's plan");
     }
     me.parts.push_back(Part(e, ck, *found));
+    KeepKeys(me.key, &me.parts.back());
     return me;
+  }
+
+  // The key of a part from Part, which views a string of the resolver's or the checkpoint's, as one the
+  // manifest owns: the entry's own when they are equal (a checkpoint that names tensors as the model
+  // does). Packed parts (quant_parts.h) come with their keys kept.
+  void KeepKeys(std::string_view entry_key, ManifestPart* p) {
+    p->checkpoint_key = p->checkpoint_key == entry_key ? entry_key : m_.Keep(p->checkpoint_key);
   }
 
   // Whether the checkpoint's key_index-th key (Checkpoint::key) went into an entry.
@@ -105,9 +115,14 @@ class Resolver {
                       " in rank 0's plan, and there is no conversion between them");
     }
     used_[found.key_index] = 1;
-    return ManifestPart{ck, stored, file_index_.at(found.file),
-                        found.file->header().data_offset() + found.info->begin, found.info->numel(),
-                        found.info->shape, /*dequantize=*/false, ManifestScale{}};
+    ManifestPart p;
+    p.checkpoint_key = ck;  // viewed until Entry keeps it
+    p.source_dtype = stored;
+    p.file = file_index_.at(found.file);
+    p.offset = found.file->header().data_offset() + found.info->begin;
+    p.numel = found.info->numel();
+    p.shape = m_.KeepShape(found.info->shape);
+    return p;
   }
 
   // An fp8 weight for a floating entry: dequantized with its block scales, never cast without them.
@@ -124,22 +139,29 @@ class Resolver {
     CheckScaleShape(ck, found.info->shape, scale->info->shape, block_);
     used_[found.key_index] = 1;
     used_[scale->key_index] = 1;
-    ManifestPart p{ck, found.info->dtype, file_index_.at(found.file),
-                   found.file->header().data_offset() + found.info->begin, found.info->numel(), found.info->shape,
-                   /*dequantize=*/true, ManifestScale{}};
-    p.scale.key = scale_key;
-    p.scale.dtype = scale->info->dtype;
-    p.scale.file = file_index_.at(scale->file);
-    p.scale.offset = scale->file->header().data_offset() + scale->info->begin;
-    p.scale.grid_rows = scale->info->shape[0];
-    p.scale.grid_cols = scale->info->shape[1];
-    p.scale.block = block_;
+    ManifestPart p;
+    p.checkpoint_key = ck;  // viewed until Entry keeps it
+    p.source_dtype = found.info->dtype;
+    p.dequantize = true;
+    p.file = file_index_.at(found.file);
+    p.offset = found.file->header().data_offset() + found.info->begin;
+    p.numel = found.info->numel();
+    p.shape = m_.KeepShape(found.info->shape);
+    ManifestScale sc;
+    sc.key = scale_key;
+    sc.dtype = scale->info->dtype;
+    sc.file = file_index_.at(scale->file);
+    sc.offset = scale->file->header().data_offset() + scale->info->begin;
+    sc.grid_rows = scale->info->shape[0];
+    sc.grid_cols = scale->info->shape[1];
+    sc.block = block_;
+    p.scale = m_.KeepScale(std::move(sc));
     return p;
   }
 
   // A U8 "<m>.weight" with NVFP4 scales beside it, for a floating entry; its partners marked used.
   std::optional<ManifestPart> ResolveNvfp4(const PlanEntry& e, const std::string& ck, const Checkpoint::Entry& found) {
-    std::optional<ManifestPart> p = ResolveNvfp4Part(ckpt_, file_index_, e.key, ck, found, e.dtype);
+    std::optional<ManifestPart> p = ResolveNvfp4Part(&m_, ckpt_, file_index_, e.key, ck, found, e.dtype);
     if (!p) return p;
     used_[found.key_index] = 1;
     for (const std::string& k : Nvfp4ConsumedKeys(*p)) Use(k);
@@ -151,10 +173,11 @@ class Resolver {
                  "rank 0's plan needs it but the checkpoint " + ckpt_.root() + " has no tensor '" + ck + "'");
   }
 
+  Manifest& m_;
   const Checkpoint& ckpt_;
   const KeyMapping& mapping_;
   const BlockSize block_;
-  void Use(const std::string& key) {
+  void Use(std::string_view key) {
     if (const Checkpoint::Entry* e = ckpt_.Find(key)) used_[e->key_index] = 1;
   }
 
@@ -163,6 +186,29 @@ class Resolver {
 };
 
 }  // namespace
+
+// What a manifest's keys and shapes view: the arena never frees or moves a string, nor the set a shape.
+struct Manifest::Held {
+  std::pmr::monotonic_buffer_resource strings;
+  std::set<std::vector<uint64_t>> shapes;
+  std::deque<ManifestScale> scales;
+};
+
+Manifest::Held& Manifest::held() {
+  if (held_ == nullptr) held_ = std::make_shared<Held>();
+  return *held_;
+}
+
+std::string_view Manifest::Keep(std::string_view text) {
+  if (text.empty()) return {};
+  char* copy = static_cast<char*>(held().strings.allocate(text.size(), 1));
+  std::copy(text.begin(), text.end(), copy);
+  return {copy, text.size()};
+}
+
+ShapeView Manifest::KeepShape(const std::vector<uint64_t>& shape) { return ShapeView(&*held().shapes.insert(shape).first); }
+
+const ManifestScale* Manifest::KeepScale(ManifestScale scale) { return &held().scales.emplace_back(std::move(scale)); }
 
 uint64_t ManifestPart::row_elems() const {
   if (shape.size() < 2) return 1;
@@ -202,7 +248,7 @@ Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& map
     const SafetensorsFile& f = ckpt.file(i);
     m.files.push_back(ManifestFile{RelativeName(ckpt, i), f.file_size(), FileDigest(f)});
   }
-  Resolver resolver(ckpt, mapping, block);
+  Resolver resolver(&m, ckpt, mapping, block);
   m.entries.reserve(plan.entries().size());
   for (const PlanEntry& e : plan.entries()) {
     if (FromCheckpoint(e.role)) m.entries.push_back(resolver.Entry(e));
@@ -231,20 +277,22 @@ std::string CheckManifest(const Manifest& m, const Plan& plan, int rank, int wor
   size_t cursor = 0;
   for (const ManifestEntry& e : m.entries) {
     const PlanEntry* p = plan.FindNext(e.key, &cursor);
-    if (p == nullptr) return "key '" + e.key + "': in rank 0's plan but not in " + me + "'s";
+    if (p == nullptr) return "key '" + std::string(e.key) + "': in rank 0's plan but not in " + me + "'s";
     if (p->shape != e.shape) {
-      return "key '" + e.key + "': shape " + ShapeText(e.shape) + " on rank 0 but " + ShapeText(p->shape) + " on " + me;
+      return "key '" + std::string(e.key) + "': shape " + ShapeText(e.shape) + " on rank 0 but " + ShapeText(p->shape) +
+             " on " + me;
     }
     if (p->dtype != e.target_dtype) {
-      return "key '" + e.key + "': dtype " + std::string(DTypeName(e.target_dtype)) + " on rank 0 but " +
+      return "key '" + std::string(e.key) + "': dtype " + std::string(DTypeName(e.target_dtype)) + " on rank 0 but " +
              std::string(DTypeName(p->dtype)) + " on " + me;
     }
     if (p->role != e.role) {
-      return "key '" + e.key + "': role " + std::string(RoleName(e.role)) + " on rank 0 but " +
+      return "key '" + std::string(e.key) + "': role " + std::string(RoleName(e.role)) + " on rank 0 but " +
              std::string(RoleName(p->role)) + " on " + me;
     }
     if (!(*p->layout == m.LayoutOf(e))) {
-      return "key '" + e.key + "': layout " + m.LayoutOf(e).Text() + " on rank 0 but " + p->layout->Text() + " on " + me;
+      return "key '" + std::string(e.key) + "': layout " + m.LayoutOf(e).Text() + " on rank 0 but " +
+             p->layout->Text() + " on " + me;
     }
   }
   if (from_ckpt != m.entries.size()) {
@@ -252,7 +300,7 @@ std::string CheckManifest(const Manifest& m, const Plan& plan, int rank, int wor
     for (const ManifestEntry& x : m.entries) in_manifest.insert(x.key);
     for (const PlanEntry& e : plan.entries()) {
       if (FromCheckpoint(e.role) && !in_manifest.count(e.key)) {
-        return "key '" + e.key + "': in " + me + "'s plan but not in rank 0's";
+        return "key '" + std::string(e.key) + "': in " + me + "'s plan but not in rank 0's";
       }
     }
   }
@@ -289,7 +337,7 @@ uint64_t SourceBytes(const Manifest& m) {
         continue;
       }
       total += p.numel * DTypeSize(p.source_dtype);
-      if (p.dequantize) total += p.scale.grid_rows * p.scale.grid_cols * DTypeSize(p.scale.dtype);
+      if (p.dequantize) total += p.scale->grid_rows * p.scale->grid_cols * DTypeSize(p.scale->dtype);
     }
   }
   return total;

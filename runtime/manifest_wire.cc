@@ -20,7 +20,7 @@ constexpr const char* kVersion = "shardcast-manifest-7";
 class Writer {
  public:
   void U64(uint64_t v) { s_.append(reinterpret_cast<const char*>(&v), 8); }
-  void Str(const std::string& v) {
+  void Str(std::string_view v) {
     U64(v.size());
     s_ += v;
   }
@@ -47,10 +47,12 @@ class Reader {
     p_ += 8;
     return v;
   }
-  std::string Str() {
+  std::string Str() { return std::string(View()); }
+  // The next string as a view of the blob (valid while the blob is).
+  std::string_view View() {
     const uint64_t n = U64();
     Need(n);
-    std::string v = s_.substr(p_, n);
+    std::string_view v(s_.data() + p_, n);
     p_ += n;
     return v;
   }
@@ -128,7 +130,8 @@ std::string EncodeManifest(const Manifest& m) {
   for (const ManifestEntry& e : m.entries) {
     entry_bytes += 8 * 7 + e.key.size() + 8 * e.shape.size();
     for (const ManifestPart& part : e.parts) {
-      entry_bytes += 8 * 19 + part.checkpoint_key.size() + part.scale.key.size() + 8 * part.shape.size();
+      const uint64_t scale_key = part.scale ? part.scale->key.size() : 0;
+      entry_bytes += 8 * 19 + part.checkpoint_key.size() + scale_key + 8 * part.shape.size();
     }
   }
   w.Reserve(entry_bytes + 4096);
@@ -141,7 +144,7 @@ std::string EncodeManifest(const Manifest& m) {
     w.Dims(e.shape);
     w.U64(e.parts.size());
     for (const ManifestPart& part : e.parts) {
-      w.Str(part.checkpoint_key == e.key ? std::string() : part.checkpoint_key);
+      w.Str(part.checkpoint_key == e.key ? std::string_view() : part.checkpoint_key);
       w.U64(static_cast<uint64_t>(part.source_dtype));
       w.U64(part.file);
       w.U64(part.offset);
@@ -149,7 +152,10 @@ std::string EncodeManifest(const Manifest& m) {
       w.Dims(part.shape);
       w.U64(part.dequantize);
       if (part.dequantize) {
-        const ManifestScale& sc = part.scale;
+        if (part.scale == nullptr) {
+          throw Error(ErrorKind::kInternal, "key '" + std::string(e.key) + "'", "a part dequantizes without its scale");
+        }
+        const ManifestScale& sc = *part.scale;
         w.Str(sc.key);
         w.U64(static_cast<uint64_t>(sc.dtype));
         w.U64(sc.file);
@@ -217,30 +223,30 @@ Manifest DecodeManifest(const std::string& bytes) {
   }
   m.entries.resize(r.Count(48));
   for (ManifestEntry& e : m.entries) {
-    e.key = r.Str();
+    e.key = m.Keep(r.View());
     e.target_dtype = r.Enum<DType>(kNumDTypes);
     e.role = r.Enum<Role>(4);
     e.layout = static_cast<uint32_t>(r.U64());
     if (e.layout >= m.layouts.size()) throw Error(ErrorKind::kComm, "manifest", "an entry names a layout past the list");
-    e.shape = r.Dims();
+    e.shape = m.KeepShape(r.Dims());
     try {
-      m.layouts[e.layout].CheckKey(e.shape, e.key);
+      m.layouts[e.layout].CheckKey(e.shape, std::string(e.key));
     } catch (const Error& bad) {
       throw Error(ErrorKind::kComm, "manifest", std::string("the manifest received from rank 0 is malformed: ") + bad.what());
     }
     e.parts.resize(r.Count(48));
     for (ManifestPart& part : e.parts) {
-      part.checkpoint_key = r.Str();
-      if (part.checkpoint_key.empty()) part.checkpoint_key = e.key;
+      part.checkpoint_key = r.View();
+      part.checkpoint_key = part.checkpoint_key.empty() ? e.key : m.Keep(part.checkpoint_key);
       part.source_dtype = r.Enum<DType>(kNumDTypes);
       part.file = static_cast<uint32_t>(r.U64());
       if (part.file >= m.files.size()) throw Error(ErrorKind::kComm, "manifest", "a part names a file past the list");
       part.offset = r.U64();
       part.numel = r.U64();
-      part.shape = r.Dims();
+      part.shape = m.KeepShape(r.Dims());
       part.dequantize = r.U64() != 0;
       if (part.dequantize) {
-        ManifestScale& sc = part.scale;
+        ManifestScale sc;
         sc.key = r.Str();
         sc.dtype = r.Enum<DType>(kNumDTypes);
         sc.file = static_cast<uint32_t>(r.U64());
@@ -252,6 +258,7 @@ Manifest DecodeManifest(const std::string& bytes) {
         sc.block.cols = r.U64();
         part.packing = r.Enum<Packing>(3);
         sc.global_bits = static_cast<uint32_t>(r.U64());
+        part.scale = m.KeepScale(std::move(sc));
       }
     }
   }

@@ -82,7 +82,8 @@ RankState RankState::Prepare(const Plan& plan, int rank, const PrepareOptions& o
         const at::ScalarType dtype = ToScalarType(e.dtype);
         at::Tensor host = LazyZeroTensor(local, dtype);
         try {
-          t.note = BufferInitRegistry::Global().Run(BufferInitContext{config, spec.source, e.key}, e.init_rule, host);
+          t.note = BufferInitRegistry::Global().Run(BufferInitContext{config, spec.source, e.key},
+                                                    std::string(e.init_rule), host);
         } catch (const Error& err) {
           const std::string what = err.what();
           if (what.compare(0, e.key.size(), e.key) == 0) throw;
@@ -163,7 +164,7 @@ LocalTensor* RankState::Find(const std::string& key) {
   return FindNext(key, &cursor);
 }
 
-LocalTensor* RankState::FindNext(const std::string& key, size_t* cursor) {
+LocalTensor* RankState::FindNext(std::string_view key, size_t* cursor) {
   // tensors_ holds one entry per plan entry, in plan order: the plan's index finds it in O(1).
   const PlanEntry* e = plan_->FindNext(key, cursor);
   if (e == nullptr) return nullptr;

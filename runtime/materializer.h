@@ -74,7 +74,7 @@ class RankState {
   std::vector<LocalTensor>& tensors() { return tensors_; }
   const std::vector<LocalTensor>& tensors() const { return tensors_; }
   LocalTensor* Find(const std::string& key);  // O(1), by the plan's index
-  LocalTensor* FindNext(const std::string& key, size_t* cursor);  // keys in plan order (Plan::FindNext)
+  LocalTensor* FindNext(std::string_view key, size_t* cursor);  // keys in plan order (Plan::FindNext)
   const PrepareReport& report() const { return report_; }
 
  private:

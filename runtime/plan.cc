@@ -65,12 +65,12 @@ Plan Plan::Build(ModelSpec spec, int world_size, const PlanOptions& options) {
   return plan;
 }
 
-const PlanEntry* Plan::Find(const std::string& key) const {
+const PlanEntry* Plan::Find(std::string_view key) const {
   const size_t i = index_.Find(key, [&](size_t j) -> std::string_view { return entries_[j].key; });
   return i == KeyIndex::npos ? nullptr : &entries_[i];
 }
 
-const PlanEntry* Plan::FindNext(const std::string& key, size_t* cursor) const {
+const PlanEntry* Plan::FindNext(std::string_view key, size_t* cursor) const {
   constexpr size_t kLookAhead = 4;  // past the few entries a manifest leaves out (non-persistent buffers)
   for (size_t j = *cursor; j < entries_.size() && j < *cursor + kLookAhead; ++j) {
     if (entries_[j].key == key) {

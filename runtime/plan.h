@@ -47,7 +47,7 @@ struct PlanEntry {
   const std::vector<uint64_t>& shape;  // global
   DType dtype;
   Role role;
-  const std::string& init_rule;  // non-persistent buffers
+  const std::string_view& init_rule;  // non-persistent buffers (the spec entry's view: 8 B here, not 16)
   const Layout* layout = nullptr;  // into the plan's layout table
   uint32_t layout_index = 0;
 
@@ -81,11 +81,11 @@ class Plan {
   int world_size() const { return world_size_; }
   const std::vector<PlanEntry>& entries() const { return entries_; }
   const std::vector<Layout>& layouts() const { return layouts_; }
-  const PlanEntry* Find(const std::string& key) const;
+  const PlanEntry* Find(std::string_view key) const;
   // Find for keys asked in plan order (a manifest's entries, 90k at DeepSeek-V3's scale): the entries
   // just after the previous answer are compared first, so no key is hashed while the order holds.
   // `cursor` starts at 0 and is the caller's.
-  const PlanEntry* FindNext(const std::string& key, size_t* cursor) const;
+  const PlanEntry* FindNext(std::string_view key, size_t* cursor) const;
 
   struct RankBytes {
     uint64_t by_role[4] = {0, 0, 0, 0};  // indexed by Role

@@ -12,17 +12,24 @@ namespace {
 const QuantFormat& FormatOf(const ManifestPart& p) {
   const QuantFormat* f = p.dequantize ? QuantFormatOfPacking(static_cast<uint8_t>(p.packing)) : nullptr;
   if (f == nullptr) {
-    throw Error(ErrorKind::kInternal, "tensor '" + p.checkpoint_key + "'", "no quantized format packs it");
+    throw Error(ErrorKind::kInternal, "tensor '" + std::string(p.checkpoint_key) + "'", "no quantized format packs it");
   }
   return *f;
 }
 
-// The manifest part of a bound tensor: its bytes by file index, its format's packing.
-ManifestPart PartOf(const QuantFormat& f, const PackedTensor& t, const FileIndex& files) {
-  ManifestPart p{t.data_key, t.data_dtype, files.at(t.data_file), t.data_offset, Numel(t.shape), t.shape,
-                 /*dequantize=*/true, ManifestScale{}};
+// The manifest part of a bound tensor: its bytes by file index, its format's packing; its key and shape
+// kept by `m`.
+ManifestPart PartOf(Manifest* m, const QuantFormat& f, const PackedTensor& t, const FileIndex& files) {
+  ManifestPart p;
+  p.checkpoint_key = m->Keep(t.data_key);
+  p.source_dtype = t.data_dtype;
+  p.dequantize = true;
   p.packing = static_cast<Packing>(f.packing);
-  ManifestScale& sc = p.scale;
+  p.file = files.at(t.data_file);
+  p.offset = t.data_offset;
+  p.numel = Numel(t.shape);
+  p.shape = m->KeepShape(t.shape);
+  ManifestScale sc;
   sc.key = t.scale_key;
   sc.dtype = t.scale_dtype;
   sc.file = files.at(t.scale_file);
@@ -31,6 +38,7 @@ ManifestPart PartOf(const QuantFormat& f, const PackedTensor& t, const FileIndex
   sc.grid_cols = t.grid_cols;
   sc.block = t.block;
   sc.global_bits = t.global_bits;
+  p.scale = m->KeepScale(std::move(sc));
   return p;
 }
 
@@ -41,23 +49,23 @@ PackedTensor PackedOf(const ManifestPart& p, const FileTable* files) {
   t.data_dtype = p.source_dtype;
   t.data_offset = p.offset;
   t.shape = p.shape;
-  t.scale_key = p.scale.key;
-  t.scale_dtype = p.scale.dtype;
-  t.scale_offset = p.scale.offset;
-  t.grid_rows = p.scale.grid_rows;
-  t.grid_cols = p.scale.grid_cols;
-  t.block = p.scale.block;
-  t.global_bits = p.scale.global_bits;
-  if (files != nullptr) {
-    t.data_file = (*files)[p.file];
-    t.scale_file = (*files)[p.scale.file];
-  }
+  if (files != nullptr) t.data_file = (*files)[p.file];
+  if (p.scale == nullptr) return t;
+  const ManifestScale& sc = *p.scale;
+  t.scale_key = sc.key;
+  t.scale_dtype = sc.dtype;
+  t.scale_offset = sc.offset;
+  t.grid_rows = sc.grid_rows;
+  t.grid_cols = sc.grid_cols;
+  t.block = sc.block;
+  t.global_bits = sc.global_bits;
+  if (files != nullptr) t.scale_file = (*files)[sc.file];
   return t;
 }
 
 }  // namespace
 
-std::optional<ManifestPart> ResolveNvfp4Part(const Checkpoint& ckpt, const FileIndex& files, const std::string& model_key,
+std::optional<ManifestPart> ResolveNvfp4Part(Manifest* manifest, const Checkpoint& ckpt, const FileIndex& files, const std::string& model_key,
                                              const std::string& ck, const Checkpoint::Entry& found, DType target) {
   (void)found;  // detect looks it up by key
   const QuantFormat& f = kNvfp4Format;
@@ -66,12 +74,14 @@ std::optional<ManifestPart> ResolveNvfp4Part(const Checkpoint& ckpt, const FileI
   BindRequest r;
   r.context = "key '" + model_key + "'";
   r.target = target;
-  return PartOf(f, f.bind(ckpt, ck, r), files);
+  return PartOf(manifest, f, f.bind(ckpt, ck, r), files);
 }
 
-std::vector<std::string> Nvfp4ConsumedKeys(const ManifestPart& p) { return FormatOf(p).consumed(p.checkpoint_key); }
+std::vector<std::string> Nvfp4ConsumedKeys(const ManifestPart& p) {
+  return FormatOf(p).consumed(std::string(p.checkpoint_key));
+}
 
-std::optional<ManifestPart> ResolveMxfp4Part(const Checkpoint& ckpt, const FileIndex& files, const std::string& model_key,
+std::optional<ManifestPart> ResolveMxfp4Part(Manifest* manifest, const Checkpoint& ckpt, const FileIndex& files, const std::string& model_key,
                                              const std::string& ck, const std::vector<uint64_t>& shape, DType target) {
   const QuantFormat& f = kMxfp4Format;
   const std::string stored = f.stored_key(ck);
@@ -91,7 +101,7 @@ std::optional<ManifestPart> ResolveMxfp4Part(const Checkpoint& ckpt, const FileI
                     " ([..., out, in / 2], as transformers' Mxfp4GptOssExperts holds it) but rank 0's plan has " +
                     ShapeText(shape));
   }
-  return PartOf(f, f.bind(ckpt, stored, r), files);
+  return PartOf(manifest, f, f.bind(ckpt, stored, r), files);
 }
 
 uint64_t PackedSourceBytes(const ManifestPart& p) { return FormatOf(p).source_bytes(PackedOf(p, nullptr)); }

@@ -28,13 +28,15 @@ namespace shardcast {
 
 using FileIndex = std::unordered_map<const SafetensorsFile*, uint32_t>;
 
+// Both resolvers return a part whose key and shape `manifest` keeps (Manifest::Keep, KeepShape).
+//
 // Rank 0: the part of entry `model_key` (shape, target dtype) when the checkpoint holds "<ck>_blocks";
 // nullopt when it holds no such tensor. `ck` is the entry's checkpoint key. Throws kCheckpoint naming
 // the key and every shape when "<ck>_scales" is missing or the pair does not make `shape`;
 // kManifestMismatch for a U8 target (kept quantized) of another shape than the blocks' with their last
 // two dims merged (the matching one is composed from "<ck>_blocks" directly, never reaching here);
 // kUnsupported for other dtypes it cannot dequantize.
-std::optional<ManifestPart> ResolveMxfp4Part(const Checkpoint& ckpt, const FileIndex& files, const std::string& model_key,
+std::optional<ManifestPart> ResolveMxfp4Part(Manifest* manifest, const Checkpoint& ckpt, const FileIndex& files, const std::string& model_key,
                                              const std::string& ck, const std::vector<uint64_t>& shape, DType target);
 
 // Rank 0: the part of a model entry `model_key` (target dtype) that the checkpoint holds as `found`
@@ -43,7 +45,7 @@ std::optional<ManifestPart> ResolveMxfp4Part(const Checkpoint& ckpt, const FileI
 // part's shape is [out, in] from the checkpoint; the caller checks it against the entry's. Throws
 // kCheckpoint naming the key and the three tensors' dtypes and shapes when a scale is missing or the
 // three do not pair (CheckNvfp4Triple); kUnsupported for a non-floating target.
-std::optional<ManifestPart> ResolveNvfp4Part(const Checkpoint& ckpt, const FileIndex& files, const std::string& model_key,
+std::optional<ManifestPart> ResolveNvfp4Part(Manifest* manifest, const Checkpoint& ckpt, const FileIndex& files, const std::string& model_key,
                                              const std::string& ck, const Checkpoint::Entry& found, DType target);
 
 // The keys an NVFP4 part consumes beside its weight: its two scales, and "<m>.input_scale" when present.

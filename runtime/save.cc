@@ -95,7 +95,7 @@ std::vector<at::Tensor> Shards(const Manifest& m, RankState* state) {
   size_t cursor = 0;
   for (size_t i = 0; i < m.entries.size(); ++i) {
     LocalTensor* t = state->FindNext(m.entries[i].key, &cursor);
-    if (t == nullptr || t->is_meta()) throw Error(ErrorKind::kInternal, m.entries[i].key, "agreed but has no storage");
+    if (t == nullptr || t->is_meta()) throw Error(ErrorKind::kInternal, std::string(m.entries[i].key), "agreed but has no storage");
     out[i] = t->tensor;
   }
   return out;

@@ -43,7 +43,7 @@ void Entries(const Plan& plan, const SaveRequest& rq, Manifest* m) {
   std::unordered_set<std::string> seen;
   for (const PlanEntry& e : plan.entries()) {
     if (e.role == Role::kNonPersistentBuffer) continue;
-    ManifestEntry me{e.key, e.dtype, e.shape, e.role, e.layout_index, {}};
+    ManifestEntry me{m->Keep(e.key), e.dtype, m->KeepShape(e.shape), e.role, e.layout_index, {}};
     const DType file_dtype = FileDType(e.dtype, rq.dtype);
     auto it = rq.outputs.find(e.key);
     const std::vector<SaveOutput> own{{e.key, e.shape}};
@@ -53,10 +53,10 @@ void Entries(const Plan& plan, const SaveRequest& rq, Manifest* m) {
         throw Error(ErrorKind::kInvalidArgument, "key '" + o.key + "'", "two model entries write this output tensor");
       }
       ManifestPart part;
-      part.checkpoint_key = o.key;
+      part.checkpoint_key = o.key == e.key ? me.key : m->Keep(o.key);
       part.source_dtype = file_dtype;
       part.numel = Numel(o.shape);
-      part.shape = o.shape;
+      part.shape = m->KeepShape(o.shape);
       me.parts.push_back(std::move(part));
       numel += Numel(o.shape);
     }
@@ -115,9 +115,9 @@ std::vector<FileGroup> ByNumber(const SaveRequest& rq, Manifest& m) {
   std::map<uint32_t, std::vector<ManifestPart*>> files;
   for (ManifestEntry& e : m.entries) {
     for (ManifestPart& p : e.parts) {
-      auto it = rq.file_numbers.find(p.checkpoint_key);
+      auto it = rq.file_numbers.find(std::string(p.checkpoint_key));
       if (it == rq.file_numbers.end()) {
-        throw Error(ErrorKind::kInvalidArgument, "key '" + p.checkpoint_key + "'",
+        throw Error(ErrorKind::kInvalidArgument, "key '" + std::string(p.checkpoint_key) + "'",
                     "has no file number (fqn_to_index_mapping names " + std::to_string(rq.file_numbers.size()) +
                         " tensors, not this one)");
       }
@@ -150,7 +150,9 @@ void Files(const SaveRequest& rq, Agreed* a) {
       return DTypeSize(x->source_dtype) > DTypeSize(y->source_dtype);
     });
     std::vector<WriteEntry> entries;
-    for (const ManifestPart* p : parts) entries.push_back(WriteEntry{p->checkpoint_key, p->source_dtype, p->shape});
+    for (const ManifestPart* p : parts) {
+      entries.push_back(WriteEntry{std::string(p->checkpoint_key), p->source_dtype, p->shape});
+    }
     std::string header = BuildHeader(entries, {{"format", "pt"}});
     uint64_t offset = header.size();
     const std::string& name = files[f].name;
@@ -158,7 +160,7 @@ void Files(const SaveRequest& rq, Agreed* a) {
       p->file = static_cast<uint32_t>(f);
       p->offset = offset;
       offset += p->numel * DTypeSize(p->source_dtype);
-      weight_map[p->checkpoint_key] = name;
+      weight_map[std::string(p->checkpoint_key)] = name;
     }
     m.files.push_back(ManifestFile{name, offset, XXH3_64bits(header.data(), header.size())});
     a->headers.push_back(std::move(header));

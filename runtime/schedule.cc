@@ -208,7 +208,7 @@ void Schedule::FillBatch() {
     for (uint32_t id = g.begin; id < g.end; ++id, seq_ += g.count) {
       if (!wanted_[id]) continue;
       if (CutGroup(batch, id, seq_) != g.count) {
-        throw Error(ErrorKind::kInternal, m_.entries[batch[g.entry]].key, "a group's messages differ from its count");
+        throw Error(ErrorKind::kInternal, std::string(m_.entries[batch[g.entry]].key), "a group's messages differ from its count");
       }
     }
   }
@@ -272,7 +272,7 @@ void Schedule::Cut(uint32_t entry, const StridedRuns& r, F&& fn) {
   while (i < r.runs) {
     const uint64_t s = r.first + i * r.stride;
     const uint32_t p = part_at(s);
-    if (p >= e.parts.size()) throw Error(ErrorKind::kInternal, e.key, "a run past the entry's parts");
+    if (p >= e.parts.size()) throw Error(ErrorKind::kInternal, std::string(e.key), "a run past the entry's parts");
     const uint64_t end = part_starts_[p + 1];
     if (s + r.count <= end) {
       uint64_t j = i;

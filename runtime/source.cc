@@ -81,7 +81,7 @@ void FileSource::ReadRun(const ManifestEntry& e, const ManifestPart& p, uint64_t
   if (p.dequantize) return ReadPacked(p, files_, first, count, e.target_dtype, &scratch_, release, out);
   const uint64_t ss = DTypeSize(p.source_dtype), ts = DTypeSize(e.target_dtype);
   const SafetensorsFile& f = *files_[p.file];
-  const std::string what = "tensor '" + p.checkpoint_key + "'";
+  const std::string what = "tensor '" + std::string(p.checkpoint_key) + "'";
   // In steps of kReleaseStep, each released as soon as it is copied: the file pages mapped at once
   // stay a few MiB, not a whole chunk.
   const uint64_t offset = p.offset + first * ss, bytes = count * ss;

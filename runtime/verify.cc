@@ -35,7 +35,7 @@ void VerifyDigests(Communicator& comm, const Manifest& m, const StreamResult& r)
     char buf[200];
     std::snprintf(buf, sizeof(buf), "checksum %016llx on rank %d, but its verifier's is %016llx",
                   static_cast<unsigned long long>(got), me, static_cast<unsigned long long>(want));
-    local = Problem{ErrorKind::kComm, "key '" + m.entries[i].key + "': " + buf};
+    local = Problem{ErrorKind::kComm, "key '" + std::string(m.entries[i].key) + "': " + buf};
     break;
   }
   Agree(comm, "verify", local);

@@ -3,8 +3,8 @@
 //
 // shardcast plan ... --rank R --schedule [--replicas R] [--tp T] [--source S] [--checkpoint DIR] [--whole]
 // Rank R's setup of a load, in this process with no other ranks: its plan, the manifest (the checkpoint
-// opened and resolved, as rank 0 does; a sparse synthetic one of the spec when no --checkpoint), the
-// manifest checked against its plan, and a walk of its part of the schedule (the whole schedule with
+// opened and resolved, as rank 0 does, then released: rank R holds no parsed checkpoint; a sparse
+// synthetic one of the spec when no --checkpoint), the manifest checked against its plan, and a walk of its part of the schedule (the whole schedule with
 // --whole: what every rank walked before it derived its own). Prints its messages, bytes, the seconds
 // (wall and CPU) of each step and the peak RSS (VmHWM, from /proc).
 #include <time.h>
@@ -179,6 +179,7 @@ int RunSchedule(const PlanArgs& a) {
   LoadOptions lo = LoadOptionsFromEnvironment();
   lo.source = source;
   Manifest m = Resolve(plan, *ckpt, KeyMapping{}, StreamParamsFrom(lo), block);
+  ckpt.reset();  // rank 0's: the manifest holds all that rank 5 needs of it (it opens no headers)
   step("resolve");
   const std::string problem = CheckManifest(m, plan, rank, world);
   if (!problem.empty()) throw Error(ErrorKind::kManifestMismatch, "rank " + std::to_string(rank), problem);

@@ -96,7 +96,7 @@ void CheckAgainstOwnPlan(const shardcast::Manifest& m) {
     const shardcast::DType other = first.target_dtype == shardcast::DType::kBF16 ? shardcast::DType::kF32
                                                                                  : shardcast::DType::kBF16;
     const std::string problem = shardcast::CheckManifest(m, PlanOf(m, other), 0, m.world_size);
-    if (problem.find("key '" + first.key + "': dtype") != 0) __builtin_trap();  // the difference, named
+    if (problem.find("key '" + std::string(first.key) + "': dtype") != 0) __builtin_trap();  // the difference, named
   } catch (const shardcast::Error&) {
     return;  // layouts no plan holds
   }

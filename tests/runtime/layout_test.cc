@@ -263,13 +263,13 @@ TEST_P(LayoutProperty, EveryElementIsHeldOncePerReplicaAndTheScheduleLandsItInPl
     ManifestEntry e;
     e.key = "w";
     e.target_dtype = DType::kF32;
-    e.shape = shape;
+    e.shape = m.KeepShape(shape);
     const uint64_t n = Numel(shape), cut = n / 2;
     for (uint64_t part_n : {cut, n - cut}) {
       ManifestPart part;
       part.source_dtype = DType::kF32;
       part.numel = part_n;
-      part.shape = {part_n};
+      part.shape = m.KeepShape({part_n});
       e.parts.push_back(part);
     }
     m.entries.push_back(e);

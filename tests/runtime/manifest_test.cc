@@ -83,7 +83,7 @@ TEST_F(ManifestMapping, AddPrefixAndTiedWeightsResolveByKey) {
   for (const auto& e : man.entries) {
     ASSERT_EQ(e.parts.size(), 1u);
     EXPECT_EQ(e.parts[0].checkpoint_key,
-              "language_model." + (e.key == "lm_head.weight" ? std::string("model.embed_tokens.weight") : e.key));
+              "language_model." + std::string(e.key == "lm_head.weight" ? "model.embed_tokens.weight" : e.key));
   }
   Manifest back = DecodeManifest(EncodeManifest(man));  // the wire format keeps every field
   ExpectSame(back, man);
@@ -179,7 +179,8 @@ TEST_F(ManifestMapping, WireBlobsOfEveryLayoutEncodeBackToThemselves) {
     if (std::string(c.name) == "fp8_scale_w2") {  // the scale fields, as an fp8 checkpoint's part has them
       ManifestPart& part = man.entries.front().parts.front();
       part.dequantize = true;
-      part.scale = ManifestScale{part.checkpoint_key + "_scale_inv", DType::kF32, 0, 64, 1, 1, BlockSize{128, 128}, 0};
+      part.scale = man.KeepScale(
+          ManifestScale{std::string(part.checkpoint_key) + "_scale_inv", DType::kF32, 0, 64, 1, 1, BlockSize{128, 128}, 0});
     }
     const std::string blob = EncodeManifest(man);
     EXPECT_EQ(EncodeManifest(DecodeManifest(blob)), blob);

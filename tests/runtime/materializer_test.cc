@@ -73,7 +73,7 @@ TEST(Materializer, BadInputNamesTheEntry) {
   for (auto& e : no_rule.entries) {
     if (e.role == Role::kNonPersistentBuffer) {
       e.key = "model.layers.0.self_attn.alibi_slopes";
-      e.init_rule.clear();
+      e.init_rule = {};
     }
   }
   Plan no_rule_plan = Plan::Build(no_rule, 2);

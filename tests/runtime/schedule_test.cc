@@ -12,22 +12,22 @@ namespace shardcast {
 namespace {
 
 // An entry of `rows` x `cols` elements supplied by `parts` consecutive checkpoint tensors, laid out
-// back to back in file 0 from `*offset`.
-ManifestEntry Entry(const std::string& key, uint64_t rows, uint64_t cols, DType src, DType dst, int parts,
+// back to back in file 0 from `*offset`; its keys and shapes kept by `m`, the manifest it goes into.
+ManifestEntry Entry(Manifest* m, const std::string& key, uint64_t rows, uint64_t cols, DType src, DType dst, int parts,
                     uint64_t* offset, bool replicated = false) {
   ManifestEntry e;
-  e.key = key;
+  e.key = m->Keep(key);
   e.target_dtype = dst;
-  e.shape = cols ? std::vector<uint64_t>{rows, cols} : std::vector<uint64_t>{rows};
+  e.shape = m->KeepShape(cols ? std::vector<uint64_t>{rows, cols} : std::vector<uint64_t>{rows});
   e.layout = replicated ? 0 : 1;  // Model's layouts: [Replicate, FSDP2's Shard(0)]
   const uint64_t per = rows / parts;  // each part is `per` rows (the last takes the rest)
   for (int p = 0; p < parts; ++p) {
     ManifestPart part;
-    part.checkpoint_key = key + "." + std::to_string(p);
+    part.checkpoint_key = m->Keep(key + "." + std::to_string(p));
     part.source_dtype = src;
     const uint64_t r = p == parts - 1 ? rows - per * (parts - 1) : per;
     part.numel = r * std::max<uint64_t>(cols, 1);
-    part.shape = cols ? std::vector<uint64_t>{r, cols} : std::vector<uint64_t>{r};
+    part.shape = m->KeepShape(cols ? std::vector<uint64_t>{r, cols} : std::vector<uint64_t>{r});
     part.offset = *offset;
     *offset += part.numel * DTypeSize(src);
     e.parts.push_back(part);
@@ -42,13 +42,13 @@ Manifest Model(int world, uint64_t chunk, uint64_t coalesce) {
   m.params.coalesce_bytes = coalesce;
   m.layouts = {ReplicatedLayout(), DimZeroLayout(world)};
   uint64_t off = 1000;
-  m.entries.push_back(Entry("embed", 37, 24, DType::kBF16, DType::kBF16, 1, &off));
-  m.entries.push_back(Entry("norm", 24, 0, DType::kF32, DType::kBF16, 1, &off, true));
-  m.entries.push_back(Entry("tiny", 5, 3, DType::kBF16, DType::kBF16, 1, &off));            // zero-row ranks
-  m.entries.push_back(Entry("experts", 12, 40, DType::kBF16, DType::kBF16, 4, &off));       // composed
-  m.entries.push_back(Entry("wide", 3, 4000, DType::kF16, DType::kF32, 1, &off));           // row > chunk
-  m.entries.push_back(Entry("vec", 1001, 0, DType::kBF16, DType::kBF16, 1, &off));          // 1-d
-  m.entries.push_back(Entry("bias", 7, 0, DType::kF32, DType::kF32, 1, &off, true));
+  m.entries.push_back(Entry(&m, "embed", 37, 24, DType::kBF16, DType::kBF16, 1, &off));
+  m.entries.push_back(Entry(&m, "norm", 24, 0, DType::kF32, DType::kBF16, 1, &off, true));
+  m.entries.push_back(Entry(&m, "tiny", 5, 3, DType::kBF16, DType::kBF16, 1, &off));            // zero-row ranks
+  m.entries.push_back(Entry(&m, "experts", 12, 40, DType::kBF16, DType::kBF16, 4, &off));       // composed
+  m.entries.push_back(Entry(&m, "wide", 3, 4000, DType::kF16, DType::kF32, 1, &off));           // row > chunk
+  m.entries.push_back(Entry(&m, "vec", 1001, 0, DType::kBF16, DType::kBF16, 1, &off));          // 1-d
+  m.entries.push_back(Entry(&m, "bias", 7, 0, DType::kF32, DType::kF32, 1, &off, true));
   return m;
 }
 
@@ -180,10 +180,10 @@ Manifest Layered(int world, uint64_t chunk, uint64_t coalesce) {
   for (int layer = 0; layer < 3; ++layer) {
     for (uint32_t l = 1; l < m.layouts.size(); ++l) {
       const std::string key = "l" + std::to_string(layer) + "." + std::to_string(l);
-      ManifestEntry a = Entry(key + ".w", 9 + layer, 40, DType::kBF16, DType::kBF16, 1 + layer % 2, &off);
+      ManifestEntry a = Entry(&m, key + ".w", 9 + layer, 40, DType::kBF16, DType::kBF16, 1 + layer % 2, &off);
       a.layout = l;
       m.entries.push_back(a);
-      ManifestEntry b = Entry(key + ".small", 3, 5, DType::kF32, DType::kBF16, 1, &off);
+      ManifestEntry b = Entry(&m, key + ".small", 3, 5, DType::kF32, DType::kBF16, 1, &off);
       b.layout = l;
       m.entries.push_back(b);
     }
