@@ -115,9 +115,14 @@ class Resolver {
                       " in rank 0's plan, and there is no conversion between them");
     }
     used_[found.key_index] = 1;
+    return PartAt(ck, stored, found);
+  }
+
+  // The part that is checkpoint tensor `found` (key `ck`, viewed until Entry keeps it), read as `source`.
+  ManifestPart PartAt(const std::string& ck, DType source, const Checkpoint::Entry& found) {
     ManifestPart p;
-    p.checkpoint_key = ck;  // viewed until Entry keeps it
-    p.source_dtype = stored;
+    p.checkpoint_key = ck;
+    p.source_dtype = source;
     p.file = file_index_.at(found.file);
     p.offset = found.file->header().data_offset() + found.info->begin;
     p.numel = found.info->numel();
@@ -139,14 +144,8 @@ class Resolver {
     CheckScaleShape(ck, found.info->shape, scale->info->shape, block_);
     used_[found.key_index] = 1;
     used_[scale->key_index] = 1;
-    ManifestPart p;
-    p.checkpoint_key = ck;  // viewed until Entry keeps it
-    p.source_dtype = found.info->dtype;
+    ManifestPart p = PartAt(ck, found.info->dtype, found);
     p.dequantize = true;
-    p.file = file_index_.at(found.file);
-    p.offset = found.file->header().data_offset() + found.info->begin;
-    p.numel = found.info->numel();
-    p.shape = m_.KeepShape(found.info->shape);
     ManifestScale sc;
     sc.key = scale_key;
     sc.dtype = scale->info->dtype;
