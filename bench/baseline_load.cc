@@ -14,7 +14,7 @@
 #include "allocators/error.h"
 #include "allocators/lazy_zero.h"
 #include "loaders/checkpoint.h"
-#include "runtime/torch_dtype.h"
+#include "runtime/materialize/torch_dtype.h"
 
 namespace shardcast::bench {
 

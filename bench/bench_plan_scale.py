@@ -3,7 +3,7 @@
 sparse synthetic checkpoint), check and its part of the schedule in one process, with no other ranks, and
 reports seconds, CPU seconds, messages and peak RSS (VmHWM from /proc). Run for DeepSeek-V3 and MiniMax-M2
 at W = 8, 256, 1024, 4096 under FSDP, HSDP (mesh 8 x W/8: 8 replica groups) and EP x FSDP (TP and EP over 8
-ranks, FSDP over W/8: runtime/parallel_plan.h), source striped, rank 5 (an ordinary rank: not the reader of
+ranks, FSDP over W/8: runtime/layout/parallel_plan.h), source striped, rank 5 (an ordinary rank: not the reader of
 broadcasts). "before" walks the whole schedule once with today's code, which is what every rank did (engine,
 ring reader, read-ahead and the plan walk: four times per load, and verify once more for every rank).
 

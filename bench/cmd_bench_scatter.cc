@@ -8,7 +8,7 @@
 #include "allocators/units.h"
 #include "bench/commands.h"
 #include "bench/raw_scatter.h"
-#include "runtime/c10d_communicator.h"
+#include "runtime/comm/c10d_communicator.h"
 #include "runtime/load_options.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "loaders/dequant.h"
+#include "loaders/quant/dequant.h"
 #include "loaders/synth.h"
 
 namespace shardcast {

@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "loaders/mxfp4.h"
-#include "loaders/nvfp4.h"
+#include "loaders/quant/mxfp4.h"
+#include "loaders/quant/nvfp4.h"
 
 namespace shardcast {
 namespace {
@@ -173,7 +173,7 @@ void BM_Nvfp4(benchmark::State& state, DType target, dequant_internal::Isa isa) 
 }
 
 // The same matrix as windows of 16 rows x 64 columns, one call each, as tensor-parallel cuts call the
-// kernel (runtime/quant_parts.cc): the per-call cost (its scale tables) against the work.
+// kernel (runtime/manifest/quant_parts.cc): the per-call cost (its scale tables) against the work.
 constexpr uint64_t kWindowRows = 16, kWindowCols = 64;
 
 void BM_Nvfp4Windows(benchmark::State& state, DType target, dequant_internal::Isa isa) {

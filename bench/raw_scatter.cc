@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "allocators/lazy_zero.h"
-#include "runtime/verdict.h"
+#include "runtime/agree/verdict.h"
 
 namespace shardcast::bench {
 namespace {

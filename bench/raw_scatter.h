@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "runtime/communicator.h"
+#include "runtime/agree/communicator.h"
 
 namespace shardcast::bench {
 

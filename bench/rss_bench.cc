@@ -12,7 +12,7 @@
 
 #include "allocators/error.h"
 #include "bench/svg_plot.h"
-#include "runtime/plan.h"
+#include "runtime/layout/plan.h"
 #include "tools/subprocess.h"
 
 namespace shardcast::bench {

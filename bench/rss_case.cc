@@ -6,8 +6,8 @@
 #include <limits>
 
 #include "allocators/tensor_alloc.h"
-#include "runtime/materializer.h"
-#include "runtime/torch_dtype.h"
+#include "runtime/materialize/materializer.h"
+#include "runtime/materialize/torch_dtype.h"
 
 namespace shardcast::bench {
 

@@ -22,9 +22,11 @@ endif()
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-# Every object of the five static libraries goes into the shared one (whole archive): a program may use
+# Every object of the static libraries goes into the shared one (whole archive): a program may use
 # any API function, not only those the static link of some tool happened to pull in.
-set(_shardcast_archives shardcast_runtime shardcast_core shardcast_allocators_torch shardcast_loaders shardcast_allocators)  # users first
+set(_shardcast_archives shardcast_runtime shardcast_engine shardcast_materialize shardcast_comm shardcast_core
+    shardcast_stream shardcast_manifest shardcast_options shardcast_agree shardcast_layout
+    shardcast_allocators_torch shardcast_loaders shardcast_allocators)  # users first
 file(CONFIGURE OUTPUT ${PROJECT_BINARY_DIR}/generated/shardcast_shared.cc
   CONTENT "// libshardcast.so is its static libraries, whole (cmake/Package.cmake).\n")
 add_library(shardcast_shared SHARED ${PROJECT_BINARY_DIR}/generated/shardcast_shared.cc)

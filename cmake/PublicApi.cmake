@@ -10,24 +10,23 @@
 # path. Code in this tree sees the whole tree instead (the top-level include_directories), so none of
 # its -I flags change. tests/api/ compiles each API header with the public directory alone, so an
 # internal header that an API header starts to include fails the build, and checks that
-# runtime/stream.h cannot be reached from there.
+# runtime/engine/stream.h cannot be reached from there.
 set(SHARDCAST_PUBLIC_HEADERS
   runtime/load.h
   runtime/save.h
   runtime/load_options.h
-  runtime/communicator.h
-  runtime/c10d_communicator.h
-  runtime/materializer.h
+  runtime/agree/communicator.h
+  runtime/comm/c10d_communicator.h
+  runtime/materialize/materializer.h
   # what they include
-  runtime/key_mapping.h
-  runtime/progress.h
-  runtime/target.h
-  runtime/plan.h
-  runtime/layout.h
-  runtime/layout_inl.h
+  runtime/manifest/key_mapping.h
+  runtime/stream/progress.h
+  runtime/layout/target.h
+  runtime/layout/plan.h
+  runtime/layout/layout.h
+  runtime/layout/layout_inl.h
   loaders/model_spec.h
   loaders/key_index.h
-  loaders/dequant.h
   loaders/quant/dequant.h
   loaders/dtype.h
   allocators/error.h
@@ -37,7 +36,7 @@ set(SHARDCAST_PUBLIC_HEADERS
 # The headers a program includes first (the others come with them); tests/api/ compiles each alone.
 set(SHARDCAST_API_HEADERS
   runtime/load.h runtime/save.h runtime/load_options.h
-  runtime/communicator.h runtime/c10d_communicator.h runtime/materializer.h)
+  runtime/agree/communicator.h runtime/comm/c10d_communicator.h runtime/materialize/materializer.h)
 set(SHARDCAST_PUBLIC_INCLUDE_DIR ${CMAKE_BINARY_DIR}/include/shardcast)
 
 set(_copies)

@@ -13,14 +13,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include <optional>
-
-#include "loaders/dequant.h"
 #include "loaders/dtype.h"
+#include "loaders/quant/dequant.h"
 
 namespace shardcast {
 

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "allocators/error.h"
-#include "loaders/quant/nvfp4.h"
 #include "loaders/quant/format.h"
+#include "loaders/quant/nvfp4.h"
 
 namespace shardcast {
 namespace {
@@ -56,8 +56,6 @@ bool IsScaleKey(std::string_view key) {
 bool IsNvfp4BlockScaleKey(std::string_view key, DType dtype) {
   return dtype == DType::kF8_E4M3 && EndsWith(key, ".weight_scale");
 }
-
-constexpr std::string_view kWeightSuffix = ".weight";
 
 // A bell-shaped integer: four uniform 16-bit draws summed and centred, in [-131070, 131070].
 inline int32_t BellInt(uint64_t h) {
@@ -192,14 +190,14 @@ namespace {
 // whole from their synthetic packed bytes, block scales and global scale.
 void SynthNvfp4Elements(uint64_t seed, const SynthQuantizedWeight& q, DType target, uint64_t first, uint64_t n,
                         void* out) {
-  const std::string base = q.key.substr(0, q.key.size() - kWeightSuffix.size());
+  const std::vector<std::string> partners = kNvfp4Format.consumed(q.key);  // block, global, input scale
   const uint64_t cols = q.shape[1], r0 = first / cols, r1 = (first + n + cols - 1) / cols;
   const size_t ts = DTypeSize(target);
   std::vector<unsigned char> v((r1 - r0) * cols / 2), s((r1 - r0) * cols / kNvfp4Block), rows((r1 - r0) * cols * ts);
   float global;
   SynthElements(seed, q.key, DType::kU8, r0 * cols / 2, v.size(), v.data());
-  SynthElements(seed, base + ".weight_scale", DType::kF8_E4M3, r0 * cols / kNvfp4Block, s.size(), s.data());
-  SynthElements(seed, base + ".weight_scale_2", DType::kF32, 0, 1, &global);
+  SynthElements(seed, partners[0], DType::kF8_E4M3, r0 * cols / kNvfp4Block, s.size(), s.data());
+  SynthElements(seed, partners[1], DType::kF32, 0, 1, &global);
   DequantizeNvfp4(Nvfp4Matrix{v.data(), s.data(), global, r0, cols}, OutputWindow{{r0, r1}, {0, cols}}, target,
                   WindowOut{rows.data()});
   std::memcpy(out, rows.data() + (first - r0 * cols) * ts, n * ts);
@@ -243,15 +241,15 @@ Bf16Twin MakeBf16Twin(const ModelSpec& spec) {
   for (const auto& e : spec.entries) {
     const QuantMatch m = DetectQuant(find, e.key);  // the formats' own rules (loaders/quant/format.h)
     if (m.piece != QuantPiece::kData) continue;
-    if (m.format == &kNvfp4Format) {  // NVFP4: U8 [out, in / 2] + its scales
-      const std::string base = e.key.substr(0, e.key.size() - kWeightSuffix.size());
-      auto sc = by_key.find(base + ".weight_scale");
-      auto global = by_key.find(base + ".weight_scale_2");
+    if (m.format == &kNvfp4Format) {  // NVFP4: U8 [out, in / 2] + its scales, named by its format
+      const std::vector<std::string> partners = m.format->consumed(e.key);  // block, global, input scale
+      auto sc = by_key.find(partners[0]);
+      auto global = by_key.find(partners[1]);
       if (sc == by_key.end() || global == by_key.end()) continue;
       CheckNvfp4Triple(e.key, e.dtype, e.shape, sc->second->dtype, sc->second->shape, global->second->dtype,
                        global->second->shape);
-      for (const char* s : {".weight_scale", ".weight_scale_2", ".input_scale"}) sidecars.insert(base + s);
-      twin.dequantized.push_back({e.key, e.dtype, sc->second->dtype, {e.shape[0], e.shape[1] * 2}, {1, kNvfp4Block}});
+      sidecars.insert(partners.begin(), partners.end());
+      twin.dequantized.push_back({e.key, e.dtype, sc->second->dtype, m.format->model_shape(e.shape), {1, kNvfp4Block}});
       continue;
     }
     if (m.format != &kFp8Format || (e.dtype != DType::kF8_E4M3 && e.dtype != DType::kF8_E5M2)) continue;

@@ -16,13 +16,13 @@
 #include "loaders/checkpoint.h"
 #include "loaders/posix_file.h"
 #include "loaders/quant/format.h"
-#include "runtime/buffer_init.h"
-#include "runtime/c10d_communicator.h"
-#include "runtime/failure.h"
-#include "runtime/fault.h"
+#include "runtime/materialize/buffer_init.h"
+#include "runtime/comm/c10d_communicator.h"
+#include "runtime/agree/failure.h"
+#include "runtime/agree/fault.h"
 #include "runtime/load.h"
 #include "runtime/save.h"
-#include "runtime/torch_dtype.h"
+#include "runtime/materialize/torch_dtype.h"
 #include "allocators/tensor_alloc.h"
 #include "allocators/units.h"
 
@@ -417,7 +417,7 @@ PYBIND11_MODULE(_shardcast, m) {
       "its read-ahead limit allows; False where the file cannot be opened.");
   m.def("fault_point", [](const std::string& point, int rank) { FaultPoint(point.c_str(), rank); }, py::arg("point"),
         py::arg("rank"), py::call_guard<py::gil_scoped_release>(),
-        "A named point where a test makes this process fail on purpose (runtime/fault.h: SHARDCAST_FAULT, "
+        "A named point where a test makes this process fail on purpose (runtime/agree/fault.h: SHARDCAST_FAULT, "
         "acting only with SHARDCAST_TEST_FAULTS=1); nothing otherwise.");
   m.def(
       "lazy_zero_tensor",

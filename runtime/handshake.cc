@@ -6,9 +6,9 @@
 
 #include "allocators/error.h"
 #include "loaders/quantization.h"
-#include "runtime/agreement.h"
-#include "runtime/fault.h"
-#include "runtime/route.h"
+#include "runtime/agree/agreement.h"
+#include "runtime/agree/fault.h"
+#include "runtime/stream/route.h"
 
 namespace shardcast {
 namespace {

@@ -18,11 +18,11 @@
 #include <string>
 #include <vector>
 
-#include "runtime/communicator.h"
-#include "runtime/manifest.h"
-#include "runtime/mesh.h"
-#include "runtime/source.h"
-#include "runtime/verdict.h"
+#include "runtime/agree/communicator.h"
+#include "runtime/manifest/manifest.h"
+#include "runtime/layout/mesh.h"
+#include "runtime/stream/source.h"
+#include "runtime/agree/verdict.h"
 
 namespace shardcast {
 
@@ -40,7 +40,7 @@ struct Agreement {
   std::vector<std::string> adopted;  // the reader's values this rank took over its own
 };
 
-// `failed`: the problem this rank enters with (runtime/agreement.h); it then only takes part.
+// `failed`: the problem this rank enters with (runtime/agree/agreement.h); it then only takes part.
 Agreement Handshake(Communicator& comm, const Plan& plan, const HandshakeRequest& request, Problem failed = {});
 
 // source=auto: rank 0's choice from what every rank saw before the handshake (probes[r]: rank r's

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "allocators/error.h"
-#include "runtime/communicator.h"
+#include "runtime/agree/communicator.h"
 
 namespace shardcast {
 namespace {

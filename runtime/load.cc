@@ -10,13 +10,13 @@
 
 #include "allocators/error.h"
 #include "allocators/lazy_zero.h"
-#include "runtime/failure.h"
-#include "runtime/fault.h"
+#include "runtime/agree/failure.h"
+#include "runtime/agree/fault.h"
 #include "runtime/handshake.h"
 #include "runtime/report_fields.h"
-#include "runtime/stream.h"
-#include "runtime/verdict.h"
-#include "runtime/verify.h"
+#include "runtime/engine/stream.h"
+#include "runtime/agree/verdict.h"
+#include "runtime/engine/verify.h"
 
 namespace shardcast {
 namespace {

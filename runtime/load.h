@@ -17,11 +17,11 @@
 #include <vector>
 
 #include "allocators/memory_probe.h"
-#include "runtime/communicator.h"
-#include "runtime/key_mapping.h"
+#include "runtime/agree/communicator.h"
+#include "runtime/manifest/key_mapping.h"
 #include "runtime/load_options.h"
-#include "runtime/materializer.h"
-#include "runtime/progress.h"
+#include "runtime/materialize/materializer.h"
+#include "runtime/stream/progress.h"
 
 namespace shardcast {
 

@@ -4,7 +4,7 @@
 
 #include "allocators/error.h"
 #include "allocators/units.h"
-#include "runtime/fault.h"
+#include "runtime/agree/fault.h"
 
 namespace shardcast {
 namespace {

@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/target.h"
+#include "runtime/layout/target.h"
 
 namespace shardcast {
 

@@ -1,5 +1,5 @@
 // runtime/report_fields: the per-rank rows of load's and save's reports, gathered and written from one
-// table each. A row's fields travel in one AllGather (runtime/verdict.h: int64 words, seconds as
+// table each. A row's fields travel in one AllGather (runtime/agree/verdict.h: int64 words, seconds as
 // microseconds) and are written to the report's JSON under their names, both by walking the same table:
 // a field is added in one place, and the packing cannot fall out of step with the unpacking.
 //
@@ -16,8 +16,8 @@
 #include <variant>
 #include <vector>
 
-#include "runtime/communicator.h"
-#include "runtime/verdict.h"
+#include "runtime/agree/communicator.h"
+#include "runtime/agree/verdict.h"
 
 namespace shardcast {
 

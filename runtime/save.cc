@@ -7,15 +7,15 @@
 #include "allocators/error.h"
 #include "allocators/memory_probe.h"
 #include "loaders/writer.h"
-#include "runtime/agreement.h"
-#include "runtime/failure.h"
-#include "runtime/fault.h"
-#include "runtime/file_sink.h"
+#include "runtime/agree/agreement.h"
+#include "runtime/agree/failure.h"
+#include "runtime/agree/fault.h"
+#include "runtime/engine/file_sink.h"
 #include "runtime/report_fields.h"
 #include "runtime/save_layout.h"
-#include "runtime/shard_source.h"
-#include "runtime/stream.h"
-#include "runtime/verdict.h"
+#include "runtime/engine/shard_source.h"
+#include "runtime/engine/stream.h"
+#include "runtime/agree/verdict.h"
 
 namespace shardcast {
 namespace {
@@ -54,7 +54,7 @@ Problem CheckMode(const SaveRequest& rq) {
                                            "\" is not a save source: save writes with \"each-rank\" or \"rank0\""};
 }
 
-// Step 1: rank 0 decides the layout, every rank checks it; one verdict (runtime/agreement.h).
+// Step 1: rank 0 decides the layout, every rank checks it; one verdict (runtime/agree/agreement.h).
 Agreed DecideTogether(Communicator& comm, const Plan& plan, const SaveRequest* rq, Problem local) {
   Agreed a;
   Deciding d;

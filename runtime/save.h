@@ -31,10 +31,10 @@
 #include <string>
 #include <vector>
 
-#include "runtime/communicator.h"
+#include "runtime/agree/communicator.h"
 #include "runtime/load_options.h"
-#include "runtime/materializer.h"
-#include "runtime/progress.h"
+#include "runtime/materialize/materializer.h"
+#include "runtime/stream/progress.h"
 
 namespace shardcast {
 
@@ -102,7 +102,7 @@ struct SaveReport {
 SaveReport Save(Communicator& comm, RankState* state, const SaveRequest& request);
 
 // For a rank that failed before it could call Save: enters the save's layout agreement with its
-// problem (runtime/agreement.h), so every rank raises the same error instead of waiting. Always throws.
+// problem (runtime/agree/agreement.h), so every rank raises the same error instead of waiting. Always throws.
 [[noreturn]] void FailSave(Communicator& comm, ErrorKind kind, const std::string& problem);
 
 }  // namespace shardcast

@@ -14,7 +14,7 @@
 #include "allocators/error.h"
 #include "loaders/shape.h"
 #include "loaders/writer.h"
-#include "runtime/file_sink.h"
+#include "runtime/engine/file_sink.h"
 
 namespace shardcast {
 namespace {

@@ -9,7 +9,7 @@
 # only runtime_load_test, the multi-process load test: its ranks are the same binary re-executed, so
 # every rank runs instrumented. libtorch is the wheel's, not instrumented: ASan sees its heap through the
 # malloc interceptors and gloo's socket writes through the writev interceptor, and in this build the
-# stream's staging buffers come from the heap (runtime/source.cc), so a transport reading a freed slot
+# stream's staging buffers come from the heap (runtime/stream/source.cc), so a transport reading a freed slot
 # is a heap-use-after-free report. Leak checking is off: libtorch keeps allocations to exit.
 # Environment: SHARDCAST_JOBS (default 1), CCACHE_BASEDIR (default this checkout).
 set -euo pipefail

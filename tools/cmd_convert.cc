@@ -19,7 +19,7 @@
 #include "loaders/checkpoint.h"
 #include "loaders/convert.h"
 #include "loaders/model_spec.h"
-#include "runtime/file_sink.h"
+#include "runtime/engine/file_sink.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/launcher.h"

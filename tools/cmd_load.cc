@@ -13,7 +13,7 @@
 #include "loaders/model_spec.h"
 #include "loaders/synth.h"
 #include "runtime/load.h"
-#include "runtime/parallel_plan.h"
+#include "runtime/layout/parallel_plan.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/launcher.h"

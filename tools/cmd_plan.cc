@@ -21,9 +21,9 @@
 #include "allocators/error.h"
 #include "allocators/memory_probe.h"
 #include "loaders/synth.h"
-#include "runtime/manifest.h"
-#include "runtime/parallel_plan.h"
-#include "runtime/route.h"
+#include "runtime/manifest/manifest.h"
+#include "runtime/layout/parallel_plan.h"
+#include "runtime/stream/route.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/forecast.h"
@@ -42,7 +42,7 @@ struct PlanArgs {
   bool schedule = false;
   bool whole = false;       // walk every rank's messages (before: what each rank did)
   int replicas = 1;         // HSDP: (Replicate(), Shard(0)) on (replicas, W / replicas)
-  int tp = 1;               // TP and EP over T ranks, FSDP over the rest (runtime/parallel_plan.h)
+  int tp = 1;               // TP and EP over T ranks, FSDP over the rest (runtime/layout/parallel_plan.h)
   std::string source = "striped";
   int ranks_per_node = 8;   // the node map node-leader routes by
   std::string checkpoint;   // default: a sparse synthetic checkpoint of the spec, in a temporary directory

@@ -11,8 +11,8 @@
 #include "allocators/error.h"
 #include "allocators/memory_probe.h"
 #include "loaders/writer.h"
-#include "runtime/materializer.h"
-#include "runtime/torch_dtype.h"
+#include "runtime/materialize/materializer.h"
+#include "runtime/materialize/torch_dtype.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 

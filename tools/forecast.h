@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "runtime/load_options.h"
-#include "runtime/plan.h"
+#include "runtime/layout/plan.h"
 
 namespace shardcast {
 

@@ -112,7 +112,7 @@ struct ReadRequest {
 // An entry, initialized in this field order by its file's one aggregate.
 struct QuantFormat {
   std::string_view name;        // "fp8", "mxfp4", "nvfp4"
-  uint8_t packing = 0;          // its layout id in the manifest (runtime/manifest.h Packing)
+  uint8_t packing = 0;          // its layout id in the manifest (runtime/manifest/manifest.h Packing)
   std::string_view data_name;   // as inspect names the data ("mxfp4") and the scales ("mxfp4 scales")
   std::string_view scale_name;
   QuantMatch (*detect)(const FindStored& find, const std::string& key) = nullptr;

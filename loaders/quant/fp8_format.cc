@@ -124,7 +124,7 @@ void Prefetch(const PackedTensor& t, uint64_t first, uint64_t count) {
 
 }  // namespace
 
-// Packing 0: the manifest's plain layout, with dequantize and block scales (read by runtime/source.cc).
+// Packing 0: the manifest's plain layout, with dequantize and block scales (read by runtime/stream/source.cc).
 extern const QuantFormat kFp8Format{"fp8", /*packing=*/0, "fp8", "fp8 scale",
                                     Detect, SameKey, SameShape, SameShape, Consumed,
                                     DequantizesTo, Bind, SourceBytes, Read, Prefetch};

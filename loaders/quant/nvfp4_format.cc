@@ -58,6 +58,7 @@ std::vector<uint64_t> ModelShape(const std::vector<uint64_t>& s) {
   return {s[0], s[1] * 2};
 }
 
+// In this order: the block scales, the global scale, the input scale (synth's twin relies on it).
 std::vector<std::string> Consumed(const std::string& weight_key) {
   const std::string base = Strip(weight_key, kWeight);
   return {base + std::string(kScale), base + std::string(kGlobal), base + std::string(kInput)};

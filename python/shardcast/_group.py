@@ -1,7 +1,7 @@
 """The process group a load or save runs over: its rank and size, and the store of one operation.
 
 Each load or save runs over a Gloo group of its own (made in C++ by the group's ranks over the
-operation's store, runtime/c10d_communicator.h: CreateGlooCommunicatorOnStore), never over the
+operation's store, runtime/comm/c10d_communicator.h: CreateGlooCommunicatorOnStore), never over the
 caller's backends. So a rank that fails mid-stream aborts that group, and its peers blocked on it fail
 at once instead of waiting out the timeout; the caller's groups (NCCL-only ones included) are never
 touched and stay usable after a failure; and no c10d group is registered, so every rank's later

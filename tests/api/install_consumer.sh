@@ -21,7 +21,7 @@ for f in lib/libshardcast.so include/shardcast/runtime/load.h lib/cmake/shardcas
   [ -e "$prefix/$f" ] || { echo "FAIL: the install has no $f"; exit 1; }
 done
 # The API only: no internal header is installed.
-if [ -e "$prefix/include/shardcast/runtime/stream.h" ]; then echo "FAIL: runtime/stream.h was installed"; exit 1; fi
+if [ -e "$prefix/include/shardcast/runtime/engine/stream.h" ]; then echo "FAIL: runtime/engine/stream.h was installed"; exit 1; fi
 
 said() {  # said LOG REGEX: CMake wraps its messages; match on the log's words joined into one line
   tr '\n' ' ' <"$1" | tr -s ' ' | grep -qE "$2"

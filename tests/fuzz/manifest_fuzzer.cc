@@ -17,9 +17,9 @@
 
 #include "allocators/error.h"
 #include "loaders/model_spec.h"
-#include "runtime/layout.h"
-#include "runtime/manifest.h"
-#include "runtime/plan.h"
+#include "runtime/layout/layout.h"
+#include "runtime/manifest/manifest.h"
+#include "runtime/layout/plan.h"
 
 namespace {
 

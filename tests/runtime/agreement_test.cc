@@ -1,7 +1,7 @@
 // Decide on one rank, share, check everywhere, agree: DecideAndAgree over real Gloo ranks, with a
 // problem entering at every step and on every rank (rank 0 included). No case may hang: each either
 // returns on every rank or raises the same error on every rank.
-#include "runtime/agreement.h"
+#include "runtime/agree/agreement.h"
 
 #include <gtest/gtest.h>
 

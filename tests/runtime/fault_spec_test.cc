@@ -2,7 +2,7 @@
 // which nothing is ever armed.
 #include <gtest/gtest.h>
 
-#include "runtime/fault.h"
+#include "runtime/agree/fault.h"
 #include "tests/loaders/test_util.h"
 
 namespace shardcast {

@@ -3,7 +3,7 @@
 
 #include <gtest/gtest.h>
 
-#include "runtime/communicator.h"
+#include "runtime/agree/communicator.h"
 #include "tests/loaders/test_util.h"
 
 namespace shardcast {

@@ -13,7 +13,7 @@
 
 #include "allocators/error.h"
 #include "loaders/model_spec.h"
-#include "runtime/plan.h"
+#include "runtime/layout/plan.h"
 
 namespace shardcast {
 

@@ -1,7 +1,7 @@
 // Layouts: the header's worked examples, coverage of every element exactly once per replica over random
 // layouts (mesh dims 1-3, sizes 1-8, every placement, uneven and empty pieces), and the schedule's
 // segments landing each element at its local place, checked against an independent index walk.
-#include "runtime/layout.h"
+#include "runtime/layout/layout.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <random>
 
 #include "allocators/error.h"
-#include "runtime/schedule.h"
+#include "runtime/stream/schedule.h"
 
 namespace shardcast {
 namespace {

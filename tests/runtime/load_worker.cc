@@ -14,7 +14,7 @@
 #include "loaders/checkpoint.h"
 #include "loaders/synth.h"
 #include "runtime/load.h"
-#include "runtime/rope.h"
+#include "runtime/materialize/rope.h"
 #include "tests/runtime/layout_cases.h"
 
 namespace shardcast {

@@ -1,4 +1,4 @@
-#include "runtime/manifest.h"
+#include "runtime/manifest/manifest.h"
 
 #include <gtest/gtest.h>
 
@@ -226,7 +226,7 @@ TEST(ManifestMxfp4, KeptQuantizedBlocksWithoutScalesNameTheScalesFirst) {
 namespace shardcast {
 namespace {
 
-// The manifest's Packing and the registry's packing ids are written in two places (runtime/manifest.h and
+// The manifest's Packing and the registry's packing ids are written in two places (runtime/manifest/manifest.h and
 // each entry file of loaders/quant/, which cannot see the runtime): this is what ties them together, both
 // ways, so a new format or a renumbering cannot pass one side alone.
 TEST(ManifestPacking, EveryPackingIsItsRegistryEntrysId) {

@@ -1,4 +1,4 @@
-#include "runtime/materializer.h"
+#include "runtime/materialize/materializer.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "allocators/memory_probe.h"
-#include "runtime/rope.h"
+#include "runtime/materialize/rope.h"
 #include "tests/loaders/test_util.h"
 
 namespace shardcast {

@@ -1,4 +1,4 @@
-#include "runtime/plan.h"
+#include "runtime/layout/plan.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // RoPE inv_freq for every type, against references computed here from the published formulas in long
 // double and rounded once: every value within 1 ulp of float32.
-#include "runtime/rope.h"
+#include "runtime/materialize/rope.h"
 
 #include <gtest/gtest.h>
 

@@ -1,12 +1,12 @@
 // The schedule every rank derives alone: coverage, coalescing, cuts on part rows, parts that cross
 // segments, zero-row ranks, broadcasts, for every world size 1-8 and shapes that do not divide.
-#include "runtime/schedule.h"
+#include "runtime/stream/schedule.h"
 
 #include <gtest/gtest.h>
 
 #include <map>
 
-#include "runtime/route.h"
+#include "runtime/stream/route.h"
 
 namespace shardcast {
 namespace {

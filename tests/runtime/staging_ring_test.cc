@@ -1,7 +1,7 @@
 // The reader side of a stream over a real checkpoint file: every selected message, in schedule order,
 // bit-exact (dtype conversion included), each segment in place when asked, and a truncated file is an
 // error.
-#include "runtime/staging_ring.h"
+#include "runtime/stream/staging_ring.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/c10d_communicator.h"
+#include "runtime/comm/c10d_communicator.h"
 
 namespace shardcast::testing {
 

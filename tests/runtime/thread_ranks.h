@@ -5,7 +5,7 @@
 #include <chrono>
 #include <functional>
 
-#include "runtime/communicator.h"
+#include "runtime/agree/communicator.h"
 
 namespace shardcast::testing {
 

@@ -1,5 +1,5 @@
 // One answer for all ranks: Agree and AllGather over real Gloo ranks.
-#include "runtime/verdict.h"
+#include "runtime/agree/verdict.h"
 
 #include <gtest/gtest.h>
 

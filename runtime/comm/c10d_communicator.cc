@@ -1,0 +1,456 @@
+#include "runtime/comm/c10d_communicator.h"
+
+#include <ATen/ATen.h>
+#include <ATen/ops/from_blob.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/version.h>
+
+#include <csignal>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "allocators/error.h"
+#include "runtime/comm/store_channel.h"
+
+namespace shardcast {
+namespace {
+
+// The first line of a c10d/gloo message, without gloo's advice and source location.
+std::string Clean(const std::string& m) {
+  std::string s = m.substr(0, m.find('\n'));
+  size_t advice = s.find(" This is typically caused");
+  if (advice != std::string::npos) s = s.substr(0, advice);
+  if (s.rfind("[", 0) == 0 && s.find("] ") != std::string::npos) s = s.substr(s.find("] ") + 2);
+  return s;
+}
+
+// c10d and gloo report timeouts in their messages; everything else is a comm failure.
+bool LooksLikeTimeout(const std::string& what) {
+  for (const char* s : {"imed out", "imeout", "timeout"}) {
+    if (what.find(s) != std::string::npos) return true;
+  }
+  return false;
+}
+
+class C10dCommunicator : public Communicator {
+ public:
+  // store_host: who serves `store`, for the messages of a store that stops answering.
+  C10dCommunicator(c10::intrusive_ptr<c10d::Backend> backend, c10::intrusive_ptr<c10d::Store> store,
+                   std::string store_host, std::chrono::milliseconds timeout, c10::Device device, bool owns)
+      : backend_(std::move(backend)), channel_(std::move(store), std::move(store_host)), timeout_(timeout),
+        device_(device), owns_(owns), rank_(backend_->getRank()), size_(backend_->getSize()) {}
+
+  std::optional<FailureNote> PublishFailure(const FailureNote& mine) override { return channel_.Publish(mine); }
+  std::optional<FailureNote> FetchFailure(std::chrono::milliseconds wait) override { return channel_.Fetch(wait); }
+  void AwaitFailureAcks(int n, std::chrono::milliseconds wait) override { channel_.AwaitAcks(n, wait); }
+
+  ~C10dCommunicator() override = default;
+
+  // The Gloo group's identity between operations (KeepGlooGroup): its token, agreed by every rank, and
+  // the store its operations' prefixes share; an empty token for a group not to be kept.
+  std::string token;
+  const c10d::Store* group = nullptr;
+
+  // The backend, for the next operation, where this one owns it and finished well; else null.
+  c10::intrusive_ptr<c10d::Backend> Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_ || !owns_ || token.empty()) return {};
+    finished_ = "kept for the next operation";
+    return std::move(backend_);
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return size_; }
+  std::string backend() const override { return backend_ ? backend_->getBackendName() : "finished"; }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+
+  void Broadcast(void* data, uint64_t bytes, int root) override {
+    if (bytes == 0) return;
+    Run("broadcast of " + std::to_string(bytes) + " bytes from rank " + std::to_string(root), [&] {
+      std::vector<at::Tensor> t = {Wrap(data, bytes)};
+      c10d::BroadcastOptions o;
+      o.rootRank = root;
+      o.timeout = timeout_;
+      Wait(backend_->broadcast(t, o));
+    });
+  }
+
+  std::unique_ptr<PendingSend> SendAsync(const void* data, uint64_t bytes, int peer) override {
+    std::unique_ptr<PendingSend> out;
+    Run("send of " + std::to_string(bytes) + " bytes to rank " + std::to_string(peer), [&] {
+      auto tensors = std::make_shared<std::vector<at::Tensor>>(1, Wrap(const_cast<void*>(data), bytes));
+      out = std::make_unique<Pending>(this, backend_->send(*tensors, peer, /*tag=*/0), tensors, peer, bytes);
+    });
+    return out;
+  }
+
+  void Recv(void* data, uint64_t bytes, int peer) override {
+    if (bytes == 0) return;
+    Run("receive of " + std::to_string(bytes) + " bytes from rank " + std::to_string(peer), [&] {
+      std::vector<at::Tensor> t = {Wrap(data, bytes)};
+      Wait(backend_->recv(t, peer, /*tag=*/0));
+    });
+  }
+
+  void AllReduceSum(int64_t* values, uint64_t count) override {
+    Run("all-reduce of " + std::to_string(count) + " values", [&] {
+      std::vector<at::Tensor> t = {at::from_blob(values, {static_cast<int64_t>(count)}, at::kLong)};
+      c10d::AllreduceOptions o;
+      o.reduceOp = c10d::ReduceOp::SUM;
+      o.timeout = timeout_;
+      Wait(backend_->allreduce(t, o));
+    });
+  }
+
+  void Barrier() override {
+    Run("barrier", [&] {
+      c10d::BarrierOptions o;
+      o.timeout = timeout_;
+      Wait(backend_->barrier(o));
+    });
+  }
+
+  void Abort() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!finished_) finished_ = "aborted";
+    if (backend_ && owns_) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 7)
+      try {  // c10d::Backend::abort() exists from torch 2.7; before it, the reset below is the abort
+        backend_->abort();
+      } catch (...) {
+      }
+#endif
+      // Closes the pairs (peers blocked on us see "connection closed" at once) when the last pending
+      // send is gone: each send's unbound buffer holds gloo's context, so its pairs stay open until the
+      // caller destroys its PendingSends. Joins the worker threads: no collective is left running.
+      backend_.reset();
+    }
+  }
+
+ private:
+  struct Pending : PendingSend {
+    Pending(C10dCommunicator* c, c10::intrusive_ptr<c10d::Work> w, std::shared_ptr<std::vector<at::Tensor>> t, int peer,
+            uint64_t bytes)
+        : comm(c), work(std::move(w)), tensors(std::move(t)), what("send of " + std::to_string(bytes) + " bytes to rank " +
+                                                                   std::to_string(peer)) {}
+    void Wait() override {
+      if (!work) return;
+      comm->Run(what, [&] { comm->Wait(work); });
+      work.reset();
+    }
+    C10dCommunicator* comm;
+    c10::intrusive_ptr<c10d::Work> work;
+    std::shared_ptr<std::vector<at::Tensor>> tensors;
+    std::string what;
+  };
+
+  at::Tensor Wrap(void* data, uint64_t bytes) {
+    return at::from_blob(data, {static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device_));
+  }
+
+  void Wait(const c10::intrusive_ptr<c10d::Work>& work) {
+    if (!work->wait(timeout_)) {
+      throw Error(ErrorKind::kCommTimeout, "", "did not complete within " + std::to_string(timeout_.count()) + " ms");
+    }
+  }
+
+  // Runs one operation; any failure finishes the communicator and is re-raised in our terms.
+  template <typename F>
+  void Run(const std::string& what, F&& op) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finished_) {
+        throw Error(ErrorKind::kComm, "rank " + std::to_string(rank_),
+                    "communicator is finished after an earlier failure (" + *finished_ + "); " + what + " refused");
+      }
+    }
+    const std::string context = "rank " + std::to_string(rank_) + ": " + what;
+    auto fail = [&](ErrorKind kind, const std::string& cause) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!finished_) finished_ = what + ": " + cause.substr(0, 200);
+      }
+      Abort();
+      throw Error(kind, context, cause);
+    };
+    try {
+      op();
+    } catch (const Error& e) {
+      fail(e.kind(), e.what());
+    } catch (const c10::Error& e) {
+      std::string m = Clean(e.what_without_backtrace());
+      fail(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, m);
+    } catch (const std::exception& e) {
+      std::string m = Clean(e.what());
+      fail(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, m);
+    }
+  }
+
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  StoreChannel channel_;
+  std::chrono::milliseconds timeout_;
+  c10::Device device_;
+  bool owns_;
+  int rank_, size_;
+  std::mutex mu_;
+  std::optional<std::string> finished_;
+};
+
+class LocalCommunicator : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  std::string backend() const override { return "local"; }
+  std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(0); }
+  void Broadcast(void*, uint64_t, int) override {}
+  std::unique_ptr<PendingSend> SendAsync(const void*, uint64_t, int peer) override {
+    throw Error(ErrorKind::kInternal, "local communicator", "no peer " + std::to_string(peer));
+  }
+  void Recv(void*, uint64_t, int peer) override {
+    throw Error(ErrorKind::kInternal, "local communicator", "no peer " + std::to_string(peer));
+  }
+  void AllReduceSum(int64_t*, uint64_t) override {}
+  void Barrier() override {}
+  void Abort() override {}
+};
+
+}  // namespace
+
+std::string StoreHost(const Rendezvous& rv) {
+  return "rank 0 (the store host at " + rv.master_addr + ":" + std::to_string(rv.master_port) + ")";
+}
+
+std::unique_ptr<Communicator> WrapC10dBackend(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout,
+                                              c10::intrusive_ptr<c10d::Store> store, c10::Device device,
+                                              std::string store_host) {
+  return std::make_unique<C10dCommunicator>(std::move(backend), std::move(store), std::move(store_host), timeout,
+                                            device, /*owns=*/false);
+}
+
+std::unique_ptr<Communicator> CreateLocalCommunicator() { return std::make_unique<LocalCommunicator>(); }
+
+void IgnoreBrokenPipes() {
+  struct sigaction now {};
+  if (sigaction(SIGPIPE, nullptr, &now) == 0 && now.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
+}
+
+std::chrono::milliseconds RendezvousDeadline(std::chrono::milliseconds timeout) {
+  return timeout + timeout / 4 + std::chrono::milliseconds(3000);
+}
+
+Error RendezvousError(const Rendezvous& rv, const char* phase, const std::exception& e) {
+  std::string m = Clean(e.what());
+  if (auto* c = dynamic_cast<const c10::Error*>(&e)) m = Clean(c->what_without_backtrace());
+  // A worker whose connection to the store broke, or never came up, has lost rank 0: the same
+  // words as a rank that lost it later, mid-load.
+  if (rv.rank != 0 && dynamic_cast<const c10::DistNetworkError*>(&e) != nullptr) {
+    const FailureNote n = LooksLikeTimeout(m) ? StoreSilent(StoreHost(rv)) : StoreLost(StoreHost(rv));
+    return Error(n.kind, phase, n.message);
+  }
+  return Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm,
+               "rank " + std::to_string(rv.rank) + " rendezvous at " + rv.master_addr + ":" +
+                   std::to_string(rv.master_port),
+               m);
+}
+
+namespace {
+
+// The Gloo group over `store`, with every rank's mesh up before it returns: a fast rank could go on and
+// fail while rank 0 still connects, and rank 0 would then fail here, taking the store with it, so the
+// others could not learn the cause. One barrier: no rank leaves the rendezvous before every rank's mesh
+// is up, and every later failure goes through the agreement (the same error on every rank).
+c10::intrusive_ptr<c10d::Backend> GlooGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
+                                            std::chrono::milliseconds timeout, const std::string& master_addr) {
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+  } else if (master_addr == "127.0.0.1" || master_addr == "localhost") {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  } else {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  }
+  auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
+  pg->barrier()->wait(timeout);
+  return pg;
+}
+
+}  // namespace
+
+namespace {
+
+// A Gloo group kept after an operation that ended well on this rank (KeepGlooGroup), for the next
+// operation over the same caller's group. Its mesh is up, so that operation skips the rendezvous (W - 1
+// connections a rank) and the teardown (gloo's threads joined: ~20 ms a group here). It may sit idle for
+// as long as the training steps between two saves, as DCP's own Gloo group for checkpoint planning does.
+struct KeptGroup {
+  c10::intrusive_ptr<c10d::Backend> backend;
+  std::string token;
+  int rank = -1, world_size = 0;
+  std::chrono::milliseconds timeout{0};
+};
+
+std::mutex kept_mu;
+
+// By the store the operations' prefixes share (the caller's group's own). Never destroyed: at exit the
+// OS closes the sockets, where joining gloo's threads from a static destructor could hang.
+std::map<const c10d::Store*, KeptGroup>& Kept() {
+  static auto* kept = new std::map<const c10d::Store*, KeptGroup>();
+  return *kept;
+}
+
+const c10d::Store* GroupOf(const c10::intrusive_ptr<c10d::Store>& store) {
+  if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(store.get())) return prefixed->getUnderlyingStore().get();
+  return store.get();
+}
+
+// This rank's kept group for `store`, taken out (an operation that fails does not put it back), where it
+// was made for this rank, world size and timeout (gloo's own deadline is the one it was made with).
+std::optional<KeptGroup> TakeKept(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
+                                  std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(kept_mu);
+  auto it = Kept().find(GroupOf(store));
+  if (it == Kept().end()) return std::nullopt;
+  KeptGroup kept = std::move(it->second);
+  Kept().erase(it);
+  if (kept.rank != rank || kept.world_size != world_size || kept.timeout != timeout) return std::nullopt;
+  return kept;
+}
+
+std::string FreshToken() {
+  std::random_device random;
+  const uint64_t v = (static_cast<uint64_t>(random()) << 32) ^ random();
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(v));
+  return text;
+}
+
+// Whether every rank still holds the kept group `mine` names, agreed over the operation's own store so
+// every rank makes the same choice: "reuse TOKEN" where every rank holds it, else "new TOKEN" (a group
+// every rank makes now). A rank whose last operation failed, or that joined later, holds none or another,
+// so a group is reused only by exactly the ranks that made it, each in its own place. The last rank to
+// arrive decides; the rest wait for its word (the caller's deadline bounds the wait).
+std::string AgreeOnGroup(c10d::Store& store, const std::string& mine, int world_size) {
+  auto bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
+  bool differs = mine.empty();
+  if (!differs) {
+    const std::vector<uint8_t> now = store.compareSet("group/token", {}, bytes(mine));
+    differs = std::string(now.begin(), now.end()) != mine;
+  }
+  if (differs) store.add("group/differ", 1);
+  if (store.add("group/arrived", 1) == world_size) {
+    store.set("group/decision",
+              bytes(store.add("group/differ", 0) == 0 ? "reuse " + mine : "new " + FreshToken()));
+  }
+  store.wait({"group/decision"});
+  const std::vector<uint8_t> decided = store.get("group/decision");
+  return std::string(decided.begin(), decided.end());
+}
+
+struct AgreedGroup {
+  c10::intrusive_ptr<c10d::Backend> backend;
+  std::string token;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                                            int world_size, std::chrono::milliseconds timeout,
+                                                            std::string store_host) {
+  IgnoreBrokenPipes();
+  const char* env_addr = std::getenv("MASTER_ADDR");
+  const std::string master_addr = env_addr ? env_addr : "";
+  std::optional<KeptGroup> kept = TakeKept(store, rank, world_size, timeout);
+  std::function<AgreedGroup()> make = [store, rank, world_size, timeout, master_addr, kept]() -> AgreedGroup {
+    const std::string decided = AgreeOnGroup(*store, kept ? kept->token : "", world_size);
+    if (decided.rfind("reuse ", 0) == 0) return {kept->backend, kept->token};
+    return {GlooGroup(store, rank, world_size, timeout, master_addr), decided.substr(decided.find(' ') + 1)};
+  };
+  kept.reset();  // the lambda holds the only reference: a group not reused is torn down with it
+  const std::string where = "rank " + std::to_string(rank) + ": this operation's Gloo group (" +
+                            std::to_string(world_size) + " ranks, over " + store_host + ")";
+  std::optional<AgreedGroup> agreed;
+  try {
+    agreed = WithDeadline(std::move(make), RendezvousDeadline(timeout));
+  } catch (const c10::Error& e) {
+    const std::string m = Clean(e.what_without_backtrace());
+    throw Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, m);
+  } catch (const std::exception& e) {
+    const std::string m = Clean(e.what());
+    throw Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, m);
+  }
+  if (!agreed) {
+    throw Error(ErrorKind::kCommTimeout, where,
+                "not every rank arrived within " + std::to_string(RendezvousDeadline(timeout).count()) +
+                    " ms: a rank died, is frozen, or does not call the same shardcast operation");
+  }
+  auto comm = std::make_unique<C10dCommunicator>(agreed->backend, store, std::move(store_host), timeout,
+                                                 c10::Device(c10::kCPU), /*owns=*/true);
+  comm->token = agreed->token;
+  comm->group = GroupOf(store);
+  return comm;
+}
+
+void KeepGlooGroup(std::unique_ptr<Communicator> comm) {
+  auto* c = dynamic_cast<C10dCommunicator*>(comm.get());
+  if (c == nullptr) return;
+  c10::intrusive_ptr<c10d::Backend> backend = c->Release();
+  if (!backend) return;
+  std::lock_guard<std::mutex> lock(kept_mu);
+  // A program that makes and destroys many groups would keep one Gloo group (W - 1 sockets, two
+  // threads) for each; past a few, one goes (the ranks agree on reuse, so which one does not matter).
+  constexpr size_t kMostKept = 8;
+  if (Kept().size() >= kMostKept && Kept().count(c->group) == 0) Kept().erase(Kept().begin());
+  Kept()[c->group] = KeptGroup{std::move(backend), c->token, c->rank(), c->world_size(), c->timeout()};
+}
+
+void ForgetGlooGroups() {
+  std::map<const c10d::Store*, KeptGroup> gone;
+  {
+    std::lock_guard<std::mutex> lock(kept_mu);
+    gone.swap(Kept());
+  }
+}
+
+std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::chrono::milliseconds timeout,
+                                                     const char* phase) {
+  IgnoreBrokenPipes();
+  using Made = std::pair<c10::intrusive_ptr<c10d::Backend>, c10::intrusive_ptr<c10d::Store>>;
+  // The TCPStore client and gloo's rendezvous read the store with no deadline of their own: against a
+  // frozen rank 0 they would wait forever. So the whole rendezvous runs under one deadline.
+  std::function<Made()> make = [rv, timeout]() -> Made {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(rv.master_port);
+    so.isServer = rv.rank == 0;
+    so.numWorkers = rv.world_size;
+    so.waitWorkers = true;
+    so.timeout = timeout;
+    if (rv.rank == 0 && rv.listen_fd >= 0) so.masterListenFd = rv.listen_fd;  // bound by the launcher: no port race
+    auto store = c10::make_intrusive<c10d::TCPStore>(rv.master_addr, so);
+    c10::intrusive_ptr<c10d::Store> prefixed = c10::make_intrusive<c10d::PrefixStore>("shardcast", store);
+    return {GlooGroup(prefixed, rv.rank, rv.world_size, timeout, rv.master_addr), prefixed};
+  };
+  std::optional<Made> made;
+  try {
+    made = WithDeadline(std::move(make), RendezvousDeadline(timeout));
+  } catch (const std::exception& e) {
+    throw RendezvousError(rv, phase, e);
+  }
+  if (!made) {
+    if (rv.rank != 0) {
+      const FailureNote n = StoreSilent(StoreHost(rv));
+      throw Error(n.kind, phase, n.message);
+    }
+    throw Error(ErrorKind::kCommTimeout, "rank 0 rendezvous at " + rv.master_addr + ":" + std::to_string(rv.master_port),
+                "did not complete within " + std::to_string(RendezvousDeadline(timeout).count()) + " ms");
+  }
+  return std::make_unique<C10dCommunicator>(made->first, made->second, StoreHost(rv), timeout, c10::Device(c10::kCPU),
+                                            /*owns=*/true);
+}
+
+}  // namespace shardcast

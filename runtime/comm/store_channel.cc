@@ -1,0 +1,128 @@
+#include "runtime/comm/store_channel.h"
+
+#include <future>
+#include <memory>
+#include <thread>
+
+namespace shardcast {
+namespace {
+
+constexpr const char* kFailureKey = "shardcast/failure";
+constexpr const char* kAcksKey = "shardcast/failure_acks";
+
+std::vector<uint8_t> Bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+}  // namespace
+
+std::string EncodeFailure(const FailureNote& note) {
+  return std::to_string(static_cast<int>(note.kind)) + "|" + note.message;
+}
+
+FailureNote DecodeFailure(const std::string& value) {
+  const size_t bar = value.find('|');
+  if (bar == std::string::npos || bar == 0 || bar > 2) return {ErrorKind::kComm, value};
+  int kind = 0;
+  for (size_t i = 0; i < bar; ++i) {
+    if (value[i] < '0' || value[i] > '9') return {ErrorKind::kComm, value};
+    kind = kind * 10 + (value[i] - '0');
+  }
+  if (kind > static_cast<int>(ErrorKind::kInternal)) return {ErrorKind::kComm, value};
+  return {static_cast<ErrorKind>(kind), value.substr(bar + 1)};
+}
+
+DeadlineWorker::DeadlineWorker() : q_(std::make_shared<Queue>()) {
+  std::thread([q = q_] {
+    std::unique_lock<std::mutex> l(q->mu);
+    for (;;) {
+      q->cv.wait(l, [&] { return q->stop || !q->tasks.empty(); });
+      if (q->tasks.empty()) return;  // stopped, nothing left
+      std::function<void()> task = std::move(q->tasks.front());
+      q->tasks.pop_front();
+      l.unlock();
+      task();  // a packaged_task: its exception goes to its future
+      l.lock();
+    }
+  }).detach();
+}
+
+DeadlineWorker::~DeadlineWorker() {
+  {
+    std::lock_guard<std::mutex> l(q_->mu);
+    q_->stop = true;
+    q_->tasks.clear();  // never run: nobody waits for them any more
+  }
+  q_->cv.notify_all();
+}
+
+void DeadlineWorker::Submit(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> l(q_->mu);
+    q_->tasks.push_back(std::move(task));
+  }
+  q_->cv.notify_one();
+}
+
+StoreChannel::StoreChannel(c10::intrusive_ptr<c10d::Store> store, std::string host, std::chrono::milliseconds op_deadline)
+    : store_(std::move(store)), host_(std::move(host)), deadline_(op_deadline) {}
+
+FailureNote StoreSilent(const std::string& host) {
+  return FailureNote{ErrorKind::kCommTimeout, host + " did not answer: it is frozen or unreachable"};
+}
+
+FailureNote StoreLost(const std::string& host) {
+  return FailureNote{ErrorKind::kComm, host + " is lost: its connection closed"};
+}
+
+template <typename T>
+std::optional<T> StoreChannel::Call(std::function<T(c10d::Store&)> op) {
+  if (!store_ || loss_) return std::nullopt;
+  try {
+    if (!worker_) worker_ = std::make_unique<DeadlineWorker>();
+    std::optional<T> r = worker_->Run<T>([store = store_, op = std::move(op)] { return op(*store); }, deadline_);
+    if (!r) loss_ = StoreSilent(host_);
+    return r;
+  } catch (...) {
+    loss_ = StoreLost(host_);  // the cause differs from rank to rank (reset, closed, refused): not quoted
+  }
+  return std::nullopt;
+}
+
+std::optional<FailureNote> StoreChannel::Publish(const FailureNote& mine) {
+  if (!store_) return std::nullopt;
+  const std::vector<uint8_t> desired = Bytes(EncodeFailure(mine));
+  auto standing = Call<std::vector<uint8_t>>(
+      [desired](c10d::Store& s) { return s.compareSet(kFailureKey, {}, desired); });
+  if (!standing) return loss_;
+  return DecodeFailure(std::string(standing->begin(), standing->end()));
+}
+
+std::optional<FailureNote> StoreChannel::Fetch(std::chrono::milliseconds wait) {
+  if (!store_) return std::nullopt;
+  const auto until = std::chrono::steady_clock::now() + wait;
+  // Polled with check, which a live store answers at once: no server-side wait to cancel.
+  for (;;) {
+    auto there = Call<bool>([](c10d::Store& s) { return s.check({kFailureKey}); });
+    if (!there) return loss_;
+    if (*there) break;
+    if (std::chrono::steady_clock::now() >= until) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  auto value = Call<std::vector<uint8_t>>([](c10d::Store& s) {
+    std::vector<uint8_t> v = s.get(kFailureKey);
+    s.add(kAcksKey, 1);
+    return v;
+  });
+  if (!value) return loss_;
+  return DecodeFailure(std::string(value->begin(), value->end()));
+}
+
+void StoreChannel::AwaitAcks(int n, std::chrono::milliseconds wait) {
+  const auto until = std::chrono::steady_clock::now() + wait;
+  while (std::chrono::steady_clock::now() < until) {
+    auto acks = Call<int64_t>([](c10d::Store& s) { return s.add(kAcksKey, 0); });
+    if (!acks || *acks >= n) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+}  // namespace shardcast

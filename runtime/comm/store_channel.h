@@ -1,0 +1,114 @@
+// runtime/comm/store_channel: the failure side channel over a c10d Store, where every operation has a
+// deadline, on the failure path too.
+//
+// c10d's TCPStore client can block forever when its server process is frozen (SIGSTOP, a hung node):
+// the connection stays open and nothing answers. So the channel's store operations run, in order, on
+// one worker thread of its own, and the caller waits at most `op_deadline` for each; a late operation
+// leaves the worker blocked (it holds its own reference to the store) and marks the store
+// unreachable, so later calls fail at once instead of queueing behind it. A store that refuses or
+// drops the connection is marked lost. Either way, every rank gets the same note naming the store's
+// host.
+//
+// Thread safety: one thread at a time. Failure: never throws; results are values.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "runtime/agree/communicator.h"
+
+namespace shardcast {
+
+// One thread that runs submitted operations in order, each awaited with a deadline. A late operation
+// keeps the thread; the owner must then stop submitting. Destroying the worker detaches the thread,
+// which ends once its current operation returns (or with the process, if it never does): everything
+// it touches is shared with it, not owned by the worker.
+class DeadlineWorker {
+ public:
+  DeadlineWorker();
+  ~DeadlineWorker();
+  DeadlineWorker(const DeadlineWorker&) = delete;
+  DeadlineWorker& operator=(const DeadlineWorker&) = delete;
+
+  // op's value, or its exception rethrown, or nullopt when it did not finish within `deadline`.
+  template <typename T>
+  std::optional<T> Run(std::function<T()> op, std::chrono::milliseconds deadline) {
+    auto task = std::make_shared<std::packaged_task<T()>>(std::move(op));
+    std::future<T> done = task->get_future();
+    Submit([task] { (*task)(); });
+    if (done.wait_for(deadline) != std::future_status::ready) return std::nullopt;
+    return done.get();
+  }
+
+ private:
+  struct Queue {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> tasks;
+    bool stop = false;
+  };
+  void Submit(std::function<void()> task);
+  std::shared_ptr<Queue> q_;
+};
+
+class StoreChannel {
+ public:
+  // host: who serves the store, for messages ("rank 0 (the store host at 10.0.0.1:29500)").
+  StoreChannel(c10::intrusive_ptr<c10d::Store> store, std::string host,
+               std::chrono::milliseconds op_deadline = std::chrono::milliseconds(3000));
+  bool usable() const { return static_cast<bool>(store_); }
+
+  // Publishes `mine` unless a failure is already published; returns the one that stands, or the
+  // store's loss.
+  std::optional<FailureNote> Publish(const FailureNote& mine);
+  // The published failure within `wait`, the store's loss, or nullopt when nothing came in time.
+  std::optional<FailureNote> Fetch(std::chrono::milliseconds wait);
+  // Waits until `n` ranks fetched, or `wait` passed, or the store is gone.
+  void AwaitAcks(int n, std::chrono::milliseconds wait);
+
+ private:
+  // Runs op on the worker; nullopt (and loss_ set) when it failed or missed the deadline. The result
+  // lives in the future's shared state, so a late operation writes nothing of ours.
+  template <typename T>
+  std::optional<T> Call(std::function<T(c10d::Store&)> op);
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string host_;
+  std::chrono::milliseconds deadline_;
+  std::optional<FailureNote> loss_;
+  std::unique_ptr<DeadlineWorker> worker_;  // made at the first call: a channel never used has no thread
+};
+
+// Runs `op` on a thread of its own and waits at most `deadline`: its value, or its exception rethrown,
+// or nullopt when it is late. A late thread is abandoned, so `op` must own (by value or reference
+// count) everything it touches. For one-off calls (a rendezvous); a channel's many calls share a
+// DeadlineWorker.
+template <typename T>
+std::optional<T> WithDeadline(std::function<T()> op, std::chrono::milliseconds deadline) {
+  auto task = std::make_shared<std::packaged_task<T()>>(std::move(op));
+  std::future<T> done = task->get_future();
+  std::thread([task] { (*task)(); }).detach();
+  if (done.wait_for(deadline) != std::future_status::ready) return std::nullopt;
+  return done.get();
+}
+
+// The two ways a store host fails, worded once so every survivor raises the same kind and message
+// whatever its own socket saw (a reset, a closed connection, a late reply).
+FailureNote StoreSilent(const std::string& host);  // kCommTimeout: frozen or unreachable
+FailureNote StoreLost(const std::string& host);    // kComm: its process or node went away
+
+// "<kind>|<message>" and back; a malformed value becomes a kComm note quoting it.
+std::string EncodeFailure(const FailureNote& note);
+FailureNote DecodeFailure(const std::string& value);
+
+}  // namespace shardcast

@@ -1,0 +1,94 @@
+// runtime/stream/staging_ring: the reader side of a stream. A thread of its own walks the schedule, reads
+// every message this rank reads into the next free slot of a K-slot ring (or each of its segments
+// straight into the sink, when the route keeps the bytes here and nowhere else), and hands the slots
+// out in schedule order.
+//
+//   schedule:   m0  m1  m2  m3  m4 ...          (only the messages `select` picks)
+//   slots:     [s0][s1][s2][s3]                 message i goes to slot i % K; the reader waits for a
+//                                               slot its consumer has freed, so memory is K x chunk
+//   read-ahead:          |<-- readahead_bytes -->|   the kernel is asked to fetch these file ranges now
+//
+// The ring reads through a Source (source.h): checkpoint files for a load, with the one conversion
+// hook and consumed pages released; this rank's shards for a save.
+//
+// Thread safety: Next and Free are called by one consumer thread. Failure: the reader's exception
+// is rethrown by Next; a message not read by Next's deadline is kIo naming the segment the reader is in.
+//
+// A reader stuck in the source (a hung mount) is not joined forever: after stopping it, the destructor
+// waits `abandon_after`, then leaves a reader that is inside a source call behind. It then touches only
+// memory it shares with nobody but the ring (its slots and buffers, and the source, which the ring and
+// the reader own together, so a source left behind lives until its call returns) and ends. Known gap: an
+// in-place destination (RingOptions::in_place) must outlive that call; the caller's usually does not.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "runtime/stream/source.h"
+
+namespace shardcast {
+
+struct RingOptions {
+  uint32_t slots = 4;
+  uint64_t readahead_bytes = 256ull << 20;
+  std::function<bool(const Message&)> select;              // the messages this rank reads
+  // Whether to read a message in place: fills `at` with each segment's destination and returns true,
+  // or returns false (read into the slot's staging buffer). Called on the reader thread.
+  std::function<bool(const Message&, std::vector<unsigned char*>* at)> in_place;
+  // How long the destructor waits for a reader stuck in the source before leaving it behind. Default 10 s.
+  std::chrono::milliseconds abandon_after{10000};
+};
+
+class StagingRing {
+ public:
+  struct Slot {
+    Message msg;
+    unsigned char* data = nullptr;   // staged: the message's target bytes, contiguous; in place: nullptr
+    std::vector<unsigned char*> at;  // where each segment's target bytes are (in `data`, or in place)
+    bool in_place = false;
+    bool filled = false;
+    uint64_t index = 0;             // among the messages this ring reads
+  };
+
+  // Reads along `walk` with its cursors `reader` and `ahead` (the read-ahead), which it closes when its
+  // thread ends. REQUIRES: walk outlives the ring.
+  StagingRing(ScheduleWalk& walk, int reader, int ahead, std::shared_ptr<SegmentSource> source, RingOptions options);
+  // Reads along a walk of its own over the whole schedule of `m`.
+  StagingRing(const Manifest& m, std::shared_ptr<SegmentSource> source, RingOptions options);
+  ~StagingRing();
+  StagingRing(const StagingRing&) = delete;
+  StagingRing& operator=(const StagingRing&) = delete;
+
+  // The next filled slot in schedule order, or nullptr when every selected message was handed out.
+  // Throws kIo when it is not read by `deadline` (the default waits as long as the reader takes).
+  Slot* Next(std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max());
+  void Free(Slot* slot);
+  uint64_t bytes_read() const;  // source bytes; valid after the last Next
+
+ private:
+  struct Core;       // staging_ring.cc: what the reader shares with the consumer, owned by both
+  struct Abandoned;  // thrown on the reader when a source call returns to a ring that is gone
+  void Run(const std::shared_ptr<Core>& core);
+  void ReadAll(Core& core);
+  template <typename F>
+  void InSource(Core& core, uint64_t seq, const Segment& g, F&& call);
+  void Start();
+  void Prefetch(Core& core, std::shared_ptr<const Message>* pending, uint64_t horizon);
+
+  std::unique_ptr<ScheduleWalk> own_walk_;
+  ScheduleWalk* walk_;
+  int reader_, ahead_;
+  RingOptions o_;
+  std::shared_ptr<Core> core_;
+  uint64_t prefetched_ = 0;  // reader thread only
+  std::thread thread_;
+};
+
+}  // namespace shardcast
