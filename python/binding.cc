@@ -220,21 +220,58 @@ Entries EntriesFrom(py::handle entries, Carried& carried,
   return out;
 }
 
-// The agreement's first phase, entered by every rank: with this rank's plan and shards in `plan` and
-// `state`, or, where it already failed (or fails building them), with its problem, through `fail`
-// (FailLoad or FailSave, which throw the agreed error).
-template <typename Fail>
-void Adopt(Communicator& comm, const std::optional<Error>& failed, Entries& in, const PlanOptions& plan_options,
-           int rank, int world_size, Fail&& fail, std::optional<Plan>& plan, std::optional<RankState>& state) {
-  try {
-    if (failed) throw *failed;
-    plan.emplace(Plan::Build(std::move(in.spec), world_size, plan_options));
-    state.emplace(RankState::Adopt(*plan, rank, std::move(in.tensors)));
-  } catch (const std::exception& e) {
-    const Problem p = AsProblem(e);
-    fail(comm, p.kind, p.message);
+// What a load and a save share: this rank's store and what it already carries (the caller's problem, then
+// any argument that fails to convert), its entries and their layouts.
+struct Operation {
+  c10::intrusive_ptr<c10d::Store> store;
+  Carried carried;
+  Entries in;
+  PlanOptions plan_options;
+
+  Operation(py::handle store_obj, int rank, int world_size, py::object problem)
+      : store(StoreFrom(store_obj, rank, world_size)) {
+    if (!problem.is_none()) carried.Run("problem", [&] { carried.Take(ProblemFrom(problem)); });
   }
-}
+
+  // The entries (each one's extra field to `extra`) and then their layouts, which name them.
+  void ParseEntries(py::handle entries, py::handle layouts,
+                    const std::function<void(const std::string& key, py::handle extra)>& extra) {
+    carried.Run("entries", [&] { in = EntriesFrom(entries, carried, extra); });
+    carried.Run("layouts", [&] {
+      plan_options = LayoutsFrom(Cast<py::list>(layouts, "layouts", "a list"), in.layout_index);
+    });
+  }
+
+  // Without the GIL: this operation's Communicator (the Gloo group kept from the last operation over the
+  // same store where every rank agrees), the agreement's first phase, entered by every rank with its plan
+  // and shards or, where it already failed (or fails building them), with its problem through `fail`
+  // (FailLoad or FailSave, which throw the agreed error); then `run(comm, state)`, whose report comes
+  // back as a dict. The group is kept only after a success.
+  template <typename Fail, typename Body>
+  py::dict Run(int rank, int world_size, std::chrono::milliseconds timeout, const std::string& store_host,
+               Fail&& fail, Body&& run) {
+    std::string report;
+    {
+      py::gil_scoped_release nogil;
+      std::unique_ptr<Communicator> comm =
+          world_size == 1 ? CreateLocalCommunicator()
+                          : CreateGlooCommunicatorOnStore(store, rank, world_size, timeout, store_host);
+      std::optional<Plan> plan;
+      std::optional<RankState> state;
+      try {
+        if (carried.error()) throw *carried.error();
+        plan.emplace(Plan::Build(std::move(in.spec), world_size, plan_options));
+        state.emplace(RankState::Adopt(*plan, rank, std::move(in.tensors)));
+      } catch (const std::exception& e) {
+        const Problem p = AsProblem(e);
+        fail(*comm, p.kind, p.message);
+      }
+      report = run(*comm, &*state).ToJson();
+      KeepGlooGroup(std::move(comm));
+    }
+    return py::module_::import("json").attr("loads")(report).cast<py::dict>();
+  }
+};
 
 // (__metadata__, [(key, dtype name, shape, begin, end)]) of a validated file, for Python.
 py::tuple HeaderTuple(const SafetensorsFile& f) {
@@ -257,38 +294,20 @@ py::tuple HeaderTuple(const SafetensorsFile& f) {
 py::dict LoadEntries(py::object entries, py::object layouts, py::object checkpoint, py::object opts, py::object tied,
                      py::object store_obj, int rank, int world_size, py::object progress,
                      py::object problem, const std::string& store_host) {
-  c10::intrusive_ptr<c10d::Store> store = StoreFrom(store_obj, rank, world_size);
-  Carried carried;
-  if (!problem.is_none()) carried.Run("problem", [&] { carried.Take(ProblemFrom(problem)); });
+  Operation op(store_obj, rank, world_size, problem);
+  Carried& carried = op.carried;
   LoadRequest rq;
   carried.Run("checkpoint", [&] { rq.checkpoint = Cast<std::string>(checkpoint, "path", "a path (text)"); });
   carried.Run("options", [&] { rq.options = OptionsFrom(opts); });
   carried.Run("progress=", [&] { rq.progress = ProgressFrom(progress); });
-  Entries in;
-  carried.Run("entries", [&] {
-    in = EntriesFrom(entries, carried, [&](const std::string& key, py::handle compose) {
-      rq.mapping.compose[key] = Cast<std::vector<std::string>>(compose, "key '" + key + "'", "a list of keys");
-    });
-  });
   carried.Run("tied", [&] {
     rq.mapping.tied = Cast<std::map<std::string, std::string>>(tied, "tied", "a dict {key: key}");
   });
-  PlanOptions plan_options;
-  carried.Run("layouts", [&] { plan_options = LayoutsFrom(Cast<py::list>(layouts, "layouts", "a list"), in.layout_index); });
-
-  LoadReport report;
-  {
-    py::gil_scoped_release nogil;
-    std::unique_ptr<Communicator> comm =
-        world_size == 1 ? CreateLocalCommunicator()
-                        : CreateGlooCommunicatorOnStore(store, rank, world_size, rq.options.timeout, store_host);
-    std::optional<Plan> plan;
-    std::optional<RankState> state;
-    Adopt(*comm, carried.error(), in, plan_options, rank, world_size, FailLoad, plan, state);
-    report = Load(*comm, &*state, rq);
-    KeepGlooGroup(std::move(comm));
-  }
-  return py::module_::import("json").attr("loads")(report.ToJson()).cast<py::dict>();
+  op.ParseEntries(entries, layouts, [&](const std::string& key, py::handle compose) {
+    rq.mapping.compose[key] = Cast<std::vector<std::string>>(compose, "key '" + key + "'", "a list of keys");
+  });
+  return op.Run(rank, world_size, rq.options.timeout, store_host, FailLoad,
+                [&](Communicator& comm, RankState* state) { return Load(comm, state, rq); });
 }
 
 // The save: entries as for load_entries, but each with its output tensors [(key, shape)] in
@@ -302,9 +321,8 @@ py::dict SaveEntries(py::object entries, py::object layouts, py::object out_dir,
                      py::object generation_config_json, py::object store_obj, int rank, int world_size,
                      py::object progress, py::object problem, const std::string& store_host, py::object file_numbers,
                      py::object keep_other_files, py::object numbered_files) {
-  c10::intrusive_ptr<c10d::Store> store = StoreFrom(store_obj, rank, world_size);
-  Carried carried;
-  if (!problem.is_none()) carried.Run("problem", [&] { carried.Take(ProblemFrom(problem)); });
+  Operation op(store_obj, rank, world_size, problem);
+  Carried& carried = op.carried;
   SaveRequest rq;
   carried.Run("arguments", [&] {
     rq.out_dir = Cast<std::string>(out_dir, "out_dir", "a path (text)");
@@ -342,35 +360,18 @@ py::dict SaveEntries(py::object entries, py::object layouts, py::object out_dir,
     rq.dtype = *d;
   });
   carried.Run("progress=", [&] { rq.progress = ProgressFrom(progress); });
-  Entries in;
-  carried.Run("entries", [&] {
-    in = EntriesFrom(entries, carried, [&](const std::string& key, py::handle outputs) {
-      const std::string where = "key '" + key + "'";
-      auto& outs = rq.outputs[key];
-      for (auto o : Cast<py::list>(outputs, where, "a list of (output key, shape)")) {
-        auto pair = Cast<std::pair<std::string, std::vector<int64_t>>>(o, where, "(output key, shape)");
-        SaveOutput out{pair.first, {}};
-        for (auto d : pair.second) out.shape.push_back(static_cast<uint64_t>(d));
-        outs.push_back(std::move(out));
-      }
-    });
+  op.ParseEntries(entries, layouts, [&](const std::string& key, py::handle outputs) {
+    const std::string where = "key '" + key + "'";
+    auto& outs = rq.outputs[key];
+    for (auto o : Cast<py::list>(outputs, where, "a list of (output key, shape)")) {
+      auto pair = Cast<std::pair<std::string, std::vector<int64_t>>>(o, where, "(output key, shape)");
+      SaveOutput out{pair.first, {}};
+      for (auto d : pair.second) out.shape.push_back(static_cast<uint64_t>(d));
+      outs.push_back(std::move(out));
+    }
   });
-  PlanOptions plan_options;
-  carried.Run("layouts", [&] { plan_options = LayoutsFrom(Cast<py::list>(layouts, "layouts", "a list"), in.layout_index); });
-
-  SaveReport report;
-  {
-    py::gil_scoped_release nogil;
-    std::unique_ptr<Communicator> comm =
-        world_size == 1 ? CreateLocalCommunicator()
-                        : CreateGlooCommunicatorOnStore(store, rank, world_size, rq.options.timeout, store_host);
-    std::optional<Plan> plan;
-    std::optional<RankState> state;
-    Adopt(*comm, carried.error(), in, plan_options, rank, world_size, FailSave, plan, state);
-    report = Save(*comm, &*state, rq);
-    KeepGlooGroup(std::move(comm));
-  }
-  return py::module_::import("json").attr("loads")(report.ToJson()).cast<py::dict>();
+  return op.Run(rank, world_size, rq.options.timeout, store_host, FailSave,
+                [&](Communicator& comm, RankState* state) { return Save(comm, state, rq); });
 }
 
 }  // namespace
