@@ -20,7 +20,7 @@ import datetime
 import itertools
 import json
 import threading
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 _CALLS: Dict[str, "itertools.count[int]"] = {}  # per group: its ranks make the same exchanges, in order
 _PREFIX = "shardcast/exchange/"
@@ -45,9 +45,10 @@ def _key(n: int, rank: int = 0) -> str:
     return f"{_PREFIX}{n}/{rank}"
 
 
-def _wait(ch, keys, timeout_s: float, what: str) -> None:
+def _wait(ch, keys, timeout_s: float, what: str, owners: Optional[Sequence[int]] = None) -> None:
     """Waits for `keys` in the channel's store: a CommTimeout naming who serves the store when they do not
-    arrive within timeout_s, a CommError when the store itself is lost.
+    arrive within timeout_s (and, with owners, the rank owners[i] that sets keys[i], the ranks whose key
+    never came), a CommError when the store itself is lost.
 
     The wait runs on a thread of its own and this one gives up at the deadline: a TCPStore whose server is
     frozen (its rank stopped, not dead) never answers the cancel that ends a timed-out `wait`, so the
@@ -57,10 +58,14 @@ def _wait(ch, keys, timeout_s: float, what: str) -> None:
     import torch.distributed as dist
     outcome: List[BaseException] = []
 
+    missing: List[int] = []
+
     def wait() -> None:
         try:
             ch[0].wait(keys, datetime.timedelta(seconds=timeout_s))
         except BaseException as e:  # noqa: BLE001 -- handed to the waiting thread
+            if owners is not None and isinstance(e, (TimeoutError, dist.DistStoreError)):
+                missing.extend(r for r, k in zip(owners, keys) if not _has(ch[0], k))
             outcome.append(e)
 
     waiter = threading.Thread(target=wait, name="shardcast-store-wait", daemon=True)
@@ -73,11 +78,25 @@ def _wait(ch, keys, timeout_s: float, what: str) -> None:
         return
     e = outcome[0]
     if isinstance(e, (TimeoutError, dist.DistStoreError)):  # the store answered: nobody set the keys in time
-        raise CommTimeout(f"{what} did not arrive within {timeout_s:g} s through the store of {ch[2]} "
+        late = f" from {_ranks_text(missing)} (died, frozen, or not in the same shardcast operation)" if missing else ""
+        raise CommTimeout(f"{what} did not arrive{late} within {timeout_s:g} s through the store of {ch[2]} "
                           f"({type(e).__name__}: {_first_line(e)})") from e
     # a lost store (DistNetworkError: its server is gone)
     raise CommError(f"{what}: the store of {ch[2]} stopped answering ({type(e).__name__}: "
                     f"{_first_line(e)})") from e
+
+
+def _has(store, key: str) -> bool:
+    try:
+        return bool(store.check([key]))
+    except Exception:  # noqa: BLE001 -- a store that stopped answering: nothing to name
+        return True
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    """'rank 2', 'ranks 2, 5', 'ranks 0, 1, ... (12 ranks)'."""
+    shown = ", ".join(str(r) for r in ranks[:8]) + (f", ... ({len(ranks)} ranks)" if len(ranks) > 8 else "")
+    return ("rank " if len(ranks) == 1 else "ranks ") + shown
 
 
 def _first_line(e: BaseException) -> str:
@@ -114,7 +133,7 @@ def computed_on_rank0(ch, rank: int, world: int, compute: Callable[[], Any], tim
             raise
         store.set(key, json.dumps(["ok", value]))
         return value
-    _wait(ch, [key], timeout_s, "rank 0's reading of the checkpoint's keys")
+    _wait(ch, [key], timeout_s, "rank 0's reading of the checkpoint's keys", owners=[0])
     status, value = json.loads(store.get(key))
     return value if status == "ok" else None
 
@@ -128,5 +147,5 @@ def gathered(ch, rank: int, world: int, value: Any, timeout_s: float, what: str 
         _forget(store, n, world)
     store.set(_key(n, rank), json.dumps(value))
     keys = [_key(n, r) for r in range(world)]
-    _wait(ch, keys, timeout_s, what)
+    _wait(ch, keys, timeout_s, what, owners=range(world))
     return [json.loads(store.get(k)) for k in keys]

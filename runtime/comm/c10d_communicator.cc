@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <map>
 #include <random>
+#include <sstream>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -330,13 +331,34 @@ std::string FreshToken() {
   return text;
 }
 
+// The ranks that never came to the vote: "rank 2", "ranks 2, 5"; empty when every rank came.
+std::string Absent(c10d::Store& store, int world_size) {
+  const std::vector<uint8_t> v = store.check({"group/who"}) ? store.get("group/who") : std::vector<uint8_t>{};
+  std::vector<bool> came(world_size, false);
+  std::istringstream in(std::string(v.begin(), v.end()));
+  for (int r; in >> r;) {
+    if (r >= 0 && r < world_size) came[r] = true;
+  }
+  std::vector<int> missing;
+  for (int r = 0; r < world_size; ++r) {
+    if (!came[r]) missing.push_back(r);
+  }
+  std::string text;
+  for (size_t i = 0; i < missing.size() && i < 8; ++i) text += (i ? ", " : "") + std::to_string(missing[i]);
+  if (missing.size() > 8) text += ", ... (" + std::to_string(missing.size()) + " ranks)";
+  return missing.empty() ? "" : (missing.size() == 1 ? "rank " : "ranks ") + text;
+}
+
 // Whether every rank still holds the kept group `mine` names, agreed over the operation's own store so
 // every rank makes the same choice: "reuse TOKEN" where every rank holds it, else "new TOKEN" (a group
 // every rank makes now). A rank whose last operation failed, or that joined later, holds none or another,
 // so a group is reused only by exactly the ranks that made it, each in its own place. The last rank to
-// arrive decides; the rest wait for its word (the caller's deadline bounds the wait).
-std::string AgreeOnGroup(c10d::Store& store, const std::string& mine, int world_size) {
+// arrive decides; the rest wait `timeout` for its word, then raise a CommTimeout naming the ranks that
+// never came. A store whose host is frozen never answers at all: the caller's deadline bounds that.
+std::string AgreeOnGroup(c10d::Store& store, const std::string& mine, int rank, int world_size,
+                         std::chrono::milliseconds timeout) {
   auto bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
+  store.append("group/who", bytes(std::to_string(rank) + " "));  // who came, for the error when someone does not
   bool differs = mine.empty();
   if (!differs) {
     const std::vector<uint8_t> now = store.compareSet("group/token", {}, bytes(mine));
@@ -347,7 +369,16 @@ std::string AgreeOnGroup(c10d::Store& store, const std::string& mine, int world_
     store.set("group/decision",
               bytes(store.add("group/differ", 0) == 0 ? "reuse " + mine : "new " + FreshToken()));
   }
-  store.wait({"group/decision"});
+  try {
+    store.wait({"group/decision"}, timeout);
+  } catch (const c10::Error& e) {  // the store answered: not every rank came (a frozen host never answers)
+    if (!LooksLikeTimeout(e.what_without_backtrace())) throw;
+    const std::string absent = Absent(store, world_size);
+    throw Error(ErrorKind::kCommTimeout, "",
+                "not every rank came within " + std::to_string(timeout.count()) + " ms" +
+                    (absent.empty() ? "" : " (" + absent + " did not)") +
+                    ": a rank died, is frozen, or does not call the same shardcast operation");
+  }
   const std::vector<uint8_t> decided = store.get("group/decision");
   return std::string(decided.begin(), decided.end());
 }
@@ -367,7 +398,7 @@ std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c
   const std::string master_addr = env_addr ? env_addr : "";
   std::optional<KeptGroup> kept = TakeKept(store, rank, world_size, timeout);
   std::function<AgreedGroup()> make = [store, rank, world_size, timeout, master_addr, kept]() -> AgreedGroup {
-    const std::string decided = AgreeOnGroup(*store, kept ? kept->token : "", world_size);
+    const std::string decided = AgreeOnGroup(*store, kept ? kept->token : "", rank, world_size, timeout);
     if (decided.rfind("reuse ", 0) == 0) return {kept->backend, kept->token};
     return {GlooGroup(store, rank, world_size, timeout, master_addr), decided.substr(decided.find(' ') + 1)};
   };
@@ -377,6 +408,8 @@ std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c
   std::optional<AgreedGroup> agreed;
   try {
     agreed = WithDeadline(std::move(make), RendezvousDeadline(timeout));
+  } catch (const Error& e) {
+    throw Error(e.kind(), where, e.what());
   } catch (const c10::Error& e) {
     const std::string m = Clean(e.what_without_backtrace());
     throw Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, m);
@@ -387,7 +420,8 @@ std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c
   if (!agreed) {
     throw Error(ErrorKind::kCommTimeout, where,
                 "not every rank arrived within " + std::to_string(RendezvousDeadline(timeout).count()) +
-                    " ms: a rank died, is frozen, or does not call the same shardcast operation");
+                    " ms, and the store does not answer (the rank that hosts it died or is frozen), or a rank "
+                    "does not call the same shardcast operation");
   }
   auto comm = std::make_unique<C10dCommunicator>(agreed->backend, store, std::move(store_host), timeout,
                                                  c10::Device(c10::kCPU), /*owns=*/true);

@@ -13,7 +13,11 @@ row for row, with the Gloo group each used as agreed in the operation's store ("
 second reuses the first's; after a failed load, a new one; a rank that dropped its group alone (rank 1)
 makes every rank make a new one; another timeout makes a new one; a subgroup's load leaves the world's
 group kept.
+MODE frozen: world 3; one load keeps its group, then rank 2 freezes (SIGSTOP) before the next. Ranks 0 and
+1 start that load on the kept group: each must raise the same CommTimeout naming rank 2 within the load's
+5 s timeout and a few seconds, never wait on the group's vote or on a frozen peer's socket for good.
 """
+import signal
 import time
 import datetime
 import json
@@ -150,10 +154,37 @@ def kept(root, rank, world):
     return {"steps": steps}
 
 
+def frozen(root, rank, world):
+    path = os.path.join(root, "model.safetensors")
+    from safetensors.torch import load_file
+    ref = load_file(path)["w"]
+    b, e = rows(ref.shape[0], world, rank)
+    local = torch.empty(e - b, ref.shape[1])
+    shardcast.load({"w": (local, b, e)}, path, timeout=5)
+    first = {"ok": torch.equal(local, ref[b:e]), "group": decision_of_last_operation()}
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGSTOP)  # the test kills it once the others are done
+    start = time.monotonic()
+    try:
+        shardcast.load({"w": (torch.empty(e - b, ref.shape[1]), b, e)}, path, timeout=5)
+        error = None
+    except shardcast.ShardcastError as err:
+        error = {"class": type(err).__name__, "message": str(err)}
+    return {"first": first, "error": error, "seconds": time.monotonic() - start}
+
+
 def main():
     mode, root, out = sys.argv[1:4]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    if mode == "frozen":  # no barrier nor teardown with a frozen peer: the result, then out
+        result = frozen(root, rank, world)
+        with open(f"{out}.{rank}", "w") as f:
+            json.dump(result, f)
+        deadline = time.monotonic() + 30  # rank 0 hosts the store: it stays until rank 1 is done with it
+        while rank == 0 and not os.path.exists(f"{out}.1") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os._exit(0)
     try:
         result = {"subgroup": subgroup, "failure": failure, "kept": kept}[mode](root, rank, world)
         dist.barrier()

@@ -59,3 +59,23 @@ def test_the_gloo_group_is_kept_between_operations_only_where_every_rank_holds_i
     for rank in (0, 1):
         sub = [s for s in results[rank]["steps"] if s["what"] == "subgroup"]
         assert sub == [{"what": "subgroup", "ok": True, "error": None, "group": "new"}], (rank, sub)
+
+
+# A rank frozen between two operations that would share the kept group: the others start the next
+# operation's vote on the kept group and must not wait on it (or on the frozen rank's sockets) for good.
+def test_a_rank_frozen_between_two_operations_on_a_kept_group_is_one_timeout_naming_it(tmp_path):
+    torch.manual_seed(0)
+    save_file({"w": torch.randn(1000, 8)}, str(tmp_path / "model.safetensors"))
+    results = ranks.run("group_worker.py", "frozen", tmp_path, 3, tmp_path, timeout=120, allow_fail=True,
+                        faulted=(2,))
+    for rank in (0, 1):
+        r = results[rank]
+        assert r is not None, f"rank {rank} wrote no result"
+        assert r["first"] == {"ok": True, "group": "new"}, (rank, r)
+        assert r["error"] is not None, f"rank {rank} loaded although rank 2 was frozen: {r}"
+        assert r["error"]["class"] == "CommTimeout" and "rank 2" in r["error"]["message"], (rank, r)
+        # Two waits of the 5 s timeout at most (the mapping's exchange of boxes, then the group's vote).
+        assert r["seconds"] < 15, f"rank {rank} took {r['seconds']:.1f} s with a 5 s timeout: {r}"
+    # The same cause on both, each naming itself first ("rank 0: ...", "rank 1: ...").
+    causes = [results[r]["error"]["message"].split(": ", 1)[1] for r in (0, 1)]
+    assert causes[0] == causes[1] and "(rank 2 did not)" in causes[0], results[:2]
