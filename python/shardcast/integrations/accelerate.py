@@ -18,7 +18,8 @@ from typing import Any, Dict, Optional, Union
 
 import torch
 
-from .._pretrained import _build_meta, resolve_checkpoint
+from .._meta_model import _build_meta
+from .._pretrained import resolve_checkpoint
 
 __all__ = ["prepare_pretrained"]
 
