@@ -13,18 +13,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include "allocators/tensor_alloc.h"
+#include "allocators/units.h"
 #include "loaders/checkpoint.h"
 #include "loaders/posix_file.h"
 #include "loaders/quant/format.h"
-#include "runtime/materialize/buffer_init.h"
-#include "runtime/comm/c10d_communicator.h"
 #include "runtime/agree/failure.h"
 #include "runtime/agree/fault.h"
+#include "runtime/comm/c10d_communicator.h"
 #include "runtime/load.h"
-#include "runtime/save.h"
+#include "runtime/materialize/buffer_init.h"
 #include "runtime/materialize/torch_dtype.h"
-#include "allocators/tensor_alloc.h"
-#include "allocators/units.h"
+#include "runtime/save.h"
 
 namespace py = pybind11;
 

@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "runtime/agree/communicator.h"
-#include "runtime/manifest/manifest.h"
-#include "runtime/layout/mesh.h"
-#include "runtime/stream/source.h"
 #include "runtime/agree/verdict.h"
+#include "runtime/layout/mesh.h"
+#include "runtime/manifest/manifest.h"
+#include "runtime/stream/source.h"
 
 namespace shardcast {
 

@@ -12,11 +12,11 @@
 #include "allocators/lazy_zero.h"
 #include "runtime/agree/failure.h"
 #include "runtime/agree/fault.h"
+#include "runtime/agree/verdict.h"
+#include "runtime/engine/stream.h"
+#include "runtime/engine/verify.h"
 #include "runtime/handshake.h"
 #include "runtime/report_fields.h"
-#include "runtime/engine/stream.h"
-#include "runtime/agree/verdict.h"
-#include "runtime/engine/verify.h"
 
 namespace shardcast {
 namespace {

@@ -18,8 +18,8 @@
 
 #include "allocators/memory_probe.h"
 #include "runtime/agree/communicator.h"
-#include "runtime/manifest/key_mapping.h"
 #include "runtime/load_options.h"
+#include "runtime/manifest/key_mapping.h"
 #include "runtime/materialize/materializer.h"
 #include "runtime/stream/progress.h"
 

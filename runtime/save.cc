@@ -10,12 +10,12 @@
 #include "runtime/agree/agreement.h"
 #include "runtime/agree/failure.h"
 #include "runtime/agree/fault.h"
+#include "runtime/agree/verdict.h"
 #include "runtime/engine/file_sink.h"
-#include "runtime/report_fields.h"
-#include "runtime/save_layout.h"
 #include "runtime/engine/shard_source.h"
 #include "runtime/engine/stream.h"
-#include "runtime/agree/verdict.h"
+#include "runtime/report_fields.h"
+#include "runtime/save_layout.h"
 
 namespace shardcast {
 namespace {

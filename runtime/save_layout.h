@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/manifest/manifest.h"
 #include "runtime/layout/plan.h"
+#include "runtime/manifest/manifest.h"
 #include "runtime/save.h"
 
 namespace shardcast {

@@ -15,14 +15,14 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "allocators/error.h"
 #include "allocators/memory_probe.h"
 #include "loaders/synth.h"
-#include "runtime/manifest/manifest.h"
 #include "runtime/layout/parallel_plan.h"
+#include "runtime/manifest/manifest.h"
 #include "runtime/stream/route.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"

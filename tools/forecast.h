@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/load_options.h"
 #include "runtime/layout/plan.h"
+#include "runtime/load_options.h"
 
 namespace shardcast {
 

@@ -11,9 +11,9 @@
 //   read         elements [first, first + count) of the model's tensor, dequantized by the kernel
 //   prefetch     asks for the stored ranges a read of those elements touches
 //
-// Who asks: QuantOf (inspect, the fuzzer), runtime/quant_parts (rank 0's resolve, the reader),
-// convert, synth's bf16 twin, and the binding's quantization_of (so Python keeps no copy of the
-// detection rules). The kernels stay in their own files (dequant, mxfp4, nvfp4) behind one ISA dispatch
+// Who asks: QuantOf (inspect, the fuzzer), runtime/manifest/quant_parts (rank 0's resolve), the file
+// source's reads (runtime/stream/source.cc), convert, synth's bf16 twin, and the binding's
+// quantization_of (so Python keeps no copy of the detection rules). The kernels stay in their own files (dequant, mxfp4, nvfp4) behind one ISA dispatch
 // (dequant_internal::BestIsa). Adding a format is one entry file, its kernel, and one line in
 // QuantFormats().
 //
@@ -39,9 +39,9 @@
 #include <string_view>
 #include <vector>
 
-#include "loaders/quant/dequant.h"
-#include "loaders/dtype.h"
 #include "loaders/checkpoint.h"
+#include "loaders/dtype.h"
+#include "loaders/quant/dequant.h"
 
 namespace shardcast {
 

@@ -17,8 +17,8 @@
 #include <cstring>
 
 #include "allocators/error.h"
-#include "loaders/quant/nvfp4.h"
 #include "loaders/quant/entry_util.h"
+#include "loaders/quant/nvfp4.h"
 
 namespace shardcast {
 namespace {

@@ -20,7 +20,7 @@ import datetime
 import itertools
 import json
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 _CALLS: Dict[str, "itertools.count[int]"] = {}  # per group: its ranks make the same exchanges, in order
 _PREFIX = "shardcast/exchange/"
@@ -41,14 +41,14 @@ def _next(ch) -> int:
     return next(_CALLS.setdefault(ch[1], itertools.count()))
 
 
-def _key(n: int, rank: int = 0) -> str:
+def _key(n: int, rank: Union[int, str] = 0) -> str:
     return f"{_PREFIX}{n}/{rank}"
 
 
-def _wait(ch, keys, timeout_s: float, what: str, owners: Optional[Sequence[int]] = None) -> None:
+def _wait(ch, keys, timeout_s: float, what: str, who: Optional[Tuple[str, int]] = None) -> None:
     """Waits for `keys` in the channel's store: a CommTimeout naming who serves the store when they do not
-    arrive within timeout_s (and, with owners, the rank owners[i] that sets keys[i], the ranks whose key
-    never came), a CommError when the store itself is lost.
+    arrive within timeout_s (and, with who = (key, world), the ranks missing from that key, which every
+    rank that came appended itself to), a CommError when the store itself is lost.
 
     The wait runs on a thread of its own and this one gives up at the deadline: a TCPStore whose server is
     frozen (its rank stopped, not dead) never answers the cancel that ends a timed-out `wait`, so the
@@ -64,8 +64,8 @@ def _wait(ch, keys, timeout_s: float, what: str, owners: Optional[Sequence[int]]
         try:
             ch[0].wait(keys, datetime.timedelta(seconds=timeout_s))
         except BaseException as e:  # noqa: BLE001 -- handed to the waiting thread
-            if owners is not None and isinstance(e, (TimeoutError, dist.DistStoreError)):
-                missing.extend(r for r, k in zip(owners, keys) if not _has(ch[0], k))
+            if who is not None and isinstance(e, (TimeoutError, dist.DistStoreError)):
+                missing.extend(_absent(ch[0], *who))
             outcome.append(e)
 
     waiter = threading.Thread(target=wait, name="shardcast-store-wait", daemon=True)
@@ -86,11 +86,13 @@ def _wait(ch, keys, timeout_s: float, what: str, owners: Optional[Sequence[int]]
                     f"{_first_line(e)})") from e
 
 
-def _has(store, key: str) -> bool:
+def _absent(store, key: str, world: int) -> List[int]:
+    """The ranks missing from `key`, where each rank that came appended "<rank> "; none when it cannot say."""
     try:
-        return bool(store.check([key]))
-    except Exception:  # noqa: BLE001 -- a store that stopped answering: nothing to name
-        return True
+        came = {int(r) for r in store.get(key).decode().split()} if store.check([key]) else set()
+    except Exception:  # noqa: BLE001 -- a store that stopped answering, or a rank's word it cannot read
+        return []
+    return [r for r in range(world) if r not in came]
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:
@@ -109,7 +111,7 @@ def _forget(store, n: int, world: int) -> None:
     load, which every rank read before that load's handshake could end (n - 1 may be this load's)."""
     if n < 2:
         return
-    for r in range(world):
+    for r in [*range(world), "who"]:
         try:
             store.delete_key(_key(n - 2, r))
         except Exception:  # noqa: BLE001 -- a key that was never set, or a store without delete_key
@@ -133,7 +135,7 @@ def computed_on_rank0(ch, rank: int, world: int, compute: Callable[[], Any], tim
             raise
         store.set(key, json.dumps(["ok", value]))
         return value
-    _wait(ch, [key], timeout_s, "rank 0's reading of the checkpoint's keys", owners=[0])
+    _wait(ch, [key], timeout_s, "rank 0's reading of the checkpoint's keys")
     status, value = json.loads(store.get(key))
     return value if status == "ok" else None
 
@@ -146,6 +148,10 @@ def gathered(ch, rank: int, world: int, value: Any, timeout_s: float, what: str 
     if rank == 0:
         _forget(store, n, world)
     store.set(_key(n, rank), json.dumps(value))
+    try:  # who came, for the error when someone does not; a store that cannot append only says less
+        store.append(_key(n, "who"), f"{rank} ")
+    except Exception:  # noqa: BLE001
+        pass
     keys = [_key(n, r) for r in range(world)]
-    _wait(ch, keys, timeout_s, what, owners=range(world))
+    _wait(ch, keys, timeout_s, what, who=(_key(n, "who"), world))
     return [json.loads(store.get(k)) for k in keys]

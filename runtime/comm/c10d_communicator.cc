@@ -2,18 +2,18 @@
 
 #include <ATen/ATen.h>
 #include <ATen/ops/from_blob.h>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <mutex>
 #include <random>
 #include <sstream>
-#include <cstdlib>
-#include <mutex>
 #include <thread>
 
 #include "allocators/error.h"
@@ -352,35 +352,50 @@ std::string Absent(c10d::Store& store, int world_size) {
 // Whether every rank still holds the kept group `mine` names, agreed over the operation's own store so
 // every rank makes the same choice: "reuse TOKEN" where every rank holds it, else "new TOKEN" (a group
 // every rank makes now). A rank whose last operation failed, or that joined later, holds none or another,
-// so a group is reused only by exactly the ranks that made it, each in its own place. The last rank to
-// arrive decides; the rest wait `timeout` for its word, then raise a CommTimeout naming the ranks that
-// never came. A store whose host is frozen never answers at all: the caller's deadline bounds that.
+// so a group is reused only by exactly the ranks that made it, each in its own place.
+//
+// The outcome is the one value of "group/decision", whoever writes it first (compareSet): the last rank
+// to arrive writes the decision; a rank that waited `timeout` for it writes "absent <ranks that never
+// came>". Every rank acts on what the key holds, so a rank arriving after the timeout, or one whose wait
+// timed out just as the decision came, never goes on alone: all raise the same CommTimeout, or none does.
+// A store whose host is frozen never answers at all: the caller's deadline bounds that.
 std::string AgreeOnGroup(c10d::Store& store, const std::string& mine, int rank, int world_size,
                          std::chrono::milliseconds timeout) {
   auto bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
-  store.append("group/who", bytes(std::to_string(rank) + " "));  // who came, for the error when someone does not
+  auto first = [&](const std::string& value) {  // the decision's one value: this one, or the one before it
+    const std::vector<uint8_t> now = store.compareSet("group/decision", {}, bytes(value));
+    return std::string(now.begin(), now.end());
+  };
+  try {  // who came, for the error when someone does not; a store that cannot append only says less
+    store.append("group/who", bytes(std::to_string(rank) + " "));
+  } catch (const c10::Error&) {
+  }
   bool differs = mine.empty();
   if (!differs) {
     const std::vector<uint8_t> now = store.compareSet("group/token", {}, bytes(mine));
     differs = std::string(now.begin(), now.end()) != mine;
   }
   if (differs) store.add("group/differ", 1);
+  std::string decided;
   if (store.add("group/arrived", 1) == world_size) {
-    store.set("group/decision",
-              bytes(store.add("group/differ", 0) == 0 ? "reuse " + mine : "new " + FreshToken()));
+    decided = first(store.add("group/differ", 0) == 0 ? "reuse " + mine : "new " + FreshToken());
+  } else {
+    try {
+      store.wait({"group/decision"}, timeout);
+      const std::vector<uint8_t> v = store.get("group/decision");
+      decided = std::string(v.begin(), v.end());
+    } catch (const c10::Error& e) {  // the store answered: not every rank came (a frozen host never answers)
+      if (!LooksLikeTimeout(e.what_without_backtrace())) throw;
+      const std::string absent = Absent(store, world_size);
+      decided = first("absent " + (absent.empty() ? "every rank came, one too late" : absent + " did not"));
+    }
   }
-  try {
-    store.wait({"group/decision"}, timeout);
-  } catch (const c10::Error& e) {  // the store answered: not every rank came (a frozen host never answers)
-    if (!LooksLikeTimeout(e.what_without_backtrace())) throw;
-    const std::string absent = Absent(store, world_size);
+  if (decided.rfind("absent ", 0) == 0) {
     throw Error(ErrorKind::kCommTimeout, "",
-                "not every rank came within " + std::to_string(timeout.count()) + " ms" +
-                    (absent.empty() ? "" : " (" + absent + " did not)") +
-                    ": a rank died, is frozen, or does not call the same shardcast operation");
+                "not every rank came within " + std::to_string(timeout.count()) + " ms (" + decided.substr(7) +
+                    "): a rank died, is frozen, or does not call the same shardcast operation");
   }
-  const std::vector<uint8_t> decided = store.get("group/decision");
-  return std::string(decided.begin(), decided.end());
+  return decided;
 }
 
 struct AgreedGroup {
@@ -419,9 +434,9 @@ std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c
   }
   if (!agreed) {
     throw Error(ErrorKind::kCommTimeout, where,
-                "not every rank arrived within " + std::to_string(RendezvousDeadline(timeout).count()) +
-                    " ms, and the store does not answer (the rank that hosts it died or is frozen), or a rank "
-                    "does not call the same shardcast operation");
+                "not made within " + std::to_string(RendezvousDeadline(timeout).count()) +
+                    " ms: the store does not answer (the rank that hosts it died or is frozen), or a rank died "
+                    "or froze while the group was made");
   }
   auto comm = std::make_unique<C10dCommunicator>(agreed->backend, store, std::move(store_host), timeout,
                                                  c10::Device(c10::kCPU), /*owns=*/true);

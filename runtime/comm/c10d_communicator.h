@@ -23,8 +23,9 @@ std::unique_ptr<Communicator> WrapC10dBackend(c10::intrusive_ptr<c10d::Backend> 
 // (give each operation its own prefix of one store per caller's group: its failure note and Gloo's
 // rendezvous keys live there). It is owned, so a rank that fails aborts it and the peers blocked on that
 // rank fail at once, while the caller's process groups are never touched and stay usable. Every rank's
-// mesh is up before any returns; a rank that does not arrive within RendezvousDeadline(timeout) is a
-// CommTimeout naming `store_host`. GLOO_SOCKET_IFNAME picks the interface; a loopback MASTER_ADDR,
+// mesh is up before any returns. Ranks that do not come within `timeout` are one CommTimeout on every
+// rank that did, naming those that did not; a store that stops answering, or a rank lost while the group
+// is made, is a CommTimeout naming `store_host` after RendezvousDeadline(timeout). GLOO_SOCKET_IFNAME picks the interface; a loopback MASTER_ADDR,
 // loopback. Where every rank still holds the group the previous operation over the same store left
 // (KeepGlooGroup: it ended well on every rank, with this rank, world size and timeout), the ranks agree
 // over `store` to use it again instead of making one.

@@ -18,10 +18,10 @@
 #include <memory>
 
 #include "runtime/agree/communicator.h"
+#include "runtime/engine/sink.h"
 #include "runtime/stream/digest.h"
 #include "runtime/stream/progress.h"
 #include "runtime/stream/route.h"
-#include "runtime/engine/sink.h"
 #include "runtime/stream/staging_ring.h"
 
 namespace shardcast {

@@ -30,9 +30,9 @@
 
 #include "loaders/checkpoint.h"
 #include "loaders/shape.h"
-#include "runtime/manifest/key_mapping.h"
-#include "runtime/load_options.h"
 #include "runtime/layout/plan.h"
+#include "runtime/load_options.h"
+#include "runtime/manifest/key_mapping.h"
 
 namespace shardcast {
 

@@ -4,8 +4,8 @@
 
 #include <cmath>
 #include <cstring>
-#include <string_view>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "allocators/error.h"
 #include "runtime/materialize/rope.h"

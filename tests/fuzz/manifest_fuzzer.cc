@@ -18,8 +18,8 @@
 #include "allocators/error.h"
 #include "loaders/model_spec.h"
 #include "runtime/layout/layout.h"
-#include "runtime/manifest/manifest.h"
 #include "runtime/layout/plan.h"
+#include "runtime/manifest/manifest.h"
 
 namespace {
 
