@@ -84,7 +84,8 @@ def _launch(script, mode, root, world, out, port, env, timeout, rank_env, faulte
 
 # ---- several scenarios in one launch ------------------------------------------------------------------
 
-SCENARIOS = "scenarios"  # the MODE argument of a launch of several scenarios; their list is in its env
+SCENARIOS = "scenarios"  # the MODE argument of a launch of several scenarios
+SCENARIOS_VAR = "SHARDCAST_TEST_SCENARIOS"  # their list (name, root, variables), in each rank's env
 
 
 class Scenarios:
@@ -96,11 +97,12 @@ class Scenarios:
         per_rank = launches("mismatch", 3)   # [rank 0's result, rank 1's, ...]
 
     A scenario is a name (the worker's mode, run on `root`), a (name, root) pair, or a (name, root, env)
-    triple whose variables are set for that scenario only. A name may carry a label after a colon
-    ("native:rank0"), which keeps two runs of one mode apart; the worker sees the mode. A scenario that raised
-    on a rank, or that a rank never reached (it died, or the launch ran past its timeout), fails the test
-    that asks for it, naming the scenario and the rank, with the traceback or the rank's log; the others
-    keep their results."""
+    triple whose variables are set for that scenario only (env may also be a function of the rank: rank ->
+    its variables, for launcher variables that differ by rank, as HSDP's LOCAL_RANK and GROUP_RANK). A name
+    may carry a label after a colon ("native:rank0"), which keeps two runs of one mode apart; the worker sees
+    the mode. A scenario that raised on a rank, or that a rank never reached (it died, or the launch ran past
+    its timeout), fails the test that asks for it, naming the scenario and the rank, with the traceback or
+    the rank's log; the others keep their results."""
 
     def __init__(self, script, tmp_path_factory, by_world, root=None, timeout=600, env=None, rank_env=None):
         self.script, self.tmp, self.root, self.timeout = script, tmp_path_factory, root, timeout
@@ -126,11 +128,14 @@ class Scenarios:
         scenarios = self.by_world[world]
         assert len({n for n, _, _ in scenarios}) == len(scenarios), scenarios
         tmp = self.tmp.mktemp(f"{os.path.splitext(self.script)[0]}-w{world}")
-        env = dict(self.env, SHARDCAST_TEST_SCENARIOS=json.dumps([[n, str(r), e] for n, r, e in scenarios]))
+
+        def rank_env(rank):  # the scenarios' list, each scenario's variables as this rank sees them
+            listed = [[n, str(r), e(rank) if callable(e) else e] for n, r, e in scenarios]
+            return {**(self.rank_env(rank) if self.rank_env else {}), SCENARIOS_VAR: json.dumps(listed)}
         for attempt in range(3):
             try:
-                codes, logs = _launch(self.script, SCENARIOS, scenarios[0][1], world, tmp / "out", _free_port(), env,
-                                      self.timeout, self.rank_env, ())
+                codes, logs = _launch(self.script, SCENARIOS, scenarios[0][1], world, tmp / "out", _free_port(),
+                                      self.env, self.timeout, rank_env, ())
                 break
             except PortTaken:
                 if attempt == 2:
@@ -167,7 +172,7 @@ def each_scenario(mode, root, call, out_file):
         _write(out_file, result)
         return result
     done = {}
-    for name, scenario_root, env in json.loads(os.environ["SHARDCAST_TEST_SCENARIOS"]):
+    for name, scenario_root, env in json.loads(os.environ[SCENARIOS_VAR]):
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:

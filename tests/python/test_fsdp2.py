@@ -25,13 +25,19 @@ def _same_error(results, kind):
 def run(checkpoints, tmp_path_factory):
     """run(scenario, world): its per-rank results. One launch per world size runs all of that size's
     scenarios (rank start-up dominates); the failing ones last, so a leftover would show in them, not in the
-    bit-exact checks. Those that kill, freeze or re-lay-out ranks launch on their own below."""
+    bit-exact checks. HSDP's two nodes of two ranks are its scenario's own launcher variables (hsdp_nodes);
+    those that kill or freeze ranks launch on their own below."""
     return ranks.Scenarios("fsdp2_worker.py", tmp_path_factory, {
         1: ["flow", "mapping_boxes"],
         2: ["flow"],
         3: ["flow", "mapping", "mapping_boxes", "mapping_bad_box", "mapping_bad_rows", "mismatch", "keys_fail"],
-        4: ["flow"],
+        4: ["flow", ("hsdp", checkpoints, hsdp_nodes)],
     }, root=checkpoints)
+
+
+def hsdp_nodes(rank):
+    """Rank r's launcher variables as two nodes of two ranks would set them (torchrun's LOCAL_* and GROUP_RANK)."""
+    return {"LOCAL_RANK": str(rank % 2), "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": str(rank // 2)}
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -105,11 +111,9 @@ def test_mismatch_is_the_same_exception_on_every_rank(run):
     assert "rank 1" in msg and "mlp" in msg and "shape" in msg, msg
 
 
-def test_hsdp_2d_mesh_every_source(checkpoints, tmp_path):
+def test_hsdp_2d_mesh_every_source(run):
     """The real fully_shard on a 2 x 2 CPU mesh (replicate x shard) over two nodes of two ranks."""
-    world = 4
-    results = ranks.run("fsdp2_worker.py", "hsdp", checkpoints, world, tmp_path,
-                        rank_env=lambda r: {"LOCAL_RANK": str(r % 2), "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": str(r // 2)})
+    results = run("hsdp", 4)
     want_reads = {"rank0": 1.0, "each-rank": 4.0, "node-leader": 2.0, "striped": 1.0}  # each-rank: R x 2 with verify
     for rank, result in enumerate(results):
         for case, r in result.items():
