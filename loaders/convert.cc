@@ -7,9 +7,9 @@
 #include <nlohmann/json.hpp>
 
 #include "allocators/error.h"
-#include "loaders/shape.h"
-#include "allocators/lazy_zero.h"
+#include "allocators/scratch_buffer.h"
 #include "loaders/quant/format.h"
+#include "loaders/shape.h"
 
 namespace shardcast {
 namespace {
@@ -30,26 +30,6 @@ BindRequest BindFor(const std::string& key, const ConvertOptions& o) {
   r.block = o.block;
   return r;
 }
-
-// A lazy-zero scratch buffer, grown as needed and unmapped at the end.
-class Scratch {
- public:
-  ~Scratch() { LazyZeroFree(p_, n_); }
-  unsigned char* Get(uint64_t n) {
-    if (n > n_) {
-      LazyZeroFree(p_, n_);
-      p_ = nullptr;
-      n_ = 0;
-      p_ = static_cast<unsigned char*>(LazyZeroAllocate(n));
-      n_ = n;
-    }
-    return p_;
-  }
-
- private:
-  unsigned char* p_ = nullptr;
-  uint64_t n_ = 0;
-};
 
 // Produces bytes [offset, offset + n) of one output tensor.
 class Producer {
@@ -76,7 +56,7 @@ class Producer {
  private:
   const Checkpoint& in_;
   const ConvertOptions& o_;
-  Scratch raw_, rows_;
+  ScratchBuffer raw_, rows_;
 };
 
 }  // namespace
@@ -127,7 +107,7 @@ void WriteConvertedFile(const Checkpoint& in, const ConvertPlan& plan, size_t fi
   const CheckpointFile& f = plan.files.at(file);
   SafetensorsWriter w(dir + "/" + f.name, f.entries, {{"format", "pt"}});
   Producer produce(in, o);
-  Scratch chunk;
+  ScratchBuffer chunk;
   for (const WriteEntry& e : f.entries) {
     const ConvertPlan::Output& out = *by_key.at(e.key);
     std::optional<PackedTensor> packed;

@@ -48,7 +48,7 @@ class FileSink : public Sink {
   int rank_;
   std::vector<int> fds_;
   std::vector<bool> written_;
-  Buffer scratch_;
+  ScratchBuffer scratch_;
   uint64_t bytes_written_ = 0;
 };
 

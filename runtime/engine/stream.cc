@@ -280,11 +280,11 @@ class Engine {
   const uint32_t slots_;
   std::optional<ScheduleWalk> walk_;  // before ring_: the ring's thread reads it until the ring is gone
   std::optional<StagingRing> ring_;
-  std::vector<DeviceBuffer> device_slots_;   // device copies of staging slots (device transports)
-  std::vector<Buffer> forward_host_;         // received messages this rank forwards
+  std::vector<DeviceBuffer> device_slots_;  // device copies of staging slots (device transports)
+  std::vector<ScratchBuffer> forward_host_;  // received messages this rank forwards
   std::vector<DeviceBuffer> forward_device_;
   DeviceBuffer device_bounce_;
-  Buffer bounce_;
+  ScratchBuffer bounce_;
   // After every buffer a send may read from, so that even a path that skips Run's catch destroys the
   // pending sends (members are destroyed in reverse order) before those buffers.
   SendSlots reading_, forwarding_;

@@ -1,12 +1,10 @@
 #include "runtime/stream/source.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "allocators/error.h"
-#include "allocators/lazy_zero.h"
 #include "runtime/manifest/quant_parts.h"
 
 namespace shardcast {
@@ -15,50 +13,6 @@ namespace {
 constexpr uint64_t kReleaseStep = 8ull << 20;
 
 }  // namespace
-
-// Staging, forward and bounce buffers are lazy-zero mappings. In an AddressSanitizer build they come from
-// the heap instead (zeroed too), so that ASan sees their lifetime: a transport still reading a freed
-// staging slot is a heap-use-after-free report (through its writev interceptor), not a silent read of
-// an unmapped or reused page.
-#if defined(__SANITIZE_ADDRESS__)
-#define SHARDCAST_ASAN_BUFFERS 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SHARDCAST_ASAN_BUFFERS 1
-#endif
-#endif
-
-namespace {
-void* BufferAllocate(uint64_t bytes) {
-#ifdef SHARDCAST_ASAN_BUFFERS
-  void* p = std::calloc(bytes, 1);
-  if (p == nullptr) throw Error(ErrorKind::kIo, "staging buffer", "cannot allocate " + std::to_string(bytes) + " bytes");
-  return p;
-#else
-  return LazyZeroAllocate(bytes);
-#endif
-}
-void BufferFree(void* p, uint64_t bytes) {
-#ifdef SHARDCAST_ASAN_BUFFERS
-  std::free(p);
-#else
-  LazyZeroFree(p, bytes);
-#endif
-}
-}  // namespace
-
-Buffer::~Buffer() { BufferFree(data_, size_); }
-
-unsigned char* Buffer::Get(uint64_t bytes) {
-  if (bytes > size_) {
-    BufferFree(data_, size_);
-    data_ = nullptr;
-    size_ = 0;
-    data_ = static_cast<unsigned char*>(BufferAllocate(bytes));
-    size_ = bytes;
-  }
-  return data_;
-}
 
 void FileSource::Read(const Segment& s, unsigned char* out) {
   const ManifestEntry& e = m_.entries[s.entry];

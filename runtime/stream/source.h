@@ -13,24 +13,11 @@
 #include <memory>
 #include <vector>
 
+#include "allocators/scratch_buffer.h"
 #include "loaders/safetensors_file.h"
 #include "runtime/stream/schedule.h"
 
 namespace shardcast {
-
-// A lazily grown lazy-zero buffer: commits only what is written.
-class Buffer {
- public:
-  Buffer() = default;
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  ~Buffer();
-  unsigned char* Get(uint64_t bytes);
-
- private:
-  unsigned char* data_ = nullptr;
-  uint64_t size_ = 0;
-};
 
 class SegmentSource {
  public:
@@ -63,7 +50,7 @@ class FileSource : public SegmentSource {
   const Manifest& m_;
   const FileTable& files_;
   bool release_;
-  Buffer scratch_;
+  ScratchBuffer scratch_;
 };
 
 }  // namespace shardcast

@@ -15,7 +15,7 @@ struct StagingRing::Core {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<Slot> slots;
-  std::vector<Buffer> buffers;
+  std::vector<ScratchBuffer> buffers;
   bool stop = false, done = false, ended = false;
   bool in_source = false, abandoned = false;  // the reader is inside a source call; the ring left it behind
   uint64_t taken = 0, filled = 0, bytes_read = 0;
