@@ -57,7 +57,6 @@ def _wait(ch, keys, timeout_s: float, what: str, who: Optional[Tuple[str, int]] 
     from ._shardcast import CommError, CommTimeout
     import torch.distributed as dist
     outcome: List[BaseException] = []
-
     missing: List[int] = []
 
     def wait() -> None:
