@@ -12,6 +12,10 @@ With --fp8, the same Llama with every linear weight stored as DeepSeek-V3 stores
 float32 weight_scale_inv per 128x128 block; embeddings, norms and lm_head bf16), loaded into the bf16 model:
 torch-t1/torch-t4 are then torch's QuantizedHuggingFaceStorageReader(target_dtype=torch.bfloat16) and
 shardcast-dcp shardcast.dcp.QuantizedHuggingFaceStorageReader (shardcast.load dequantizes it by itself).
+With --device cuda (a GPU machine), the same over NCCL with one rank per GPU (W=1 on one GPU), the model
+to_empty'd on cuda:LOCAL_RANK: every reader lands the bytes in CUDA DTensors (timed to a device synchronize;
+the GPU's peak allocation is reported too). torch-tN: torch's reader at thread_count=N (torch-t1, torch-t4,
+torch-t8, ...).
 Each method runs in its own launch of W processes, the methods interleaved round by round (--repeat). Timed on every rank
 from just before the call to the end of a barrier after it (the slowest rank's time is reported); peaks are
 each rank's /proc/self/status RssAnon and RssFile above their value just before the call, sampled every 5 ms.
@@ -20,7 +24,7 @@ same under every method and run. Before each run the checkpoint is read into the
 evicted from it (posix_fadvise DONTNEED).
 
     bench/bench_dcp_load.py [--world-size 4] [--layers 16] [--fp8] [--cold] [--repeat 3] [--methods a,b]
-                            [--out bench/results/dcp-load.json]
+                            [--device cpu|cuda] [--out bench/results/dcp-load.json]
 
 A method may name shardcast's read-ahead per rank: shardcast-dcp@ra=0 (none), shardcast-dcp@ra=64M.
 """
@@ -46,11 +50,14 @@ def worker(method, ckpt, out):
         os.environ[{"ra": "SHARDCAST_READAHEAD_BYTES"}[name]] = value
     import torch
     import torch.distributed as dist
-    dist.init_process_group("gloo")
+    device = os.environ.get("BENCH_DEVICE", "cpu")
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo")
     world = dist.get_world_size()
     model = meta_model(ckpt)
-    shard(model, world)
-    model.to_empty(device="cpu")
+    shard(model, world, device)
+    model.to_empty(device=device)
     import shardcast
     import shardcast.dcp
     import torch.distributed.checkpoint as dcp
@@ -64,14 +71,20 @@ def worker(method, ckpt, out):
     else:
         if "fp8" in pathlib.Path(ckpt).name:
             from torch.distributed.checkpoint.quantized_hf_storage import QuantizedHuggingFaceStorageReader as Q
-            bf16 = {"target_dtype": torch.bfloat16}
-            reader = {"torch-t1": lambda: Q(ckpt, **bf16), "torch-t4": lambda: Q(ckpt, thread_count=4, **bf16),
-                      "shardcast-dcp": lambda: shardcast.dcp.QuantizedHuggingFaceStorageReader(ckpt, **bf16)}[method]()
+            theirs, ours = (lambda **kw: Q(ckpt, target_dtype=torch.bfloat16, **kw),
+                            lambda: shardcast.dcp.QuantizedHuggingFaceStorageReader(ckpt, target_dtype=torch.bfloat16))
         else:
-            reader = {"torch-t1": lambda: HuggingFaceStorageReader(ckpt),
-                      "torch-t4": lambda: HuggingFaceStorageReader(ckpt, thread_count=4),
-                      "shardcast-dcp": lambda: shardcast.dcp.HuggingFaceStorageReader(ckpt)}[method]()
+            theirs, ours = (lambda **kw: HuggingFaceStorageReader(ckpt, **kw),
+                            lambda: shardcast.dcp.HuggingFaceStorageReader(ckpt))
+        if method == "shardcast-dcp":
+            reader = ours()
+        elif method.startswith("torch-t"):  # torch-tN: thread_count=N
+            reader = theirs(thread_count=int(method[len("torch-t"):]))
+        else:
+            raise SystemExit(f"unknown method {method}")
         dcp.load(model.state_dict(), storage_reader=reader)
+    if device == "cuda":
+        torch.cuda.synchronize()
     dist.barrier()
     seconds = time.monotonic() - start
     sampler.stop = True
@@ -79,11 +92,12 @@ def worker(method, ckpt, out):
     crc, nbytes = 0, 0
     for name, p in sorted(model.state_dict().items()):
         local = p.to_local() if hasattr(p, "to_local") else p
-        data = local.detach().contiguous().view(torch.uint8).numpy().tobytes()
+        data = local.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
         crc, nbytes = zlib.crc32(data, zlib.crc32(name.encode(), crc)), nbytes + len(data)
     result = {"rank": dist.get_rank(), "seconds": seconds, "crc": crc, "local_bytes": nbytes,
               "peak_rss_anon": sampler.peak["RssAnon"] - sampler.base["RssAnon"],
-              "peak_rss_file": sampler.peak["RssFile"] - sampler.base["RssFile"]}
+              "peak_rss_file": sampler.peak["RssFile"] - sampler.base["RssFile"],
+              "gpu_peak": torch.cuda.max_memory_allocated() if device == "cuda" else 0}
     pathlib.Path(f"{out}.{dist.get_rank()}").write_text(json.dumps(result))
     dist.destroy_process_group()
 
@@ -149,6 +163,7 @@ def main():
     ap.add_argument("--fp8", action="store_true")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.worker:
@@ -166,12 +181,14 @@ def main():
     for round_ in range(args.repeat):
         for m in methods:
             resident = set_page_cache(files, args.cold)
-            ranks = launch(pathlib.Path(__file__), [m, ckpt, tmp / m], args.world_size, tmp / m, m, 1800)
+            ranks = launch(pathlib.Path(__file__), [m, ckpt, tmp / m], args.world_size, tmp / m, m, 1800,
+                           env={"BENCH_DEVICE": args.device})
             runs[m].append({"seconds": max(r["seconds"] for r in ranks), "crcs": [r["crc"] for r in ranks],
                             "rank0_anon": ranks[0]["peak_rss_anon"], "rank0_file": ranks[0]["peak_rss_file"],
                             "max_anon": max(r["peak_rss_anon"] for r in ranks),
                             "node_anon_file": sum(r["peak_rss_anon"] + r["peak_rss_file"] for r in ranks),
-                            "local_bytes": [r["local_bytes"] for r in ranks], "resident_before": resident})
+                            "local_bytes": [r["local_bytes"] for r in ranks], "resident_before": resident,
+                            "gpu_peak": max(r["gpu_peak"] for r in ranks)})
             print(f"round {round_ + 1} {m:15s} {runs[m][-1]['seconds']:7.2f} s", flush=True)
     reference = runs[methods[0]][0]["crcs"]
     for m in methods:
@@ -180,7 +197,7 @@ def main():
                 raise SystemExit(f"{m}: local shards differ from {methods[0]}'s ({r['crcs']} vs {reference})")
     best_torch = min((statistics.median(r["seconds"] for r in runs[m]) for m in methods if m.startswith("torch")),
                      default=None)
-    print(f"\n{size / 1e9:.2f} GB, W={args.world_size}, {'cold' if args.cold else 'warm'}, median of {args.repeat}; "
+    print(f"\n{size / 1e9:.2f} GB, W={args.world_size}, {args.device}, {'cold' if args.cold else 'warm'}, median of {args.repeat}; "
           f"shards CRC-identical across methods")
     print(f"{'method':15s} {'median s':>9s} {'GB/s':>6s} {'vs best torch':>13s} {'rank0 anon':>10s} "
           f"{'rank0 file':>10s} {'node peak':>10s}")
@@ -191,9 +208,10 @@ def main():
         summary[m] = {"median_seconds": med, "gb_per_s": size / med / 1e9, "runs": runs[m]}
         ratio = f"{best_torch / med:.2f}x" if best_torch else "-"
         print(f"{m:15s} {med:9.2f} {size / med / 1e9:6.2f} {ratio:>13s} {pick['rank0_anon'] / 1e9:8.2f}GB "
-              f"{pick['rank0_file'] / 1e9:8.2f}GB {pick['node_anon_file'] / 1e9:8.2f}GB")
-    out = pathlib.Path(args.out or ROOT / "bench" / "results" / f"dcp-load{'-fp8' if args.fp8 else ''}-{args.layers}L{'-cold' if args.cold else ''}.json")
-    out.write_text(json.dumps({"bytes": size, "world_size": args.world_size, "cold": args.cold,
+              f"{pick['rank0_file'] / 1e9:8.2f}GB {pick['node_anon_file'] / 1e9:8.2f}GB"
+              + (f" gpu peak {pick['gpu_peak'] / 1e9:.2f}GB" if args.device == "cuda" else ""))
+    out = pathlib.Path(args.out or ROOT / "bench" / "results" / f"dcp-load{'-fp8' if args.fp8 else ''}-{args.layers}L{'-cuda' if args.device == 'cuda' else ''}{'-cold' if args.cold else ''}.json")
+    out.write_text(json.dumps({"bytes": size, "world_size": args.world_size, "cold": args.cold, "device": args.device,
                                "repeat": args.repeat, "methods": summary}, indent=1))
     print(f"wrote {out}")
 

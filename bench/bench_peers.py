@@ -104,10 +104,10 @@ def meta_model(ckpt):
         return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
 
 
-def shard(model, world):
+def shard(model, world, device="cpu"):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(device, (world,))
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)

@@ -87,6 +87,11 @@ if [ -n "${SHARDCAST_DEB_DIR:-}" ]; then
     dpkg-deb -x "$d" "$sysroot" >>"$log" 2>&1 || die "cannot unpack $d (log: $log)"
   done
   export CMAKE_PREFIX_PATH="$sysroot/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  # Their pkg-config files name /usr (xxhash's include dir, say): the compiler, the linker and the loader
+  # search the unpacked tree too (an H200 image without libxxhash-dev failed on xxhash.h without this).
+  lib=$sysroot/usr/lib/x86_64-linux-gnu
+  export CPATH="$sysroot/usr/include${CPATH:+:$CPATH}" LIBRARY_PATH="$lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   say "unpacked ${#debs[@]} packages from $SHARDCAST_DEB_DIR into $sysroot"
 elif command -v dpkg-query >/dev/null 2>&1; then
   missing=()

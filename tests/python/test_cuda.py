@@ -65,3 +65,23 @@ def test_kept_quantized_fp8_equals_transformers_on_cuda(shardcast_bin, tmp_path)
     t = r["kept_cuda"]
     assert t["bad"] == [] and t["missing"] == [], t
     assert t["devices"] == ["cuda"] and "torch.float8_e4m3fn" in t["dtypes"] and t["verify"] == "ok", t
+
+
+def test_dcp_readers_and_writers_on_cuda_tensors(tiny_checkpoints, tmp_path):
+    """shardcast.dcp behind dcp.load/dcp.save with every tensor on the GPU, over NCCL (one rank per GPU):
+    the FSDP llama and the fp8 keys read through shardcast's readers equal torch's readers' bit for bit,
+    the HF writer's files hold the model's tensors, and a training state (AdamW after a step) saved and read
+    back equals itself. dcp_cuda_worker.py runs the same checks on CPU with its argument `cpu`."""
+    import shutil
+    import ranks
+    from test_dcp_reader import _write_quantized
+    src = tiny_checkpoints("rope-scaled", models=("llama",))
+    shutil.copytree(src / "llama", tmp_path / "llama")
+    _write_quantized(str(tmp_path / "quantized"))
+    world = max(1, torch.cuda.device_count())
+    for rank, r in enumerate(ranks.run("dcp_cuda_worker.py", "cuda", tmp_path, world, tmp_path, timeout=600)):
+        assert "crash" not in r, f"rank {rank}:\n{r['crash']}"
+        assert r["problems"] == [], f"rank {rank}: {r['problems']}"
+        assert r["devices"] == ["cuda"], r
+        assert r["checked"]["fsdp"] > 10 and r["checked"]["quantized"] == 8 and r["checked"]["save"] > 10, r
+        assert r["checked"]["state"] > 20, r

@@ -252,7 +252,10 @@ def _encode_properties(p: TensorProperties, where: str) -> dict:
         raise Unsupported(f"{where}: layout {p.layout} / memory format {p.memory_format} cannot be stored")
     return {"dtype": _name_of(p.dtype, where), "layout": layout, "requires_grad": bool(p.requires_grad),
             "memory_format": memory_format, "pin_memory": bool(p.pin_memory),
-            "strides": None if p.strides is None else list(p.strides)}
+            "strides": None if getattr(p, "strides", None) is None else list(p.strides)}
+
+
+_HAS_STRIDES = "strides" in getattr(TensorProperties, "__dataclass_fields__", {})
 
 
 def _decode_properties(d: Any, where: str) -> TensorProperties:
@@ -261,10 +264,12 @@ def _decode_properties(d: Any, where: str) -> TensorProperties:
     strides = d.get("strides")
     if strides is not None and not (isinstance(strides, list) and all(type(s) is int for s in strides)):
         raise CheckpointError(f"{where}: malformed strides {str(strides)[:80]}")
+    # torch 2.15's TensorProperties has strides, 2.11's has none (an H200 found it): given where it has them
+    more = {"strides": None if strides is None else tuple(strides)} if _HAS_STRIDES else {}
     return TensorProperties(dtype=_dtype_by_name(d.get("dtype"), where), layout=_LAYOUTS[d["layout"]],
                             requires_grad=bool(d.get("requires_grad")),
                             memory_format=_MEMORY_FORMATS[d["memory_format"]], pin_memory=bool(d.get("pin_memory")),
-                            strides=None if strides is None else tuple(strides))
+                            **more)
 
 
 def _encode_entry(fqn: str, md: Any) -> dict:
