@@ -26,7 +26,8 @@ evicted from it (posix_fadvise DONTNEED).
     bench/bench_dcp_load.py [--world-size 4] [--layers 16] [--fp8] [--cold] [--repeat 3] [--methods a,b]
                             [--device cpu|cuda] [--out bench/results/dcp-load.json]
 
-A method may name shardcast's read-ahead per rank: shardcast-dcp@ra=0 (none), shardcast-dcp@ra=64M.
+A method may name shardcast's read-ahead per rank (shardcast-dcp@ra=0: none; @ra=64M) and its reader threads
+(shardcast-dcp@rt=1); settings chain: shardcast-load@rt=4@ra=0.
 """
 import argparse
 import json
@@ -47,7 +48,7 @@ def worker(method, ckpt, out):
     method, *settings = method.split("@")  # shardcast-dcp@ra=0: with SHARDCAST_READAHEAD_BYTES=0
     for setting in settings:
         name, _, value = setting.partition("=")
-        os.environ[{"ra": "SHARDCAST_READAHEAD_BYTES"}[name]] = value
+        os.environ[{"ra": "SHARDCAST_READAHEAD_BYTES", "rt": "SHARDCAST_READ_THREADS"}[name]] = value
     import torch
     import torch.distributed as dist
     device = os.environ.get("BENCH_DEVICE", "cpu")

@@ -1,5 +1,6 @@
 #include "runtime/load.h"
 
+#include <sched.h>
 #include <sys/resource.h>
 
 #include <chrono>
@@ -7,6 +8,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 
 #include "allocators/error.h"
 #include "allocators/lazy_zero.h"
@@ -83,6 +85,14 @@ int ReadersOnNode(const Route& route, const NodeMap& nodes, int me, bool verify)
   return readers;
 }
 
+// The CPUs this process may run on (its affinity mask; the machine's where that cannot be read).
+int CpusOfProcess() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
 }  // namespace
 
 void FailLoad(Communicator& comm, ErrorKind kind, const std::string& problem) {
@@ -131,7 +141,10 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   ctx.source = std::make_shared<FileSource>(std::shared_ptr<const Manifest>(agreed, &a.manifest),
                                             std::shared_ptr<const FileTable>(agreed, &a.files), rq.options.release_pages);
   ctx.sink = sink.get();
-  ctx.readahead_bytes = ReadaheadFor(rq.options, ReadersOnNode(*route, a.nodes, comm.rank(), m.params.verify));
+  const int readers_on_node = ReadersOnNode(*route, a.nodes, comm.rank(), m.params.verify);
+  ctx.readahead_bytes = ReadaheadFor(rq.options, readers_on_node);
+  ctx.read_threads = static_cast<uint32_t>(ReadThreadsFor(rq.options, readers_on_node, CpusOfProcess()));
+  ctx.pin_staging = rq.options.target == Target::kCuda;
   ctx.progress = rq.progress;
 
   t = Clock::now();
@@ -156,6 +169,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   auto above = [](uint64_t v, uint64_t b) { return v > b ? v - b : 0; };
   mine.bytes_received = r.stats.bytes_received, mine.bytes_stored = r.stats.bytes_stored;
   mine.bytes_sent = r.stats.bytes_sent, mine.bytes_read = r.stats.bytes_read, mine.messages = r.stats.messages;
+  mine.read_threads = r.stats.read_threads, mine.pinned_staging = r.stats.pinned_staging;
   mine.seconds = seconds;
   mine.cpu_seconds = CpuSeconds() - cpu0;
   mine.peak_rss_anon = above(peaks.rss_anon, base.rss_anon), mine.peak_rss_file = above(peaks.rss_file, base.rss_file);
@@ -202,6 +216,8 @@ constexpr ReportField<RankReport> kRankFields[] = {
     {"bytes_stored", &RankReport::bytes_stored},
     {"bytes_sent", &RankReport::bytes_sent},
     {"bytes_read", &RankReport::bytes_read},
+    {"read_threads", &RankReport::read_threads},
+    {"pinned_staging_bytes", &RankReport::pinned_staging},
     {"peak_rss_anon_above_baseline", &RankReport::peak_rss_anon},
     {"peak_rss_file_above_baseline", &RankReport::peak_rss_file},
     {"baseline_rss_anon", &RankReport::baseline_rss_anon},

@@ -28,6 +28,7 @@ namespace shardcast {
 struct RankReport {
   int rank = 0;
   uint64_t bytes_received = 0, bytes_stored = 0, bytes_sent = 0, bytes_read = 0, messages = 0;
+  uint64_t read_threads = 0, pinned_staging = 0;  // the stream's readers; its page-locked staging bytes
   double seconds = 0;
   double handshake_seconds = 0, allocate_seconds = 0, stream_seconds = 0, verify_seconds = 0;
   double cpu_seconds = 0;  // the process's CPU time (user + system, every thread) during the load

@@ -1,5 +1,6 @@
 #include "runtime/load_options.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "allocators/error.h"
@@ -38,6 +39,9 @@ const std::vector<OptionInfo>& OptionTable() {
        "slots in the staging ring, 2-64"},
       {Option::kReadaheadBytes, "readahead_bytes", "--readahead-bytes", "SHARDCAST_READAHEAD_BYTES", false,
        "256M a node, split over its reading ranks", "read ahead of the stream, per reading rank; 0 off"},
+      {Option::kReadThreads, "read_threads", "--read-threads", "SHARDCAST_READ_THREADS", false,
+       "the node's cores over its reading ranks, 1-4", "threads reading each rank's bytes, 1-64 (each a whole chunk "
+       "at a time; at most staging_slots)"},
       {Option::kTimeoutMs, "timeout_ms", "--timeout-ms", "SHARDCAST_TIMEOUT_MS", false, "600000",
        "per-collective and store timeout in ms (Python: timeout= in seconds)"},
       {Option::kVerify, "verify", "--verify", "SHARDCAST_VERIFY", true, "0",
@@ -112,6 +116,10 @@ LoadOptions LoadOptionsBuilder::Build() const {
         if (o.staging_slots < kMinStagingSlots) Bad(v.origin, t, "is below 2 staging slots (reading overlaps sending)");
         break;
       case Option::kReadaheadBytes: o.readahead_bytes = ParseBytes(t, v.origin, kMaxReadaheadBytes); break;
+      case Option::kReadThreads:
+        o.read_threads = static_cast<int>(ParseCount(t, v.origin, kMaxReadThreads));
+        if (*o.read_threads < 1) Bad(v.origin, t, "is not a thread count: it must be at least 1");
+        break;
       case Option::kTimeoutMs:
         o.timeout = std::chrono::milliseconds(ParseCount(t, v.origin, kMaxTimeoutMs));
         if (o.timeout.count() == 0) Bad(v.origin, t, "is not a timeout: it must be at least 1 ms");
@@ -127,6 +135,13 @@ LoadOptions LoadOptionsBuilder::Build() const {
 uint64_t ReadaheadFor(const LoadOptions& options, int readers_on_node) {
   if (options.readahead_bytes) return *options.readahead_bytes;
   return readers_on_node > 0 ? kNodeReadaheadBytes / static_cast<uint64_t>(readers_on_node) : 0;
+}
+
+int ReadThreadsFor(const LoadOptions& options, int readers_on_node, int cores_on_node) {
+  const int slots = std::max(1, options.staging_slots);
+  if (options.read_threads) return std::min(*options.read_threads, slots);
+  const int share = readers_on_node > 0 ? cores_on_node / readers_on_node : 1;
+  return std::clamp(share, 1, std::min(kDefaultMaxReadThreads, slots));
 }
 
 LoadOptions LoadOptionsFromEnvironment() { return LoadOptionsBuilder().FromEnvironment().Build(); }

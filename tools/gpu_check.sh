@@ -140,7 +140,7 @@ fi
 # ---- 4. build against this torch ---------------------------------------------------------------------
 say "building in $build (log: $log)"
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root}
-targets=(shardcast _shardcast shardcast_python_package allocators_test runtime_test)
+targets=(shardcast _shardcast shardcast_python_package allocators_test runtime_test core_test)
 # shellcheck disable=SC2086
 if cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DSHARDCAST_PYTHON="$py" -DSHARDCAST_CUDA=ON \
      -DSHARDCAST_BUILD_TESTS=ON -DSHARDCAST_BUILD_BENCH=OFF ${SHARDCAST_CMAKE_ARGS:-} >>"$log" 2>&1 &&
@@ -158,8 +158,9 @@ sc=$build/tools/shardcast
 
 # ---- 5. tests ----------------------------------------------------------------------------------------
 if "$build/tests/allocators_test" --gtest_filter='Pinned.*' >>"$log" 2>&1 &&
-   "$build/tests/runtime_test" --gtest_filter='Materializer.PinnedAndCuda*' >>"$log" 2>&1; then
-  row "C++ CUDA tests (pinned staging, cuda and pinned targets)" ok "allocators_test Pinned.*, runtime_test Materializer"
+   "$build/tests/runtime_test" --gtest_filter='Materializer.PinnedAndCuda*' >>"$log" 2>&1 &&
+   "$build/tests/core_test" --gtest_filter='StagingRing.Pinned*' >>"$log" 2>&1; then
+  row "C++ CUDA tests (pinned staging, cuda and pinned targets)" ok "allocators_test Pinned.*, runtime_test Materializer, core_test StagingRing.Pinned*"
 else
   row "C++ CUDA tests (pinned staging, cuda and pinned targets)" FAILED "see $log"
 fi

@@ -220,7 +220,8 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
          process_group=None, config=None, buffer_init: Optional[Dict[str, BufferInit]] = None,
          chunk_bytes: Optional[Union[int, str]] = None, staging_slots: Optional[int] = None,
          timeout: Optional[float] = None, strict: Optional[bool] = None, progress=None,
-         readahead_bytes: Optional[Union[int, str]] = None, strict_keys: Optional[bool] = None) -> LoadReport:
+         readahead_bytes: Optional[Union[int, str]] = None, strict_keys: Optional[bool] = None,
+         read_threads: Optional[int] = None) -> LoadReport:
     """The call after `fully_shard`: every rank receives only its own rows of every parameter.
 
     `model` is a module whose parameters are DTensors in any layout (FSDP2, HSDP, TP, EP, 2-D and 3-D
@@ -251,7 +252,8 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
     "each-rank", "node-leader" (the first rank of each node reads its node's rows) or "striped" (each
     shard's rows read once, by one of its replicas); chunk_bytes (64 MiB; an int or "64M"); staging_slots (4); timeout seconds (600);
     verify (False); strict (False); readahead_bytes (256M a node, split over its reading ranks: 64M each for
-    each-rank at 4 ranks a node).
+    each-rank at 4 ranks a node); read_threads (threads reading this rank's bytes, each a whole chunk at a
+    time: the node's cores over its reading ranks, 1 to 4 and at most staging_slots).
     `shardcast options` prints the table of them all, with their SHARDCAST_* variables. Rank 0's chunk_bytes, staging_slots and source are used by every
     rank; verify and strict must match on every rank. progress: True for a progress line on rank 0
     (tqdm where installed), False for none, or a callable(done_bytes, total_bytes) called on this rank;
@@ -286,7 +288,8 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
         strict = _deprecated("strict_keys=", "strict=", strict_keys, strict)
         options = _options(source=source, target=target if target not in (None, "pinned") else None, verify=verify,
                            strict_keys=strict, chunk_bytes=chunk_bytes, staging_slots=staging_slots,
-                           readahead_bytes=readahead_bytes, timeout_ms=_timeout_ms(timeout))
+                           readahead_bytes=readahead_bytes, read_threads=read_threads,
+                           timeout_ms=_timeout_ms(timeout))
         progress = _progress(progress, rank)
     except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
         return _fail_load(pg, rank, world, store, _problem(e), mapping)

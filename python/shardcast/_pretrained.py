@@ -277,7 +277,7 @@ def _start_stream(failed: Optional[BaseException], path, config, dtype, mesh, ta
         if why is None:
             options = _options(source=source, target=target, verify=load_kwargs.get("verify"),
                                chunk_bytes=load_kwargs.get("chunk_bytes"), readahead_bytes=load_kwargs.get("readahead_bytes"),
-                               staging_slots=load_kwargs.get("staging_slots"),
+                               read_threads=load_kwargs.get("read_threads"), staging_slots=load_kwargs.get("staging_slots"),
                                timeout_ms=_timeout_ms(load_kwargs.get("timeout")))
             timeout_s = load_timeout_seconds(options) or 600.0
             planned = _stream.plan(path, config, dtype, rank, world)

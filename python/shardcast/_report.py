@@ -62,6 +62,8 @@ class LoadRank(_DictView):
     bytes_sent: int = 0
     bytes_received: int = 0
     bytes_stored: int = 0
+    read_threads: int = 0          # threads that read this rank's bytes (0: it read none)
+    pinned_staging_bytes: int = 0  # page-locked staging (a CUDA target); 0: pageable
     peak_rss_anon_above_baseline: int = 0
     peak_rss_file_above_baseline: int = 0
     verify: str = "off"

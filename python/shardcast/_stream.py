@@ -46,7 +46,8 @@ logger = logging.getLogger("shardcast")
 
 # load's keywords the stream passes on as options; any other one (process_group, progress) takes the
 # sequential path, whose load handles it.
-_OPTIONS = ("verify", "chunk_bytes", "staging_slots", "timeout", "strict", "strict_keys", "readahead_bytes")
+_OPTIONS = ("verify", "chunk_bytes", "staging_slots", "timeout", "strict", "strict_keys", "readahead_bytes",
+            "read_threads")
 # fully_shard's keywords that leave the sharded layout as planned
 _FSDP_KWARGS = ("reshard_after_forward", "mp_policy")
 # checkpoint dtypes that load as the model's floating dtype

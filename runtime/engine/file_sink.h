@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "allocators/scratch_buffer.h"
 #include "runtime/engine/sink.h"
 #include "runtime/stream/source.h"
 

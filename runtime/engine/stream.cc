@@ -8,6 +8,7 @@
 #include <set>
 
 #include "allocators/error.h"
+#include "allocators/scratch_buffer.h"
 #include "runtime/agree/failure.h"
 #include "runtime/agree/fault.h"
 #include "runtime/agree/verdict.h"
@@ -93,7 +94,11 @@ class Engine {
     }() : 0;
     const bool reads = route_.Reads(me_, verify_);
     walk_.emplace(std::make_unique<Schedule>(m_, route_.InterestOf(me_, verify_)), reads ? 3 : 1);
-    if (reads) ring_.emplace(*walk_, kReader, kAhead, c_.source, RingFor());
+    if (reads) {
+      ring_.emplace(*walk_, kReader, kAhead, c_.source, RingFor());
+      r_.stats.read_threads = ring_->readers();
+      r_.stats.pinned_staging = ring_->pinned() ? m_.params.chunk_bytes * slots_ : 0;
+    }
     std::set<int> verifiers;
     uint64_t done = 0;
     while (const std::shared_ptr<const Message> next = walk_->Next(kEngine)) {
@@ -122,6 +127,8 @@ class Engine {
     RingOptions o;
     o.slots = slots_;
     o.readahead_bytes = c_.readahead_bytes;
+    o.readers = c_.read_threads;
+    o.pin_bytes = c_.pin_staging ? m_.params.chunk_bytes : 0;
     o.select = [this](const Message& msg) { return route_.For(msg, me_, verify_).read; };
     // In place: bytes kept here and sent nowhere, each segment read straight into its shard (no
     // staging copy: a batch of small expert matrices lands as it is read). A broadcast needs the

@@ -28,6 +28,8 @@ namespace shardcast {
 
 struct StreamStats {
   uint64_t bytes_read = 0;      // from files
+  uint64_t read_threads = 0;    // the staging ring's reader threads (0: this rank read nothing)
+  uint64_t pinned_staging = 0;  // bytes of page-locked staging (0: pageable, or none asked)
   uint64_t bytes_sent = 0;      // on the wire, from this rank (a broadcast counts once per receiver)
   uint64_t bytes_received = 0;  // on the wire, to this rank
   uint64_t bytes_stored = 0;    // into this rank's sink
@@ -43,6 +45,8 @@ struct StreamContext {
   std::shared_ptr<SegmentSource> source;
   Sink* sink = nullptr;
   uint64_t readahead_bytes = 256ull << 20;
+  uint32_t read_threads = 1;  // the staging ring's readers (staging_ring.h)
+  bool pin_staging = false;   // page-lock the ring's slots (a CUDA target: each slot's copy to the device)
   Progress progress;
 };
 

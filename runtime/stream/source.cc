@@ -5,12 +5,20 @@
 #include <string>
 
 #include "allocators/error.h"
+#include "allocators/scratch_buffer.h"
 #include "runtime/manifest/quant_parts.h"
 
 namespace shardcast {
 namespace {
 
 constexpr uint64_t kReleaseStep = 8ull << 20;
+
+// Conversion scratch (raw bytes before a dtype conversion, a dequantizing format's step): one per thread,
+// since the ring's readers call Read at once. It lives as long as the reader thread.
+ScratchBuffer& Scratch() {
+  thread_local ScratchBuffer scratch;
+  return scratch;
+}
 
 }  // namespace
 
@@ -32,9 +40,9 @@ void FileSource::Read(const Segment& s, unsigned char* out) {
 
 void FileSource::ReadRun(const ManifestEntry& e, const ManifestPart& p, uint64_t first, uint64_t count, bool release,
                          unsigned char* out) {
-  if (p.dequantize) {  // by its format's read, one step of stored bytes and scales in scratch_ at a time
+  if (p.dequantize) {  // by its format's read, one step of stored bytes and scales in scratch at a time
     const ReadRequest r{first, count, e.target_dtype, release};
-    return FormatOf(p).read(PackedOf(p, &files_), r, [this](uint64_t n) { return scratch_.Get(n); }, out);
+    return FormatOf(p).read(PackedOf(p, &files_), r, [](uint64_t n) { return Scratch().Get(n); }, out);
   }
   const uint64_t ss = DTypeSize(p.source_dtype), ts = DTypeSize(e.target_dtype);
   const SafetensorsFile& f = *files_[p.file];
@@ -49,7 +57,7 @@ void FileSource::ReadRun(const ManifestEntry& e, const ManifestPart& p, uint64_t
     if (p.source_dtype == e.target_dtype) {
       f.ReadBytes(offset + done, n, dst, what);
     } else {
-      unsigned char* raw = scratch_.Get(n);
+      unsigned char* raw = Scratch().Get(n);
       f.ReadBytes(offset + done, n, raw, what);
       ConvertElements(p.source_dtype, e.target_dtype, raw, dst, n / ss);
     }

@@ -6,14 +6,14 @@
 //                 the reader, so receivers never see fp8), releasing consumed pages
 //   ShardSource   this rank's local tensors (save): runtime/engine/shard_source.h, the one libtorch source
 //
-// Thread safety: Read and Prefetch are called by the ring's reader thread only.
+// Thread safety: Read and Prefetch are called by the ring's reader threads, several at once (each on its
+// own segments): a source keeps no per-call state of its own (FileSource's scratch is per thread).
 // Failure: Read throws shardcast::Error (kCheckpoint for a truncated or changed file).
 #pragma once
 
 #include <memory>
 #include <vector>
 
-#include "allocators/scratch_buffer.h"
 #include "loaders/safetensors_file.h"
 #include "runtime/stream/schedule.h"
 
@@ -50,7 +50,6 @@ class FileSource : public SegmentSource {
   const Manifest& m_;
   const FileTable& files_;
   bool release_;
-  ScratchBuffer scratch_;
 };
 
 }  // namespace shardcast

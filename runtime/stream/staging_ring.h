@@ -1,23 +1,27 @@
-// runtime/stream/staging_ring: the reader side of a stream. A thread of its own walks the schedule, reads
-// every message this rank reads into the next free slot of a K-slot ring (or each of its segments
-// straight into the sink, when the route keeps the bytes here and nowhere else), and hands the slots
+// runtime/stream/staging_ring: the reader side of a stream. Reader threads of its own walk the schedule,
+// read every message this rank reads into the next free slot of a K-slot ring (or each of its segments
+// straight into the sink, when the route keeps the bytes here and nowhere else), and hand the slots
 // out in schedule order.
 //
 //   schedule:   m0  m1  m2  m3  m4 ...          (only the messages `select` picks)
-//   slots:     [s0][s1][s2][s3]                 message i goes to slot i % K; the reader waits for a
-//                                               slot its consumer has freed, so memory is K x chunk
+//   slots:     [s0][s1][s2][s3]                 message i goes to slot i % K; its reader waits until the
+//                                               consumer freed message i - K, so memory is K x chunk
+//   readers:    R threads claim messages in schedule order, each reads its whole message; with R > 1
+//               several messages are read at once (R <= K), and the consumer still takes them in order
 //   read-ahead:          |<-- readahead_bytes -->|   the kernel is asked to fetch these file ranges now
 //
 // The ring reads through a Source (source.h): checkpoint files for a load, with the one conversion
 // hook and consumed pages released; this rank's shards for a save.
 //
-// Thread safety: Next and Free are called by one consumer thread. Failure: the reader's exception
-// is rethrown by Next; a message not read by Next's deadline is kIo naming the segment the reader is in.
+// Thread safety: Next and Free are called by one consumer thread. The source's Read and Prefetch, and
+// `select` and `in_place`, are called from every reader thread at once when readers > 1. Failure: a
+// reader's exception is rethrown by Next (the other readers stop); a message not read by Next's deadline
+// is kIo naming the segment the slowest reader is in.
 //
-// A reader stuck in the source (a hung mount) is not joined forever: after stopping it, the destructor
-// waits `abandon_after`, then leaves a reader that is inside a source call behind. It then touches only
-// memory it shares with nobody but the ring (its slots and buffers, and the source, which the ring and
-// the reader own together, so a source left behind lives until its call returns) and ends. Known gap: an
+// A reader stuck in the source (a hung mount) is not joined forever: after stopping the readers, the
+// destructor waits `abandon_after`, then leaves those inside a source call behind. They then touch only
+// memory they share with nobody but the ring (its slots and buffers, and the source, which the ring and
+// the readers own together, so a source left behind lives until its call returns) and end. Known gap: an
 // in-place destination (RingOptions::in_place) must outlive that call; the caller's usually does not.
 #pragma once
 
@@ -37,6 +41,13 @@ namespace shardcast {
 
 struct RingOptions {
   uint32_t slots = 4;
+  uint32_t readers = 1;  // reader threads (at most `slots`; 0 counts as 1)
+  // > 0: each slot's staging buffer is made this large and page-locked (cudaHostRegister) when the ring is
+  // made, on the caller's thread, whose CUDA device is the one it loads to, so a copy to the device from a
+  // slot needs no bounce; unpinned by the destructor, on the caller's thread too. Reader threads make no
+  // CUDA call. A larger message is staged in pageable memory beside it. Where pinning is refused (a build
+  // without CUDA, no device, a memlock limit) the slots stay pageable: pinned() says which.
+  uint64_t pin_bytes = 0;
   uint64_t readahead_bytes = 256ull << 20;
   std::function<bool(const Message&)> select;              // the messages this rank reads
   // Whether to read a message in place: fills `at` with each segment's destination and returns true,
@@ -71,24 +82,28 @@ class StagingRing {
   Slot* Next(std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max());
   void Free(Slot* slot);
   uint64_t bytes_read() const;  // source bytes; valid after the last Next
+  bool pinned() const { return pinned_; }  // the slots' staging buffers are page-locked
+  uint32_t readers() const { return static_cast<uint32_t>(threads_.size()); }
 
  private:
-  struct Core;       // staging_ring.cc: what the reader shares with the consumer, owned by both
-  struct Abandoned;  // thrown on the reader when a source call returns to a ring that is gone
-  void Run(const std::shared_ptr<Core>& core);
-  void ReadAll(Core& core);
+  struct Core;       // staging_ring.cc: what the readers share with the consumer, owned by all
+  struct Abandoned;  // thrown on a reader when a source call returns to a ring that is gone
+  void Run(const std::shared_ptr<Core>& core, uint32_t lane);
+  void ReadAll(Core& core, uint32_t lane);
+  std::shared_ptr<const Message> Claim(Core& core, uint32_t lane, uint64_t* index);
   template <typename F>
-  void InSource(Core& core, uint64_t seq, const Segment& g, F&& call);
+  void InSource(Core& core, uint32_t lane, uint64_t seq, const Segment& g, F&& call);
   void Start();
-  void Prefetch(Core& core, std::shared_ptr<const Message>* pending, uint64_t horizon);
+  void Pin();
+  void Prefetch(Core& core, uint32_t lane, uint64_t horizon);
 
   std::unique_ptr<ScheduleWalk> own_walk_;
   ScheduleWalk* walk_;
   int reader_, ahead_;
   RingOptions o_;
   std::shared_ptr<Core> core_;
-  uint64_t prefetched_ = 0;  // reader thread only
-  std::thread thread_;
+  bool pinned_ = false;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace shardcast

@@ -38,6 +38,27 @@ TEST(LoadOptionsBuilder, ReadaheadSplitsANodeBudgetAndAGivenValueWins) {
   EXPECT_EQ(ReadaheadFor(o, 1), 0u);
 }
 
+TEST(LoadOptionsBuilder, ReadThreadsShareTheNodesCoresAndNeverExceedTheSlots) {
+  LoadOptions o = LoadOptionsBuilder().Build();
+  EXPECT_FALSE(o.read_threads.has_value());
+  EXPECT_EQ(ReadThreadsFor(o, 1, 16), 4);  // one GPU rank on a 16-core host: capped at 4
+  EXPECT_EQ(ReadThreadsFor(o, 8, 16), 2);  // eight readers share 16 cores
+  EXPECT_EQ(ReadThreadsFor(o, 4, 2), 1);   // the 2-core VM at W=4: every core already busy
+  EXPECT_EQ(ReadThreadsFor(o, 0, 2), 1);   // no reader on the node: this rank reads nothing
+  o.staging_slots = 2;
+  EXPECT_EQ(ReadThreadsFor(o, 1, 64), 2);  // one slot each
+  Env env;
+  env.Set("SHARDCAST_READ_THREADS", "8");
+  o = LoadOptionsBuilder().FromEnvironment().Build();
+  EXPECT_EQ(ReadThreadsFor(o, 4, 2), 4);  // given: 8, capped by the 4 slots
+  o = LoadOptionsBuilder().Set(Option::kReadThreads, "3", "--read-threads").Set(Option::kStagingSlots, "8", "x").Build();
+  EXPECT_EQ(ReadThreadsFor(o, 4, 2), 3);
+  EXPECT_SC_ERROR(LoadOptionsBuilder().Set(Option::kReadThreads, "0", "--read-threads").Build(),
+                  ErrorKind::kInvalidArgument, "--read-threads", "at least 1");
+  EXPECT_SC_ERROR(LoadOptionsBuilder().Set(Option::kReadThreads, "65", "read_threads=").Build(),
+                  ErrorKind::kInvalidArgument, "read_threads=");
+}
+
 // Regression: SHARDCAST_CHUNK_BYTES=64MiB failed while --chunk-bytes 64MiB worked (two parsers).
 TEST(LoadOptionsBuilder, TheEnvironmentTakesTheSameSizesAsFlags) {
   Env env;

@@ -14,6 +14,7 @@
 #include <map>
 #include <thread>
 
+#include "allocators/pinned.h"
 #include "loaders/synth.h"
 #include "loaders/writer.h"
 #include "tests/loaders/test_util.h"
@@ -75,12 +76,16 @@ class StagingRingTest : public ::testing::Test {
   FileTable files_;
 };
 
+// With one reader, and with three reading several messages at once (the consumer still gets them in order).
 TEST_F(StagingRingTest, EverySelectedMessageInScheduleOrderBitExact) {
+  for (uint32_t readers : {1u, 3u}) {
   for (int world : {1, 3, 4}) {
     for (uint64_t chunk : {uint64_t{64}, uint64_t{4096}}) {
+      SCOPED_TRACE("readers " + std::to_string(readers));
       Manifest m = Make(world, chunk);
       RingOptions o;
-      o.slots = 2;
+      o.slots = readers == 1 ? 2 : 4;
+      o.readers = readers;
       o.readahead_bytes = 1024;
       o.select = [](const Message& msg) { return msg.dest != 1; };  // not rank 1's rows
       StagingRing ring(m, SourceOf(m), o);
@@ -104,17 +109,29 @@ TEST_F(StagingRingTest, EverySelectedMessageInScheduleOrderBitExact) {
       }
       EXPECT_EQ(ring.Next(), nullptr);
       EXPECT_GT(count, 0u);
+      EXPECT_EQ(ring.bytes_read(), [&] {
+        uint64_t n = 0;
+        Schedule all(m);
+        for (Message x; all.Next(&x);) {
+          if (x.dest != 1) for (const Segment& g : x.segments) n += g.source_bytes;
+        }
+        return n;
+      }());
     }
+  }
   }
 }
 
 // Every segment of an in-place message lands in its own place (a batch of small tensors, each in its
 // shard); the other messages are staged, contiguous, as before.
 TEST_F(StagingRingTest, ReadsEachSegmentInPlaceWhereTheConsumerGivesPlaces) {
+  for (uint32_t readers : {1u, 3u}) {
+  SCOPED_TRACE("readers " + std::to_string(readers));
   Manifest m = Make(2, 4096, 4096);  // small entries batched: messages of several segments
   std::map<std::pair<uint64_t, size_t>, std::string> places;  // by (message seq, segment)
   RingOptions o;
   o.slots = 3;
+  o.readers = readers;
   o.select = [](const Message&) { return true; };
   std::mutex mu;
   o.in_place = [&](const Message& msg, std::vector<unsigned char*>* at) {
@@ -158,20 +175,59 @@ TEST_F(StagingRingTest, ReadsEachSegmentInPlaceWhereTheConsumerGivesPlaces) {
   EXPECT_GT(in_place, 0);
   EXPECT_GT(batched_in_place, 0);
   EXPECT_GT(staged, 0);
+  }
+}
+
+// Pinned staging (a CUDA target): the slots are page-locked where this machine can (a GPU machine), else
+// they stay pageable and say so; a message larger than the pinned slot goes through pageable memory
+// beside it. The bytes are the same either way.
+TEST_F(StagingRingTest, PinnedSlotsWhereTheMachineCanAndTheSameBytesEitherWay) {
+  const bool can_pin = [] {
+    try {
+      PinnedBuffer::Allocate(1);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  }();
+  Manifest m = Make(2, 4096);
+  for (uint64_t pin : {uint64_t{4096}, uint64_t{256}}) {  // 256: most messages are larger
+    RingOptions o;
+    o.slots = 3;
+    o.readers = 2;
+    o.pin_bytes = pin;
+    o.select = [](const Message&) { return true; };
+    StagingRing ring(m, SourceOf(m), o);
+    EXPECT_EQ(ring.pinned(), can_pin);
+    uint64_t count = 0;
+    while (StagingRing::Slot* slot = ring.Next()) {
+      uint64_t off = 0;
+      for (const Segment& s : slot->msg.segments) {
+        ASSERT_EQ(std::string(reinterpret_cast<char*>(slot->data) + off, s.target_bytes), Expected(m, s));
+        off += s.target_bytes;
+      }
+      ring.Free(slot);
+      ++count;
+    }
+    EXPECT_GT(count, 3u);
+  }
 }
 
 TEST_F(StagingRingTest, AFileTruncatedWhileOpenIsACheckpointErrorFromNext) {
   Manifest m = Make(1, 64);
   ASSERT_EQ(truncate(ckpt_->file(0).path().c_str(), 200), 0);
-  RingOptions o;
-  o.slots = 2;
-  o.select = [](const Message&) { return true; };
-  StagingRing ring(m, SourceOf(m), o);
-  EXPECT_SC_ERROR(
-      {
-        while (StagingRing::Slot* slot = ring.Next()) ring.Free(slot);
-      },
-      ErrorKind::kCheckpoint, "truncated", "model.safetensors");
+  for (uint32_t readers : {1u, 4u}) {  // with several, the others stop and the ring still ends
+    RingOptions o;
+    o.slots = 4;
+    o.readers = readers;
+    o.select = [](const Message&) { return true; };
+    StagingRing ring(m, SourceOf(m), o);
+    EXPECT_SC_ERROR(
+        {
+          while (StagingRing::Slot* slot = ring.Next()) ring.Free(slot);
+        },
+        ErrorKind::kCheckpoint, "truncated", "model.safetensors");
+  }
 }
 
 // A storage read that never returns until the test writes: a read() of a FIFO nobody else writes to
@@ -202,14 +258,17 @@ class FifoSource : public SegmentSource {
 // and that reader hold, stays alive until the read returns and is destroyed by the reader itself. (Before
 // the source was shared, it was the caller's: gone with the caller's frame while the read still ran.)
 TEST_F(StagingRingTest, AReaderStuckInStorageIsAnIoErrorByTheDeadlineAndTheRingEndsWithoutIt) {
+  for (uint32_t readers : {1u, 2u}) {  // two: both stuck, both left behind, the source freed by the last
+  SCOPED_TRACE("readers " + std::to_string(readers));
   Manifest m = Make(1, 64);
-  const std::string fifo = dir_.path() + "/stuck.fifo";
+  const std::string fifo = dir_.path() + "/stuck" + std::to_string(readers) + ".fifo";
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
   const int fd = open(fifo.c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
   auto trace = std::make_shared<FifoTrace>();
   RingOptions o;
   o.slots = 2;
+  o.readers = readers;
   o.readahead_bytes = 0;
   o.select = [](const Message&) { return true; };
   o.abandon_after = std::chrono::milliseconds(100);
@@ -224,12 +283,13 @@ TEST_F(StagingRingTest, AReaderStuckInStorageIsAnIoErrorByTheDeadlineAndTheRingE
   EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(5));
   EXPECT_FALSE(trace->returned);
   EXPECT_FALSE(trace->destroyed);  // nobody but the reader holds it now, and it is inside it
-  // Let the reader out: it returns into the live source, then drops the last reference.
-  ASSERT_EQ(write(fd, "x", 1), 1);
+  // Let the readers out: they return into the live source, then the last drops the last reference.
+  for (uint32_t r = 0; r < readers; ++r) ASSERT_EQ(write(fd, "x", 1), 1);
   for (int i = 0; i < 500 && !trace->destroyed; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_TRUE(trace->returned);
   EXPECT_TRUE(trace->destroyed);
   close(fd);
+  }
 }
 
 }  // namespace

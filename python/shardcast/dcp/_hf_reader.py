@@ -87,9 +87,9 @@ class HuggingFaceStorageReader(_TorchReader):
     `path`: a Hugging Face checkpoint directory (model.safetensors.index.json and its files, or
     model.safetensors), one .safetensors file, or a directory of the per-rank files torch's
     `HuggingFaceStorageWriter(save_distributed=True)` writes before (or without) its consolidation. `thread_count` is accepted for torch's signature; the
-    engine sizes its own reading. shardcast's options, keyword-only, as in `shardcast.load` (None: the
+    engine sizes its own reading (`read_threads`). shardcast's options, keyword-only, as in `shardcast.load` (None: the
     SHARDCAST_* variable, else the default): `source` ("auto", "each-rank", "rank0", "node-leader",
-    "striped"), `chunk_bytes`, `staging_slots`, `readahead_bytes`, `timeout` (seconds per collective and
+    "striped"), `chunk_bytes`, `staging_slots`, `readahead_bytes`, `read_threads`, `timeout` (seconds per collective and
     per store wait), `verify`; `process_group` (the group `dcp.load` runs over; default: the default
     group).
 
@@ -99,11 +99,13 @@ class HuggingFaceStorageReader(_TorchReader):
 
     def __init__(self, path: Union[str, os.PathLike], thread_count: int = 1, *, source: Optional[str] = None,
                  chunk_bytes: Optional[Union[int, str]] = None, staging_slots: Optional[int] = None,
-                 readahead_bytes: Optional[Union[int, str]] = None, timeout: Optional[float] = None,
+                 readahead_bytes: Optional[Union[int, str]] = None, read_threads: Optional[int] = None,
+                 timeout: Optional[float] = None,
                  verify: Optional[bool] = None, process_group=None) -> None:
         super().__init__(path=os.fspath(path), thread_count=thread_count)
         self._shardcast_options = _options(
             source=source, chunk_bytes=chunk_bytes, staging_slots=staging_slots, readahead_bytes=readahead_bytes,
+            read_threads=read_threads,
             verify=verify, timeout_ms=None if timeout is None else max(1, int(timeout * 1000)))
         self._process_group = process_group
         self._shapes: Dict[str, Tuple[int, ...]] = {}

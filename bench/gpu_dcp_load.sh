@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# bench/gpu_dcp_load.sh: the GPU checks of shardcast.dcp in one device call, inside a deadline.
+#
+#   DEADLINE=540 SHARDCAST_DEB_DIR=.debs bench/gpu_dcp_load.sh OUTDIR
+#
+# On a machine with one NVIDIA GPU and a PyTorch (its python3): builds build-gpu/ against that torch
+# (CUDA on; the Debian packages it lacks unpacked from SHARDCAST_DEB_DIR, see tools/gpu_check.sh), runs the
+# GPU test of shardcast.dcp (tests/python/test_cuda.py -k dcp) and the staging ring's pinned test, then
+# bench/bench_dcp_load.py --device cuda on the 1.91 GB Llama: warm (torch's reader at 1 and 4 threads,
+# shardcast.dcp with its default reader threads and with one, shardcast.load), then cold. Each step is
+# skipped once the deadline (seconds from the start; default 540) is too near. Results: OUTDIR/*.json, *.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+out=${1:?usage: bench/gpu_dcp_load.sh OUTDIR}
+mkdir -p "$out"
+t0=$(date +%s)
+deadline=${DEADLINE:-540}
+left() { echo $((deadline - ($(date +%s) - t0))); }
+at() { echo "== $* at $(($(date +%s) - t0)) s"; }
+export PYTHONUNBUFFERED=1 PATH=/usr/local/cuda/bin:$PATH
+build=$PWD/build-gpu
+if [ -n "${SHARDCAST_DEB_DIR:-}" ]; then
+  sysroot=$build/sysroot lib=$build/sysroot/usr/lib/x86_64-linux-gnu
+  mkdir -p "$sysroot"
+  for d in "$SHARDCAST_DEB_DIR"/*.deb; do dpkg-deb -x "$d" "$sysroot"; done
+  export CMAKE_PREFIX_PATH=$sysroot/usr CPATH=$sysroot/usr/include LIBRARY_PATH=$lib LD_LIBRARY_PATH=$lib
+fi
+{ nvidia-smi -L; grep -c ^processor /proc/cpuinfo; python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"; } 2>&1 | tee "$out/machine.txt"
+gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DSHARDCAST_PYTHON="$(command -v python3)" -DSHARDCAST_CUDA=ON \
+  -DSHARDCAST_BUILD_TESTS=ON -DSHARDCAST_BUILD_BENCH=OFF >"$out/build.log" 2>&1 &&
+  cmake --build "$build" -j"$(grep -c ^processor /proc/cpuinfo)" --target shardcast _shardcast shardcast_python_package core_test \
+    >>"$out/build.log" 2>&1 || { grep -m5 -A8 -E "error|CMake Error" "$out/build.log"; exit 1; }
+at built
+export SHARDCAST_BUILD_DIR=$build PYTHONPATH=$build/python OMP_NUM_THREADS=1
+"$build/tests/core_test" --gtest_filter='StagingRing.*' 2>&1 | tail -3 | tee "$out/ring.txt"
+timeout 120 python3 -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda.py -k dcp 2>&1 | tail -5 | tee "$out/test_dcp_cuda.txt"
+at tested
+bench() {  # bench NAME ARGS...: one bench_dcp_load run, if the deadline leaves room
+  local name=$1 room=$(($(left) - 10))
+  shift
+  ((room > 60)) || { echo "skipped $name: $room s left"; return; }
+  timeout "$room" python3 bench/bench_dcp_load.py --device cuda --world-size 1 --layers 16 --out "$out/$name.json" "$@" 2>&1 |
+    grep -v Warning | tail -9
+  at "$name"
+}
+bench dcp-load-16L-cuda-warm --repeat 3 --methods torch-t1,torch-t4,shardcast-dcp,shardcast-dcp@rt=1,shardcast-load
+bench dcp-load-16L-cuda-cold --repeat 3 --cold --methods torch-t4,shardcast-dcp,shardcast-dcp@rt=1
