@@ -156,9 +156,12 @@ Progress ProgressFrom(py::object progress) {
   return PythonProgress(std::move(progress));
 }
 
-// The problem Python already found on this rank: (kind name, message).
-Error ProblemFrom(py::handle problem) {
-  auto p = Cast<std::pair<std::string, std::string>>(problem, "problem", "(kind name, message)");
+// The problem Python already found on this rank: (kind name, message), or (kind name, message, ranks) for
+// an exchange that timed out waiting for those ranks (`absent`).
+Error ProblemFrom(py::handle problem, std::vector<int>* absent) {
+  auto t = Cast<py::tuple>(problem, "problem", "(kind name, message[, absent ranks])");
+  if (t.size() == 3) *absent = Cast<std::vector<int>>(t[2], "problem", "absent ranks: a list of ints");
+  auto p = Cast<std::pair<std::string, std::string>>(py::make_tuple(t[0], t[1]), "problem", "(kind name, message)");
   return Error(ErrorKindFromName(p.first), "", p.second);
 }
 
@@ -225,12 +228,13 @@ Entries EntriesFrom(py::handle entries, Carried& carried,
 struct Operation {
   c10::intrusive_ptr<c10d::Store> store;
   Carried carried;
+  std::vector<int> absent;  // ranks an exchange before this call timed out waiting for (ProblemFrom)
   Entries in;
   PlanOptions plan_options;
 
   Operation(py::handle store_obj, int rank, int world_size, py::object problem)
       : store(StoreFrom(store_obj, rank, world_size)) {
-    if (!problem.is_none()) carried.Run("problem", [&] { carried.Take(ProblemFrom(problem)); });
+    if (!problem.is_none()) carried.Run("problem", [&] { carried.Take(ProblemFrom(problem, &absent)); });
   }
 
   // The entries (each one's extra field to `extra`) and then their layouts, which name them.
@@ -255,7 +259,7 @@ struct Operation {
       py::gil_scoped_release nogil;
       std::unique_ptr<Communicator> comm =
           world_size == 1 ? CreateLocalCommunicator()
-                          : CreateGlooCommunicatorOnStore(store, rank, world_size, timeout, store_host);
+                          : CreateGlooCommunicatorOnStore(store, rank, world_size, timeout, store_host, absent);
       std::optional<Plan> plan;
       std::optional<RankState> state;
       try {

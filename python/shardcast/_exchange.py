@@ -78,8 +78,10 @@ def _wait(ch, keys, timeout_s: float, what: str, who: Optional[Tuple[str, int]] 
     e = outcome[0]
     if isinstance(e, (TimeoutError, dist.DistStoreError)):  # the store answered: nobody set the keys in time
         late = f" from {_ranks_text(missing)} (died, frozen, or not in the same shardcast operation)" if missing else ""
-        raise CommTimeout(f"{what} did not arrive{late} within {timeout_s:g} s through the store of {ch[2]} "
-                          f"({type(e).__name__}: {_first_line(e)})") from e
+        timeout = CommTimeout(f"{what} did not arrive{late} within {timeout_s:g} s through the store of {ch[2]} "
+                              f"({type(e).__name__}: {_first_line(e)})")
+        timeout.absent_ranks = list(missing)  # the group's vote acts on them at once (binding.cc)
+        raise timeout from e
     # a lost store (DistNetworkError: its server is gone)
     raise CommError(f"{what}: the store of {ch[2]} stopped answering ({type(e).__name__}: "
                     f"{_first_line(e)})") from e

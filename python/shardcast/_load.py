@@ -133,7 +133,8 @@ def _stderr_is_a_terminal() -> bool:
 
 class _Problem(tuple):
     """(kind, message) of a failure on this rank, as the binding takes it, with the exception itself as
-    `cause`: the verdict raised on this rank chains it (`raise verdict from cause`)."""
+    `cause`: the verdict raised on this rank chains it (`raise verdict from cause`). A CommTimeout of an
+    exchange that named the ranks which never came adds them: (kind, message, [ranks])."""
     cause: Optional[BaseException] = None
 
 
@@ -146,7 +147,8 @@ def _problem(e: BaseException) -> Tuple[str, str]:
         kind, message = type(e).__name__, str(e)
     else:
         kind, message = _comm_kind(e) or "InternalError", f"{type(e).__name__}: {e}"
-    problem = _Problem((kind, message))
+    absent = getattr(e, "absent_ranks", None)
+    problem = _Problem((kind, message, list(absent)) if absent else (kind, message))
     problem.cause = e
     return problem
 

@@ -332,21 +332,32 @@ std::string FreshToken() {
 }
 
 // The ranks that never came to the vote: "rank 2", "ranks 2, 5"; empty when every rank came.
-std::string Absent(c10d::Store& store, int world_size) {
+// The ranks that appended themselves to "group/who".
+std::vector<bool> Came(c10d::Store& store, int world_size) {
   const std::vector<uint8_t> v = store.check({"group/who"}) ? store.get("group/who") : std::vector<uint8_t>{};
   std::vector<bool> came(world_size, false);
   std::istringstream in(std::string(v.begin(), v.end()));
   for (int r; in >> r;) {
     if (r >= 0 && r < world_size) came[r] = true;
   }
+  return came;
+}
+
+// "rank 2", "ranks 2, 5", "ranks 0, 1, ... (12 ranks)"; "" for none.
+std::string RanksText(const std::vector<int>& ranks) {
+  std::string text;
+  for (size_t i = 0; i < ranks.size() && i < 8; ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
+  if (ranks.size() > 8) text += ", ... (" + std::to_string(ranks.size()) + " ranks)";
+  return ranks.empty() ? "" : (ranks.size() == 1 ? "rank " : "ranks ") + text;
+}
+
+std::string Absent(c10d::Store& store, int world_size) {
+  const std::vector<bool> came = Came(store, world_size);
   std::vector<int> missing;
   for (int r = 0; r < world_size; ++r) {
     if (!came[r]) missing.push_back(r);
   }
-  std::string text;
-  for (size_t i = 0; i < missing.size() && i < 8; ++i) text += (i ? ", " : "") + std::to_string(missing[i]);
-  if (missing.size() > 8) text += ", ... (" + std::to_string(missing.size()) + " ranks)";
-  return missing.empty() ? "" : (missing.size() == 1 ? "rank " : "ranks ") + text;
+  return RanksText(missing);
 }
 
 // Whether every rank still holds the kept group `mine` names, agreed over the operation's own store so
@@ -359,8 +370,25 @@ std::string Absent(c10d::Store& store, int world_size) {
 // came>". Every rank acts on what the key holds, so a rank arriving after the timeout, or one whose wait
 // timed out just as the decision came, never goes on alone: all raise the same CommTimeout, or none does.
 // A store whose host is frozen never answers at all: the caller's deadline bounds that.
+// Of `absent` (ranks this one already waited for), those that have not come to this vote, as text ("rank
+// 2", "ranks 2, 5"); "" when one of them has come (it was late, not gone: the vote waits as usual), when
+// there are none, or when the store cannot say who came.
+std::string StillAbsent(c10d::Store& store, const std::vector<int>& absent, int world_size) {
+  if (absent.empty()) return "";
+  std::vector<bool> came;
+  try {
+    came = Came(store, world_size);
+  } catch (const c10::Error&) {
+    return "";
+  }
+  for (int r : absent) {
+    if (r < 0 || r >= world_size || came[r]) return "";
+  }
+  return RanksText(absent);
+}
+
 std::string AgreeOnGroup(c10d::Store& store, const std::string& mine, int rank, int world_size,
-                         std::chrono::milliseconds timeout) {
+                         std::chrono::milliseconds timeout, const std::vector<int>& absent) {
   auto bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
   auto first = [&](const std::string& value) {  // the decision's one value: this one, or the one before it
     const std::vector<uint8_t> now = store.compareSet("group/decision", {}, bytes(value));
@@ -379,6 +407,10 @@ std::string AgreeOnGroup(c10d::Store& store, const std::string& mine, int rank, 
   std::string decided;
   if (store.add("group/arrived", 1) == world_size) {
     decided = first(store.add("group/differ", 0) == 0 ? "reuse " + mine : "new " + FreshToken());
+  } else if (const std::string gone = StillAbsent(store, absent, world_size); !gone.empty()) {
+    // Already waited for in this operation, and still not here: the outcome is known, the wait is not
+    // repeated. Every rank acts on the one decision, one that comes later too.
+    decided = first("absent " + gone + " did not, nor to an earlier exchange of this operation");
   } else {
     try {
       store.wait({"group/decision"}, timeout);
@@ -407,13 +439,13 @@ struct AgreedGroup {
 
 std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c10d::Store> store, int rank,
                                                             int world_size, std::chrono::milliseconds timeout,
-                                                            std::string store_host) {
+                                                            std::string store_host, std::vector<int> absent) {
   IgnoreBrokenPipes();
   const char* env_addr = std::getenv("MASTER_ADDR");
   const std::string master_addr = env_addr ? env_addr : "";
   std::optional<KeptGroup> kept = TakeKept(store, rank, world_size, timeout);
-  std::function<AgreedGroup()> make = [store, rank, world_size, timeout, master_addr, kept]() -> AgreedGroup {
-    const std::string decided = AgreeOnGroup(*store, kept ? kept->token : "", rank, world_size, timeout);
+  std::function<AgreedGroup()> make = [store, rank, world_size, timeout, master_addr, kept, absent]() -> AgreedGroup {
+    const std::string decided = AgreeOnGroup(*store, kept ? kept->token : "", rank, world_size, timeout, absent);
     if (decided.rfind("reuse ", 0) == 0) return {kept->backend, kept->token};
     return {GlooGroup(store, rank, world_size, timeout, master_addr), decided.substr(decided.find(' ') + 1)};
   };

@@ -28,10 +28,13 @@ std::unique_ptr<Communicator> WrapC10dBackend(c10::intrusive_ptr<c10d::Backend> 
 // is made, is a CommTimeout naming `store_host` after RendezvousDeadline(timeout). GLOO_SOCKET_IFNAME picks the interface; a loopback MASTER_ADDR,
 // loopback. Where every rank still holds the group the previous operation over the same store left
 // (KeepGlooGroup: it ended well on every rank, with this rank, world size and timeout), the ranks agree
-// over `store` to use it again instead of making one.
+// over `store` to use it again instead of making one. `absent`: ranks this rank already waited `timeout`
+// for in this operation (an exchange before it timed out naming them); where none of them has come to
+// the group's vote, this rank decides it at once ("absent <ranks>": the same CommTimeout on every rank)
+// instead of waiting a second timeout.
 std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c10d::Store> store, int rank,
                                                             int world_size, std::chrono::milliseconds timeout,
-                                                            std::string store_host);
+                                                            std::string store_host, std::vector<int> absent = {});
 
 // After an operation that ended well on this rank: its Gloo group (one CreateGlooCommunicatorOnStore
 // made, and not aborted) is kept for the next operation over the same caller's store. Anything else is

@@ -74,8 +74,9 @@ def test_a_rank_frozen_between_two_operations_on_a_kept_group_is_one_timeout_nam
         assert r["first"] == {"ok": True, "group": "new"}, (rank, r)
         assert r["error"] is not None, f"rank {rank} loaded although rank 2 was frozen: {r}"
         assert r["error"]["class"] == "CommTimeout" and "rank 2" in r["error"]["message"], (rank, r)
-        # Two waits of the 5 s timeout at most (the mapping's exchange of boxes, then the group's vote).
-        assert r["seconds"] < 15, f"rank {rank} took {r['seconds']:.1f} s with a 5 s timeout: {r}"
+        # One wait of the 5 s timeout: the mapping's exchange of boxes. The group's vote does not wait for
+        # rank 2 again: the ranks that already waited for it decide the vote at once (it took two waits).
+        assert r["seconds"] < 9.5, f"rank {rank} took {r['seconds']:.1f} s with a 5 s timeout: {r}"
     # The same cause on both, each naming itself first ("rank 0: ...", "rank 1: ...").
     causes = [results[r]["error"]["message"].split(": ", 1)[1] for r in (0, 1)]
-    assert causes[0] == causes[1] and "(rank 2 did not)" in causes[0], results[:2]
+    assert causes[0] == causes[1] and "(rank 2 did not" in causes[0], results[:2]
