@@ -27,14 +27,15 @@ _PREFIX = "shardcast/exchange/"
 
 
 def channel(pg, store):
-    """(store, name, who serves the store) for the exchanges of a load over `pg`, whose own store is `store`
-    (the default store for the default group; c10d keeps one per group). None where torch.distributed is
-    not running."""
+    """(store, name, who serves the store, this load's state) for the exchanges of a load over `pg`, whose own
+    store is `store` (the default store for the default group; c10d keeps one per group). None where
+    torch.distributed is not running. Make one per load: once its store stalled, the load's later
+    exchanges fail at once instead of each waiting out the timeout again."""
     if pg is None:
         return None
     import torch.distributed as dist
     from ._group import _store_host
-    return store, dist.distributed_c10d._get_process_group_name(pg), _store_host(store)
+    return store, dist.distributed_c10d._get_process_group_name(pg), _store_host(store), {}
 
 
 def _next(ch) -> int:
@@ -45,36 +46,49 @@ def _key(n: int, rank: Union[int, str] = 0) -> str:
     return f"{_PREFIX}{n}/{rank}"
 
 
-def _wait(ch, keys, timeout_s: float, what: str, who: Optional[Tuple[str, int]] = None) -> None:
-    """Waits for `keys` in the channel's store: a CommTimeout naming who serves the store when they do not
-    arrive within timeout_s (and, with who = (key, world), the ranks missing from that key, which every
-    rank that came appended itself to), a CommError when the store itself is lost.
+def _through_store(ch, body: Callable[[Any], Any], timeout_s: float, what: str,
+                   who: Optional[Tuple[str, int]] = None) -> Any:
+    """body(store): one exchange's store calls (set, append, wait, get), under one deadline. A CommTimeout
+    naming who serves the store when its keys do not arrive within timeout_s (and, with who = (key, world),
+    the ranks missing from that key, which every rank that came appended itself to; they are the
+    exception's `absent_ranks`), a CommError when the store itself is lost.
 
-    The wait runs on a thread of its own and this one gives up at the deadline: a TCPStore whose server is
-    frozen (its rank stopped, not dead) never answers the cancel that ends a timed-out `wait`, so the
-    store's own timeout alone would block this rank for ever. The abandoned thread stays blocked on that
-    store; the job has lost the rank that serves it anyway."""
+    The calls run on a thread of its own and this one gives up at the deadline: a TCPStore whose server is
+    frozen (its rank stopped, not dead) never answers, neither a `set` nor the cancel that ends a timed-out
+    `wait`, so the store's own timeouts alone would block this rank for ever. The abandoned thread stays
+    blocked on that store; the job has lost the rank that serves it anyway, and the load's later exchanges
+    fail at once."""
     from ._shardcast import CommError, CommTimeout
     import torch.distributed as dist
+    state = ch[3]
+    if "stalled" in state:
+        stalled = CommTimeout(f"{what}: the store of {ch[2]} stopped answering earlier in this load "
+                              f"({state['stalled']})")
+        stalled.store_stalled = True
+        raise stalled
     outcome: List[BaseException] = []
+    result: List[Any] = []
     missing: List[int] = []
 
-    def wait() -> None:
+    def run() -> None:
         try:
-            ch[0].wait(keys, datetime.timedelta(seconds=timeout_s))
+            result.append(body(ch[0]))
         except BaseException as e:  # noqa: BLE001 -- handed to the waiting thread
             if who is not None and isinstance(e, (TimeoutError, dist.DistStoreError)):
                 missing.extend(_absent(ch[0], *who))
             outcome.append(e)
 
-    waiter = threading.Thread(target=wait, name="shardcast-store-wait", daemon=True)
+    waiter = threading.Thread(target=run, name="shardcast-store-wait", daemon=True)
     waiter.start()
     waiter.join(timeout_s + 1.0)
     if waiter.is_alive():
-        raise CommTimeout(f"{what} did not arrive within {timeout_s:g} s through the store of {ch[2]}, and the "
-                          f"store does not answer (its server stalled)")
+        state["stalled"] = f"{what} got no answer within {timeout_s:g} s"
+        stalled = CommTimeout(f"{what} did not arrive within {timeout_s:g} s through the store of {ch[2]}, and "
+                              f"the store does not answer (its server stalled)")
+        stalled.store_stalled = True  # nothing left to agree through (_load._agreed)
+        raise stalled
     if not outcome:
-        return
+        return result[0]
     e = outcome[0]
     if isinstance(e, (TimeoutError, dist.DistStoreError)):  # the store answered: nobody set the keys in time
         late = f" from {_ranks_text(missing)} (died, frozen, or not in the same shardcast operation)" if missing else ""
@@ -125,19 +139,24 @@ def computed_on_rank0(ch, rank: int, world: int, compute: Callable[[], Any], tim
     hears nothing within timeout_s raises CommTimeout naming the store's host."""
     if world == 1 or ch is None:
         return compute()
-    store, n = ch[0], _next(ch)
+    n = _next(ch)
     key = _key(n)
+    what = "rank 0's reading of the checkpoint's keys"
     if rank == 0:
-        _forget(store, n, world)
+        _through_store(ch, lambda store: _forget(store, n, world), timeout_s, what)
         try:
             value = compute()
         except BaseException:
-            store.set(key, json.dumps(["failed", None]))
+            _through_store(ch, lambda store: store.set(key, json.dumps(["failed", None])), timeout_s, what)
             raise
-        store.set(key, json.dumps(["ok", value]))
+        _through_store(ch, lambda store: store.set(key, json.dumps(["ok", value])), timeout_s, what)
         return value
-    _wait(ch, [key], timeout_s, "rank 0's reading of the checkpoint's keys")
-    status, value = json.loads(store.get(key))
+
+    def fetch(store):
+        store.wait([key], datetime.timedelta(seconds=timeout_s))
+        return json.loads(store.get(key))
+
+    status, value = _through_store(ch, fetch, timeout_s, what)
     return value if status == "ok" else None
 
 
@@ -145,14 +164,18 @@ def gathered(ch, rank: int, world: int, value: Any, timeout_s: float, what: str 
     """Every rank's `value` (JSON), in rank order, on every rank."""
     if world == 1 or ch is None:
         return [value]
-    store, n = ch[0], _next(ch)
-    if rank == 0:
-        _forget(store, n, world)
-    store.set(_key(n, rank), json.dumps(value))
-    try:  # who came, for the error when someone does not; a store that cannot append only says less
-        store.append(_key(n, "who"), f"{rank} ")
-    except Exception:  # noqa: BLE001
-        pass
+    n = _next(ch)
     keys = [_key(n, r) for r in range(world)]
-    _wait(ch, keys, timeout_s, what, who=(_key(n, "who"), world))
-    return [json.loads(store.get(k)) for k in keys]
+
+    def exchange(store):
+        if rank == 0:
+            _forget(store, n, world)
+        store.set(_key(n, rank), json.dumps(value))
+        try:  # who came, for the error when someone does not; a store that cannot append only says less
+            store.append(_key(n, "who"), f"{rank} ")
+        except Exception:  # noqa: BLE001
+            pass
+        store.wait(keys, datetime.timedelta(seconds=timeout_s))
+        return [json.loads(store.get(k)) for k in keys]
+
+    return _through_store(ch, exchange, timeout_s, what, who=(_key(n, "who"), world))

@@ -166,7 +166,12 @@ def _comm_kind(e: BaseException) -> Optional[str]:
 
 def _agreed(problem, call):
     """call() (the agreement and what follows), whose verdict on this rank chains this rank's own exception
-    where it had one, so its traceback is not lost at the binding."""
+    where it had one, so its traceback is not lost at the binding. Where this rank's problem is a store that
+    stopped answering, there is nothing to agree through: it is raised at once, as every rank on that store
+    raises it (the agreement would only wait out the rendezvous deadline, 1.25 x the timeout, first)."""
+    cause = getattr(problem, "cause", None)
+    if cause is not None and getattr(cause, "store_stalled", False):
+        raise cause
     try:
         return call()
     except ShardcastError as verdict:

@@ -16,6 +16,8 @@ group kept.
 MODE frozen: world 3; one load keeps its group, then rank 2 freezes (SIGSTOP) before the next. Ranks 0 and
 1 start that load on the kept group: each must raise the same CommTimeout naming rank 2 within the load's
 5 s timeout and a few seconds, never wait on the group's vote or on a frozen peer's socket for good.
+MODE frozen0: the same with rank 0 frozen, the rank whose process serves the store: ranks 1 and 2 must
+each raise a CommTimeout naming the store's host, within a few timeouts, never hang on the store.
 """
 import signal
 import time
@@ -154,7 +156,7 @@ def kept(root, rank, world):
     return {"steps": steps}
 
 
-def frozen(root, rank, world):
+def frozen(root, rank, world, who=2):
     path = os.path.join(root, "model.safetensors")
     from safetensors.torch import load_file
     ref = load_file(path)["w"]
@@ -162,7 +164,8 @@ def frozen(root, rank, world):
     local = torch.empty(e - b, ref.shape[1])
     shardcast.load({"w": (local, b, e)}, path, timeout=5)
     first = {"ok": torch.equal(local, ref[b:e]), "group": decision_of_last_operation()}
-    if rank == 2:
+    dist.barrier()  # every rank read the store before one freezes (rank 0 serves it)
+    if rank == who:
         os.kill(os.getpid(), signal.SIGSTOP)  # the test kills it once the others are done
     start = time.monotonic()
     try:
@@ -177,8 +180,8 @@ def main():
     mode, root, out = sys.argv[1:4]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
-    if mode == "frozen":  # no barrier nor teardown with a frozen peer: the result, then out
-        result = frozen(root, rank, world)
+    if mode in ("frozen", "frozen0"):  # no barrier nor teardown with a frozen peer: the result, then out
+        result = frozen(root, rank, world, 0 if mode == "frozen0" else 2)
         with open(f"{out}.{rank}", "w") as f:
             json.dump(result, f)
         deadline = time.monotonic() + 30  # rank 0 hosts the store: it stays until rank 1 is done with it

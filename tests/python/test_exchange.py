@@ -11,7 +11,7 @@ from shardcast._shardcast import CommTimeout
 
 def _channel(name):
     store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10))
-    return store, (store, name, "the test's store")
+    return store, (store, name, "the test's store", {})
 
 
 # Ranks 0 and 1 of 4 come (rank 1's value and its word are set as gathered would set them); ranks 2

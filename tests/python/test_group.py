@@ -80,3 +80,22 @@ def test_a_rank_frozen_between_two_operations_on_a_kept_group_is_one_timeout_nam
     # The same cause on both, each naming itself first ("rank 0: ...", "rank 1: ...").
     causes = [results[r]["error"]["message"].split(": ", 1)[1] for r in (0, 1)]
     assert causes[0] == causes[1] and "(rank 2 did not" in causes[0], results[:2]
+
+
+# Rank 0 frozen between two operations: it serves the store, so every exchange and the group's vote wait
+# on a store that never answers. The others must end on their own, naming it. (They hung: an exchange's
+# store.set ran with no deadline of its own, and a TCPStore whose server is stopped never answers.)
+def test_rank_0_frozen_between_two_operations_ends_the_others_naming_the_store_host(tmp_path):
+    torch.manual_seed(0)
+    save_file({"w": torch.randn(1000, 8)}, str(tmp_path / "model.safetensors"))
+    results = ranks.run("group_worker.py", "frozen0", tmp_path, 3, tmp_path, timeout=120, allow_fail=True,
+                        faulted=(0,))
+    for rank in (1, 2):
+        r = results[rank]
+        assert r is not None, f"rank {rank} wrote no result"
+        assert r["first"] == {"ok": True, "group": "new"}, (rank, r)
+        assert r["error"] is not None and r["error"]["class"] == "CommTimeout", (rank, r)
+        assert "store of rank 0" in r["error"]["message"] and "does not answer" in r["error"]["message"], (rank, r)
+        # One wait of the 5 s timeout (+1 s for the store call itself); the agreement does not wait again on
+        # a store known to be stalled.
+        assert r["seconds"] < 11, f"rank {rank} took {r['seconds']:.1f} s with a 5 s timeout: {r}"

@@ -4,7 +4,7 @@ every rank when it fails: the one exchange DCP's metadata step needs before DCP'
 DCP calls `read_metadata` on every rank at once (inside its plan step), so rank 0 reads the checkpoint's
 headers and the others wait for the result on the group's store with the operation's timeout. A rank
 that hears nothing raises CommTimeout naming the store's host, and a lost store CommError; it never waits
-for ever, not even on a frozen rank 0 (shardcast._exchange._wait).
+for ever, not even on a frozen rank 0 (shardcast._exchange._through_store).
 
 Callers also ask rank 0 alone: transformers' consolidate_distributed_checkpoint calls read_metadata on one
 rank, and `dcp.load(..., no_dist=True)` runs on one. So an exchange is not numbered per group, where such a
@@ -18,12 +18,13 @@ up to the timeout.)
 """
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 from typing import Any, Callable, Dict, Tuple
 
 from .. import _shardcast
-from .._exchange import _wait, channel
+from .._exchange import _through_store, channel
 from .._group import _group
 
 _CALLS: Dict[Tuple[str, str], int] = {}  # (group, topic) -> this process's calls on it so far
@@ -65,8 +66,11 @@ def on_rank0(process_group, compute: Callable[[], Any], timeout_s: float, what: 
         if error is not None:
             raise error
         return reply[1]
-    _wait(channel(pg, store), [f"{base}/done/{n}"], timeout_s, f"rank {rank}: {what} from rank 0")
-    reply = json.loads(store.get(f"{base}/latest"))
+    def fetch(s):
+        s.wait([f"{base}/done/{n}"], datetime.timedelta(seconds=timeout_s))
+        return json.loads(s.get(f"{base}/latest"))
+
+    reply = _through_store(channel(pg, store), fetch, timeout_s, f"rank {rank}: {what} from rank 0")
     if reply[0] == "ok":
         return reply[1]
     _raise(reply[1], reply[2])
