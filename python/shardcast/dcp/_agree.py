@@ -61,8 +61,11 @@ def on_rank0(process_group, compute: Callable[[], Any], timeout_s: float, what: 
             reply = ["failed", "InternalError", f"{what} on rank 0: {type(e).__name__}: {e}"]
             error = _shardcast.InternalError(reply[2])
             error.__cause__ = e
-        store.set(f"{base}/latest", json.dumps(reply))  # the answer first, then its generation
-        store.set(f"{base}/done/{n}", "1")
+        def publish(s):  # the answer first, then its generation; under a deadline, as every store call here
+            s.set(f"{base}/latest", json.dumps(reply))
+            s.set(f"{base}/done/{n}", "1")
+
+        _through_store(channel(pg, store), publish, timeout_s, f"rank 0: {what}, told to the others")
         if error is not None:
             raise error
         return reply[1]
