@@ -61,40 +61,41 @@ def test_the_gloo_group_is_kept_between_operations_only_where_every_rank_holds_i
         assert sub == [{"what": "subgroup", "ok": True, "error": None, "group": "new"}], (rank, sub)
 
 
+def frozen_survivors(tmp_path, mode, frozen):
+    """The survivors' results of group_worker's `mode` (W=3, rank `frozen` SIGSTOPped after a first load
+    that made a new group), each checked for a CommTimeout."""
+    torch.manual_seed(0)
+    save_file({"w": torch.randn(1000, 8)}, str(tmp_path / "model.safetensors"))
+    results = ranks.run("group_worker.py", mode, tmp_path, 3, tmp_path, timeout=120, allow_fail=True,
+                        faulted=(frozen,))
+    survivors = {rank: results[rank] for rank in range(3) if rank != frozen}
+    for rank, r in survivors.items():
+        assert r is not None, f"rank {rank} wrote no result"
+        assert r["first"] == {"ok": True, "group": "new"}, (rank, r)
+        assert r["error"] is not None, f"rank {rank} loaded although rank {frozen} was frozen: {r}"
+        assert r["error"]["class"] == "CommTimeout", (rank, r)
+    return survivors
+
+
 # A rank frozen between two operations that would share the kept group: the others start the next
 # operation's vote on the kept group and must not wait on it (or on the frozen rank's sockets) for good.
 def test_a_rank_frozen_between_two_operations_on_a_kept_group_is_one_timeout_naming_it(tmp_path):
-    torch.manual_seed(0)
-    save_file({"w": torch.randn(1000, 8)}, str(tmp_path / "model.safetensors"))
-    results = ranks.run("group_worker.py", "frozen", tmp_path, 3, tmp_path, timeout=120, allow_fail=True,
-                        faulted=(2,))
-    for rank in (0, 1):
-        r = results[rank]
-        assert r is not None, f"rank {rank} wrote no result"
-        assert r["first"] == {"ok": True, "group": "new"}, (rank, r)
-        assert r["error"] is not None, f"rank {rank} loaded although rank 2 was frozen: {r}"
-        assert r["error"]["class"] == "CommTimeout" and "rank 2" in r["error"]["message"], (rank, r)
+    survivors = frozen_survivors(tmp_path, "frozen", 2)
+    for rank, r in survivors.items():
+        assert "rank 2" in r["error"]["message"], (rank, r)
         # One wait of the 5 s timeout: the mapping's exchange of boxes. The group's vote does not wait for
         # rank 2 again: the ranks that already waited for it decide the vote at once (it took two waits).
         assert r["seconds"] < 9.5, f"rank {rank} took {r['seconds']:.1f} s with a 5 s timeout: {r}"
     # The same cause on both, each naming itself first ("rank 0: ...", "rank 1: ...").
-    causes = [results[r]["error"]["message"].split(": ", 1)[1] for r in (0, 1)]
-    assert causes[0] == causes[1] and "(rank 2 did not" in causes[0], results[:2]
+    causes = [r["error"]["message"].split(": ", 1)[1] for r in survivors.values()]
+    assert causes[0] == causes[1] and "(rank 2 did not" in causes[0], survivors
 
 
 # Rank 0 frozen between two operations: it serves the store, so every exchange and the group's vote wait
 # on a store that never answers. The others must end on their own, naming it. (They hung: an exchange's
 # store.set ran with no deadline of its own, and a TCPStore whose server is stopped never answers.)
 def test_rank_0_frozen_between_two_operations_ends_the_others_naming_the_store_host(tmp_path):
-    torch.manual_seed(0)
-    save_file({"w": torch.randn(1000, 8)}, str(tmp_path / "model.safetensors"))
-    results = ranks.run("group_worker.py", "frozen0", tmp_path, 3, tmp_path, timeout=120, allow_fail=True,
-                        faulted=(0,))
-    for rank in (1, 2):
-        r = results[rank]
-        assert r is not None, f"rank {rank} wrote no result"
-        assert r["first"] == {"ok": True, "group": "new"}, (rank, r)
-        assert r["error"] is not None and r["error"]["class"] == "CommTimeout", (rank, r)
+    for rank, r in frozen_survivors(tmp_path, "frozen0", 0).items():
         assert "store of rank 0" in r["error"]["message"] and "does not answer" in r["error"]["message"], (rank, r)
         # One wait of the 5 s timeout (+1 s for the store call itself); the agreement does not wait again on
         # a store known to be stalled.
