@@ -40,8 +40,8 @@ const std::vector<OptionInfo>& OptionTable() {
       {Option::kReadaheadBytes, "readahead_bytes", "--readahead-bytes", "SHARDCAST_READAHEAD_BYTES", false,
        "256M a node, split over its reading ranks", "read ahead of the stream, per reading rank; 0 off"},
       {Option::kReadThreads, "read_threads", "--read-threads", "SHARDCAST_READ_THREADS", false,
-       "the node's cores over its reading ranks, 1-4", "threads reading each rank's bytes, 1-64 (each a whole chunk "
-       "at a time; at most staging_slots)"},
+       "the rank's share of the CPUs, 1-4", "threads that fill and read each rank's shards in a load, 1-64 (each "
+       "reads a whole chunk at a time; at most staging_slots)"},
       {Option::kTimeoutMs, "timeout_ms", "--timeout-ms", "SHARDCAST_TIMEOUT_MS", false, "600000",
        "per-collective and store timeout in ms (Python: timeout= in seconds)"},
       {Option::kVerify, "verify", "--verify", "SHARDCAST_VERIFY", true, "0",
@@ -137,10 +137,10 @@ uint64_t ReadaheadFor(const LoadOptions& options, int readers_on_node) {
   return readers_on_node > 0 ? kNodeReadaheadBytes / static_cast<uint64_t>(readers_on_node) : 0;
 }
 
-int ReadThreadsFor(const LoadOptions& options, int readers_on_node, int cores_on_node) {
+int ReadThreadsFor(const LoadOptions& options, int readers_on_node, int cores) {
   const int slots = std::max(1, options.staging_slots);
   if (options.read_threads) return std::min(*options.read_threads, slots);
-  const int share = readers_on_node > 0 ? cores_on_node / readers_on_node : 1;
+  const int share = readers_on_node > 0 ? cores / readers_on_node : 1;
   return std::clamp(share, 1, std::min(kDefaultMaxReadThreads, slots));
 }
 

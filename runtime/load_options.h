@@ -65,13 +65,14 @@ struct LoadOptions {
 inline constexpr uint64_t kNodeReadaheadBytes = 256ull << 20;
 uint64_t ReadaheadFor(const LoadOptions& options, int readers_on_node);
 
-// The reader threads of one reading rank: the option where it was given; else the node's cores shared by
-// its `readers_on_node` reading ranks, 1 to kDefaultMaxReadThreads, and never more than the staging slots
+// The reader threads of one reading rank: the option where it was given; else `cores` shared by the node's
+// `readers_on_node` reading ranks (load.cc passes a bound rank's own CPUs with 1), 1 to
+// kDefaultMaxReadThreads, and never more than the staging slots
 // (each thread reads a whole chunk into a slot of its own). One thread `pread`s at about 5 GB/s from the
 // page cache on the GPU hosts measured (bench/RESULTS.md), below a host-to-device copy; on a node whose
 // ranks already fill its cores, one thread each.
 inline constexpr int kDefaultMaxReadThreads = 4;
-int ReadThreadsFor(const LoadOptions& options, int readers_on_node, int cores_on_node);
+int ReadThreadsFor(const LoadOptions& options, int readers_on_node, int cores);
 
 // Bounds every builder enforces (and names in its errors).
 inline constexpr uint64_t kMinChunkBytes = 4096;

@@ -20,10 +20,19 @@ import datetime
 import itertools
 import json
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 _CALLS: Dict[str, "itertools.count[int]"] = {}  # per group: its ranks make the same exchanges, in order
 _PREFIX = "shardcast/exchange/"
+# Beyond an exchange's timeout, for its store calls before and after the wait (set, append, get), whose
+# wait takes only what is left of the timeout: a live store answers them in milliseconds.
+_GRACE_S = 3.0
+
+
+def _left(deadline: float) -> datetime.timedelta:
+    """What is left until `deadline` (time.monotonic()), as a store wait's timeout."""
+    return datetime.timedelta(seconds=max(0.001, deadline - time.monotonic()))
 
 
 def channel(pg, store):
@@ -80,7 +89,7 @@ def _through_store(ch, body: Callable[[Any], Any], timeout_s: float, what: str,
 
     waiter = threading.Thread(target=run, name="shardcast-store-wait", daemon=True)
     waiter.start()
-    waiter.join(timeout_s + 1.0)
+    waiter.join(timeout_s + _GRACE_S)
     if waiter.is_alive():
         state["stalled"] = f"{what} got no answer within {timeout_s:g} s"
         stalled = CommTimeout(f"{what} did not arrive within {timeout_s:g} s through the store of {ch[2]}, and "
@@ -90,6 +99,8 @@ def _through_store(ch, body: Callable[[Any], Any], timeout_s: float, what: str,
     if not outcome:
         return result[0]
     e = outcome[0]
+    if not isinstance(e, (TimeoutError, dist.DistError, ConnectionError, OSError)):
+        raise e  # not the store's: the body's own (a value JSON cannot carry, say), as it was raised
     if isinstance(e, (TimeoutError, dist.DistStoreError)):  # the store answered: nobody set the keys in time
         late = f" from {_ranks_text(missing)} (died, frozen, or not in the same shardcast operation)" if missing else ""
         timeout = CommTimeout(f"{what} did not arrive{late} within {timeout_s:g} s through the store of {ch[2]} "
@@ -152,8 +163,10 @@ def computed_on_rank0(ch, rank: int, world: int, compute: Callable[[], Any], tim
         _through_store(ch, lambda store: store.set(key, json.dumps(["ok", value])), timeout_s, what)
         return value
 
+    deadline = time.monotonic() + timeout_s
+
     def fetch(store):
-        store.wait([key], datetime.timedelta(seconds=timeout_s))
+        store.wait([key], _left(deadline))
         return json.loads(store.get(key))
 
     status, value = _through_store(ch, fetch, timeout_s, what)
@@ -167,6 +180,8 @@ def gathered(ch, rank: int, world: int, value: Any, timeout_s: float, what: str 
     n = _next(ch)
     keys = [_key(n, r) for r in range(world)]
 
+    deadline = time.monotonic() + timeout_s
+
     def exchange(store):
         if rank == 0:
             _forget(store, n, world)
@@ -175,7 +190,7 @@ def gathered(ch, rank: int, world: int, value: Any, timeout_s: float, what: str 
             store.append(_key(n, "who"), f"{rank} ")
         except Exception:  # noqa: BLE001
             pass
-        store.wait(keys, datetime.timedelta(seconds=timeout_s))
+        store.wait(keys, _left(deadline))
         return [json.loads(store.get(k)) for k in keys]
 
     return _through_store(ch, exchange, timeout_s, what, who=(_key(n, "who"), world))

@@ -138,7 +138,7 @@ class _Problem(tuple):
     cause: Optional[BaseException] = None
 
 
-def _problem(e: BaseException) -> Tuple[str, str]:
+def _problem(e: BaseException) -> tuple:
     """(kind, message) of a failure on this rank, carried into the agreement, whose verdict raises it on
     every rank, naming this rank: a ShardcastError keeps its class; a timeout (TimeoutError, or a c10d
     store's DistStoreError) is a CommTimeout and a lost store (DistNetworkError) a CommError; anything
@@ -168,7 +168,9 @@ def _agreed(problem, call):
     """call() (the agreement and what follows), whose verdict on this rank chains this rank's own exception
     where it had one, so its traceback is not lost at the binding. Where this rank's problem is a store that
     stopped answering, there is nothing to agree through: it is raised at once, as every rank on that store
-    raises it (the agreement would only wait out the rendezvous deadline, 1.25 x the timeout, first)."""
+    raises it (the agreement would only wait out the rendezvous deadline, 1.25 x the timeout, first).
+    REQUIRES: the operation's store (operation_store) taken before, so that every rank numbers this
+    operation alike whichever way it ends."""
     cause = getattr(problem, "cause", None)
     if cause is not None and getattr(cause, "store_stalled", False):
         raise cause
@@ -260,7 +262,8 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
     shard's rows read once, by one of its replicas); chunk_bytes (64 MiB; an int or "64M"); staging_slots (4); timeout seconds (600);
     verify (False); strict (False); readahead_bytes (256M a node, split over its reading ranks: 64M each for
     each-rank at 4 ranks a node); read_threads (threads reading this rank's bytes, each a whole chunk at a
-    time: the node's cores over its reading ranks, 1 to 4 and at most staging_slots).
+    time: the rank's share of the CPUs, its own where the launcher binds it, else the node's over its
+    reading ranks, within a cgroup quota; 1 to 4 and at most staging_slots).
     `shardcast options` prints the table of them all, with their SHARDCAST_* variables. Rank 0's chunk_bytes, staging_slots and source are used by every
     rank; verify and strict must match on every rank. progress: True for a progress line on rank 0
     (tqdm where installed), False for none, or a callable(done_bytes, total_bytes) called on this rank;
@@ -308,8 +311,9 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
     else:
         entries, layouts, problem, tied = _module_entries(model, path, target, config, buffer_init, pg, ch, rank,
                                                           world, timeout_s)
+    ops = operation_store(pg, store)  # numbered on every path, _agreed's shortcut too
     return logged("load", path, rank, LoadReport.from_dict(_agreed(problem, lambda: _shardcast.load_entries(
-        entries, layouts.table, path, options, tied, operation_store(pg, store), rank, world, progress, problem,
+        entries, layouts.table, path, options, tied, ops, rank, world, progress, problem,
         _store_host(store) if store is not None else ""))))
 
 
@@ -334,9 +338,9 @@ def _fail_load(pg, rank: int, world: int, store, problem: Tuple[str, str], mappi
             gathered(ch, rank, world, None, timeout_s)  # None: "this rank failed", so no peer adds a problem of its own
         except Exception:  # noqa: BLE001
             pass
+    ops = operation_store(pg, store)  # numbered on every path, _agreed's shortcut too
     return _agreed(problem, lambda: _shardcast.load_entries(
-        [], [], "", {}, {}, operation_store(pg, store), rank, world, None, problem,
-        _store_host(store) if store is not None else ""))
+        [], [], "", {}, {}, ops, rank, world, None, problem, _store_host(store) if store is not None else ""))
 
 
 def _module_entries(model, path, target, config, buffer_init, pg, ch, rank, world, timeout_s):

@@ -291,7 +291,8 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], *, source: Op
             config_json, generation_json = config_texts(model, config, dtype)
     except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
         problem, entries, layouts, dtype_name = _problem(e), [], _Layouts(), None
+    ops = operation_store(pg, store)  # numbered on every path, _agreed's shortcut too
     return logged("save", out_text, rank, SaveReport.from_dict(_agreed(problem, lambda: _shardcast.save_entries(
         entries, layouts.table, out_text, options, dtype_name, max_shard_text, overwrite_flag,
-        config_json, generation_json, operation_store(pg, store), rank, world, progress_cb,
+        config_json, generation_json, ops, rank, world, progress_cb,
         problem, _store_host(store) if store is not None else ""))))

@@ -50,6 +50,7 @@ struct StagingRing::Core {
 };
 
 struct StagingRing::Abandoned {};
+struct StagingRing::Stopped {};
 
 namespace {
 
@@ -137,6 +138,11 @@ StagingRing::Slot* StagingRing::Next(std::chrono::steady_clock::time_point deadl
     for (const Core::Lane& lane : c.lanes) {
       if (lane.in_source && (!slowest->in_source || lane.seq < slowest->seq)) slowest = &lane;
     }
+    if (!slowest->in_source) {
+      throw Error(ErrorKind::kIo, "staging ring",
+                  "no message read by the deadline, and no reader is in storage now (message " +
+                      std::to_string(c.taken) + " of this rank's reads is still to come)");
+    }
     const Segment& g = slowest->segment;
     throw Error(ErrorKind::kIo, "staging ring",
                 "no message read by the deadline: the reader is still in message " + std::to_string(slowest->seq) +
@@ -172,6 +178,7 @@ void StagingRing::InSource(Core& core, uint32_t lane, uint64_t seq, const Segmen
   bool waited_for;
   {
     std::lock_guard<std::mutex> l(core.mu);
+    if (core.stop) throw Stopped{};  // no new source call once the ring stops (a hung mount is not entered again)
     core.lanes[lane] = {true, seq, g};
     ++core.in_source;
     waited_for = core.stop;
@@ -243,6 +250,7 @@ void StagingRing::Run(const std::shared_ptr<Core>& core, uint32_t lane) {
     ReadAll(*core, lane);
   } catch (const Abandoned&) {
     return;  // the ring is gone: touch nothing of it
+  } catch (const Stopped&) {  // the ring stops: end as a reader that ran out of messages
   } catch (...) {
     std::lock_guard<std::mutex> l(core->mu);
     if (!core->error) core->error = std::current_exception();

@@ -43,7 +43,8 @@ struct RingOptions {
   uint32_t slots = 4;
   uint32_t readers = 1;  // reader threads (at most `slots`; 0 counts as 1)
   // > 0: each slot's staging buffer is made this large and page-locked (cudaHostRegister) when the ring is
-  // made, on the caller's thread, whose CUDA device is the one it loads to, so a copy to the device from a
+  // made, on the caller's thread. REQUIRES: the target's CUDA device current there (load.cc's guard), so a
+  // copy to the device from a
   // slot needs no bounce; unpinned by the destructor, on the caller's thread too. Reader threads make no
   // CUDA call. A larger message is staged in pageable memory beside it. Where pinning is refused (a build
   // without CUDA, no device, a memlock limit) the slots stay pageable: pinned() says which.
@@ -88,6 +89,7 @@ class StagingRing {
  private:
   struct Core;       // staging_ring.cc: what the readers share with the consumer, owned by all
   struct Abandoned;  // thrown on a reader when a source call returns to a ring that is gone
+  struct Stopped;    // thrown on a reader about to enter a source call once the ring stops
   void Run(const std::shared_ptr<Core>& core, uint32_t lane);
   void ReadAll(Core& core, uint32_t lane);
   std::shared_ptr<const Message> Claim(Core& core, uint32_t lane, uint64_t* index);

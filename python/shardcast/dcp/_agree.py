@@ -18,13 +18,13 @@ up to the timeout.)
 """
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
+import time
 from typing import Any, Callable, Dict, Tuple
 
 from .. import _shardcast
-from .._exchange import _through_store, channel
+from .._exchange import _left, _through_store, channel
 from .._group import _group
 
 _CALLS: Dict[Tuple[str, str], int] = {}  # (group, topic) -> this process's calls on it so far
@@ -61,16 +61,24 @@ def on_rank0(process_group, compute: Callable[[], Any], timeout_s: float, what: 
             reply = ["failed", "InternalError", f"{what} on rank 0: {type(e).__name__}: {e}"]
             error = _shardcast.InternalError(reply[2])
             error.__cause__ = e
+
         def publish(s):  # the answer first, then its generation; under a deadline, as every store call here
             s.set(f"{base}/latest", json.dumps(reply))
             s.set(f"{base}/done/{n}", "1")
 
-        _through_store(channel(pg, store), publish, timeout_s, f"rank 0: {what}, told to the others")
+        try:
+            _through_store(channel(pg, store), publish, timeout_s, f"rank 0: {what}, told to the others")
+        except _shardcast.ShardcastError as lost:
+            if error is not None:  # rank 0's own failure is the cause; the others hear of it by their timeout
+                raise error from lost
+            raise
         if error is not None:
             raise error
         return reply[1]
+    deadline = time.monotonic() + timeout_s
+
     def fetch(s):
-        s.wait([f"{base}/done/{n}"], datetime.timedelta(seconds=timeout_s))
+        s.wait([f"{base}/done/{n}"], _left(deadline))
         return json.loads(s.get(f"{base}/latest"))
 
     reply = _through_store(channel(pg, store), fetch, timeout_s, f"rank {rank}: {what} from rank 0")
