@@ -72,7 +72,7 @@ def test_a_buffer_init_returning_no_tensor_is_a_config_error(checkpoint):
 def test_a_store_timeout_is_a_comm_timeout_naming_the_store_host():
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=5))
-    ch = (store, "group", _store_host(store))
+    ch = (store, "group", _store_host(store), {})  # as channel() makes it: with the load's state
     t0 = time.monotonic()
     with pytest.raises(shardcast.CommTimeout) as info:  # rank 1 of 2, and rank 0 never computes
         computed_on_rank0(ch, 1, 2, lambda: {}, 0.5)
