@@ -137,13 +137,17 @@ std::vector<at::Tensor> Targets(const Manifest& m, RankState* state) {
 }
 
 // The ranks on `me`'s node that read from storage: they share the node's read-ahead budget.
-int ReadersOnNode(const Route& route, const NodeMap& nodes, int me, bool verify) {
+// The ranks of `world` on `me`'s node for which `counts(rank)` holds.
+template <typename Counts>
+int OnNode(const NodeMap& nodes, int world, int me, Counts&& counts) {
   const auto node = [&](int r) { return r < static_cast<int>(nodes.node_of_rank.size()) ? nodes.node_of_rank[r] : 0; };
-  int readers = 0;
-  for (int r = 0; r < route.world_size(); ++r) {
-    if (node(r) == node(me) && route.Reads(r, verify)) ++readers;
-  }
-  return readers;
+  int n = 0;
+  for (int r = 0; r < world; ++r) n += node(r) == node(me) && counts(r);
+  return n;
+}
+
+int ReadersOnNode(const Route& route, const NodeMap& nodes, int me, bool verify) {
+  return OnNode(nodes, route.world_size(), me, [&](int r) { return route.Reads(r, verify); });
 }
 
 
@@ -175,11 +179,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
 
   t = Clock::now();
   // The node's cores shared by its ranks (each commits its own shards at once), as the readers share them.
-  int ranks_on_node = 0;
-  for (int r = 0; r < comm.world_size(); ++r) {
-    const auto node = [&](int x) { return x < static_cast<int>(a.nodes.node_of_rank.size()) ? a.nodes.node_of_rank[x] : 0; };
-    ranks_on_node += node(r) == node(comm.rank());
-  }
+  const int ranks_on_node = OnNode(a.nodes, comm.world_size(), comm.rank(), [](int) { return true; });
   Allocate(comm, state, rq.checksum_only || rq.setup_only, ThreadsHere(rq.options, ranks_on_node));
   mine.allocate_seconds = Since(t);
   mine.setup_cpu_seconds = CpuSeconds() - cpu0;
