@@ -67,8 +67,9 @@ def worker(method, ckpt, out):
     sampler = Sampler()
     sampler.start()
     start = time.monotonic()
+    report = None  # shardcast's own report of the call: this rank's row of it, where the engine's time went
     if method == "shardcast-load":
-        shardcast.load(model, ckpt)
+        report = shardcast.load(model, ckpt)
     else:
         if "fp8" in pathlib.Path(ckpt).name:
             from torch.distributed.checkpoint.quantized_hf_storage import QuantizedHuggingFaceStorageReader as Q
@@ -84,6 +85,8 @@ def worker(method, ckpt, out):
         else:
             raise SystemExit(f"unknown method {method}")
         dcp.load(model.state_dict(), storage_reader=reader)
+        if method == "shardcast-dcp":
+            report = reader.last_report[0]
     if device == "cuda":
         torch.cuda.synchronize()
     dist.barrier()
@@ -98,9 +101,28 @@ def worker(method, ckpt, out):
     result = {"rank": dist.get_rank(), "seconds": seconds, "crc": crc, "local_bytes": nbytes,
               "peak_rss_anon": sampler.peak["RssAnon"] - sampler.base["RssAnon"],
               "peak_rss_file": sampler.peak["RssFile"] - sampler.base["RssFile"],
-              "gpu_peak": torch.cuda.max_memory_allocated() if device == "cuda" else 0}
+              "gpu_peak": torch.cuda.max_memory_allocated() if device == "cuda" else 0,
+              "engine": _engine_row(report, dist.get_rank())}
     pathlib.Path(f"{out}.{dist.get_rank()}").write_text(json.dumps(result))
     dist.destroy_process_group()
+
+
+def _engine_row(report, rank):
+    """{seconds, handshake, stream, read threads, pinned bytes} of this rank in shardcast's report, or None."""
+    if report is None:
+        return None
+    row = dict(report["ranks"][rank])
+    return {k: row.get(k) for k in ("seconds", "handshake_seconds", "allocate_seconds", "stream_seconds",
+                                    "read_threads", "pinned_staging_bytes", "pin_seconds")}
+
+
+def _engine_text(e):
+    """Rank 0's split inside shardcast: its whole call, the handshake (agreement), the commit of its shards
+    (allocate), the stream and its readers."""
+    pinned = (f", {e['pinned_staging_bytes'] / 2**20:.0f} MiB pinned in {e.get('pin_seconds') or 0:.3f} s"
+              if e.get("pinned_staging_bytes") else "")
+    return (f" | engine {e['seconds']:.2f} s: handshake {e['handshake_seconds']:.2f}, allocate "
+            f"{e['allocate_seconds']:.2f}, stream {e['stream_seconds']:.2f} ({e['read_threads']} readers{pinned})")
 
 
 def write_checkpoint(path, layers):
@@ -189,7 +211,7 @@ def main():
                             "max_anon": max(r["peak_rss_anon"] for r in ranks),
                             "node_anon_file": sum(r["peak_rss_anon"] + r["peak_rss_file"] for r in ranks),
                             "local_bytes": [r["local_bytes"] for r in ranks], "resident_before": resident,
-                            "gpu_peak": max(r["gpu_peak"] for r in ranks)})
+                            "gpu_peak": max(r["gpu_peak"] for r in ranks), "engine": ranks[0]["engine"]})
             print(f"round {round_ + 1} {m:15s} {runs[m][-1]['seconds']:7.2f} s", flush=True)
     reference = runs[methods[0]][0]["crcs"]
     for m in methods:
@@ -210,7 +232,8 @@ def main():
         ratio = f"{best_torch / med:.2f}x" if best_torch else "-"
         print(f"{m:15s} {med:9.2f} {size / med / 1e9:6.2f} {ratio:>13s} {pick['rank0_anon'] / 1e9:8.2f}GB "
               f"{pick['rank0_file'] / 1e9:8.2f}GB {pick['node_anon_file'] / 1e9:8.2f}GB"
-              + (f" gpu peak {pick['gpu_peak'] / 1e9:.2f}GB" if args.device == "cuda" else ""))
+              + (f" gpu peak {pick['gpu_peak'] / 1e9:.2f}GB" if args.device == "cuda" else "")
+              + (_engine_text(pick["engine"]) if pick.get("engine") else ""))
     out = pathlib.Path(args.out or ROOT / "bench" / "results" / f"dcp-load{'-fp8' if args.fp8 else ''}-{args.layers}L{'-cuda' if args.device == 'cuda' else ''}{'-cold' if args.cold else ''}.json")
     out.write_text(json.dumps({"bytes": size, "world_size": args.world_size, "cold": args.cold, "device": args.device,
                                "repeat": args.repeat, "methods": summary}, indent=1))

@@ -241,6 +241,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   mine.bytes_received = r.stats.bytes_received, mine.bytes_stored = r.stats.bytes_stored;
   mine.bytes_sent = r.stats.bytes_sent, mine.bytes_read = r.stats.bytes_read, mine.messages = r.stats.messages;
   mine.read_threads = r.stats.read_threads, mine.pinned_staging = r.stats.pinned_staging;
+  mine.pin_seconds = r.stats.pin_seconds;
   mine.seconds = seconds;
   mine.cpu_seconds = CpuSeconds() - cpu0;
   mine.peak_rss_anon = above(peaks.rss_anon, base.rss_anon), mine.peak_rss_file = above(peaks.rss_file, base.rss_file);
@@ -289,6 +290,7 @@ constexpr ReportField<RankReport> kRankFields[] = {
     {"bytes_read", &RankReport::bytes_read},
     {"read_threads", &RankReport::read_threads},
     {"pinned_staging_bytes", &RankReport::pinned_staging},
+    {"pin_seconds", &RankReport::pin_seconds},
     {"peak_rss_anon_above_baseline", &RankReport::peak_rss_anon},
     {"peak_rss_file_above_baseline", &RankReport::peak_rss_file},
     {"baseline_rss_anon", &RankReport::baseline_rss_anon},

@@ -31,6 +31,7 @@ struct RankReport {
   uint64_t read_threads = 0, pinned_staging = 0;  // the stream's readers; its page-locked staging bytes
   double seconds = 0;
   double handshake_seconds = 0, allocate_seconds = 0, stream_seconds = 0, verify_seconds = 0;
+  double pin_seconds = 0;  // the part of stream_seconds spent page-locking the staging
   double cpu_seconds = 0;  // the process's CPU time (user + system, every thread) during the load
   double setup_cpu_seconds = 0;  // the part of cpu_seconds before the stream: handshake and allocation
   uint64_t peak_rss_anon = 0, peak_rss_file = 0;  // above this rank's baseline at the start of Load

@@ -64,6 +64,7 @@ class LoadRank(_DictView):
     bytes_stored: int = 0
     read_threads: int = 0          # threads that read this rank's bytes (0: it read none)
     pinned_staging_bytes: int = 0  # page-locked staging (a CUDA target); 0: pageable
+    pin_seconds: float = 0.0       # the part of stream_seconds spent page-locking it
     peak_rss_anon_above_baseline: int = 0
     peak_rss_file_above_baseline: int = 0
     verify: str = "off"

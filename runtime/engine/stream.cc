@@ -98,6 +98,7 @@ class Engine {
       ring_.emplace(*walk_, kReader, kAhead, c_.source, RingFor());
       r_.stats.read_threads = ring_->readers();
       r_.stats.pinned_staging = ring_->pinned() ? m_.params.chunk_bytes * slots_ : 0;
+      r_.stats.pin_seconds = ring_->pin_seconds();
     }
     std::set<int> verifiers;
     uint64_t done = 0;

@@ -30,6 +30,7 @@ struct StreamStats {
   uint64_t bytes_read = 0;      // from files
   uint64_t read_threads = 0;    // the staging ring's reader threads (0: this rank read nothing)
   uint64_t pinned_staging = 0;  // bytes of page-locked staging (0: pageable, or none asked)
+  double pin_seconds = 0;       // spent page-locking it (inside the stream's time)
   uint64_t bytes_sent = 0;      // on the wire, from this rank (a broadcast counts once per receiver)
   uint64_t bytes_received = 0;  // on the wire, to this rank
   uint64_t bytes_stored = 0;    // into this rank's sink

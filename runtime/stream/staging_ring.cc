@@ -75,6 +75,7 @@ StagingRing::StagingRing(const Manifest& m, std::shared_ptr<SegmentSource> sourc
 // lottery).
 void StagingRing::Pin() {
   Core& c = *core_;
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     for (size_t k = 0; k < c.buffers.size(); ++k) {
       c.pins[k] = std::make_unique<PinnedRegistration>(c.buffers[k].Get(o_.pin_bytes), o_.pin_bytes);
@@ -84,6 +85,7 @@ void StagingRing::Pin() {
   } catch (const Error&) {
     for (auto& p : c.pins) p.reset();
   }
+  pin_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void StagingRing::Start() {

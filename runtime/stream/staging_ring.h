@@ -84,6 +84,7 @@ class StagingRing {
   void Free(Slot* slot);
   uint64_t bytes_read() const;  // source bytes; valid after the last Next
   bool pinned() const { return pinned_; }  // the slots' staging buffers are page-locked
+  double pin_seconds() const { return pin_seconds_; }  // spent page-locking them (and unlocking, when refused)
   uint32_t readers() const { return static_cast<uint32_t>(threads_.size()); }
 
  private:
@@ -105,6 +106,7 @@ class StagingRing {
   RingOptions o_;
   std::shared_ptr<Core> core_;
   bool pinned_ = false;
+  double pin_seconds_ = 0;
   std::vector<std::thread> threads_;
 };
 
