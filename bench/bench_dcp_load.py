@@ -26,8 +26,9 @@ evicted from it (posix_fadvise DONTNEED).
     bench/bench_dcp_load.py [--world-size 4] [--layers 16] [--fp8] [--cold] [--repeat 3] [--methods a,b]
                             [--device cpu|cuda] [--out bench/results/dcp-load.json]
 
-A method may name shardcast's read-ahead per rank (shardcast-dcp@ra=0: none; @ra=64M) and its reader threads
-(shardcast-dcp@rt=1); settings chain: shardcast-load@rt=4@ra=0.
+A method may name shardcast's read-ahead per rank (shardcast-dcp@ra=0: none; @ra=64M), its reader threads
+(shardcast-dcp@rt=1) and its chunk, the size of each staging slot (shardcast-dcp@cs=16M: a CUDA target then
+page-locks a quarter of the default's 256 MiB); settings chain: shardcast-load@rt=4@ra=0.
 """
 import argparse
 import json
@@ -42,13 +43,15 @@ from _ranks import ROOT, launch
 from bench_peers import Sampler, meta_model, save_random_model, set_page_cache, shard
 
 METHODS = ("torch-t1", "torch-t4", "shardcast-dcp", "shardcast-load")
+# a method's @settings: shardcast's environment variables
+SETTINGS = {"ra": "SHARDCAST_READAHEAD_BYTES", "rt": "SHARDCAST_READ_THREADS", "cs": "SHARDCAST_CHUNK_BYTES"}
 
 
 def worker(method, ckpt, out):
     method, *settings = method.split("@")  # shardcast-dcp@ra=0: with SHARDCAST_READAHEAD_BYTES=0
     for setting in settings:
         name, _, value = setting.partition("=")
-        os.environ[{"ra": "SHARDCAST_READAHEAD_BYTES", "rt": "SHARDCAST_READ_THREADS"}[name]] = value
+        os.environ[SETTINGS[name]] = value
     import torch
     import torch.distributed as dist
     device = os.environ.get("BENCH_DEVICE", "cpu")

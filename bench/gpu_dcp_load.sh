@@ -7,7 +7,8 @@
 # (CUDA on; the Debian packages it lacks unpacked from SHARDCAST_DEB_DIR, see tools/gpu_check.sh), runs the
 # GPU test of shardcast.dcp (tests/python/test_cuda.py -k dcp) and the staging ring's pinned test, then
 # bench/bench_dcp_load.py --device cuda on the 1.91 GB Llama: warm (torch's reader at 1 and 4 threads,
-# shardcast.dcp with its default reader threads and with one, shardcast.load), then cold. Each step is
+# shardcast.dcp with its defaults, with 16 MiB slots (a quarter of the page-locking) and with one reader
+# thread; each shardcast row prints its engine split, pin_seconds included), then cold. Each step is
 # skipped once the deadline (seconds from the start; default 540) is too near. Results: OUTDIR/*.json, *.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -44,5 +45,5 @@ bench() {  # bench NAME ARGS...: one bench_dcp_load run, if the deadline leaves 
     grep -v Warning | tail -9
   at "$name"
 }
-bench dcp-load-16L-cuda-warm --repeat 3 --methods torch-t1,torch-t4,shardcast-dcp,shardcast-dcp@rt=1,shardcast-load
+bench dcp-load-16L-cuda-warm --repeat 3 --methods torch-t1,torch-t4,shardcast-dcp,shardcast-dcp@cs=16M,shardcast-dcp@rt=1
 bench dcp-load-16L-cuda-cold --repeat 3 --cold --methods torch-t4,shardcast-dcp,shardcast-dcp@rt=1
