@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/ops/from_blob.h>
 
+#include <algorithm>
 #include <deque>
 #include <optional>
 #include <set>
@@ -97,7 +98,7 @@ class Engine {
     if (reads) {
       ring_.emplace(*walk_, kReader, kAhead, c_.source, RingFor());
       r_.stats.read_threads = ring_->readers();
-      r_.stats.pinned_staging = ring_->pinned() ? m_.params.chunk_bytes * slots_ : 0;
+      r_.stats.pinned_staging = ring_->pinned() ? pin_bytes_ * slots_ : 0;
       r_.stats.pin_seconds = ring_->pin_seconds();
     }
     std::set<int> verifiers;
@@ -129,7 +130,8 @@ class Engine {
     o.slots = slots_;
     o.readahead_bytes = c_.readahead_bytes;
     o.readers = c_.read_threads;
-    o.pin_bytes = c_.pin_staging ? m_.params.chunk_bytes : 0;
+    pin_bytes_ = c_.pin_staging ? LargestRead() : 0;
+    o.pin_bytes = pin_bytes_;
     o.select = [this](const Message& msg) { return route_.For(msg, me_, verify_).read; };
     // In place: bytes kept here and sent nowhere, each segment read straight into its shard (no
     // staging copy: a batch of small expert matrices lands as it is read). A broadcast needs the
@@ -146,6 +148,20 @@ class Engine {
       return true;
     };
     return o;
+  }
+
+  // What each staging slot needs page-locked: the largest message this rank reads, at most one chunk (a
+  // larger one is staged in pageable memory beside the slot). A load of a few small tensors (a round of a
+  // training state) then locks kilobytes, not slots x chunk; the walk ends at the first full chunk.
+  uint64_t LargestRead() const {
+    const uint64_t chunk = m_.params.chunk_bytes;
+    Schedule schedule(m_, route_.InterestOf(me_, verify_));
+    Message msg;
+    uint64_t most = 0;
+    while (most < chunk && schedule.Next(&msg)) {
+      if (route_.For(msg, me_, verify_).read) most = std::max(most, msg.target_bytes);
+    }
+    return std::min(most, chunk);
   }
 
   // Drops every pending send without waiting for it (the failure path). REQUIRES: the buffers they
@@ -286,6 +302,7 @@ class Engine {
   const int me_, world_;
   const bool verify_, on_device_;
   const uint32_t slots_;
+  uint64_t pin_bytes_ = 0;  // page-locked per staging slot (a CUDA target)
   std::optional<ScheduleWalk> walk_;  // before ring_: the ring's thread reads it until the ring is gone
   std::optional<StagingRing> ring_;
   std::vector<DeviceBuffer> device_slots_;  // device copies of staging slots (device transports)
