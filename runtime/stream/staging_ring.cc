@@ -100,6 +100,10 @@ void StagingRing::Start() {
       if (lane == 0) throw;
       std::lock_guard<std::mutex> l(core_->mu);
       core_->running -= n - lane;  // those never started (one already started may have ended)
+      if (core_->running == 0) {    // every started one has ended, none of them as the last: close here
+        walk_->Close(reader_);
+        walk_->Close(ahead_);
+      }
       break;
     }
   }
