@@ -34,7 +34,9 @@ cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DSHARDCAST_PYTHON
     >>"$out/build.log" 2>&1 || { grep -m5 -A8 -E "error|CMake Error" "$out/build.log"; exit 1; }
 at built
 export SHARDCAST_BUILD_DIR=$build PYTHONPATH=$build/python OMP_NUM_THREADS=1
-"$build/tests/core_test" --gtest_filter='StagingRingTest.*' 2>&1 | tail -3 | tee "$out/ring.txt"
+"$build/tests/core_test" --gtest_filter='StagingRingTest.*' >"$out/ring.txt" 2>&1
+grep -q '^\[  PASSED  \] [1-9]' "$out/ring.txt" || { echo "the staging ring's tests failed or none ran:"; tail -5 "$out/ring.txt"; }
+tail -1 "$out/ring.txt"
 timeout 120 python3 -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda.py -k dcp 2>&1 | tail -5 | tee "$out/test_dcp_cuda.txt"
 at tested
 bench() {  # bench NAME ARGS...: one bench_dcp_load run, if the deadline leaves room

@@ -152,14 +152,20 @@ class Engine {
 
   // What each staging slot needs page-locked: the largest message this rank reads, at most one chunk (a
   // larger one is staged in pageable memory beside the slot). A load of a few small tensors (a round of a
-  // training state) then locks kilobytes, not slots x chunk; the walk ends at the first full chunk.
+  // training state) then locks kilobytes, not slots x chunk. Messages rarely fill a chunk exactly (whole
+  // rows), so the walk stops once the reads seen fill the ring, or after a few thousand messages: a load
+  // that large gets whole chunks, as before, at the cost of a short look ahead.
   uint64_t LargestRead() const {
     const uint64_t chunk = m_.params.chunk_bytes;
+    constexpr int kMostMessages = 4096;
     Schedule schedule(m_, route_.InterestOf(me_, verify_));
     Message msg;
-    uint64_t most = 0;
-    while (most < chunk && schedule.Next(&msg)) {
-      if (route_.For(msg, me_, verify_).read) most = std::max(most, msg.target_bytes);
+    uint64_t most = 0, seen = 0;
+    for (int n = 0; schedule.Next(&msg); ++n) {
+      if (most >= chunk || seen >= chunk * slots_ || n >= kMostMessages) return chunk;
+      if (!route_.For(msg, me_, verify_).read) continue;
+      most = std::max(most, msg.target_bytes);
+      seen += msg.target_bytes;
     }
     return std::min(most, chunk);
   }
