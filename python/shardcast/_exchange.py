@@ -94,7 +94,7 @@ def _through_store(ch, body: Callable[[Any], Any], timeout_s: float, what: str,
         state["stalled"] = f"{what} got no answer within {timeout_s:g} s"
         stalled = CommTimeout(f"{what} did not arrive within {timeout_s:g} s through the store of {ch[2]}, and "
                               f"the store does not answer (its server stalled)")
-        stalled.store_stalled = True  # nothing left to agree through (_load._agreed)
+        stalled.store_stalled = True  # nothing left to agree through (_carried._agreed)
         raise stalled
     if not outcome:
         return result[0]

@@ -2,7 +2,6 @@
 of every tensor."""
 from __future__ import annotations
 
-import operator
 import os
 import warnings
 from typing import Dict, Mapping, Optional, Tuple, Union
@@ -16,9 +15,12 @@ from ._layouts import _Layouts, _group_ranks, _local
 from ._log import logged
 from ._materialize import zero_storage
 from ._names import named_buffers, named_parameters
-from ._mapping import checkpoint_keys, compositions, conversion_rules, entry_shape
+from ._mapping import checkpoint_keys, compositions, conversion_rules
 from ._prepare import (_PREPARED, BufferInit, _compute_buffers, _config_json, _match, _missing_buffers_error,
                        _non_persistent, _pin_buffers, _pinned_host)
+from ._carried import _agreed, _problem
+from ._mapping_load import _mapping_entries
+from ._progress import _progress
 from ._report import LoadReport
 from ._shardcast import InvalidArgument, IoError, ShardcastError, Unsupported
 
@@ -108,81 +110,6 @@ def _mesh_type(t) -> Optional[str]:
     return getattr(mesh, "device_type", None)
 
 
-def _progress(progress, rank: int, operation: str = "load"):
-    """progress= as the binding takes it: None, or a callable(done_bytes, total_bytes) on this rank.
-    None (not given): a progress line on rank 0 when its stderr is a terminal, else none."""
-    if progress is None:
-        progress = _stderr_is_a_terminal()
-    if progress is True:
-        return _progress_printer(operation) if rank == 0 else None
-    if progress is False:
-        return None
-    if not callable(progress):
-        raise InvalidArgument(f"progress={progress!r}: expected True, False, None or a callable(done_bytes, "
-                              f"total_bytes), got {type(progress).__name__}")
-    return progress
-
-
-def _stderr_is_a_terminal() -> bool:
-    import sys
-    try:
-        return sys.stderr is not None and sys.stderr.isatty()
-    except (AttributeError, ValueError):  # a replaced or closed stderr
-        return False
-
-
-class _Problem(tuple):
-    """(kind, message) of a failure on this rank, as the binding takes it, with the exception itself as
-    `cause`: the verdict raised on this rank chains it (`raise verdict from cause`). A CommTimeout of an
-    exchange that named the ranks which never came adds them: (kind, message, [ranks])."""
-    cause: Optional[BaseException] = None
-
-
-def _problem(e: BaseException) -> tuple:
-    """(kind, message) of a failure on this rank, carried into the agreement, whose verdict raises it on
-    every rank, naming this rank: a ShardcastError keeps its class; a timeout (TimeoutError, or a c10d
-    store's DistStoreError) is a CommTimeout and a lost store (DistNetworkError) a CommError; anything
-    else is an InternalError naming its own type."""
-    if isinstance(e, ShardcastError):
-        kind, message = type(e).__name__, str(e)
-    else:
-        kind, message = _comm_kind(e) or "InternalError", f"{type(e).__name__}: {e}"
-    absent = getattr(e, "absent_ranks", None)
-    problem = _Problem((kind, message, list(absent)) if absent else (kind, message))
-    problem.cause = e
-    return problem
-
-
-def _comm_kind(e: BaseException) -> Optional[str]:
-    if isinstance(e, TimeoutError):
-        return "CommTimeout"
-    import torch.distributed as dist
-    if isinstance(e, getattr(dist, "DistStoreError", ())):
-        return "CommTimeout"
-    if isinstance(e, getattr(dist, "DistNetworkError", ())):
-        return "CommError"
-    return None
-
-
-def _agreed(problem, call):
-    """call() (the agreement and what follows), whose verdict on this rank chains this rank's own exception
-    where it had one, so its traceback is not lost at the binding. Where this rank's problem is a store that
-    stopped answering, there is nothing to agree through: it is raised at once, as every rank on that store
-    raises it (the agreement would only wait out the rendezvous deadline, 1.25 x the timeout, first).
-    REQUIRES: the operation's store (operation_store) taken before, so that every rank numbers this
-    operation alike whichever way it ends."""
-    cause = getattr(problem, "cause", None)
-    if cause is not None and getattr(cause, "store_stalled", False):
-        raise cause
-    try:
-        return call()
-    except ShardcastError as verdict:
-        cause = getattr(problem, "cause", None)
-        if cause is not None and verdict.__cause__ is None and verdict is not cause:
-            raise verdict from cause
-        raise
-
-
 def _deprecated(old: str, new: str, value, given):
     """The value of an option renamed from `old` to `new` (kept for one release, with a DeprecationWarning);
     both given and different is an InvalidArgument."""
@@ -193,35 +120,6 @@ def _deprecated(old: str, new: str, value, given):
     if given is not None and given != value:
         raise InvalidArgument(f"{new}{given!r} and {old}{value!r} disagree: pass {new} only")
     return value
-
-
-def _progress_printer(operation: str = "load"):
-    """The CLI's progress line on stderr (or a tqdm bar where tqdm is installed), for rank 0."""
-    import sys
-    import time
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        tqdm = None
-    state = {"bar": None, "t0": None}
-
-    def show(done: int, total: int):
-        if tqdm is not None:
-            if state["bar"] is None:
-                state["bar"] = tqdm(total=total, unit="B", unit_scale=True, desc=f"shardcast {operation}")
-            state["bar"].update(done - state["bar"].n)
-            if done >= total:
-                state["bar"].close()
-            return
-        now = time.monotonic()
-        state["t0"] = state["t0"] or now
-        secs = max(now - state["t0"], 1e-9)
-        gbs = done / secs / 1e9
-        eta = (total - done) / 1e9 / gbs if gbs > 0 else 0.0
-        sys.stderr.write(f"\rshardcast {operation}: {done / 2**30:.2f} / {total / 2**30:.2f} GiB ({100 * done / max(total, 1):.0f}%) "
-                         f"{gbs:.2f} GB/s ETA {eta:.1f} s" + ("\n" if done >= total else ""))
-        sys.stderr.flush()
-    return show
 
 
 def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os.PathLike], *,
@@ -379,101 +277,6 @@ def _materialize_or_raise(model, target, config, buffer_init) -> None:
         raise
     except Exception as e:  # noqa: BLE001 -- the allocator, or a device this rank cannot use
         raise IoError(f"cannot allocate this rank's shards on {target or 'cpu'}: {type(e).__name__}: {e}") from e
-
-
-def _mapping_value(key, value) -> Tuple[torch.Tensor, tuple]:
-    """(local tensor, the rest) of one explicit mapping value; InvalidArgument for any other shape of it."""
-    if (not isinstance(key, str) or not isinstance(value, (tuple, list)) or len(value) not in (2, 3)
-            or not isinstance(value[0], torch.Tensor)):
-        raise InvalidArgument(f"mapping key {key!r}: expected (local tensor, offsets) or (local tensor, row_begin, "
-                              f"row_end) under a text key, got {type(value).__name__} {_short(value)}")
-    try:
-        if len(value) == 2:
-            rest = (tuple(operator.index(x) for x in value[1]),)
-        else:
-            rest = (operator.index(value[1]), operator.index(value[2]))
-    except TypeError:
-        raise InvalidArgument(f"mapping key {key!r}: offsets and rows are ints, got {_short(value[1:])}") from None
-    return value[0], rest
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _mapping_entries(mapping, path, ch, rank, world, timeout_s):
-    """(entries, layouts, problem) of an explicit mapping, every value either (local, row_begin, row_end):
-    rows of dim 0 under FSDP2's rule, or (local, offsets): the box of the global tensor at `offsets` with
-    the local tensor's shape, any box (every rank's boxes are gathered, so each knows what the others
-    hold). Every rank makes both exchanges, whatever fails: a problem is carried into the handshake,
-    where every rank raises it; a rank that hears a peer failed enters it with nothing."""
-    problem, values = None, {}
-    try:
-        values = {k: _mapping_value(k, v) for k, v in mapping.items()}
-    except Exception as e:  # noqa: BLE001 -- carried into the handshake, where every rank raises it
-        problem = _problem(e)
-
-    def shapes_on_rank0():  # the checkpoint's shape of every key: read by rank 0 only
-        if problem is not None:
-            raise InvalidArgument(problem[1])  # rank 0 failed: the others hear it at once
-        return _mapping_shapes(path, {k: t.is_floating_point() for k, (t, _) in values.items()})
-
-    try:
-        shapes = computed_on_rank0(ch, rank, world, shapes_on_rank0, timeout_s)
-    except Exception as e:  # noqa: BLE001 -- carried into the handshake
-        shapes, problem = None, problem or _problem(e)
-    mine = None if problem is not None else {
-        k: [list(rest[0]), [int(x) for x in t.shape]] for k, (t, rest) in values.items() if len(rest) == 1}
-    try:
-        boxes = gathered(ch, rank, world, mine, timeout_s)
-    except Exception as e:  # noqa: BLE001 -- carried into the handshake
-        boxes, problem = None, problem or _problem(e)
-    if problem is not None:
-        return [], _Layouts(), problem
-    if shapes is None or any(b is None for b in boxes):  # a peer failed and carries its problem
-        return [], _Layouts(), None
-    try:
-        entries, layouts = _mapping_layouts(values, shapes, boxes, rank, world)
-    except Exception as e:  # noqa: BLE001 -- carried into the handshake
-        return [], _Layouts(), _problem(e)
-    return entries, layouts, None
-
-
-def _mapping_layouts(values, shapes, boxes, rank: int, world: int):
-    """(entries, layouts) of a checked mapping, given the checkpoint's shapes and every rank's boxes.
-    InvalidArgument for a key given as a box on some ranks only, or rows FSDP2's rule does not give."""
-    entries, layouts = [], _Layouts()
-    for key, (tensor, rest) in values.items():
-        if len(rest) == 1:
-            shape = shapes.get(key)
-            if shape is None:  # absent: the manifest check names it
-                shape = [o + n for o, n in zip(*boxes[rank][key])]
-            holders = [r for r in range(world) if key in boxes[r]]
-            if len(holders) != world:
-                raise InvalidArgument(f"key '{key}' is given as a box on ranks {holders} but not on the others: "
-                                      f"every rank gives every key in the same form (an empty box for nothing)")
-            layout = ((), tuple(holders), (), tuple((tuple(boxes[r][key][0]), tuple(boxes[r][key][1])) for r in holders))
-            entries.append((key, tensor, list(shape), "parameter", layouts.index(layout), None))
-            continue
-        begin, end = rest
-        shape = shapes.get(key)
-        if shape is None:
-            shape = (end,) + tuple(tensor.shape[1:])  # absent: the manifest check names it
-        rows = shape[0] if shape else 1
-        chunk = -(-rows // world)  # FSDP2's dim-0 rule for this rank
-        want = (min(rows, rank * chunk), min(rows, rank * chunk + chunk))
-        if (begin, end) != want:  # agreed in the handshake: every rank raises it
-            raise InvalidArgument(f"key '{key}' on rank {rank}: rows [{begin}, {end}) given, but FSDP2's dim-0 rule "
-                                  f"gives this rank [{want[0]}, {want[1]}) of {rows} over {world} ranks")
-        entries.append((key, tensor, list(shape), "parameter", -2, None))
-    return entries, layouts
-
-
-def _mapping_shapes(path: str, keys: Dict[str, bool]) -> Dict[str, list]:
-    """{key: shape} of the keys given as {key: whether the entry is floating}."""
-    found = checkpoint_keys(path)
-    return {k: list(s) for k, floating in keys.items() if (s := entry_shape(found, k, floating)) is not None}
 
 
 def _compositions(model, path: str) -> Dict[str, list]:

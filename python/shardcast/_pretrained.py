@@ -225,7 +225,8 @@ def _join_failed_load(error: Exception, target: Optional[str], mesh, dc, meshes_
     failed before it was read), the others wait for it in transformers' group creation until the
     process group's timeout."""
     from ._group import _group
-    from ._load import _fail_load, _problem
+    from ._carried import _problem
+    from ._load import _fail_load
     problem = _problem(error)
     if target not in (None, "cpu", "pinned", "cuda"):
         target = None

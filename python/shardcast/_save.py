@@ -261,9 +261,11 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], *, source: Op
     one found on this rank alone (a bad argument, an entry it cannot plan) is carried into the save's
     first verdict, so every rank raises it at once, naming this rank.
     """
+    from ._carried import _agreed, _problem
     from ._group import _group, _store_host, operation_store
     from ._layouts import _Layouts, _group_ranks
-    from ._load import _agreed, _deprecated, _options, _problem, _progress, _timeout_ms
+    from ._load import _deprecated, _options, _timeout_ms
+    from ._progress import _progress
     # Without its group this rank has no one to tell: the one step that may fail here alone.
     pg, rank, world, store = _group(process_group)
     problem, entries, config_json, generation_json, dtype_name = None, [], "", "", None

@@ -279,7 +279,7 @@ def _agree_or_raise(pg, store, rank: int, world: int, problem: Optional[BaseExce
     same. Otherwise the first problem, in rank order (a value that differs from rank 0's is one), raised on
     every rank naming its rank (its own class; on the rank where it arose, chained to it)."""
     from ._exchange import channel, gathered
-    from ._load import _problem
+    from ._carried import _problem
     mine = [None if problem is None else list(_problem(problem))[:2], value]  # (kind, message)
     every = gathered(channel(pg, store), rank, world, mine, timeout_s, "every rank's verdict")
     first = next(((r, p) for r, (p, _) in enumerate(every) if p is not None), None)

@@ -163,7 +163,8 @@ class HuggingFaceStorageWriter(StorageWriter):
         if self._per_rank_files is not None:
             return self._per_rank_files.write_data(plan, planner)
         from .._group import _group, _store_host, operation_store
-        from .._load import _options, _progress_printer
+        from .._load import _options
+        from .._progress import _progress_printer
         layout: _SaveLayout = plan.storage_data
         pg, rank, world, store = _group(self.process_group)
         if getattr(layout, "local", False):
