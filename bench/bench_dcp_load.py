@@ -16,6 +16,9 @@ With --device cuda (a GPU machine), the same over NCCL with one rank per GPU (W=
 to_empty'd on cuda:LOCAL_RANK: every reader lands the bytes in CUDA DTensors (timed to a device synchronize;
 the GPU's peak allocation is reported too). torch-tN: torch's reader at thread_count=N (torch-t1, torch-t4,
 torch-t8, ...).
+With --init, every local shard is written before the timed call, as torchtitan's trainer leaves it
+(`model.to_empty(...)`, then `model.init_weights(...)`, then `checkpointer.load()`): the load then lands in
+memory whose pages are already there; without it, in fresh `to_empty` memory that each reader faults in.
 Each method runs in its own launch of W processes, the methods interleaved round by round (--repeat). Timed on every rank
 from just before the call to the end of a barrier after it (the slowest rank's time is reported); peaks are
 each rank's /proc/self/status RssAnon and RssFile above their value just before the call, sampled every 5 ms.
@@ -23,7 +26,7 @@ Correctness next to every timing: each rank's CRC32 over its local shards in sor
 same under every method and run. Before each run the checkpoint is read into the page cache, or with --cold
 evicted from it (posix_fadvise DONTNEED).
 
-    bench/bench_dcp_load.py [--world-size 4] [--layers 16] [--fp8] [--cold] [--repeat 3] [--methods a,b]
+    bench/bench_dcp_load.py [--world-size 4] [--layers 16] [--fp8] [--cold] [--init] [--repeat 3] [--methods a,b]
                             [--device cpu|cuda] [--out bench/results/dcp-load.json]
 
 A method may name shardcast's read-ahead per rank (shardcast-dcp@ra=0: none; @ra=64M), its reader threads
@@ -62,6 +65,10 @@ def worker(method, ckpt, out):
     model = meta_model(ckpt)
     shard(model, world, device)
     model.to_empty(device=device)
+    if os.environ.get("BENCH_INIT") == "1":  # torchtitan's order: to_empty, init_weights, then the load
+        with torch.no_grad():
+            for t in model.state_dict().values():
+                (t.to_local() if hasattr(t, "to_local") else t).fill_(0.01)
     import shardcast
     import shardcast.dcp
     import torch.distributed.checkpoint as dcp
@@ -187,6 +194,7 @@ def main():
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--cold", action="store_true")
     ap.add_argument("--fp8", action="store_true")
+    ap.add_argument("--init", action="store_true", help="write every shard before the load (torchtitan's order)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -208,7 +216,7 @@ def main():
         for m in methods:
             resident = set_page_cache(files, args.cold)
             ranks = launch(pathlib.Path(__file__), [m, ckpt, tmp / m], args.world_size, tmp / m, m, 1800,
-                           env={"BENCH_DEVICE": args.device})
+                           env={"BENCH_DEVICE": args.device, "BENCH_INIT": "1" if args.init else "0"})
             runs[m].append({"seconds": max(r["seconds"] for r in ranks), "crcs": [r["crc"] for r in ranks],
                             "rank0_anon": ranks[0]["peak_rss_anon"], "rank0_file": ranks[0]["peak_rss_file"],
                             "max_anon": max(r["peak_rss_anon"] for r in ranks),
@@ -223,7 +231,8 @@ def main():
                 raise SystemExit(f"{m}: local shards differ from {methods[0]}'s ({r['crcs']} vs {reference})")
     best_torch = min((statistics.median(r["seconds"] for r in runs[m]) for m in methods if m.startswith("torch")),
                      default=None)
-    print(f"\n{size / 1e9:.2f} GB, W={args.world_size}, {args.device}, {'cold' if args.cold else 'warm'}, median of {args.repeat}; "
+    print(f"\n{size / 1e9:.2f} GB, W={args.world_size}, {args.device}, {'cold' if args.cold else 'warm'}"
+          f"{', shards written before the load' if args.init else ''}, median of {args.repeat}; "
           f"shards CRC-identical across methods")
     print(f"{'method':15s} {'median s':>9s} {'GB/s':>6s} {'vs best torch':>13s} {'rank0 anon':>10s} "
           f"{'rank0 file':>10s} {'node peak':>10s}")
@@ -237,8 +246,9 @@ def main():
               f"{pick['rank0_file'] / 1e9:8.2f}GB {pick['node_anon_file'] / 1e9:8.2f}GB"
               + (f" gpu peak {pick['gpu_peak'] / 1e9:.2f}GB" if args.device == "cuda" else "")
               + (_engine_text(pick["engine"]) if pick.get("engine") else ""))
-    out = pathlib.Path(args.out or ROOT / "bench" / "results" / f"dcp-load{'-fp8' if args.fp8 else ''}-{args.layers}L{'-cuda' if args.device == 'cuda' else ''}{'-cold' if args.cold else ''}.json")
-    out.write_text(json.dumps({"bytes": size, "world_size": args.world_size, "cold": args.cold, "device": args.device,
+    out = pathlib.Path(args.out or ROOT / "bench" / "results" / f"dcp-load{'-fp8' if args.fp8 else ''}-{args.layers}L{'-cuda' if args.device == 'cuda' else ''}{'-cold' if args.cold else ''}{'-init' if args.init else ''}.json")
+    out.write_text(json.dumps({"bytes": size, "world_size": args.world_size, "cold": args.cold, "init": args.init,
+                               "device": args.device,
                                "repeat": args.repeat, "methods": summary}, indent=1))
     print(f"wrote {out}")
 
