@@ -36,6 +36,9 @@ The two from_pretrained calls build, shard and load in one call: their build and
 load. The total and each phase are the slowest rank's (the phases may add up to more than the total).
 from_pretrained's own report splits its call per rank (import, config, build, layout, stream, wait:
 shardcast/_phases.py); a second table prints that split for each rank of the median run.
+Each rank's CPU time over the run (its process, every thread) is added up over the node ("node cpu"); over
+the total it says how many cores the run kept busy: near the machine's core count, the run is bound by CPU,
+and no overlap of its phases can shorten it.
 Each rank samples its own /proc/self/status every 5 ms from just after init_process_group; peaks are
 above that baseline. Correctness next to every timing: each rank's CRC32 over its local shards in
 sorted parameter-name order, and over the names, must be the same under every method and run.
@@ -233,6 +236,7 @@ def worker(method, ckpt, out, layout):
     sampler.start()
     dist.barrier()
     clock = Clock()
+    cpu = time.process_time()  # this process's CPU time, every thread's
     modules, run = METHODS[method]
     for name in ["transformers.models.auto.modeling_auto", *modules]:
         importlib.import_module(name)
@@ -242,7 +246,9 @@ def worker(method, ckpt, out, layout):
     clock.lap("load")
     sampler.stop = True
     sampler.join()
-    result = {"rank": dist.get_rank(), "seconds": clock.last - clock.start, "phases": clock.phases, **local_crcs(model),
+    cpu = time.process_time() - cpu
+    result = {"rank": dist.get_rank(), "seconds": clock.last - clock.start, "cpu_seconds": cpu, "phases": clock.phases,
+              **local_crcs(model),
               "peak_rss_anon": sampler.peak["RssAnon"] - sampler.base["RssAnon"],
               "peak_rss_file": sampler.peak["RssFile"] - sampler.base["RssFile"],
               "base_rss_anon": sampler.base["RssAnon"], "base_rss_file": sampler.base["RssFile"]}
@@ -251,7 +257,8 @@ def worker(method, ckpt, out, layout):
         result["source"] = report.get("source")
         mine = next((r for r in getattr(report, "ranks", ()) if r.rank == dist.get_rank()), None)
         if mine is not None and mine.phases:  # from_pretrained's own split of its set-up
-            result["pretrained_phases"] = {**mine.phases, "total": mine.pretrained_seconds}
+            result["pretrained_phases"] = {**mine.phases, "total": mine.pretrained_seconds,
+                                           "cpu": mine.pretrained_cpu_seconds}
     pathlib.Path(f"{out}.{dist.get_rank()}").write_text(json.dumps(result))
     dist.destroy_process_group()
 
@@ -346,7 +353,7 @@ def set_page_cache(files, cold):
 def summary(method, ranks):
     """The slowest rank's total and phases (None: folded into load); rank 0's peaks; the other ranks' highest."""
     folded = method in FOLDED
-    return {"seconds": max(r["seconds"] for r in ranks),
+    return {"seconds": max(r["seconds"] for r in ranks), "node_cpu_seconds": sum(r.get("cpu_seconds", 0) for r in ranks),
             "phases": {p: None if folded and p in ("build", "shard") else max(r["phases"][p] for r in ranks)
                        for p in PHASES},
             "rank0_anon": ranks[0]["peak_rss_anon"], "rank0_file": ranks[0]["peak_rss_file"],
@@ -359,13 +366,15 @@ def print_phases(results):
     shown = {m: ranks for m, ranks in results.items() if all("pretrained_phases" in r for r in ranks)}
     if not shown:
         return
-    names = [p for p in next(iter(shown.values()))[0]["pretrained_phases"] if p != "total"]
-    print("from_pretrained by phase, each rank, seconds (stream beside build and layout: only its wait adds up)")
-    print(f"{'method':<34} {'rank':>4} " + " ".join(f"{p:>7}" for p in names) + f" {'total':>7}")
+    names = [p for p in next(iter(shown.values()))[0]["pretrained_phases"] if p not in ("total", "cpu")]
+    print("from_pretrained by phase, each rank, seconds (stream beside build and layout: only its wait adds up; "
+          "cpu: the rank's CPU time over the call, every thread)")
+    print(f"{'method':<34} {'rank':>4} " + " ".join(f"{p:>7}" for p in names) + f" {'total':>7} {'cpu':>7}")
     for m, ranks in shown.items():
         for r in ranks:
             ph = r["pretrained_phases"]
-            print(f"{m:<34} {r['rank']:>4} " + " ".join(f"{ph[p]:7.2f}" for p in names) + f" {ph['total']:7.2f}")
+            print(f"{m:<34} {r['rank']:>4} " + " ".join(f"{ph[p]:7.2f}" for p in names) + f" {ph['total']:7.2f}"
+                  f" {ph.get('cpu', 0.0):7.2f}")
 
 
 def print_table(summaries, size, args, resident):
@@ -375,12 +384,15 @@ def print_table(summaries, size, args, resident):
           f"{args.layout} {LAYOUTS[args.layout](args.world_size)}, "
           f"{'cold' if args.cold else 'warm'} page cache ({cached}), median of {args.repeat} run(s)")
     print(f"{'method':<34} {'total s':>8} " + " ".join(f"{p:>7}" for p in PHASES)
-          + f" {'r0 anon':>8} {'r0 file':>8} {'oth anon':>8}")
+          + f" {'r0 anon':>8} {'r0 file':>8} {'oth anon':>8} {'node cpu':>8} {'cores':>5}")
     for m, s in summaries.items():
         phases = " ".join("      -" if s["phases"][p] is None else f"{s['phases'][p]:7.2f}" for p in PHASES)
         print(f"{m:<34} {s['seconds']:8.2f} {phases} {s['rank0_anon'] / 1e9:6.2f}GB {s['rank0_file'] / 1e9:6.2f}GB "
-              f"{s['others_anon'] / 1e9:6.2f}GB" + (f"  (source {s['source']})" if s["source"] else ""))
-    print("-: folded into load (one from_pretrained call)")
+              f"{s['others_anon'] / 1e9:6.2f}GB {s['node_cpu_seconds']:7.2f}s {s['node_cpu_seconds'] / s['seconds']:5.2f}"
+              + (f"  (source {s['source']})" if s["source"] else ""))
+    print(f"-: folded into load (one from_pretrained call). node cpu: the ranks' CPU seconds over the run, added; "
+          f"cores: that over the total (this machine has {len(os.sched_getaffinity(0))}): where it is near "
+          f"the machine's cores, the run is bound by CPU")
 
 
 def main():

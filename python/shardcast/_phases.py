@@ -11,6 +11,11 @@
 Each phase is charged the time since the previous lap, so the phases of a sequential set-up add up to its
 total. A stream beside build and layout is the exception: its own time overlaps theirs, and only what
 the rank waited for it after layout (`wait`) is added.
+
+Beside the wall time, the clock keeps the process's CPU time over the call (every thread's, user and
+system): where the ranks of a node together use about all of its cores for the whole call, the set-up is
+bound by CPU, and overlapping its phases cannot shorten it; where they use far fewer, it waits on
+something else (the disk, a peer, the GIL).
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ class PhaseClock:
 
     def __init__(self) -> None:
         self.start = self.last = time.monotonic()
+        self.cpu_start = time.process_time()
         self.seconds: Dict[str, float] = dict.fromkeys(PHASES, 0.0)
 
     def lap(self, phase: str) -> None:
@@ -40,14 +46,20 @@ class PhaseClock:
     def total(self) -> float:
         return self.last - self.start
 
+    def cpu(self) -> float:
+        """CPU seconds this process used since the clock started (every thread: the stream's too)."""
+        return time.process_time() - self.cpu_start
+
 
 def with_phases(report, every_rank: List[dict]):
     """`report` (a LoadReport) with each rank's row carrying its phases and from_pretrained's total
-    (`every_rank`: [{"phases": {...}, "seconds": total}] in rank order), as a new LoadReport."""
+    (`every_rank`: [{"phases": {...}, "seconds": total, "cpu_seconds": its CPU time}] in rank order), as
+    a new LoadReport."""
     from ._report import LoadReport
     raw = report.to_dict()
     for row in raw.get("ranks") or ():
         mine = every_rank[int(row.get("rank", 0))]
         row["phases"] = dict(mine["phases"])
         row["pretrained_seconds"] = float(mine["seconds"])
+        row["pretrained_cpu_seconds"] = float(mine.get("cpu_seconds", 0.0))
     return LoadReport.from_dict(raw)

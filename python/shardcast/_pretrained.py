@@ -255,7 +255,7 @@ def _with_every_phase(report, clock: PhaseClock, load_kwargs: Dict[str, Any]):
     from ._shardcast import load_timeout_seconds
     pg, rank, world, store = _group(load_kwargs.get("process_group"))
     timeout_s = load_timeout_seconds(_options(timeout_ms=_timeout_ms(load_kwargs.get("timeout")))) or 600.0
-    mine = {"phases": clock.seconds, "seconds": clock.total()}
+    mine = {"phases": clock.seconds, "seconds": clock.total(), "cpu_seconds": clock.cpu()}
     return with_phases(report, gathered(channel(pg, store), rank, world, mine, timeout_s, "every rank's phase times"))
 
 
@@ -355,8 +355,9 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
         None (default): where the node has at least two cores per local rank; True: always; False: never.
 
     Returns the FSDP2 model; `model.shardcast_report` is the load's report, with each rank's set-up by phase
-    (`report.ranks[r].phases`: import, config, build, layout, stream, wait; `stream_beside_build` says
-    whether the stream overlapped build and layout). Raises a ShardcastError
+    (`report.ranks[r].phases`: import, config, build, layout, stream, wait; `pretrained_cpu_seconds`: the
+    CPU time of the rank's process over the call; `stream_beside_build` says whether the stream
+    overlapped build and layout). Raises a ShardcastError
     subclass, the same on every rank: a failure on one rank before its load (a bad SHARDCAST_TARGET, a
     config it cannot read) is carried into the load's agreement, so every rank raises it at once.
     """

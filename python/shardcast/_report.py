@@ -49,8 +49,9 @@ class _DictView(dict):
 class LoadRank(_DictView):
     """One rank's share of a load: its wall time by phase (seconds), its traffic (bytes), and its resident
     memory above what it held before the load (bytes; peaks over the load). From `from_pretrained`, also
-    its whole set-up: `phases` {import, config, build, layout, stream, wait: seconds} (see _phases.py)
-    and their total `pretrained_seconds`; a plain load leaves them empty and 0."""
+    its whole set-up: `phases` {import, config, build, layout, stream, wait: seconds} (see _phases.py),
+    their total `pretrained_seconds` and the CPU time of the rank's process over it (every thread,
+    `pretrained_cpu_seconds`); a plain load leaves them empty and 0."""
     rank: int = 0
     seconds: float = 0.0
     handshake_seconds: float = 0.0
@@ -70,6 +71,7 @@ class LoadRank(_DictView):
     verify: str = "off"
     phases: Mapping[str, float] = dataclasses.field(default_factory=dict)
     pretrained_seconds: float = 0.0
+    pretrained_cpu_seconds: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

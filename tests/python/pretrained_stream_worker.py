@@ -34,7 +34,7 @@ def phases(root):
         model = shardcast.from_pretrained(os.path.join(root, name), dtype=DTYPE, timeout=120)
         report = model.shardcast_report
         out[name] = {"typed": [{"rank": r.rank, "phases": dict(r.phases), "total": r.pretrained_seconds,
-                                "load_seconds": r.seconds} for r in report.ranks],
+                                "cpu": r.pretrained_cpu_seconds, "load_seconds": r.seconds} for r in report.ranks],
                      "dict": report.to_dict()["ranks"], "beside": report.stream_beside_build}
     return out
 

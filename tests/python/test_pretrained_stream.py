@@ -8,6 +8,7 @@ compares with transformers' own loading), each in FSDP2's padded buffer (no copy
 differs from the stream's plan, or a build that fails on one rank, is the same error on every rank.
 """
 import json
+import os
 import shutil
 
 import pytest
@@ -64,6 +65,8 @@ def test_every_rank_reports_every_rank_phases_adding_up_to_its_total(run):
             # The load is the stream phase, seen from inside: it cannot take longer than the phase around it.
             assert row["phases"]["stream"] >= row["load_seconds"] > 0, (name, row)
             assert every[0]["dict"][rank]["phases"] == row["phases"], (name, rank)
+            # The process's CPU time over the call: some, and no more than its threads could use in its wall time.
+            assert 0 < row["cpu"] <= row["total"] * (os.cpu_count() or 1) + 0.05, (name, row)
 
 
 @pytest.mark.parametrize("world", [3, 4])
