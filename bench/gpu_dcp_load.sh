@@ -5,7 +5,8 @@
 #
 # On a machine with one NVIDIA GPU and a PyTorch (its python3): builds build-gpu/ against that torch
 # (CUDA on; the Debian packages it lacks unpacked from SHARDCAST_DEB_DIR, see tools/gpu_check.sh), runs the
-# GPU test of shardcast.dcp (tests/python/test_cuda.py -k dcp) and the staging ring's pinned test, then
+# GPU tests of shardcast.dcp and of from_pretrained's stream beside the build into GPU buffers
+# (tests/python/test_cuda.py -k "dcp or beside_the_build") and the staging ring's pinned test, then
 # bench/bench_dcp_load.py --device cuda on the 1.91 GB Llama: warm (torch's reader at 1 and 4 threads,
 # shardcast.dcp with its defaults, with 16 MiB slots (a quarter of the page-locking) and with one reader
 # thread; each shardcast row prints its engine split, pin_seconds included), then cold. Each step is
@@ -37,7 +38,8 @@ export SHARDCAST_BUILD_DIR=$build PYTHONPATH=$build/python OMP_NUM_THREADS=1
 "$build/tests/core_test" --gtest_filter='StagingRingTest.*' >"$out/ring.txt" 2>&1
 grep -q '^\[  PASSED  \] [1-9]' "$out/ring.txt" || { echo "the staging ring's tests failed or none ran:"; tail -5 "$out/ring.txt"; }
 tail -1 "$out/ring.txt"
-timeout 120 python3 -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda.py -k dcp 2>&1 | tail -5 | tee "$out/test_dcp_cuda.txt"
+timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda.py -k "dcp or beside_the_build" 2>&1 |
+  tail -5 | tee "$out/test_dcp_cuda.txt"
 at tested
 bench() {  # bench NAME ARGS...: one bench_dcp_load run, if the deadline leaves room
   local name=$1 room=$(($(left) - 10))

@@ -33,14 +33,15 @@ def zero_storage(model: torch.nn.Module, device: torch.device) -> None:
     model._apply(lambda t: _zeros_like(t, device, padded.get(id(t))))
 
 
-def adopt_storage(model: torch.nn.Module, given: Dict[int, Optional[torch.Tensor]]) -> None:
+def adopt_storage(model: torch.nn.Module, given: Dict[int, Optional[torch.Tensor]],
+                  device: torch.device = torch.device("cpu")) -> None:
     """Gives each FSDP2 parameter in `given` ({id(parameter): its padded storage, allocated and filled
     already: the stream beside the build}) that storage as its padded sharded buffer, its first rows as
-    the local tensor, as zero_storage does with fresh zeros (a None storage: fresh zeros on the host, for
+    the local tensor, as zero_storage does with fresh zeros (a None storage: fresh zeros on `device`, for
     one loaded later); every other tensor stays as it is.
-    REQUIRES: each storage has the parameter's padded shard shape (_padded_shape)."""
-    padded, cpu = _fsdp_params(model), torch.device("cpu")
-    model._apply(lambda t: _zeros_like(t, cpu, padded.get(id(t)), given[id(t)]) if id(t) in given else t)
+    REQUIRES: each storage has the parameter's padded shard shape (_padded_shape), on `device`."""
+    padded = _fsdp_params(model)
+    model._apply(lambda t: _zeros_like(t, device, padded.get(id(t)), given[id(t)]) if id(t) in given else t)
 
 
 # Below this size a host tensor is heap zeros: a mapping of its own would cost a whole page once written (a

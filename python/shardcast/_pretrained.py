@@ -19,9 +19,9 @@ transformers' `from_pretrained(distributed_config=...)` lays it out (its `tp_pla
 `fsdp_plan`, on its own meshes), and then loaded by shardcast: a script moving from transformers'
 native loading changes one word.
 
-Under that default layout (a 1-d mesh of the whole world on the host), and under transformers' FSDP alone
-(distributed_config with fsdp_size = the world size and every other size 1, which lays every parameter out
-the same way), the load does not wait for the model: each rank's pieces follow from the checkpoint's
+Under that default layout (a 1-d mesh of the whole world, on the host or on the GPUs), and under
+transformers' FSDP alone (distributed_config with fsdp_size = the world size and every other size 1, which
+lays every parameter out the same way), the load does not wait for the model: each rank's pieces follow from the checkpoint's
 header, so they stream into their final buffers on a thread of their own while the model is imported,
 built and sharded, and become FSDP2's sharded data with no copy; the built model is checked against that
 plan first (_stream.py). Any other layout loads after fully_shard, as above (said at DEBUG level on the
@@ -272,7 +272,7 @@ def _start_stream(failed: Optional[BaseException], path, config, dtype, mesh, ta
         return None, failed or e
     pg, rank, world, store = _group(None)
     planned, options, timeout_s = None, None, 600.0
-    why = f"it failed already ({type(failed).__name__})" if failed is not None else _stream.off_host(mesh, target,
+    why = f"it failed already ({type(failed).__name__})" if failed is not None else _stream.off_layout(mesh, target,
                                                                                                   world, dc)
     try:
         if why is None:
@@ -281,7 +281,7 @@ def _start_stream(failed: Optional[BaseException], path, config, dtype, mesh, ta
                                read_threads=load_kwargs.get("read_threads"), staging_slots=load_kwargs.get("staging_slots"),
                                timeout_ms=_timeout_ms(load_kwargs.get("timeout")))
             timeout_s = load_timeout_seconds(options) or 600.0
-            planned = _stream.plan(path, config, dtype, rank, world)
+            planned = _stream.plan(path, config, dtype, rank, world, _stream.device_of(target))
     except Exception as e:  # noqa: BLE001 -- this rank cannot stream: every rank then loads after the build
         why = f"{type(e).__name__}: {e}"
     if not _stream.agree(pg, store, rank, world, why, timeout_s):

@@ -5,7 +5,7 @@ FSDP2's padded sharded buffer) each rank's pieces follow from the checkpoint's h
 alone:
 
     header: key, shape [n, ...]  -->  rank r of W holds rows [r*c, min(n, r*c + c)), c = ceil(n / W)
-    padded buffer (lazy zero)         [ row r*c | ... | last row | pad ... pad ]   (c rows)
+    padded buffer (lazy zero; GPU)    [ row r*c | ... | last row | pad ... pad ]   (c rows)
     local tensor (the DTensor's)      <---- narrow(0, 0, rows) ---->
 
 Fused MoE experts (transformers' MergeModulelist [+ Concatenate] converters) are planned from the
@@ -29,6 +29,10 @@ persistent buffers, parameters its class keeps in another dtype (transformers'
 a name the header does not hold (a tied lm_head that transformers' FSDP unties), the same on every rank
 and agreed in that exchange, a small load fills them from the checkpoint after the build.
 Every wait has the load's timeout.
+
+For target "cuda" (from_pretrained's default where the job runs on GPUs) the buffers are zeros on the
+rank's GPU, the C++ load stages through its page-locked ring and copies each slot to the device, and the
+mesh is the whole world on CUDA; the rest is the same.
 """
 from __future__ import annotations
 
@@ -64,7 +68,7 @@ def unpredictable(mesh, dc_given: bool, dc, keep_quantized: bool, model_cls, sha
                   fsdp_kwargs: Optional[Dict[str, Any]], dtype, load_kwargs: Dict[str, Any]) -> Optional[str]:
     """Why the call's arguments leave its layout unpredictable from the header; None when they do not.
     Arguments only (the same on every rank), so every rank asks the same question, and every rank that
-    gets None goes on to say whether it can stream (`off_host`, `plan`, `agree`). transformers'
+    gets None goes on to say whether it can stream (`off_layout`, `plan`, `agree`). transformers'
     distributed_config with FSDP alone (fsdp_size, every other size 1 and no plan of the caller's) lays
     every parameter out as the default layout does: Shard(0) over a 1-d mesh of the whole world."""
     if dc_given:
@@ -97,30 +101,38 @@ def _unpredictable_call(keep_quantized: bool, model_cls, dtype, load_kwargs: Dic
     return None
 
 
-def off_host(mesh, target: Optional[str], world: int, dc=None) -> Optional[str]:
-    """Why this rank's target, mesh or FSDP size is not the layout the stream predicts (host memory, a 1-d
-    mesh of the whole world in rank order); None when it is. The target may come from SHARDCAST_TARGET,
-    so each rank asks it of itself."""
-    if target not in (None, "cpu"):
+def off_layout(mesh, target: Optional[str], world: int, dc=None) -> Optional[str]:
+    """Why this rank's target, mesh or FSDP size is not a layout the stream predicts (host memory, or this
+    rank's GPU for target "cuda"; a 1-d mesh of the whole world in rank order on that device); None when
+    it is. The target may come from SHARDCAST_TARGET, so each rank asks it of itself."""
+    if target not in (None, "cpu", "cuda"):
         return f"target {target}"
+    device_type = "cuda" if target == "cuda" else "cpu"
     if dc is not None and getattr(dc, "fsdp_size", None) != world:
         return f"distributed_config's fsdp_size {getattr(dc, 'fsdp_size', None)} is not the world size {world}"
-    if mesh is not None and (mesh.device_type != "cpu" or mesh.mesh.flatten().tolist() != list(range(world))):
-        return "a mesh that is not the whole world on the host"
+    if mesh is not None and (mesh.device_type != device_type or mesh.mesh.flatten().tolist() != list(range(world))):
+        return f"a mesh that is not the whole world on {device_type}"
     return None
+
+
+def device_of(target: Optional[str]) -> torch.device:
+    """Where the stream's buffers live: this rank's current GPU for target "cuda" (from_pretrained made
+    cuda:LOCAL_RANK current), else the host."""
+    return torch.device("cuda", torch.cuda.current_device()) if target == "cuda" else torch.device("cpu")
 
 
 class Planned:
     """One parameter the stream fills: its global shape, its dtype, the checkpoint keys it is made of
-    (None: its own key) and this rank's padded buffer and local rows of it."""
+    (None: its own key) and this rank's padded buffer (lazy zeros on the host, zeros on a GPU) and local
+    rows of it."""
 
     def __init__(self, key: str, shape: Tuple[int, ...], dtype: torch.dtype, compose: Optional[List[str]],
-                 rank: int, world: int):
+                 rank: int, world: int, device: torch.device = torch.device("cpu")):
         from ._materialize import zeros
         self.key, self.shape, self.dtype, self.compose = key, tuple(shape), dtype, compose
         chunk = -(-shape[0] // world)  # torch.chunk's rows per rank; the trailing ranks hold fewer or none
         begin, end = min(shape[0], rank * chunk), min(shape[0], rank * chunk + chunk)
-        self.padded = zeros((chunk,) + self.shape[1:], dtype, torch.device("cpu"))
+        self.padded = zeros((chunk,) + self.shape[1:], dtype, device)
         self.local = self.padded.narrow(0, 0, end - begin)
 
     def entry(self) -> tuple:
@@ -128,8 +140,9 @@ class Planned:
         return (self.key, self.local, list(self.shape), "parameter", -2, self.compose)
 
 
-def plan(path: str, config, dtype: torch.dtype, rank: int, world: int) -> Dict[str, Planned]:
-    """Every parameter the checkpoint's header implies, with this rank's buffers. Raises Unsupported for a
+def plan(path: str, config, dtype: torch.dtype, rank: int, world: int,
+         device: torch.device = torch.device("cpu")) -> Dict[str, Planned]:
+    """Every parameter the checkpoint's header implies, with this rank's buffers on `device`. Raises Unsupported for a
     checkpoint whose entries the header alone does not give (quantized, renamed keys, integer tensors, a
     conversion other than stacking experts, a scalar)."""
     from ._mapping import _renamed_keys, conversion_rules, expert_merges
@@ -148,10 +161,10 @@ def plan(path: str, config, dtype: torch.dtype, rank: int, world: int) -> Dict[s
     fused, parts = _fused(merges, keys)
     out = {}
     for key, (shape, compose) in fused.items():
-        out[key] = Planned(key, shape, dtype, compose, rank, world)
+        out[key] = Planned(key, shape, dtype, compose, rank, world, device)
     for key, shape in keys.items():
         if key not in parts:
-            out[key] = Planned(key, shape, dtype, None, rank, world)
+            out[key] = Planned(key, shape, dtype, None, rank, world, device)
     return out
 
 
@@ -313,6 +326,8 @@ def _mismatch(model, planned: Dict[str, Planned], rank: int, world: int) -> Tupl
         elif not isinstance(p, DTensor) or tuple(p.placements) != (Shard(0),) or p.device_mesh.ndim != 1 \
                 or p.device_mesh.mesh.flatten().tolist() != list(range(world)):
             what = f"is laid out as {getattr(p, 'placements', 'a plain tensor')}, not Shard(0) over the {world} ranks"
+        elif p.device_mesh.device_type != want.padded.device.type:
+            what = f"is on a {p.device_mesh.device_type} mesh, the plan's buffers on {want.padded.device.type}"
         elif tuple(p.shape) != want.shape:
             what = f"is {p.dtype} {list(p.shape)}, the plan {want.dtype} {list(want.shape)}"
         elif tuple(p.to_local().shape) != tuple(want.local.shape) or \
@@ -329,7 +344,10 @@ def _mismatch(model, planned: Dict[str, Planned], rank: int, world: int) -> Tupl
 
 def adopt(model, planned: Dict[str, Planned], redo: frozenset = frozenset()) -> None:
     """The planned buffers become the parameters' sharded data (no copy); those to load after all (`redo`)
-    get fresh zeros instead, so that no parameter is left on meta for the load after."""
+    get fresh zeros instead, on the planned buffers' device, so that no parameter is left on meta for the
+    load after."""
     from ._materialize import adopt_storage
     from ._names import named_parameters
-    adopt_storage(model, {id(p): None if name in redo else planned[name].padded for name, p in named_parameters(model)})
+    device = next(iter(planned.values())).padded.device if planned else torch.device("cpu")
+    adopt_storage(model, {id(p): None if name in redo else planned[name].padded for name, p in named_parameters(model)},
+                  device)

@@ -9,6 +9,8 @@ MODE stream:   every model twice: from_pretrained as it is (the stream beside th
                (stream:kept: a model class that keeps a parameter in float32, loaded after the build.)
 MODE stream_dc: the same through distributed_config=DistributedConfig(fsdp_size=W), transformers' own FSDP
                layout, which the stream predicts as well.
+MODE stream_cuda: stream on a GPU machine (cuda:LOCAL_RANK current, "cpu:gloo,cuda:nccl"): from_pretrained's
+               default target is then cuda, and the stream lands in GPU buffers.
 MODE mismatch: ROOT is one checkpoint whose config.json no longer matches its tensors; what each rank raised.
 MODE fail_one: from_pretrained whose build fails on rank 1 alone (its buffer_init raises there, while the
                stream runs); what each rank raised.
@@ -93,6 +95,7 @@ def stream(root, dc=False):
             out[name] = {"beside": [ours.shardcast_report.stream_beside_build, seq.shardcast_report.stream_beside_build],
                          "differ": differ, "params": len(a), "nonempty": sum(1 for p in a.values() if local(p).numel()),
                          "copied": in_padded_buffer(ours), "bytes": ours.shardcast_report.total_bytes,
+                         "devices": sorted({local(p).device.type for m in (ours, seq) for p in m.parameters()}),
                          "kept": sorted(n for n, p in a.items() if p.dtype != DTYPE),
                          "tied": [m.config.tie_word_embeddings and m.lm_head.weight is m.model.embed_tokens.weight
                                   for m in (ours, seq)]}
@@ -120,9 +123,13 @@ def fail_one(path):
 
 def main():
     mode, root, out_path = sys.argv[1:4]
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    backend = "gloo"
+    if mode == "stream_cuda":  # a GPU machine: from_pretrained's default target there is cuda:LOCAL_RANK
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = "cpu:gloo,cuda:nccl"
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=120))
     modes = {"phases": phases, "stream": stream, "mismatch": mismatch, "fail_one": fail_one,
-             "stream_dc": lambda root: stream(root, dc=True)}
+             "stream_dc": lambda root: stream(root, dc=True), "stream_cuda": stream}
     ranks.each_scenario(mode, root, lambda name, where: modes[name](where), f"{out_path}.{dist.get_rank()}")
     dist.destroy_process_group()
 

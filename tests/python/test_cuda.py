@@ -1,4 +1,5 @@
-"""The FSDP2 flow at world size 1 on CUDA with target="cuda" (issue 6), and the CLI's cuda target.
+"""The FSDP2 flow at world size 1 on CUDA with target="cuda" (issue 6), the CLI's cuda target, dcp.load/save
+into CUDA tensors, and from_pretrained's stream beside the build into GPU buffers.
 Skipped, with this message, where torch sees no GPU; runs as-is on a GPU machine."""
 import os
 import pathlib
@@ -85,3 +86,21 @@ def test_dcp_readers_and_writers_on_cuda_tensors(tiny_checkpoints, tmp_path):
         assert r["devices"] == ["cuda"], r
         assert r["checked"]["fsdp"] > 10 and r["checked"]["quantized"] == 8 and r["checked"]["save"] > 10, r
         assert r["checked"]["state"] > 20, r
+
+
+def test_from_pretrained_streams_beside_the_build_into_gpu_buffers(tiny_checkpoints, tmp_path):
+    """from_pretrained's default where the job runs on GPUs (target cuda, a CUDA mesh of the whole world):
+    the stream beside the build lands each rank's rows in zeros on its GPU, which become FSDP2's padded
+    sharded buffers (no copy), bit for bit what the same call loaded after the build lands; llama tied,
+    qwen3_moe's fused experts, deepseek_v3's persistent buffer (loaded after the build)."""
+    import ranks
+    models = ("deepseek_v3", "llama", "qwen3_moe")
+    root = tiny_checkpoints("tied", models=models)
+    world = max(1, torch.cuda.device_count())
+    for rank, result in enumerate(ranks.run("pretrained_stream_worker.py", "stream_cuda", root, world, tmp_path,
+                                            timeout=600)):
+        for name in models:
+            r = result[name]
+            assert r["beside"] == [True, False], (rank, name, r, result["debug"])
+            assert r["devices"] == ["cuda"], (rank, name, r)
+            assert r["differ"] == [] and r["copied"] == [] and r["params"] > 10, (rank, name, r)

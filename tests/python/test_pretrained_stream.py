@@ -123,3 +123,25 @@ def test_a_build_failing_on_one_rank_while_it_streams_is_one_error_on_every_rank
     assert first["error"] == "ConfigError" and "rank 1:" in first["message"], first
     assert "rank 1 cannot compute it" in first["message"], first
     assert all(r == first for r in results), results
+
+
+def test_which_targets_and_meshes_the_stream_predicts():
+    """The stream's layout question, asked of each rank's own target and mesh: the host, or this rank's GPU
+    (from_pretrained's default where the job runs on GPUs), over a 1-d mesh of the whole world in rank
+    order on that device; anything else loads after the build, saying why. (The GPU path itself runs in
+    test_cuda.py on a GPU machine.)"""
+    import torch
+    from shardcast._stream import off_layout
+
+    class Mesh:
+        def __init__(self, device_type, ranks):
+            self.device_type, self.mesh, self.ndim = device_type, torch.tensor(ranks), 1
+
+    assert off_layout(None, None, 4) is None and off_layout(None, "cpu", 4) is None
+    assert off_layout(None, "cuda", 4) is None
+    assert off_layout(Mesh("cuda", [0, 1, 2, 3]), "cuda", 4) is None
+    assert off_layout(Mesh("cpu", [0, 1, 2, 3]), None, 4) is None
+    assert off_layout(None, "pinned", 4) == "target pinned"
+    assert off_layout(Mesh("cpu", [0, 1, 2, 3]), "cuda", 4) == "a mesh that is not the whole world on cuda"
+    assert off_layout(Mesh("cuda", [0, 1, 2, 3]), "cpu", 4) == "a mesh that is not the whole world on cpu"
+    assert off_layout(Mesh("cuda", [1, 0, 2, 3]), "cuda", 4) == "a mesh that is not the whole world on cuda"
