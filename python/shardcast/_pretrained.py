@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import datetime
 import fnmatch
+import functools
+import gc
 import os
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -308,6 +310,26 @@ def _finish_stream(stream, model, failed, path, source, target, config, load_kwa
     return report
 
 
+def _without_cyclic_gc(fn):
+    """fn with Python's cyclic garbage collector paused for the call, as it was after (`gc.disable`, and
+    `gc.enable` only where it was enabled). from_pretrained's imports (transformers, the modeling module)
+    and its meta model make about a million long-lived objects, and each full collection on the way walks
+    all of them: measured in one process on the 2-core VM (40-layer Qwen3-MoE: transformers' imports, the
+    config, the meta model), 2.33-2.74 s of CPU with the collector against 1.90-1.98 s without, per rank.
+    Nothing of the call is cyclic garbage worth collecting early: its tensors are freed by reference count."""
+    @functools.wraps(fn)
+    def paused(*args, **kwargs):
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if was:
+                gc.enable()
+    return paused
+
+
+@_without_cyclic_gc
 def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None,
                     dtype: Optional[torch.dtype] = torch.bfloat16, shard: Sequence[str] = ("layers",),
                     fsdp_kwargs: Optional[Dict[str, Any]] = None, source: Optional[str] = None,

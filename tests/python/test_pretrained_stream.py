@@ -145,3 +145,34 @@ def test_which_targets_and_meshes_the_stream_predicts():
     assert off_layout(Mesh("cpu", [0, 1, 2, 3]), "cuda", 4) == "a mesh that is not the whole world on cuda"
     assert off_layout(Mesh("cuda", [0, 1, 2, 3]), "cpu", 4) == "a mesh that is not the whole world on cpu"
     assert off_layout(Mesh("cuda", [1, 0, 2, 3]), "cuda", 4) == "a mesh that is not the whole world on cuda"
+
+
+def test_from_pretrained_pauses_the_cyclic_collector_and_restores_it():
+    """from_pretrained runs with Python's cyclic collector paused (its imports and meta model make about a
+    million objects that each full collection would walk), and leaves it as it found it, on failure too."""
+    import gc
+    import shardcast
+    from shardcast._pretrained import _without_cyclic_gc
+
+    seen = []
+
+    @_without_cyclic_gc
+    def call(fail):
+        seen.append(gc.isenabled())
+        if fail:
+            raise RuntimeError("the call failed")
+        return "done"
+
+    assert getattr(shardcast.from_pretrained, "__wrapped__", None) is not None  # from_pretrained is the paused one
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        assert call(False) == "done" and gc.isenabled()
+        with pytest.raises(RuntimeError):
+            call(True)
+        assert gc.isenabled()
+        gc.disable()  # a caller that paused it already keeps it paused
+        assert call(False) == "done" and not gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert seen == [False, False, False]
