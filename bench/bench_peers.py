@@ -36,9 +36,11 @@ The two from_pretrained calls build, shard and load in one call: their build and
 load. The total and each phase are the slowest rank's (the phases may add up to more than the total).
 from_pretrained's own report splits its call per rank (import, config, build, layout, stream, wait:
 shardcast/_phases.py); a second table prints that split for each rank of the median run.
-Each rank's CPU time over the run (its process, every thread) is added up over the node ("node cpu"); over
-the total it says how many cores the run kept busy: near the machine's core count, the run is bound by CPU,
-and no overlap of its phases can shorten it.
+Each rank's CPU time over the run (its process, every thread, the 5 ms memory sampler's included) is added
+up over the node ("node cpu"); over the total it says how many cores the run kept busy: near the machine's
+core count, the run is bound by CPU, and no overlap of its phases can shorten it. After the timed part each
+rank times one full `gc.collect()` ("gc after", not in the total): the collection the objects the set-up
+made cost the caller later.
 Each rank samples its own /proc/self/status every 5 ms from just after init_process_group; peaks are
 above that baseline. Correctness next to every timing: each rank's CRC32 over its local shards in
 sorted parameter-name order, and over the names, must be the same under every method and run.
@@ -50,6 +52,7 @@ Before each method the checkpoint is read into the page cache, or with --cold ev
                          [--repeat 1] [--out bench/results/peers.json, peers-ep.json, peers-tp.json]
 """
 import argparse
+import gc
 import json
 import os
 import pathlib
@@ -247,7 +250,11 @@ def worker(method, ckpt, out, layout):
     sampler.stop = True
     sampler.join()
     cpu = time.process_time() - cpu
-    result = {"rank": dist.get_rank(), "seconds": clock.last - clock.start, "cpu_seconds": cpu, "phases": clock.phases,
+    collect = time.monotonic()  # one full collection after the timed part: what the objects the set-up made
+    gc.collect()                # cost the caller's collector later (from_pretrained pauses it during its call)
+    collect = time.monotonic() - collect
+    result = {"rank": dist.get_rank(), "seconds": clock.last - clock.start, "cpu_seconds": cpu,
+              "gc_after_seconds": collect, "phases": clock.phases,
               **local_crcs(model),
               "peak_rss_anon": sampler.peak["RssAnon"] - sampler.base["RssAnon"],
               "peak_rss_file": sampler.peak["RssFile"] - sampler.base["RssFile"],
@@ -354,6 +361,7 @@ def summary(method, ranks):
     """The slowest rank's total and phases (None: folded into load); rank 0's peaks; the other ranks' highest."""
     folded = method in FOLDED
     return {"seconds": max(r["seconds"] for r in ranks), "node_cpu_seconds": sum(r.get("cpu_seconds", 0) for r in ranks),
+            "gc_after_seconds": max(r.get("gc_after_seconds", 0) for r in ranks),
             "phases": {p: None if folded and p in ("build", "shard") else max(r["phases"][p] for r in ranks)
                        for p in PHASES},
             "rank0_anon": ranks[0]["peak_rss_anon"], "rank0_file": ranks[0]["peak_rss_file"],
@@ -384,15 +392,17 @@ def print_table(summaries, size, args, resident):
           f"{args.layout} {LAYOUTS[args.layout](args.world_size)}, "
           f"{'cold' if args.cold else 'warm'} page cache ({cached}), median of {args.repeat} run(s)")
     print(f"{'method':<34} {'total s':>8} " + " ".join(f"{p:>7}" for p in PHASES)
-          + f" {'r0 anon':>8} {'r0 file':>8} {'oth anon':>8} {'node cpu':>8} {'cores':>5}")
+          + f" {'r0 anon':>8} {'r0 file':>8} {'oth anon':>8} {'node cpu':>8} {'cores':>5} {'gc after':>8}")
     for m, s in summaries.items():
         phases = " ".join("      -" if s["phases"][p] is None else f"{s['phases'][p]:7.2f}" for p in PHASES)
         print(f"{m:<34} {s['seconds']:8.2f} {phases} {s['rank0_anon'] / 1e9:6.2f}GB {s['rank0_file'] / 1e9:6.2f}GB "
               f"{s['others_anon'] / 1e9:6.2f}GB {s['node_cpu_seconds']:7.2f}s {s['node_cpu_seconds'] / s['seconds']:5.2f}"
+              f" {s['gc_after_seconds']:7.2f}s"
               + (f"  (source {s['source']})" if s["source"] else ""))
     print(f"-: folded into load (one from_pretrained call). node cpu: the ranks' CPU seconds over the run, added; "
           f"cores: that over the total (this machine has {len(os.sched_getaffinity(0))}): where it is near "
-          f"the machine's cores, the run is bound by CPU")
+          f"the machine's cores, the run is bound by CPU. gc after: one full gc.collect() after the timed part, "
+          f"slowest rank (not in the total)")
 
 
 def main():

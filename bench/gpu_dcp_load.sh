@@ -38,8 +38,9 @@ export SHARDCAST_BUILD_DIR=$build PYTHONPATH=$build/python OMP_NUM_THREADS=1
 "$build/tests/core_test" --gtest_filter='StagingRingTest.*' >"$out/ring.txt" 2>&1
 grep -q '^\[  PASSED  \] [1-9]' "$out/ring.txt" || { echo "the staging ring's tests failed or none ran:"; tail -5 "$out/ring.txt"; }
 tail -1 "$out/ring.txt"
-timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda.py -k "dcp or beside_the_build" 2>&1 |
-  tail -5 | tee "$out/test_dcp_cuda.txt"
+timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda.py -k "dcp or beside_the_build" \
+  >"$out/test_cuda_full.txt" 2>&1  # whole: a failure's rank logs are in its assertion
+tail -5 "$out/test_cuda_full.txt" | tee "$out/test_dcp_cuda.txt"
 at tested
 bench() {  # bench NAME ARGS...: one bench_dcp_load run, if the deadline leaves room
   local name=$1 room=$(($(left) - 10))

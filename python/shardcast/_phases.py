@@ -30,7 +30,7 @@ class PhaseClock:
 
     def __init__(self) -> None:
         self.start = self.last = time.monotonic()
-        self.cpu_start = time.process_time()
+        self.cpu_start = self.cpu_last = time.process_time()
         self.seconds: Dict[str, float] = dict.fromkeys(PHASES, 0.0)
 
     def lap(self, phase: str) -> None:
@@ -38,6 +38,7 @@ class PhaseClock:
         now = time.monotonic()
         self.seconds[phase] += now - self.last
         self.last = now
+        self.cpu_last = time.process_time()
 
     def charge(self, phase: str, seconds: float) -> None:
         """Adds `seconds` measured elsewhere (a stream on another thread) to `phase`, outside the laps."""
@@ -47,8 +48,9 @@ class PhaseClock:
         return self.last - self.start
 
     def cpu(self) -> float:
-        """CPU seconds this process used since the clock started (every thread: the stream's too)."""
-        return time.process_time() - self.cpu_start
+        """CPU seconds this process used from the clock's start to its last lap (every thread: the stream's
+        too), the span total() measures."""
+        return self.cpu_last - self.cpu_start
 
 
 def with_phases(report, every_rank: List[dict]):

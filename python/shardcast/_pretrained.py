@@ -118,7 +118,11 @@ def _pretrained_target(target: Optional[str], mesh) -> Optional[str]:
     if target is None:
         on_gpus = mesh.device_type == "cuda" if mesh is not None else _job_has_gpus()
         target = "cuda" if on_gpus else None
-    if target == "cuda" and torch.cuda.is_available():
+    if target == "cuda":
+        if not torch.cuda.is_available():
+            raise InvalidArgument(f"target='cuda' (target= or SHARDCAST_TARGET), and torch sees no GPU on this rank "
+                                  f"(torch {torch.__version__}, CUDA {torch.version.cuda}): leave target unset or "
+                                  f"pass target='cpu'")
         torch.cuda.set_device(_cuda_device())
     return target
 
@@ -316,7 +320,11 @@ def _without_cyclic_gc(fn):
     and its meta model make about a million long-lived objects, and each full collection on the way walks
     all of them: measured in one process on the 2-core VM (40-layer Qwen3-MoE: transformers' imports, the
     config, the meta model), 2.33-2.74 s of CPU with the collector against 1.90-1.98 s without, per rank.
-    Nothing of the call is cyclic garbage worth collecting early: its tensors are freed by reference count."""
+    Nothing of the call is cyclic garbage worth collecting early: its tensors are freed by reference count.
+    The objects it made are still young when the collector resumes, so the caller's first collections
+    after it walk them once (bench_peers times one full collection after the call: `gc_after_seconds`);
+    the repeated full walks during the call are what is saved. Process-wide, as gc.disable is: the
+    caller's other threads run without the collector for the call too."""
     @functools.wraps(fn)
     def paused(*args, **kwargs):
         was = gc.isenabled()

@@ -165,6 +165,10 @@ def plan(path: str, config, dtype: torch.dtype, rank: int, world: int,
     for key, shape in keys.items():
         if key not in parts:
             out[key] = Planned(key, shape, dtype, None, rank, world, device)
+    if device.type == "cuda":
+        # The zeros were written on this thread's current stream (the caller's, maybe not the default one);
+        # the stream's copies run on its own thread's default stream, which must not overtake them.
+        torch.cuda.current_stream(device).synchronize()
     return out
 
 
@@ -229,6 +233,8 @@ class Stream:
                                                   self._progress, None, host)
         except BaseException as e:  # noqa: BLE001 -- handed to the main thread, which agrees on it
             self.error = e
+        finally:
+            del entries  # the error's traceback holds this frame: it must not keep the rank's buffers alive
         self.seconds = time.monotonic() - start
 
     def _progress(self, done: int, total: int) -> None:
@@ -259,8 +265,12 @@ class Stream:
             value = [sorted(_persistent_buffers(model)), redo]
         stream_problem = self._join()
         problem = problem or stream_problem
-        persistent, redo = _agree_or_raise(self.pg, self.store, self.rank, self.world, problem, value,
-                                           self.timeout_s)[0]
+        try:
+            persistent, redo = _agree_or_raise(self.pg, self.store, self.rank, self.world, problem, value,
+                                               self.timeout_s)[0]
+        except BaseException:
+            self.planned = {}  # the rank's share of the model (on a GPU, too): not held by the raised error's frames
+            raise
         if redo:
             logger.debug("from_pretrained loads %d parameter(s) after the build (kept in a dtype of their own, or "
                          "under a name the header does not hold): %s", len(redo),

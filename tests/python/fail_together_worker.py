@@ -113,7 +113,11 @@ def options(root, rank, world):
 
 def pretrained(root, rank, world):
     """from_pretrained failing on one rank before its load: a bad SHARDCAST_TARGET (rank 2), a checkpoint
-    this rank cannot see (rank 0)."""
+    this rank cannot see (rank 0), and where torch sees no GPU, SHARDCAST_TARGET=cuda (rank 1)."""
+    no_gpu = [] if torch.cuda.is_available() else [
+        ("from_pretrained: SHARDCAST_TARGET=cuda, no GPU", 1,
+         lambda f: _with_env(f, SHARDCAST_TARGET="cuda")(
+             lambda: shardcast.from_pretrained(os.path.join(root, "llama"), dtype=torch.float32, timeout=TIMEOUT)))]
     cases = [
         ("from_pretrained: SHARDCAST_TARGET=gpu", 2,
          lambda f: _with_env(f, SHARDCAST_TARGET="gpu")(
@@ -121,7 +125,7 @@ def pretrained(root, rank, world):
         ("from_pretrained: a path this rank lacks", 0,
          lambda f: shardcast.from_pretrained(os.path.join(root, "llama" + ("-missing" if f else "")),
                                              dtype=torch.float32, timeout=TIMEOUT)),
-    ]
+    ] + no_gpu
     out = [_run(name, failing, rank, lambda: call(rank == failing)) for name, failing, call in cases]
     model = shardcast.from_pretrained(os.path.join(root, "llama"), dtype=torch.float32, timeout=TIMEOUT)
     return {"cases": out, "after": model.shardcast_report["world_size"] == world}
