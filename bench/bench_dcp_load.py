@@ -30,7 +30,7 @@ evicted from it (posix_fadvise DONTNEED).
                             [--device cpu|cuda] [--out bench/results/dcp-load.json]
 
 A method may name shardcast's read-ahead per rank (shardcast-dcp@ra=0: none; @ra=64M), its reader threads
-(shardcast-dcp@rt=1) and its chunk, the size of each staging slot (shardcast-dcp@cs=16M: a CUDA target then
+(shardcast-dcp@rt=1), pread or an mmap of each file (shardcast-dcp@pr=0) and its chunk, the size of each staging slot (shardcast-dcp@cs=16M: a CUDA target then
 page-locks a quarter of the default's 256 MiB); settings chain: shardcast-load@rt=4@ra=0.
 """
 import argparse
@@ -47,7 +47,8 @@ from bench_peers import Sampler, meta_model, save_random_model, set_page_cache, 
 
 METHODS = ("torch-t1", "torch-t4", "shardcast-dcp", "shardcast-load")
 # a method's @settings: shardcast's environment variables
-SETTINGS = {"ra": "SHARDCAST_READAHEAD_BYTES", "rt": "SHARDCAST_READ_THREADS", "cs": "SHARDCAST_CHUNK_BYTES"}
+SETTINGS = {"ra": "SHARDCAST_READAHEAD_BYTES", "rt": "SHARDCAST_READ_THREADS", "cs": "SHARDCAST_CHUNK_BYTES",
+            "pr": "SHARDCAST_PREAD"}
 
 
 def worker(method, ckpt, out):
