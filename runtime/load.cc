@@ -72,10 +72,9 @@ int ThreadsHere(const LoadOptions& options, int sharers) {
   return ReadThreadsFor(options, sharers, std::min(machine, quota));
 }
 
-// Commits this rank's host shards, by `threads` threads on pieces of at most 64 MiB cut at page boundaries
-// (one thread zero-fills at about 4 GB/s on the dev VM: 0.47 s of a 1.91 GB load at one rank). It runs
-// beside the stream (CommitBeside), so the stream's readers find most pages already there.
-void Prefault(RankState& state, int threads) {
+// This rank's host shards as pieces of at most 64 MiB cut at page boundaries, for CommitBeside to commit
+// (tensors under 1 MiB, on meta or off the host are left to the stream's own faults).
+std::vector<std::pair<unsigned char*, size_t>> CommitPieces(RankState& state) {
   constexpr size_t kMinBytes = 1 << 20, kPiece = 64 << 20;
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   std::vector<std::pair<unsigned char*, size_t>> pieces;
@@ -90,58 +89,69 @@ void Prefault(RankState& state, int threads) {
       p = q;
     }
   }
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i; (i = next++) < pieces.size();) PrefaultForWrite(pieces[i].first, pieces[i].second);
-  };
-  std::vector<std::thread> helpers;
-  for (int i = 1; i < threads && static_cast<size_t>(i) < pieces.size(); ++i) {
-    try {
-      helpers.emplace_back(work);
-    } catch (const std::system_error&) {  // no more threads to be had: those running do the rest
-      break;
-    }
-  }
-  work();
-  for (std::thread& h : helpers) h.join();
+  return pieces;
 }
 
-// A thread that commits this rank's host shards (Prefault) beside the stream, joined when it goes out of
-// scope (the failure paths too: the commit ends on its own, at most one pass over the shards).
+// Commits this rank's host shards (MADV_POPULATE_WRITE over CommitPieces) on threads of its own while the
+// stream runs: one thread zero-fills at about 4 GB/s on the dev VM (0.47 s of a 1.91 GB load at one
+// rank), which a cold stream would otherwise wait for before its first read. A page the stream wrote
+// first is left as it is (the kernel fills only an empty page-table slot), and a reader that overtakes
+// the commit faults its own pages. Join() after the stream, or the destructor on a failure path, which
+// stops the commit at the next 64 MiB piece first.
+// Thread safety: the pieces are computed on the caller's thread; the commit threads touch nothing else.
 class CommitBeside {
  public:
   CommitBeside() = default;
   CommitBeside(const CommitBeside&) = delete;
   CommitBeside& operator=(const CommitBeside&) = delete;
   ~CommitBeside() {
-    if (thread_.joinable()) thread_.join();
+    stop_ = true;
+    Join();
   }
-  // Starts committing `state`'s shards with `threads` threads; where no thread can be had, commits here.
-  // REQUIRES: `state` outlives this object.
-  void Start(RankState& state, int threads) {
-    try {
-      thread_ = std::thread([&state, threads] { Prefault(state, threads); });
-    } catch (const std::system_error&) {
-      Prefault(state, threads);
+
+  // Starts committing `pieces` with `threads` threads in all; where no thread can be had, the stream's
+  // readers fault the pages themselves. Never throws.
+  void Start(std::vector<std::pair<unsigned char*, size_t>> pieces, int threads) {
+    pieces_ = std::move(pieces);
+    for (int i = 0; i < std::max(1, threads) && static_cast<size_t>(i) < pieces_.size(); ++i) {
+      try {
+        threads_.emplace_back([this] { Work(); });
+      } catch (const std::system_error&) {  // no more threads to be had: those running do the rest
+        break;
+      }
     }
   }
 
+  // Waits for the commit to end (at once where it never started). REQUIRES: the caller's thread.
+  void Join() {
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+    threads_.clear();
+  }
+
  private:
-  std::thread thread_;
+  void Work() {
+    for (size_t i; !stop_ && (i = next_++) < pieces_.size();) PrefaultForWrite(pieces_[i].first, pieces_[i].second);
+  }
+
+  std::vector<std::pair<unsigned char*, size_t>> pieces_;
+  std::atomic<size_t> next_{0};
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
 };
 
 // Shard storage for this rank's rows, or the same error on every rank. The pages are committed beside
-// the stream (`commit`), not before it: MADV_POPULATE_WRITE leaves a page the stream already wrote as it
-// is, and a reader that gets ahead of the commit faults its pages itself. Measured at 1.91 GB, W=4, on the
-// 2-core VM (medians of 3 interleaved): cold 1.31 s against 1.60 s with the commit first (the disk read
-// while the pages were committed), warm 0.80 s against 0.78 s.
+// the stream (`commit`), not before it. Measured at 1.91 GB, W=4, on the 2-core VM (medians of 3
+// interleaved): cold 1.31 s against 1.60 s with the commit first (the disk reads while the pages are
+// committed), warm 0.80 s against 0.78 s.
 void Allocate(Communicator& comm, RankState* state, bool checksum_only, int threads, CommitBeside* commit) {
   Problem local;
   try {
     FaultPoint("allocate", comm.rank());
     if (!checksum_only) {
       state->AllocateShards();
-      commit->Start(*state, threads);
+      commit->Start(CommitPieces(*state), threads);
     }
   } catch (const std::exception& e) {
     local = AsProblem(e);
@@ -208,7 +218,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   t = Clock::now();
   // The node's cores shared by its ranks (each commits its own shards at once), as the readers share them.
   const int ranks_on_node = OnNode(a.nodes, comm.world_size(), comm.rank(), [](int) { return true; });
-  CommitBeside commit;  // joined at the end of the load, after the stream
+  CommitBeside commit;  // joined after the stream (stopped and joined on a failure path)
   Allocate(comm, state, rq.checksum_only || rq.setup_only, ThreadsHere(rq.options, ranks_on_node), &commit);
   mine.allocate_seconds = Since(t);
   mine.setup_cpu_seconds = CpuSeconds() - cpu0;
@@ -255,6 +265,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   } else {
     r = StreamTogether(comm, ctx, "load", "stream", /*name_rank=*/true);
   }
+  commit.Join();  // a commit the readers overtook ends here, inside the stream's time
   mine.stream_seconds = Since(t);
 
   t = Clock::now();

@@ -33,7 +33,8 @@ struct RankReport {
   double handshake_seconds = 0, allocate_seconds = 0, stream_seconds = 0, verify_seconds = 0;
   double pin_seconds = 0;  // the part of stream_seconds spent page-locking the staging
   double cpu_seconds = 0;  // the process's CPU time (user + system, every thread) during the load
-  double setup_cpu_seconds = 0;  // the part of cpu_seconds before the stream: handshake and allocation
+  double setup_cpu_seconds = 0;  // the part of cpu_seconds before the stream: handshake and allocation (the
+                                 // shards' commit runs beside the stream: part of it may fall in here)
   uint64_t peak_rss_anon = 0, peak_rss_file = 0;  // above this rank's baseline at the start of Load
   uint64_t baseline_rss_anon = 0, baseline_rss_file = 0;
   int verified = -1;  // -1 not asked, 1 every entry matched
