@@ -1,0 +1,159 @@
+"""Where from_pretrained's ranks and their layout come from: the default process group (from torchrun's or
+srun's variables, or a world of one), the target device and this rank's GPU, the default mesh, the modules
+that get their own fully_shard, and transformers' DistributedConfig and plans.
+"""
+from __future__ import annotations
+
+import datetime
+import fnmatch
+import os
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from ._launch import launch
+from ._load import _cuda_device
+from ._shardcast import InvalidArgument
+
+
+def _dist_ready(device_type: str) -> None:
+    """Initializes the default process group from torchrun's or srun's variables, or, for a process no
+    launcher started, as a world of one. A launcher's world of several with no rendezvous address is an
+    InvalidArgument: never a world of one per process, each loading the whole model."""
+    import torch.distributed as dist
+    if dist.is_initialized():
+        return
+    backend = "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
+    timeout = datetime.timedelta(minutes=10)
+    where = launch()
+    if where.world > 1:
+        missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+        if missing:
+            ask = ("MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1) and MASTER_PORT="
+                   "a free port" if where.launcher == "slurm" else "MASTER_ADDR and MASTER_PORT (torchrun sets both)")
+            raise InvalidArgument(
+                f"rank {where.rank} of {where.world} ({where.launcher}'s variables), and no {' or '.join(missing)}: "
+                f"export {ask}, or call torch.distributed.init_process_group before shardcast")
+    if where.launcher == "torchrun" and "MASTER_ADDR" in os.environ:
+        dist.init_process_group(backend, timeout=timeout)  # env://: torchrun's own store where it has one
+        return
+    if where.launcher == "slurm" and where.world > 1:
+        dist.init_process_group(backend, init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+                                rank=where.rank, world_size=where.world, timeout=timeout)
+        return
+    # A single process with no launcher: a world of one over a loopback store.
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timeout)
+
+
+def _pretrained_target(target: Optional[str], mesh) -> Optional[str]:
+    """from_pretrained's target: the one given, else the mesh's device, else CUDA where the job runs on GPUs.
+    A CUDA target binds this rank to cuda:LOCAL_RANK, as transformers' distributed_config does."""
+    if target is None:
+        on_gpus = mesh.device_type == "cuda" if mesh is not None else _job_has_gpus()
+        target = "cuda" if on_gpus else None
+    if target == "cuda":
+        if not torch.cuda.is_available():
+            raise InvalidArgument(f"target='cuda' (target= or SHARDCAST_TARGET), and torch sees no GPU on this rank "
+                                  f"(torch {torch.__version__}, CUDA {torch.version.cuda}): leave target unset or "
+                                  f"pass target='cpu'")
+        torch.cuda.set_device(_cuda_device())
+    return target
+
+
+def _job_has_gpus() -> bool:
+    """torch sees a GPU for this rank's LOCAL_RANK (0 without a launcher)."""
+    if not torch.cuda.is_available():
+        return False
+    local = os.environ.get("LOCAL_RANK", "0").strip()
+    return int(local) < torch.cuda.device_count() if local.isdigit() else True
+
+
+def _default_mesh(target: Optional[str]):
+    from torch.distributed.device_mesh import init_device_mesh
+    import torch.distributed as dist
+    device_type = "cuda" if target == "cuda" else "cpu"
+    _dist_ready(device_type)
+    return init_device_mesh(device_type, (dist.get_world_size(),))
+
+
+def _fully_shard():
+    try:
+        from torch.distributed.fsdp import fully_shard  # public from torch 2.6
+    except ImportError:  # torch 2.4 / 2.5
+        from torch.distributed._composable.fsdp import fully_shard
+    return fully_shard
+
+
+def shard_units(model: torch.nn.Module, shard: Sequence[str] = ("layers",)) -> List[torch.nn.Module]:
+    """The modules `from_pretrained` gives their own `fully_shard`, in module order (the root excluded).
+
+    Each entry of `shard` is "layers" (every module whose class name is in the model's own
+    `_no_split_modules`: the decoder layers), a class name, or a pattern over module names
+    ("model.embed_tokens", "model.layers.*.mlp").
+    """
+    if isinstance(shard, str):
+        shard = (shard,)
+    no_split = set(getattr(model, "_no_split_modules", None) or ())
+    units, seen = [], set()
+    for name, module in model.named_modules():
+        if module is model:
+            continue
+        cls = type(module).__name__
+        for sel in shard:
+            if (sel == "layers" and cls in no_split) or sel == cls or fnmatch.fnmatchcase(name, sel):
+                break
+        else:
+            continue
+        # Keep the outermost match: a pattern like "model.layers.*" also matches each layer's children.
+        if any(name.startswith(p + ".") for p in seen):
+            continue
+        seen.add(name)
+        units.append(module)
+    if "layers" in shard and not units:
+        layers = getattr(getattr(model, "model", None), "layers", None)
+        if layers is None:
+            raise InvalidArgument(f"{type(model).__name__} declares no _no_split_modules and has no model.layers: "
+                                  "pass shard=(class names or module-name patterns)")
+        units = list(layers)
+    return units
+
+
+def _model_class(config, trust_remote_code: bool):
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+    try:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError:
+        raise InvalidArgument(f"distributed_config: transformers maps no causal LM class to {type(config).__name__}"
+                              ) from None
+
+
+def _distributed_config(distributed_config, sizes: Dict[str, Optional[int]]):
+    """transformers' DistributedConfig from the argument or the size keywords; None when neither is given."""
+    given = {k: v for k, v in sizes.items() if v is not None}
+    if distributed_config is None and not given:
+        return None
+    try:
+        from transformers.distributed import DistributedConfig
+    except ImportError as e:
+        raise InvalidArgument(f"distributed_config needs transformers >= 5 with DistributedConfig: {e}") from None
+    if distributed_config is None:
+        return DistributedConfig(**given)
+    if given:
+        raise InvalidArgument(f"pass either distributed_config or {', '.join(sorted(given))}, not both")
+    if isinstance(distributed_config, dict):
+        return DistributedConfig.from_dict(distributed_config)
+    return distributed_config
+
+
+def _parallelize(model, config, dc, trust_remote_code: bool):
+    """Lays out the meta model with transformers' own plans (TP, EP, then FSDP2/HSDP), as its
+    from_pretrained(distributed_config=...) does between building the model and loading weights."""
+    cls = type(model) if hasattr(type(model), "maybe_distribute_model") else _model_class(config, trust_remote_code)
+    dc, _, mesh_manager = cls.prepare_distribute_model(dc, device_map=None)
+    if mesh_manager is None:  # every size 1: nothing to lay out
+        return model
+    return cls.maybe_distribute_model(model, dc, mesh_manager)
