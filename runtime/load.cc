@@ -110,7 +110,8 @@ class CommitBeside {
   }
 
   // Starts committing `pieces` with `threads` threads in all; where no thread can be had, the stream's
-  // readers fault the pages themselves. Never throws.
+  // readers fault the pages themselves. Throws only std::bad_alloc (Allocate agrees on it; threads already
+  // started are stopped and joined by the destructor).
   void Start(std::vector<std::pair<unsigned char*, size_t>> pieces, int threads) {
     pieces_ = std::move(pieces);
     for (int i = 0; i < std::max(1, threads) && static_cast<size_t>(i) < pieces_.size(); ++i) {
