@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <set>
 
@@ -16,6 +17,18 @@
 
 namespace shardcast {
 namespace {
+
+// This rank's part of the schedule walked with no I/O: `visit(msg, task)` for each message the route gives
+// it a part in, until `visit` returns false.
+void WalkTasks(const Manifest& m, const Route& route, int me, bool verify,
+               const std::function<bool(const Message&, const Task&)>& visit) {
+  Schedule schedule(m, route.InterestOf(me, verify));
+  Message msg;
+  while (schedule.Next(&msg)) {
+    const Task t = route.For(msg, me, verify);
+    if (t.any() && !visit(msg, t)) return;
+  }
+}
 
 // Memory a device transport (NCCL) moves bytes through: one reusable byte tensor per use, grown as needed.
 class DeviceBuffer {
@@ -158,16 +171,21 @@ class Engine {
   uint64_t LargestRead() const {
     const uint64_t chunk = m_.params.chunk_bytes;
     constexpr int kMostMessages = 4096;
-    Schedule schedule(m_, route_.InterestOf(me_, verify_));
-    Message msg;
     uint64_t most = 0, seen = 0;
-    for (int n = 0; schedule.Next(&msg); ++n) {
-      if (most >= chunk || seen >= chunk * slots_ || n >= kMostMessages) return chunk;
-      if (!route_.For(msg, me_, verify_).read) continue;
-      most = std::max(most, msg.target_bytes);
-      seen += msg.target_bytes;
-    }
-    return std::min(most, chunk);
+    int n = 0;
+    bool whole_chunks = false;
+    WalkTasks(m_, route_, me_, verify_, [&](const Message& msg, const Task& t) {
+      if (most >= chunk || seen >= chunk * slots_ || n++ >= kMostMessages) {
+        whole_chunks = true;
+        return false;
+      }
+      if (t.read) {
+        most = std::max(most, msg.target_bytes);
+        seen += msg.target_bytes;
+      }
+      return true;
+    });
+    return whole_chunks ? chunk : std::min(most, chunk);
   }
 
   // Drops every pending send without waiting for it (the failure path). REQUIRES: the buffers they
@@ -336,17 +354,12 @@ uint64_t TotalTargetBytes(const Manifest& m) {
 
 StreamStats PlanStream(const StreamContext& c) {
   StreamStats st;
-  const int me = c.comm->rank();
-  const bool verify = c.manifest->params.verify;
-  Schedule schedule(*c.manifest, c.route->InterestOf(me, verify));
-  Message msg;
-  while (schedule.Next(&msg)) {
-    const Task t = c.route->For(msg, me, verify);
-    if (!t.any()) continue;
+  WalkTasks(*c.manifest, *c.route, c.comm->rank(), c.manifest->params.verify, [&](const Message& msg, const Task& t) {
     ++st.messages;
     if (t.read) st.bytes_read += msg.target_bytes;
     if (t.receive || (t.broadcast && !t.read)) st.bytes_received += msg.target_bytes;
-  }
+    return true;
+  });
   return st;
 }
 
