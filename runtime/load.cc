@@ -1,5 +1,6 @@
 #include "runtime/load.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -133,6 +134,7 @@ class CommitBeside {
 
  private:
   void Work() {
+    pthread_setname_np(pthread_self(), "shardcast-fill");  // 15 characters at most
     for (size_t i; !stop_ && (i = next_++) < pieces_.size();) PrefaultForWrite(pieces_[i].first, pieces_[i].second);
   }
 

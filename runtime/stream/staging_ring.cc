@@ -1,5 +1,7 @@
 #include "runtime/stream/staging_ring.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <system_error>
 
@@ -252,6 +254,7 @@ std::shared_ptr<const Message> StagingRing::Claim(Core& c, uint32_t lane, uint64
 
 // A reader thread. `core` is its own reference: once the ring left it behind, `this` is gone.
 void StagingRing::Run(const std::shared_ptr<Core>& core, uint32_t lane) {
+  pthread_setname_np(pthread_self(), "shardcast-read");  // as top -H and perf name it
   try {
     ReadAll(*core, lane);
   } catch (const Abandoned&) {

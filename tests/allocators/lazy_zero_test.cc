@@ -62,5 +62,29 @@ TEST(LazyZero, HugePagesOptionStillZeroAndLazy) {
   LazyZeroFree(p, 8u << 20);
 }
 
+// The commit before a load: fresh pages come in zeroed, pages already written keep their bytes, whether
+// the range is partly written (the populate fills the gaps) or written in full (mincore sees it and the
+// populate is skipped).
+TEST(LazyZero, PrefaultForWriteCommitsTheGapsAndKeepsWrittenBytes) {
+  constexpr size_t kRegion = 64u << 20;
+  auto* p = static_cast<unsigned char*>(LazyZeroAllocate(kRegion));
+  std::memset(p, 0x5a, kRegion / 4);  // the first quarter written
+  const MemorySnapshot before = ReadMemory();
+  if (!PrefaultForWrite(p, kRegion)) {
+    LazyZeroFree(p, kRegion);
+    GTEST_SKIP() << "MADV_POPULATE_WRITE is not in this kernel (Linux 5.14+)";
+  }
+  const MemorySnapshot after = ReadMemory();
+  EXPECT_GE(after.rss_anon, before.rss_anon + kRegion * 3 / 4 - (8u << 20)) << "the unwritten 3/4 committed";
+  for (size_t i = 0; i < kRegion; i += 4093) {
+    ASSERT_EQ(p[i], i < kRegion / 4 ? 0x5a : 0) << "byte " << i;
+  }
+  std::memset(p, 0x33, kRegion);  // now written in full: a second commit changes nothing
+  EXPECT_TRUE(PrefaultForWrite(p + 1, kRegion - 1));  // the whole pages inside
+  for (size_t i = 0; i < kRegion; i += 4093) ASSERT_EQ(p[i], 0x33) << "byte " << i;
+  EXPECT_FALSE(PrefaultForWrite(p + 1, 100)) << "no whole page inside";
+  LazyZeroFree(p, kRegion);
+}
+
 }  // namespace
 }  // namespace shardcast
