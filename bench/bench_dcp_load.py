@@ -7,6 +7,9 @@ dense Llama checkpoint (bf16, save_pretrained; --layers 16 ~1.9 GB, 48 ~5.6 GB) 
   torch-t4         the same with thread_count=4 (its best here: one thread per file, at most 4)
   shardcast-dcp    dcp.load(model.state_dict(), storage_reader=shardcast.dcp.HuggingFaceStorageReader(path))
   shardcast-load   shardcast.load(model, path)
+  dcp-floor        dcp.load through torch's reader with its read_data moving no byte (every read item resolved
+                   and committed as it is): what DCP's planning, metadata and collectives cost around any
+                   reader's data phase (its shards are not compared; not a peer, a bound)
 
 With --fp8, the same Llama with every linear weight stored as DeepSeek-V3 stores it (float8_e4m3fn with a
 float32 weight_scale_inv per 128x128 block; embeddings, norms and lm_head bf16), loaded into the bf16 model:
@@ -83,16 +86,18 @@ def worker(method, ckpt, out):
         report = shardcast.load(model, ckpt)
     else:
         if "fp8" in pathlib.Path(ckpt).name:
-            from torch.distributed.checkpoint.quantized_hf_storage import QuantizedHuggingFaceStorageReader as Q
-            theirs, ours = (lambda **kw: Q(ckpt, target_dtype=torch.bfloat16, **kw),
-                            lambda: shardcast.dcp.QuantizedHuggingFaceStorageReader(ckpt, target_dtype=torch.bfloat16))
+            from torch.distributed.checkpoint.quantized_hf_storage import QuantizedHuggingFaceStorageReader
+            base, kw = QuantizedHuggingFaceStorageReader, {"target_dtype": torch.bfloat16}
+            ours = lambda: shardcast.dcp.QuantizedHuggingFaceStorageReader(ckpt, **kw)  # noqa: E731
         else:
-            theirs, ours = (lambda **kw: HuggingFaceStorageReader(ckpt, **kw),
-                            lambda: shardcast.dcp.HuggingFaceStorageReader(ckpt))
+            base, kw = HuggingFaceStorageReader, {}
+            ours = lambda: shardcast.dcp.HuggingFaceStorageReader(ckpt)  # noqa: E731
         if method == "shardcast-dcp":
             reader = ours()
+        elif method == "dcp-floor":
+            reader = _floor_reader(base)(ckpt, **kw)
         elif method.startswith("torch-t"):  # torch-tN: thread_count=N
-            reader = theirs(thread_count=int(method[len("torch-t"):]))
+            reader = base(ckpt, thread_count=int(method[len("torch-t"):]), **kw)
         else:
             raise SystemExit(f"unknown method {method}")
         dcp.load(model.state_dict(), storage_reader=reader)
@@ -116,6 +121,22 @@ def worker(method, ckpt, out):
               "engine": _engine_row(report, dist.get_rank())}
     pathlib.Path(f"{out}.{dist.get_rank()}").write_text(json.dumps(result))
     dist.destroy_process_group()
+
+
+def _floor_reader(base):
+    """`base` (torch's HF reader class) with a read_data that moves no byte: every read item's destination
+    resolved and committed as it stands, as a reader does after filling it."""
+    import torch
+
+    class Floor(base):
+        def read_data(self, plan, planner):
+            for req in plan.items:
+                planner.commit_tensor(req, planner.resolve_tensor(req))
+            done = torch.futures.Future()
+            done.set_result(None)
+            return done
+
+    return Floor
 
 
 def _engine_row(report, rank):
@@ -225,16 +246,18 @@ def main():
                             "local_bytes": [r["local_bytes"] for r in ranks], "resident_before": resident,
                             "gpu_peak": max(r["gpu_peak"] for r in ranks), "engine": ranks[0]["engine"]})
             print(f"round {round_ + 1} {m:15s} {runs[m][-1]['seconds']:7.2f} s", flush=True)
-    reference = runs[methods[0]][0]["crcs"]
-    for m in methods:
+    compared = [m for m in methods if m != "dcp-floor"]  # the floor moves no byte: its shards are not a load's
+    reference = runs[compared[0]][0]["crcs"] if compared else None
+    for m in compared:
         for r in runs[m]:
             if r["crcs"] != reference:
-                raise SystemExit(f"{m}: local shards differ from {methods[0]}'s ({r['crcs']} vs {reference})")
+                raise SystemExit(f"{m}: local shards differ from {compared[0]}'s ({r['crcs']} vs {reference})")
     best_torch = min((statistics.median(r["seconds"] for r in runs[m]) for m in methods if m.startswith("torch")),
                      default=None)
     print(f"\n{size / 1e9:.2f} GB, W={args.world_size}, {args.device}, {'cold' if args.cold else 'warm'}"
           f"{', shards written before the load' if args.init else ''}, median of {args.repeat}; "
-          f"shards CRC-identical across methods")
+          f"shards CRC-identical across methods" + (" (dcp-floor moves no byte: not compared)" if "dcp-floor" in methods
+                                                  else ""))
     print(f"{'method':15s} {'median s':>9s} {'GB/s':>6s} {'vs best torch':>13s} {'rank0 anon':>10s} "
           f"{'rank0 file':>10s} {'node peak':>10s}")
     summary = {}
