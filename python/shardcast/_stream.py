@@ -110,6 +110,8 @@ def off_layout(mesh, target: Optional[str], world: int, dc=None) -> Optional[str
     device_type = "cuda" if target == "cuda" else "cpu"
     if dc is not None and getattr(dc, "fsdp_size", None) != world:
         return f"distributed_config's fsdp_size {getattr(dc, 'fsdp_size', None)} is not the world size {world}"
+    if dc is not None and world == 1:
+        return "distributed_config over a world of one: transformers leaves its parameters plain tensors"
     if mesh is not None and (mesh.device_type != device_type or mesh.mesh.flatten().tolist() != list(range(world))):
         return f"a mesh that is not the whole world on {device_type}"
     return None

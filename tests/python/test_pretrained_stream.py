@@ -31,7 +31,7 @@ def run(tiny_checkpoints, tmp_path_factory):
     both = ["stream", ("mismatch", bad), ("fail_one", root / "llama")]
     return ranks.Scenarios("pretrained_stream_worker.py", tmp_path_factory,
                            {3: ["phases", ("stream:kept", kept_dtype(tmp_path_factory)), "stream_dc"] + both,
-                            4: ["stream"]},
+                            4: ["stream"], 1: ["stream", "stream_dc"]},
                            root=root, timeout=400)
 
 
@@ -97,6 +97,20 @@ def test_transformers_fsdp_layout_streams_beside_the_build_too(run):
             assert r["differ"] == [] and r["copied"] == [] and r["params"] > 10, (rank, name, r)
         # llama's tied lm_head: transformers' FSDP unties it, its from_pretrained ties it again; so does ours
         assert result["llama"]["tied"] == [True, True], (rank, result["llama"])
+
+
+def test_a_world_of_one_streams_fully_shards_layout_and_loads_transformers_plain_tensors_after_the_build(run):
+    """One rank (torchrun --nproc-per-node 1): fully_shard over a mesh of one still makes Shard(0) DTensors,
+    which the stream predicts; transformers' FSDP of size 1 leaves plain tensors, which it does not, so they
+    load after the build. Regression: the stream predicted Shard(0) there too, and every such call failed
+    with ManifestMismatch."""
+    (default,) = run("stream", 1)
+    (dc,) = run("stream_dc", 1)
+    for name in MODELS:
+        assert default[name]["beside"] == [True, False], (name, default[name])
+        assert default[name]["differ"] == [] and default[name]["copied"] == [], (name, default[name])
+        assert dc[name]["beside"] == [False, False] and dc[name]["differ"] == [], (name, dc[name])
+    assert any("world of one" in line for line in dc["debug"]), dc["debug"]
 
 
 def test_a_parameter_the_model_class_keeps_in_float32_is_loaded_after_the_build_not_refused(run):
