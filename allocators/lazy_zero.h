@@ -34,10 +34,13 @@ AllocatorStats LazyZeroStats();
 // 5.14+), for memory about to be written in full: the kernel zero-fills them in a batch instead of one
 // trapped fault per 4 KiB page, which a pread into fresh memory pays from inside the kernel's copy (about
 // 1.8 against 2.2 GB/s on the dev VM, bench in the commit that added this). Pages already present are
-// left as they are (their bytes too), and a range already present in full costs one mincore instead of
-// the populate's walk (memory the caller wrote before a load: torchtitan's init_weights, a second load into
-// the same model; the walk was 10% of a 1.91 GB load's CPU there). Best effort: returns false, having done nothing, where the kernel
-// lacks it or `bytes` holds no whole page; never throws.
+// left as they are (their bytes too). A range whose pages mincore reports all present is left alone
+// without the populate's fault-in walk (memory the caller wrote before a load: torchtitan's init_weights,
+// a second load into the same model). mincore also calls present a page the populate would still have
+// made writable (the shared zero page after a read, copy-on-write after a fork, a file mapping's cached
+// page): the writes then fault as they would without this call; bytes are never affected.
+// Best effort: returns whether the range is committed or found present; false, having done nothing,
+// where `bytes` holds no whole page or the kernel lacks MADV_POPULATE_WRITE (or refused it); never throws.
 bool PrefaultForWrite(void* p, size_t bytes);
 
 }  // namespace shardcast

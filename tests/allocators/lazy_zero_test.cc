@@ -1,6 +1,7 @@
 #include "allocators/lazy_zero.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <cstring>
 
@@ -80,7 +81,12 @@ TEST(LazyZero, PrefaultForWriteCommitsTheGapsAndKeepsWrittenBytes) {
     ASSERT_EQ(p[i], i < kRegion / 4 ? 0x5a : 0) << "byte " << i;
   }
   std::memset(p, 0x33, kRegion);  // now written in full: a second commit changes nothing
-  EXPECT_TRUE(PrefaultForWrite(p + 1, kRegion - 1));  // the whole pages inside
+  // Read-only, a populate for writing would fail: true here means mincore found every page and the
+  // populate was skipped.
+  ASSERT_EQ(mprotect(p, kRegion, PROT_READ), 0);
+  EXPECT_TRUE(PrefaultForWrite(p + 1, kRegion - 1)) << "the whole pages inside, all present: skipped";
+  EXPECT_FALSE(PrefaultForWrite(p + kRegion, 0));
+  ASSERT_EQ(mprotect(p, kRegion, PROT_READ | PROT_WRITE), 0);
   for (size_t i = 0; i < kRegion; i += 4093) ASSERT_EQ(p[i], 0x33) << "byte " << i;
   EXPECT_FALSE(PrefaultForWrite(p + 1, 100)) << "no whole page inside";
   LazyZeroFree(p, kRegion);
