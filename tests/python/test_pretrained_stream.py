@@ -110,6 +110,7 @@ def test_a_world_of_one_streams_fully_shards_layout_and_loads_transformers_plain
         assert default[name]["beside"] == [True, False], (name, default[name])
         assert default[name]["differ"] == [] and default[name]["copied"] == [], (name, default[name])
         assert dc[name]["beside"] == [False, False] and dc[name]["differ"] == [], (name, dc[name])
+        assert default[name]["params"] > 10 and dc[name]["params"] == default[name]["params"], (name, dc[name])
     assert any("world of one" in line for line in dc["debug"]), dc["debug"]
 
 
@@ -159,6 +160,13 @@ def test_which_targets_and_meshes_the_stream_predicts():
     assert off_layout(Mesh("cpu", [0, 1, 2, 3]), "cuda", 4) == "a mesh that is not the whole world on cuda"
     assert off_layout(Mesh("cuda", [0, 1, 2, 3]), "cpu", 4) == "a mesh that is not the whole world on cpu"
     assert off_layout(Mesh("cuda", [1, 0, 2, 3]), "cuda", 4) == "a mesh that is not the whole world on cuda"
+    # transformers' plans lay out on torch's accelerator (the host here, where no GPU is): a target elsewhere
+    # is not what the stream predicts
+    here = torch._C._get_accelerator().type
+    other = "cuda" if here == "cpu" else "cpu"
+    assert off_layout(None, None if here == "cpu" else here, 4, dc=type("DC", (), {"fsdp_size": 4})()) is None
+    assert off_layout(None, other, 4, dc=type("DC", (), {"fsdp_size": 4})()) == \
+        f"distributed_config lays out on {here}, the target is {other}"
 
 
 def test_from_pretrained_pauses_the_cyclic_collector_and_restores_it():
