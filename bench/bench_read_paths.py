@@ -6,7 +6,7 @@
   mmap+copy        an mmap of the file and one user-space copy (numpy.copyto; its page faults included)
   safetensors      safe_open(...).get_slice(key)[rows] then Tensor.copy_ into the destination, key by key
                    (what torch's HuggingFaceStorageReader does per read item; one thread only)
-  memcpy           no file: the same bytes copied between two regions of written memory (the machine's
+  memcpy           no file: as many bytes copied between two regions of written memory (the machine's
                    copy bound for any reader that lands bytes once)
 
 With --threads T each path splits the bytes into T contiguous parts, one thread each (the calls release the
@@ -41,6 +41,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", help="default bench/results/read-paths.json (read-paths-tT.json with --threads T)")
     args = ap.parse_args()
+    if args.threads < 1:
+        ap.error("--threads must be at least 1")
     args.out = args.out or str(ROOT / "bench" / "results" / ("read-paths.json" if args.threads == 1
                                                              else f"read-paths-t{args.threads}.json"))
     import numpy as np
