@@ -46,7 +46,8 @@ import time
 import zlib
 
 from _ranks import ROOT, launch
-from bench_peers import Sampler, meta_model, save_random_model, set_page_cache, shard
+from _checkpoints import save_random_model, set_page_cache
+from bench_peers import Sampler, meta_model, shard
 
 METHODS = ("torch-t1", "torch-t4", "shardcast-dcp", "shardcast-load")
 # a method's @settings: shardcast's environment variables

@@ -33,7 +33,7 @@ import time
 import zlib
 
 from _ranks import free_port
-from bench_peers import set_page_cache, write_checkpoint
+from _checkpoints import set_page_cache, write_checkpoint
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 METHODS = ("transformers", "shardcast")
