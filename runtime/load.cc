@@ -45,8 +45,6 @@ double CpuSeconds() {
   return s(u.ru_utime) + s(u.ru_stime);
 }
 
-// The host shards about to be written in full, committed in one call each instead of a fault per page as
-// the stream writes them (allocators/lazy_zero.h); small ones are not worth the call.
 // The CPUs a cgroup (v2) quota allows this process (cpu.max "QUOTA PERIOD"); INT_MAX for none or unknown.
 int CgroupCpus() {
   FILE* f = std::fopen("/sys/fs/cgroup/cpu.max", "r");

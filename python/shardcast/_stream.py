@@ -112,8 +112,8 @@ def off_layout(mesh, target: Optional[str], world: int, dc=None) -> Optional[str
         return f"distributed_config's fsdp_size {getattr(dc, 'fsdp_size', None)} is not the world size {world}"
     if dc is not None and world == 1:
         return "distributed_config over a world of one: transformers leaves its parameters plain tensors"
-    if dc is not None and torch._C._get_accelerator().type != device_type:  # where transformers makes its mesh
-        return f"distributed_config lays out on {torch._C._get_accelerator().type}, the target is {device_type}"
+    if dc is not None and (laid_on := torch._C._get_accelerator().type) != device_type:  # transformers' mesh
+        return f"distributed_config lays out on {laid_on}, the target is {device_type}"
     if mesh is not None and (mesh.device_type != device_type or mesh.mesh.flatten().tolist() != list(range(world))):
         return f"a mesh that is not the whole world on {device_type}"
     return None
