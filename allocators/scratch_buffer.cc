@@ -23,7 +23,12 @@ void* Allocate(uint64_t bytes) {
   if (p == nullptr) throw Error(ErrorKind::kIo, "scratch buffer", "cannot allocate " + std::to_string(bytes) + " bytes");
   return p;
 #else
-  return LazyZeroAllocate(bytes);
+  // 2 MiB pages where a buffer holds one: a staging slot is written in full, and its first touch (or its
+  // page-locking, which faults every page in) costs one fault per 2 MiB instead of per 4 KiB (256 MiB of
+  // slots: ~0.13 against ~0.03 s on the AMD dev VM, THP in madvise mode).
+  LazyZeroOptions options;
+  options.huge_pages = bytes >= (2ull << 20);
+  return LazyZeroAllocate(bytes, options);
 #endif
 }
 

@@ -2,7 +2,8 @@
 // (the staging ring's slots, a conversion's raw bytes, a bounce copy).
 //
 // Get(n) returns at least n bytes, valid until the next Get that grows it. Memory is lazy-zero
-// (allocators/lazy_zero.h: committed only where written, unmapped when it grows or dies). In an
+// (allocators/lazy_zero.h: committed only where written, unmapped when it grows or dies), in 2 MiB pages
+// (MADV_HUGEPAGE) from 2 MiB up: a buffer that large is a slot written in full. In an
 // AddressSanitizer build it comes from the heap instead (zeroed too), so that ASan sees its lifetime: a
 // transport still reading a freed staging slot is a heap-use-after-free report (through its writev
 // interceptor), not a silent read of an unmapped or reused page.

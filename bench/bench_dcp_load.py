@@ -33,8 +33,9 @@ evicted from it (posix_fadvise DONTNEED).
                             [--device cpu|cuda] [--out bench/results/dcp-load.json]
 
 A method may name shardcast's read-ahead per rank (shardcast-dcp@ra=0: none; @ra=64M), its reader threads
-(shardcast-dcp@rt=1), pread or an mmap of each file (shardcast-dcp@pr=0) and its chunk, the size of each staging slot (shardcast-dcp@cs=16M: a CUDA target then
-page-locks a quarter of the default's 256 MiB); settings chain: shardcast-load@rt=4@ra=0.
+(shardcast-dcp@rt=1), pread or an mmap of each file (shardcast-dcp@pr=0), its chunk, the size of each staging
+slot (shardcast-dcp@cs=16M: a CUDA target then page-locks a quarter of the default's 256 MiB) and the number of
+slots (@sl=8; reader threads are at most the slots); settings chain: shardcast-dcp@rt=8@sl=8@cs=32M.
 """
 import argparse
 import json
@@ -52,7 +53,7 @@ from bench_peers import Sampler, meta_model, shard
 METHODS = ("torch-t1", "torch-t4", "shardcast-dcp", "shardcast-load")
 # a method's @settings: shardcast's environment variables
 SETTINGS = {"ra": "SHARDCAST_READAHEAD_BYTES", "rt": "SHARDCAST_READ_THREADS", "cs": "SHARDCAST_CHUNK_BYTES",
-            "pr": "SHARDCAST_PREAD"}
+            "pr": "SHARDCAST_PREAD", "sl": "SHARDCAST_STAGING_SLOTS"}
 
 
 def worker(method, ckpt, out):
@@ -154,8 +155,8 @@ def _engine_text(e):
     (allocate), the stream and its readers."""
     pinned = (f", {e['pinned_staging_bytes'] / 2**20:.0f} MiB pinned in {e.get('pin_seconds') or 0:.3f} s"
               if e.get("pinned_staging_bytes") else "")
-    return (f" | engine {e['seconds']:.2f} s: handshake {e['handshake_seconds']:.2f}, allocate "
-            f"{e['allocate_seconds']:.2f}, stream {e['stream_seconds']:.2f} ({e['read_threads']} readers{pinned})")
+    return (f" | engine {e['seconds']:.3f} s: handshake {e['handshake_seconds']:.3f}, allocate "
+            f"{e['allocate_seconds']:.3f}, stream {e['stream_seconds']:.3f} ({e['read_threads']} readers{pinned})")
 
 
 def write_checkpoint(path, layers):
@@ -246,7 +247,9 @@ def main():
                             "node_anon_file": sum(r["peak_rss_anon"] + r["peak_rss_file"] for r in ranks),
                             "local_bytes": [r["local_bytes"] for r in ranks], "resident_before": resident,
                             "gpu_peak": max(r["gpu_peak"] for r in ranks), "engine": ranks[0]["engine"]})
-            print(f"round {round_ + 1} {m:15s} {runs[m][-1]['seconds']:7.2f} s", flush=True)
+            e = runs[m][-1]["engine"]
+            print(f"round {round_ + 1} {m:15s} {runs[m][-1]['seconds']:7.3f} s" + (_engine_text(e) if e else ""),
+                  flush=True)
     compared = [m for m in methods if m != "dcp-floor"]  # the floor moves no byte: its shards are not a load's
     reference = runs[compared[0]][0]["crcs"] if compared else None
     for m in compared:
@@ -267,7 +270,7 @@ def main():
         pick = sorted(runs[m], key=lambda r: r["seconds"])[len(runs[m]) // 2]
         summary[m] = {"median_seconds": med, "gb_per_s": size / med / 1e9, "runs": runs[m]}
         ratio = f"{best_torch / med:.2f}x" if best_torch and m != "dcp-floor" else "-"  # the floor is a bound
-        print(f"{m:15s} {med:9.2f} {size / med / 1e9:6.2f} {ratio:>13s} {pick['rank0_anon'] / 1e9:8.2f}GB "
+        print(f"{m:15s} {med:9.3f} {size / med / 1e9:6.2f} {ratio:>13s} {pick['rank0_anon'] / 1e9:8.2f}GB "
               f"{pick['rank0_file'] / 1e9:8.2f}GB {pick['node_anon_file'] / 1e9:8.2f}GB"
               + (f" gpu peak {pick['gpu_peak'] / 1e9:.2f}GB" if args.device == "cuda" else "")
               + (_engine_text(pick["engine"]) if pick.get("engine") else ""))

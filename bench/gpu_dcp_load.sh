@@ -5,11 +5,12 @@
 #
 # On a machine with one NVIDIA GPU and a PyTorch (its python3): builds build-gpu/ against that torch
 # (CUDA on; the Debian packages it lacks unpacked from SHARDCAST_DEB_DIR, see tools/gpu_check.sh), runs the
-# GPU tests of shardcast.dcp and of from_pretrained's stream beside the build into GPU buffers
-# (tests/python/test_cuda.py -k "dcp or beside_the_build") and the staging ring's pinned test, then
+# GPU tests (tests/python/test_cuda.py: shardcast.dcp, from_pretrained's stream beside the build into GPU
+# buffers, the CLI's cuda target and NCCL) and the staging ring's pinned test, then
 # bench/bench_dcp_load.py --device cuda on the 1.91 GB Llama: warm (torch's reader at 1 and 4 threads,
-# shardcast.dcp with its defaults, with 16 MiB slots (a quarter of the page-locking) and with one reader
-# thread; each shardcast row prints its engine split, pin_seconds included), then cold. Each step is
+# dcp-floor (DCP's own cost around any reader: what bounds every reader's ratio), shardcast.dcp with its
+# defaults, with 16 MiB slots (a quarter of the page-locking) and with 8 readers over 8 slots of 32 MiB;
+# each shardcast row prints its engine split, pin_seconds included), then cold. Each step is
 # skipped once the deadline (seconds from the start; default 540) is too near. Results: OUTDIR/*.json, *.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -38,7 +39,7 @@ export SHARDCAST_BUILD_DIR=$build PYTHONPATH=$build/python OMP_NUM_THREADS=1
 "$build/tests/core_test" --gtest_filter='StagingRingTest.*' >"$out/ring.txt" 2>&1
 grep -q '^\[  PASSED  \] [1-9]' "$out/ring.txt" || { echo "the staging ring's tests failed or none ran:"; tail -5 "$out/ring.txt"; }
 tail -1 "$out/ring.txt"
-timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda.py -k "dcp or beside_the_build" \
+timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda.py \
   >"$out/test_cuda_full.txt" 2>&1  # whole: a failure's rank logs are in its assertion
 tail -5 "$out/test_cuda_full.txt" | tee "$out/test_dcp_cuda.txt"
 at tested
@@ -47,8 +48,8 @@ bench() {  # bench NAME ARGS...: one bench_dcp_load run, if the deadline leaves 
   shift
   ((room > 60)) || { echo "skipped $name: $room s left"; return; }
   timeout "$room" python3 bench/bench_dcp_load.py --device cuda --world-size 1 --layers 16 --out "$out/$name.json" "$@" 2>&1 |
-    grep -v Warning | tail -9
+    grep -v Warning | tail -14
   at "$name"
 }
-bench dcp-load-16L-cuda-warm --repeat 3 --methods torch-t1,torch-t4,shardcast-dcp,shardcast-dcp@cs=16M,shardcast-dcp@rt=1
-bench dcp-load-16L-cuda-cold --repeat 3 --cold --methods torch-t4,shardcast-dcp,shardcast-dcp@rt=1
+bench dcp-load-16L-cuda-warm --repeat 3 --methods torch-t1,torch-t4,dcp-floor,shardcast-dcp,shardcast-dcp@cs=16M,shardcast-dcp@rt=8@sl=8@cs=32M
+bench dcp-load-16L-cuda-cold --repeat 3 --cold --methods torch-t4,shardcast-dcp
