@@ -9,8 +9,8 @@
 # buffers, the CLI's cuda target and NCCL) and the staging ring's pinned test, then
 # bench/bench_dcp_load.py --device cuda on the 1.91 GB Llama: warm (torch's reader at 1 and 4 threads,
 # dcp-floor (DCP's own cost around any reader: what bounds every reader's ratio), shardcast.dcp with its
-# defaults, with 16 MiB slots (a quarter of the page-locking) and with 8 readers over 8 slots of 32 MiB;
-# each shardcast row prints its engine split, pin_seconds included), then cold. Each step is
+# defaults (a CUDA target's: 8 readers over 8 page-locked slots of 8 MiB) and with the CPU's (4 over 4 of
+# 64 MiB), shardcast.load; each shardcast row prints its engine split, pin_seconds included), then cold. Each step is
 # skipped once the deadline (seconds from the start; default 540) is too near. Results: OUTDIR/*.json, *.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -51,5 +51,5 @@ bench() {  # bench NAME ARGS...: one bench_dcp_load run, if the deadline leaves 
     grep -v Warning | tail -14
   at "$name"
 }
-bench dcp-load-16L-cuda-warm --repeat 3 --methods torch-t1,torch-t4,dcp-floor,shardcast-dcp,shardcast-dcp@cs=16M,shardcast-dcp@rt=8@sl=8@cs=32M
+bench dcp-load-16L-cuda-warm --repeat 3 --methods torch-t1,torch-t4,dcp-floor,shardcast-dcp,shardcast-dcp@cs=64M@sl=4@rt=4,shardcast-load
 bench dcp-load-16L-cuda-cold --repeat 3 --cold --methods torch-t4,shardcast-dcp

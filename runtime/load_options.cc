@@ -33,14 +33,14 @@ const std::vector<OptionInfo>& OptionTable() {
        "auto (rank 0 decides from who sees the files, the nodes and the layout), rank0, each-rank, node-leader or "
        "striped"},
       {Option::kTarget, "target", "--target", "SHARDCAST_TARGET", false, "cpu", "cpu, pinned or cuda"},
-      {Option::kChunkBytes, "chunk_bytes", "--chunk-bytes", "SHARDCAST_CHUNK_BYTES", false, "64M",
+      {Option::kChunkBytes, "chunk_bytes", "--chunk-bytes", "SHARDCAST_CHUNK_BYTES", false, "64M (8M for target cuda)",
        "one staging slot, 4K-4G (e.g. 64M, 128MB)"},
-      {Option::kStagingSlots, "staging_slots", "--staging-slots", "SHARDCAST_STAGING_SLOTS", false, "4",
+      {Option::kStagingSlots, "staging_slots", "--staging-slots", "SHARDCAST_STAGING_SLOTS", false, "4 (8 for target cuda)",
        "slots in the staging ring, 2-64"},
       {Option::kReadaheadBytes, "readahead_bytes", "--readahead-bytes", "SHARDCAST_READAHEAD_BYTES", false,
        "256M a node, split over its reading ranks", "read ahead of the stream, per reading rank; 0 off"},
       {Option::kReadThreads, "read_threads", "--read-threads", "SHARDCAST_READ_THREADS", false,
-       "the rank's share of the CPUs, 1-4", "threads that fill and read each rank's shards in a load, 1-64 (each "
+       "the rank's share of the CPUs, 1-4 (1-8 for target cuda)", "threads that fill and read each rank's shards in a load, 1-64 (each "
        "reads a whole chunk at a time; at most staging_slots)"},
       {Option::kTimeoutMs, "timeout_ms", "--timeout-ms", "SHARDCAST_TIMEOUT_MS", false, "600000",
        "per-collective and store timeout in ms (Python: timeout= in seconds)"},
@@ -129,6 +129,10 @@ LoadOptions LoadOptionsBuilder::Build() const {
       case Option::kPread: o.pread = ParseFlag(t, v.origin); break;
     }
   }
+  if (o.target == Target::kCuda) {  // the CUDA defaults, where the chunk or the slots were not given
+    if (values_.count(Option::kChunkBytes) == 0) o.chunk_bytes = kCudaChunkBytes;
+    if (values_.count(Option::kStagingSlots) == 0) o.staging_slots = kCudaStagingSlots;
+  }
   return o;
 }
 
@@ -141,7 +145,8 @@ int ReadThreadsFor(const LoadOptions& options, int readers_on_node, int cores) {
   const int slots = std::max(1, options.staging_slots);
   if (options.read_threads) return std::min(*options.read_threads, slots);
   const int share = readers_on_node > 0 ? cores / readers_on_node : 1;
-  return std::clamp(share, 1, std::min(kDefaultMaxReadThreads, slots));
+  const int most = options.target == Target::kCuda ? kCudaMaxReadThreads : kDefaultMaxReadThreads;
+  return std::clamp(share, 1, std::min(most, slots));
 }
 
 LoadOptions LoadOptionsFromEnvironment() { return LoadOptionsBuilder().FromEnvironment().Build(); }

@@ -157,11 +157,11 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
     default): source "auto" (default: rank 0 decides, and the report's "source_reason" says why: each-rank when every rank sees the checkpoint on
     one node; node-leader, or striped for HSDP, on several nodes; rank0 when only rank 0 sees it), "rank0",
     "each-rank", "node-leader" (the first rank of each node reads its node's rows) or "striped" (each
-    shard's rows read once, by one of its replicas); chunk_bytes (64 MiB; an int or "64M"); staging_slots (4); timeout seconds (600);
+    shard's rows read once, by one of its replicas); chunk_bytes (64 MiB, 8 MiB for a CUDA target; an int or "64M"); staging_slots (4, 8 for a CUDA target); timeout seconds (600);
     verify (False); strict (False); readahead_bytes (256M a node, split over its reading ranks: 64M each for
     each-rank at 4 ranks a node); read_threads (threads reading this rank's bytes, each a whole chunk at a
     time: the rank's share of the CPUs, its own where the launcher binds it, else the node's over its
-    reading ranks, within a cgroup quota; 1 to 4 and at most staging_slots).
+    reading ranks, within a cgroup quota; 1 to 4 (8 for a CUDA target) and at most staging_slots).
     `shardcast options` prints the table of them all, with their SHARDCAST_* variables. Rank 0's chunk_bytes, staging_slots and source are used by every
     rank; verify and strict must match on every rank. progress: True for a progress line on rank 0
     (tqdm where installed), False for none, or a callable(done_bytes, total_bytes) called on this rank;

@@ -38,6 +38,35 @@ TEST(LoadOptionsBuilder, ReadaheadSplitsANodeBudgetAndAGivenValueWins) {
   EXPECT_EQ(ReadaheadFor(o, 1), 0u);
 }
 
+// A CUDA target stages in 8 slots of 8 MiB with up to 8 readers (measured faster on an H100 host, see
+// kCudaChunkBytes); a chunk or slot count given, by flag or variable, is kept, and the CPU defaults stay.
+TEST(LoadOptionsBuilder, ACudaTargetDefaultsToSmallerSlotsAndMoreReadersUnlessGiven) {
+  LoadOptions o = LoadOptionsBuilder().Set(Option::kTarget, "cuda", "target=").Build();
+  EXPECT_EQ(o.chunk_bytes, 8ull << 20);
+  EXPECT_EQ(o.staging_slots, 8);
+  EXPECT_EQ(ReadThreadsFor(o, 1, 16), 8);  // one GPU rank on a 16-core host
+  EXPECT_EQ(ReadThreadsFor(o, 8, 16), 2);  // eight GPU ranks share 16 cores
+  EXPECT_EQ(ReadThreadsFor(o, 4, 2), 1);
+  o = LoadOptionsBuilder().Set(Option::kTarget, "cuda", "target=").Set(Option::kChunkBytes, "64M", "x").Build();
+  EXPECT_EQ(o.chunk_bytes, 64ull << 20);
+  EXPECT_EQ(o.staging_slots, 8);
+  {
+    Env env;
+    env.Set("SHARDCAST_TARGET", "cuda");
+    env.Set("SHARDCAST_STAGING_SLOTS", "4");
+    o = LoadOptionsBuilder().FromEnvironment().Build();
+    EXPECT_EQ(o.chunk_bytes, 8ull << 20);
+    EXPECT_EQ(o.staging_slots, 4);
+    EXPECT_EQ(ReadThreadsFor(o, 1, 16), 4);  // never more than the slots
+  }
+  for (const char* target : {"cpu", "pinned"}) {
+    o = LoadOptionsBuilder().Set(Option::kTarget, target, "target=").Build();
+    EXPECT_EQ(o.chunk_bytes, 64ull << 20) << target;
+    EXPECT_EQ(o.staging_slots, 4) << target;
+    EXPECT_EQ(ReadThreadsFor(o, 1, 16), 4) << target;
+  }
+}
+
 TEST(LoadOptionsBuilder, ReadThreadsShareTheNodesCoresAndNeverExceedTheSlots) {
   LoadOptions o = LoadOptionsBuilder().Build();
   EXPECT_FALSE(o.read_threads.has_value());
