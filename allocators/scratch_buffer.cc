@@ -17,15 +17,13 @@
 namespace shardcast {
 namespace {
 
-void* Allocate(uint64_t bytes, bool huge_pages) {
+void* Allocate(uint64_t bytes, const LazyZeroOptions& options) {
 #ifdef SHARDCAST_ASAN_BUFFERS
-  (void)huge_pages;  // the heap's pages
+  (void)options;  // the heap's pages
   void* p = std::calloc(bytes, 1);
   if (p == nullptr) throw Error(ErrorKind::kIo, "scratch buffer", "cannot allocate " + std::to_string(bytes) + " bytes");
   return p;
 #else
-  LazyZeroOptions options;
-  options.huge_pages = huge_pages;
   return LazyZeroAllocate(bytes, options);
 #endif
 }
@@ -42,12 +40,12 @@ void Free(void* p, uint64_t bytes) {
 
 ScratchBuffer::~ScratchBuffer() { Free(data_, size_); }
 
-unsigned char* ScratchBuffer::Get(uint64_t bytes, bool huge_pages) {
+unsigned char* ScratchBuffer::Get(uint64_t bytes, const LazyZeroOptions& options) {
   if (bytes > size_) {
     Free(data_, size_);
     data_ = nullptr;
     size_ = 0;
-    data_ = static_cast<unsigned char*>(Allocate(bytes, huge_pages));
+    data_ = static_cast<unsigned char*>(Allocate(bytes, options));
     size_ = bytes;
   }
   return data_;

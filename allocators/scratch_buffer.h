@@ -2,9 +2,9 @@
 // (the staging ring's slots, a conversion's raw bytes, a bounce copy).
 //
 // Get(n) returns at least n bytes, valid until the next Get that grows it. Memory is lazy-zero
-// (allocators/lazy_zero.h: committed only where written, unmapped when it grows or dies); with huge_pages, in
-// 2 MiB pages (MADV_HUGEPAGE) where the kernel has them: for a buffer about to be page-locked whole, which
-// faults every page in at once (the staging ring's slots for a CUDA target). In an
+// (allocators/lazy_zero.h: committed only where written, unmapped when it grows or dies); `options` as for
+// LazyZeroAllocate, e.g. kHugePages for a buffer about to be page-locked whole, which faults every page in at
+// once (the staging ring's slots for a CUDA target). In an
 // AddressSanitizer build it comes from the heap instead (zeroed too), so that ASan sees its lifetime: a
 // transport still reading a freed staging slot is a heap-use-after-free report (through its writev
 // interceptor), not a silent read of an unmapped or reused page.
@@ -14,7 +14,11 @@
 
 #include <cstdint>
 
+#include "allocators/lazy_zero.h"
+
 namespace shardcast {
+
+inline constexpr LazyZeroOptions kHugePages{/*huge_pages=*/true};
 
 class ScratchBuffer {
  public:
@@ -22,7 +26,7 @@ class ScratchBuffer {
   ScratchBuffer(const ScratchBuffer&) = delete;
   ScratchBuffer& operator=(const ScratchBuffer&) = delete;
   ~ScratchBuffer();
-  unsigned char* Get(uint64_t bytes, bool huge_pages = false);
+  unsigned char* Get(uint64_t bytes, const LazyZeroOptions& options = {});
 
  private:
   unsigned char* data_ = nullptr;

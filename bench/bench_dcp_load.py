@@ -34,8 +34,9 @@ evicted from it (posix_fadvise DONTNEED).
 
 A method may name shardcast's read-ahead per rank (shardcast-dcp@ra=0: none; @ra=64M), its reader threads
 (shardcast-dcp@rt=1), pread or an mmap of each file (shardcast-dcp@pr=0), its chunk, the size of each staging
-slot (shardcast-dcp@cs=16M: a CUDA target then page-locks a quarter of the default's 256 MiB) and the number of
-slots (@sl=8; reader threads are at most the slots); settings chain: shardcast-dcp@rt=8@sl=8@cs=32M.
+slot (shardcast-dcp@cs=16M) and the number of slots (@sl=8; reader threads are at most the slots); a CUDA
+target page-locks slots x size (its default 8 x 8 MiB; given one of the two, the other keeps the CPU's 4 or
+64 MiB); settings chain: shardcast-dcp@rt=4@sl=4@cs=64M (the CPU's defaults on a GPU).
 """
 import argparse
 import json

@@ -129,9 +129,11 @@ LoadOptions LoadOptionsBuilder::Build() const {
       case Option::kPread: o.pread = ParseFlag(t, v.origin); break;
     }
   }
-  if (o.target == Target::kCuda) {  // the CUDA defaults, where the chunk or the slots were not given
-    if (values_.count(Option::kChunkBytes) == 0) o.chunk_bytes = kCudaChunkBytes;
-    if (values_.count(Option::kStagingSlots) == 0) o.staging_slots = kCudaStagingSlots;
+  // A CUDA target's pair where neither was given: one given keeps the other's CPU default, a combination
+  // whose page-locked bytes (chunk x slots) the caller chose by giving it.
+  if (o.target == Target::kCuda && values_.count(Option::kChunkBytes) == 0 && values_.count(Option::kStagingSlots) == 0) {
+    o.chunk_bytes = kCudaChunkBytes;
+    o.staging_slots = kCudaStagingSlots;
   }
   return o;
 }

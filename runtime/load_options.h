@@ -41,7 +41,8 @@ struct LoadOptions {
   Source source = Source::kAuto;                      // default kAuto                  (SHARDCAST_SOURCE)
   Target target = Target::kCpu;                       // default kCpu                   (SHARDCAST_TARGET)
   // One staging slot (SHARDCAST_CHUNK_BYTES) and the slots in the ring (SHARDCAST_STAGING_SLOTS). Defaults
-  // 64 MiB x 4; for a CUDA target 8 MiB x 8 (kCudaChunkBytes), applied by Build where neither was given.
+  // 64 MiB x 4; for a CUDA target 8 MiB x 8 (kCudaChunkBytes), applied by Build where neither was given
+  // (where one was, the other keeps its CPU default).
   uint64_t chunk_bytes = 64ull << 20;
   int staging_slots = 4;
   // Read-ahead of the stream's reader (SHARDCAST_READAHEAD_BYTES; 0 off). Unset: ReadaheadFor's default.
@@ -79,8 +80,10 @@ int ReadThreadsFor(const LoadOptions& options, int readers_on_node, int cores);
 // A CUDA target's defaults: more, smaller page-locked slots and more readers. Each slot goes to the GPU once
 // it is read, so small slots overlap reading with copying finely, and 64 MiB are page-locked per load
 // instead of 256. Measured on an H100 host (one rank, 16 cores, `dcp.load` of a 1.91 GB Llama, warm, medians
-// of 3; bench/RESULTS.md): 8 MiB x 8 with 8 readers 0.110 s against 64 MiB x 4 with 4 readers 0.187 s (and
-// 16 MiB x 4 0.165 s, 32 MiB x 8 with 8 readers 0.190 s).
+// of 3, these values set by SHARDCAST_* variables; bench/RESULTS.md): 8 MiB x 8 with 8 readers 0.110 s
+// against 16 MiB x 4 with 4 readers 0.170 s and torch's reader 0.363 s in the same call; in an earlier call
+// on the same machine, 64 MiB x 4 with 4 readers 0.187 s, 16 MiB x 4 0.165 s, 32 MiB x 8 with 8 readers
+// 0.190 s. Not yet measured with more than one rank per host.
 inline constexpr uint64_t kCudaChunkBytes = 8ull << 20;
 inline constexpr int kCudaStagingSlots = 8;
 inline constexpr int kCudaMaxReadThreads = 8;

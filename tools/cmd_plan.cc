@@ -50,7 +50,7 @@ struct PlanArgs {
 
 const Role kRoles[] = {Role::kParameter, Role::kPersistentBuffer, Role::kNonPersistentBuffer, Role::kSidecar};
 
-nlohmann::ordered_json RankJson(const Plan& plan, int r, const LoadOptions& opt) {
+nlohmann::ordered_json RankJson(const Plan& plan, int r, const LoadOptions& opt, const LoadOptions& cuda) {
   Plan::RankBytes b = plan.LocalBytes(r);
   nlohmann::ordered_json j;
   j["rank"] = r;
@@ -59,13 +59,13 @@ nlohmann::ordered_json RankJson(const Plan& plan, int r, const LoadOptions& opt)
   auto& none = j["entries_without_rows"] = nlohmann::json::array();
   for (const PlanEntry* e : plan.EntriesWithoutRows(r)) none.push_back(e->key);
   auto& fc = j["forecast"] = nlohmann::json::array();
-  for (const ForecastRow& row : Forecast(plan, r, opt)) {
+  for (const ForecastRow& row : Forecast(plan, r, opt, cuda)) {
     fc.push_back({{"strategy", row.strategy}, {"host_bytes", row.host_bytes}, {"device_bytes", row.device_bytes}});
   }
   return j;
 }
 
-void PrintRanks(const Plan& plan, const std::vector<int>& ranks, const LoadOptions& opt) {
+void PrintRanks(const Plan& plan, const std::vector<int>& ranks, const LoadOptions& opt, const LoadOptions& cuda) {
   std::printf("\nper rank (world size %d): bytes after the load\n", plan.world_size());
   std::printf("%5s %14s %14s %14s %12s %14s %9s\n", "rank", "parameters", "persist.buf", "non-persist.", "sidecars",
               "total", "no rows");
@@ -80,11 +80,12 @@ void PrintRanks(const Plan& plan, const std::vector<int>& ranks, const LoadOptio
     if (none.empty()) continue;
     std::printf("rank %d holds no rows of %zu entries, e.g. %s\n", r, none.size(), none.front()->key.c_str());
   }
-  std::printf("\nforecast peak memory (staging %d x %s; a constant of %s per rank)\n", opt.staging_slots,
-              HumanBytes(opt.chunk_bytes).c_str(), HumanBytes(kForecastConstantBytes).c_str());
+  std::printf("\nforecast peak memory (staging %d x %s, onto a GPU %d x %s; a constant of %s per rank)\n",
+              opt.staging_slots, HumanBytes(opt.chunk_bytes).c_str(), cuda.staging_slots,
+              HumanBytes(cuda.chunk_bytes).c_str(), HumanBytes(kForecastConstantBytes).c_str());
   std::printf("%5s  %-28s %14s %14s\n", "rank", "source -> target", "host", "device");
   for (int r : ranks) {
-    for (const ForecastRow& row : Forecast(plan, r, opt)) {
+    for (const ForecastRow& row : Forecast(plan, r, opt, cuda)) {
       std::printf("%5d  %-28s %14s %14s\n", r, row.strategy.c_str(), HumanBytes(row.host_bytes).c_str(),
                   row.device_bytes ? HumanBytes(row.device_bytes).c_str() : "-");
     }
@@ -242,7 +243,10 @@ int RunPlan(const PlanArgs& a) {
   } else {
     for (int r = 0; r < a.world_size; ++r) ranks.push_back(r);
   }
-  const LoadOptions opt = LoadOptionsFromEnvironment();
+  // The host rows' options and the GPU rows' (a CUDA target's staging defaults differ), each from the
+  // environment's SHARDCAST_* variables.
+  const LoadOptions opt = LoadOptionsBuilder().FromEnvironment().Set(Option::kTarget, "cpu", "plan").Build();
+  const LoadOptions cuda = LoadOptionsBuilder().FromEnvironment().Set(Option::kTarget, "cuda", "plan").Build();
   std::map<std::pair<std::string, std::string>, std::pair<uint64_t, uint64_t>> by;  // (role, dtype) -> (n, bytes)
   uint64_t total = 0;
   for (const auto& e : spec.entries) {
@@ -265,7 +269,7 @@ int RunPlan(const PlanArgs& a) {
       groups.push_back({{"role", k.first}, {"dtype", k.second}, {"entries", v.first}, {"bytes", v.second}});
     }
     auto& rs = out["ranks"] = nlohmann::json::array();
-    for (int r : ranks) rs.push_back(RankJson(plan, r, opt));
+    for (int r : ranks) rs.push_back(RankJson(plan, r, opt, cuda));
     std::cout << out.dump(2) << "\n";
     return 0;
   }
@@ -277,7 +281,7 @@ int RunPlan(const PlanArgs& a) {
                 static_cast<unsigned long long>(v.first), static_cast<unsigned long long>(v.second),
                 HumanBytes(v.second).c_str());
   }
-  PrintRanks(plan, ranks, opt);
+  PrintRanks(plan, ranks, opt, cuda);
   return 0;
 }
 

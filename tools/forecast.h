@@ -22,6 +22,8 @@ struct ForecastRow {
   uint64_t device_bytes = 0;
 };
 
-std::vector<ForecastRow> Forecast(const Plan& plan, int rank, const LoadOptions& options);
+// `host`: the options of a load onto the host (cpu, pinned); `cuda`: of a load onto the GPU, whose staging
+// defaults differ (LoadOptionsBuilder::Build).
+std::vector<ForecastRow> Forecast(const Plan& plan, int rank, const LoadOptions& host, const LoadOptions& cuda);
 
 }  // namespace shardcast

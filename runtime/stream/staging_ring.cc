@@ -80,10 +80,10 @@ void StagingRing::Pin() {
   const auto t0 = std::chrono::steady_clock::now();
   try {
     for (size_t k = 0; k < c.buffers.size(); ++k) {
-      // In 2 MiB pages: the registration faults every page in (256 MiB of 4 KiB faults took ~0.13 s on the
-      // AMD dev VM, of 2 MiB ones ~0.03 s; on an H100 host 256 MiB registered in 0.034 s, in 2 MiB pages).
-      c.pins[k] = std::make_unique<PinnedRegistration>(c.buffers[k].Get(o_.pin_bytes, /*huge_pages=*/true),
-                                                       o_.pin_bytes);
+      // In 2 MiB pages where the kernel has them: the registration faults every page in at once, one fault
+      // per 2 MiB instead of per 4 KiB. On an H100 host 64 MiB registered in 0.009-0.013 s and 256 MiB in
+      // 0.034 s this way (bench/RESULTS.md); 4 KiB pages were not measured there.
+      c.pins[k] = std::make_unique<PinnedRegistration>(c.buffers[k].Get(o_.pin_bytes, kHugePages), o_.pin_bytes);
     }
     c.pinned_bytes = o_.pin_bytes;
     pinned_ = true;

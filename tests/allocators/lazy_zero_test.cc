@@ -3,14 +3,9 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
-#include <cstdint>
 #include <cstring>
-#include <fstream>
-#include <sstream>
-#include <string>
 
 #include "allocators/memory_probe.h"
-#include "allocators/scratch_buffer.h"
 
 namespace shardcast {
 namespace {
@@ -66,44 +61,6 @@ TEST(LazyZero, HugePagesOptionStillZeroAndLazy) {
   auto* p = static_cast<unsigned char*>(LazyZeroAllocate(8u << 20, LazyZeroOptions{true}));
   EXPECT_EQ(p[12345], 0);
   LazyZeroFree(p, 8u << 20);
-}
-
-// The VmFlags of the mapping holding `p` in /proc/self/smaps ("" where none holds it).
-std::string VmFlagsOf(const void* p) {
-  std::ifstream smaps("/proc/self/smaps");
-  const auto at = reinterpret_cast<uintptr_t>(p);
-  bool inside = false;
-  for (std::string line; std::getline(smaps, line);) {
-    uintptr_t begin = 0, end = 0;
-    char dash = 0;
-    std::istringstream head(line);
-    if (head >> std::hex >> begin >> dash >> end && dash == '-') {
-      inside = begin <= at && at < end;
-    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
-      return line;
-    }
-  }
-  return "";
-}
-
-// A scratch buffer asked for huge pages (the staging ring's page-locked slots) is advised MADV_HUGEPAGE
-// ("hg" in its VmFlags); one that is not keeps 4 KiB pages.
-TEST(ScratchBuffer, HugePagesOnlyWhereAskedFor) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "an ASan build's scratch buffers come from the heap";
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-  GTEST_SKIP() << "an ASan build's scratch buffers come from the heap";
-#endif
-#endif
-  if (!std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled")) GTEST_SKIP() << "no THP in this kernel";
-  ScratchBuffer huge, plain;
-  unsigned char* h = huge.Get(8u << 20, /*huge_pages=*/true);
-  unsigned char* q = plain.Get(8u << 20);
-  h[0] = q[0] = 1;
-  EXPECT_NE(VmFlagsOf(h).find(" hg"), std::string::npos) << VmFlagsOf(h);
-  EXPECT_EQ(VmFlagsOf(q).find(" hg"), std::string::npos) << VmFlagsOf(q);
-  EXPECT_EQ(h[4 << 20], 0);
 }
 
 // The commit before a load: fresh pages come in zeroed, pages already written keep their bytes, whether

@@ -73,7 +73,13 @@ def fsdp(root, mesh, device, problems, devices):
     cfg = AutoConfig.from_pretrained(path)
     theirs, ours = sentinel_model(cfg, mesh, device), sentinel_model(cfg, mesh, device)
     dcp.load(theirs.state_dict(), storage_reader=TorchReader(path))
-    dcp.load(ours.state_dict(), storage_reader=sdcp.HuggingFaceStorageReader(path))
+    reader = sdcp.HuggingFaceStorageReader(path)
+    dcp.load(ours.state_dict(), storage_reader=reader)
+    staging = {k: reader.last_report[0][k] for k in ("chunk_bytes", "staging_slots")}
+    want = {"chunk_bytes": 8 << 20, "staging_slots": 8} if device == "cuda" else {"chunk_bytes": 64 << 20,
+                                                                                   "staging_slots": 4}
+    if staging != want:  # a GPU target's staging defaults (load_options.h), a host's elsewhere
+        problems.append(f"fsdp on {device}: staging {staging}, expected {want}")
     return compare(theirs.state_dict(), ours.state_dict(), "fsdp", problems, devices), ours
 
 

@@ -350,3 +350,20 @@ def test_one_option_table(shardcast_bin):
             assert flag in help_text and variable in help_text, (flag, variable)
         if keyword:
             assert (keyword if keyword != "timeout_ms" else "timeout") in params, keyword
+
+
+def test_plan_forecasts_each_targets_own_staging(shardcast_bin):
+    """`plan`'s forecast stages a host load in 4 x 64 MiB and a GPU load in 8 x 8 MiB (a CUDA target's
+    defaults), each from the environment's values where given: the rows differ by exactly the staging."""
+    def rows(**env):
+        r = sc(shardcast_bin, "plan", "--config", CONFIGS / "llama-3.1-8b.json", "--world-size", "4", "--rank", "0",
+               "--json", env=env)
+        assert r.returncode == 0, r.stderr
+        return {f["strategy"]: f["host_bytes"] for f in json.loads(r.stdout)["ranks"][0]["forecast"]}
+    mib = 1 << 20
+    base = rows()
+    assert base["rank0 -> cuda"] == (8 * 8 + 64) * mib, base  # staging + the constant
+    assert base["rank0 -> cpu"] - base["each-rank -> cpu"] == 4 * 64 * mib - 64 * mib, base  # ring against one chunk
+    given = rows(SHARDCAST_CHUNK_BYTES="16M", SHARDCAST_STAGING_SLOTS="2")
+    assert given["rank0 -> cuda"] == (2 * 16 + 64) * mib, given
+    assert rows(SHARDCAST_TARGET="cuda") == base  # the variable does not move either set of rows

@@ -39,7 +39,8 @@ TEST(LoadOptionsBuilder, ReadaheadSplitsANodeBudgetAndAGivenValueWins) {
 }
 
 // A CUDA target stages in 8 slots of 8 MiB with up to 8 readers (measured faster on an H100 host, see
-// kCudaChunkBytes); a chunk or slot count given, by flag or variable, is kept, and the CPU defaults stay.
+// kCudaChunkBytes); where a chunk or a slot count is given, by flag or variable, the pair is the given value
+// and the other's CPU default (no unmeasured 64 MiB x 8); CPU and pinned targets keep theirs.
 TEST(LoadOptionsBuilder, ACudaTargetDefaultsToSmallerSlotsAndMoreReadersUnlessGiven) {
   LoadOptions o = LoadOptionsBuilder().Set(Option::kTarget, "cuda", "target=").Build();
   EXPECT_EQ(o.chunk_bytes, 8ull << 20);
@@ -47,17 +48,17 @@ TEST(LoadOptionsBuilder, ACudaTargetDefaultsToSmallerSlotsAndMoreReadersUnlessGi
   EXPECT_EQ(ReadThreadsFor(o, 1, 16), 8);  // one GPU rank on a 16-core host
   EXPECT_EQ(ReadThreadsFor(o, 8, 16), 2);  // eight GPU ranks share 16 cores
   EXPECT_EQ(ReadThreadsFor(o, 4, 2), 1);
-  o = LoadOptionsBuilder().Set(Option::kTarget, "cuda", "target=").Set(Option::kChunkBytes, "64M", "x").Build();
-  EXPECT_EQ(o.chunk_bytes, 64ull << 20);
-  EXPECT_EQ(o.staging_slots, 8);
+  o = LoadOptionsBuilder().Set(Option::kTarget, "cuda", "target=").Set(Option::kChunkBytes, "16M", "x").Build();
+  EXPECT_EQ(o.chunk_bytes, 16ull << 20);
+  EXPECT_EQ(o.staging_slots, 4);
   {
     Env env;
     env.Set("SHARDCAST_TARGET", "cuda");
-    env.Set("SHARDCAST_STAGING_SLOTS", "4");
+    env.Set("SHARDCAST_STAGING_SLOTS", "6");
     o = LoadOptionsBuilder().FromEnvironment().Build();
-    EXPECT_EQ(o.chunk_bytes, 8ull << 20);
-    EXPECT_EQ(o.staging_slots, 4);
-    EXPECT_EQ(ReadThreadsFor(o, 1, 16), 4);  // never more than the slots
+    EXPECT_EQ(o.chunk_bytes, 64ull << 20);
+    EXPECT_EQ(o.staging_slots, 6);
+    EXPECT_EQ(ReadThreadsFor(o, 1, 16), 6);  // never more than the slots
   }
   for (const char* target : {"cpu", "pinned"}) {
     o = LoadOptionsBuilder().Set(Option::kTarget, target, "target=").Build();

@@ -291,6 +291,10 @@ class HuggingFaceStorageReader(_TorchReader):
                     raise InvalidArgument(f"rank {rank}: destinations on several devices ({sorted(map(str, devices))})")
                 options["target"] = "cuda"
                 entries = [(k, t if t.device == cuda[0] else t.to(cuda[0]), *rest) for k, t, *rest in entries]
+            elif not devices and _state_dict_on_cuda(planner):
+                # Nothing of this round lands here, yet the state dict is on the GPU: the target (and with it the
+                # staging defaults, which rank 0's options fix for every rank) is the GPU's all the same.
+                options["target"] = "cuda"
         except Exception as e:  # noqa: BLE001 -- carried into the agreement: every rank raises it
             kind = type(e).__name__ if isinstance(e, ShardcastError) else "InternalError"
             problem = (kind, str(e) if isinstance(e, ShardcastError) else f"rank {rank}: {type(e).__name__}: {e}")
@@ -379,6 +383,13 @@ def _pieces_by_file(path: str) -> List[list]:
                 f"{path}: key '{key}': its pieces ({files}{', ...' if len(group) > 8 else ''}) do not fill its "
                 f"shape {extent} exactly once: {why}")
     return pieces
+
+
+def _state_dict_on_cuda(planner) -> bool:
+    """Whether the planner's state dict (DefaultLoadPlanner's, where it has one) holds a tensor on a GPU."""
+    state = getattr(planner, "state_dict", None)
+    return isinstance(state, dict) and any(isinstance(v, torch.Tensor) and v.device.type == "cuda"
+                                           for v in state.values())
 
 
 def _swapped(dims):
