@@ -11,7 +11,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <thread>
 
 #include "allocators/pinned.h"
@@ -210,6 +212,59 @@ TEST_F(StagingRingTest, PinnedSlotsWhereTheMachineCanAndTheSameBytesEitherWay) {
       ++count;
     }
     EXPECT_GT(count, 3u);
+  }
+}
+
+// The bytes of this process's mappings advised MADV_HUGEPAGE ("hg" in their VmFlags; adjacent ones merge
+// into one mapping), and whether smaps showed VmFlags at all.
+std::pair<uint64_t, bool> HugeAdvisedBytes() {
+  std::ifstream smaps("/proc/self/smaps");
+  uint64_t total = 0;
+  bool flags = false;
+  uint64_t size = 0;
+  for (std::string line; std::getline(smaps, line);) {
+    uint64_t begin = 0, end = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> begin >> dash >> end && dash == '-') {
+      size = end - begin;
+    } else if (line.rfind("VmFlags:", 0) == 0) {
+      flags = true;
+      if (line.find(" hg") != std::string::npos) total += size;
+    }
+  }
+  return {total, flags};
+}
+
+// The slots a CUDA target page-locks are asked for 2 MiB pages (the registration faults them all in at
+// once), whether or not the pinning then succeeds: without a GPU the first slot's registration is refused
+// and the slots stay pageable, that slot advised all the same. Slots not to be pinned keep 4 KiB pages.
+TEST_F(StagingRingTest, SlotsToBePageLockedAreAdvisedHugePages) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "an ASan build's slots come from the heap";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  GTEST_SKIP() << "an ASan build's slots come from the heap";
+#endif
+#endif
+  if (!std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled")) GTEST_SKIP() << "no THP in this kernel";
+  constexpr uint64_t kPin = 6ull << 20;
+  const auto [before, flags] = HugeAdvisedBytes();
+  if (!flags) GTEST_SKIP() << "no VmFlags in /proc/self/smaps (a sandboxed kernel)";
+  Manifest m = Make(2, 4096);
+  for (uint64_t pin : {kPin, uint64_t{0}}) {
+    RingOptions o;
+    o.slots = 3;
+    o.pin_bytes = pin;
+    o.select = [](const Message&) { return true; };
+    StagingRing ring(m, SourceOf(m), o);
+    const uint64_t advised = HugeAdvisedBytes().first - before;
+    if (pin > 0) {
+      EXPECT_GE(advised, kPin);
+    } else {
+      EXPECT_EQ(advised, 0u);
+    }
+    while (StagingRing::Slot* slot = ring.Next()) ring.Free(slot);
   }
 }
 
