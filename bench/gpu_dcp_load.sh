@@ -10,7 +10,8 @@
 # bench/bench_dcp_load.py --device cuda on the 1.91 GB Llama: warm (torch's reader at 1 and 4 threads,
 # shardcast.dcp with its defaults (a CUDA target's: 8 readers over 8 page-locked slots of 8 MiB) and with the
 # CPU's (4 over 4 of 64 MiB), shardcast.load; each shardcast row prints its engine split, pin_seconds
-# included; DCP's own floor, 0.023 s on an H100, is left out for time), then cold. On an H100 each launch
+# included; DCP's own floor, 0.023 s on an H100, is left out for time), then cold, then (if the deadline
+# leaves room) the CPU target at W=4 over Gloo on the host's cores, torch's reader at 4 threads against shardcast.dcp. On an H100 each launch
 # took ~19 s: the warm run ~280 s, the cold ~120 s. Each step is
 # skipped once the deadline (seconds from the start; default 540) is too near. Results: OUTDIR/*.json, *.txt.
 set -uo pipefail
@@ -54,3 +55,5 @@ bench() {  # bench NAME ARGS...: one bench_dcp_load run, if the deadline leaves 
 }
 bench dcp-load-16L-cuda-warm --repeat 3 --methods torch-t1,torch-t4,shardcast-dcp,shardcast-dcp@cs=64M@sl=4@rt=4,shardcast-load
 bench dcp-load-16L-cuda-cold --repeat 3 --cold --methods torch-t4,shardcast-dcp
+# The CPU target at W=4 on this host's cores (the dev VM has 2; its warm ratio is bound by them there).
+bench dcp-load-16L-cpu-w4-warm --device cpu --world-size 4 --repeat 3 --methods torch-t4,shardcast-dcp
