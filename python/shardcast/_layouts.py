@@ -77,16 +77,23 @@ def _whole_mesh(mesh):
     return (groups,) + tuple(mesh.mesh.shape), ranks, True
 
 
-def _local(param, where: str = "", group_ranks=None):
+def _local(param, where: str = "", group_ranks=None, meshes=None):
     """(local tensor, global shape, layout) of a parameter or buffer. layout: None for a plain tensor
     (Replicate on every rank), else (mesh shape, ranks in the load's group, placements) of its DTensor:
-    any mesh of 1-3 dims, Shard(d), _StridedShard and Replicate, a mesh of its own per parameter."""
+    any mesh of 1-3 dims, Shard(d), _StridedShard and Replicate, a mesh of its own per parameter.
+    meshes: a dict kept over one call (`_Layouts.meshes`), so that each mesh's world layout is worked out
+    once, not per parameter (torch 2.11 rebuilds `DeviceMesh.mesh` on every access)."""
     from torch.distributed.tensor import DTensor
     if not isinstance(param, DTensor):
         return param.data if hasattr(param, "data") else param, tuple(param.shape), None
     mesh, shape = param.device_mesh, tuple(param.shape)
     placements = tuple(_placement(p, len(shape), where or "a DTensor") for p in param.placements)
-    mesh_shape, ranks, sliced = _whole_mesh(mesh)
+    known = meshes.get(id(mesh)) if meshes is not None else None
+    if known is None or known[0] is not mesh:  # keyed by id, the mesh kept beside it: an id is never reused
+        known = (mesh, _whole_mesh(mesh))
+        if meshes is not None:
+            meshes[id(mesh)] = known
+    mesh_shape, ranks, sliced = known[1]
     if sliced:
         placements = ((0, 0, 1),) + placements
     if group_ranks is not None:
@@ -98,10 +105,12 @@ def _local(param, where: str = "", group_ranks=None):
 
 
 class _Layouts:
-    """The layout table the C++ core takes: each distinct (mesh, ranks, placements) once."""
+    """The layout table the C++ core takes: each distinct (mesh, ranks, placements) once; and, over the same
+    call, each mesh's world layout worked out once (`meshes`, for `_local`)."""
 
     def __init__(self):
         self.table, self._index = [], {}
+        self.meshes: dict = {}
 
     def index(self, layout) -> int:
         if layout is None:

@@ -258,12 +258,12 @@ def _module_entries(model, path, target, config, buffer_init, pg, ch, rank, worl
         for name, param in named_parameters(model):
             if name in streamed:
                 continue
-            local, shape, layout = _local(param, f"'{name}'", group_ranks)
+            local, shape, layout = _local(param, f"'{name}'", group_ranks, layouts.meshes)
             entries.append((name, local, list(shape), "parameter", layouts.index(layout), comp.get(name)))
         non_persistent = {n for n, *_ in _non_persistent(model)}
         for name, buf in named_buffers(model):
             if name not in non_persistent:
-                local, shape, layout = _local(buf, f"'{name}'", group_ranks)
+                local, shape, layout = _local(buf, f"'{name}'", group_ranks, layouts.meshes)
                 entries.append((name, local, list(shape), "persistent_buffer", layouts.index(layout), comp.get(name)))
         return entries, layouts, None, _tied(model)
     except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one

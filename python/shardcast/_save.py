@@ -147,7 +147,7 @@ def plan_entries(model, layouts, group_ranks=None):
             if key in covered:
                 raise Unsupported(f"output tensor '{key}' would be written from both '{covered[key]}' and '{name}'")
             covered[key] = name
-        local, shape, layout = _local(t, f"'{name}'", group_ranks)
+        local, shape, layout = _local(t, f"'{name}'", group_ranks, layouts.meshes)
         own = parts == [name]
         entries.append((name, local.detach(), list(shape), role, layouts.index(layout),
                         None if own else [(k, list(shapes[k])) for k in parts]))
