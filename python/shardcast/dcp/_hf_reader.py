@@ -29,7 +29,6 @@ torch's reader converts.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -49,7 +48,7 @@ from .._load import _options
 from .._mapping import quantized_keys
 from .._shardcast import InvalidArgument, ShardcastError
 from ._agree import alone as _alone, on_rank0
-from ._cover import cover_problem
+from ._hf_files import pieces_by_file
 
 try:
     from torch.distributed.checkpoint._hf_utils import _HFStorageInfo
@@ -69,7 +68,6 @@ _PLAN_KEY = "shardcast.dcp/boxes"  # the plan's storage_data: {this key: [round:
 _BOXES = "shardcast.dcp/box-lists"  # and {this key: [number: [(rank, offsets, lengths)]]}, each list once
 _ROUND_FILES = "shardcast.dcp/files"  # and {this key: [round: (its file, "" for the checkpoint; j)]}
 _ALONE = "shardcast.dcp/alone"  # and {this key: whether this rank reads alone (dcp.load(no_dist=True) on it)}
-_SHARDING_INFO = "DCP_SHARDING_INFO"  # torch's per-rank files: {fqn: {"saved_offsets": [...]}} in __metadata__
 
 
 def _torch_dtype(name: str, key: str, file: str) -> torch.dtype:
@@ -132,7 +130,7 @@ class HuggingFaceStorageReader(_TorchReader):
         the loader's validating reader; offsets is None for a whole tensor of a checkpoint read whole."""
         path = os.fspath(self.path)
         if self._by_file():
-            pieces = _pieces_by_file(path)
+            pieces = pieces_by_file(path)
             if pieces:
                 return pieces
         return [[k, d, list(s), f, None] for k, d, s, f in _shardcast.checkpoint_tensors(path)]
@@ -336,53 +334,6 @@ class HuggingFaceStorageReader(_TorchReader):
         staged = torch.empty(_swapped(lengths) if swap else lengths, dtype=dtype, device=dest.device)
         copies.append((item, dest, staged, swap))
         return staged
-
-
-def _pieces_by_file(path: str) -> List[list]:
-    """[[key, dtype name, piece shape, file, offsets]] of every piece in the safetensors files of `path`:
-    placed by each file's DCP_SHARDING_INFO (torch's per-rank files), or, where no file has it, each tensor
-    whole in its file. Every file is validated by the loader's reader; the pieces of a key must share its
-    dtype and fill its shape exactly once, else a CheckpointError naming the key and its files (a key in
-    two files without DCP_SHARDING_INFO is two pieces that overlap)."""
-    names = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
-    headers = [(n, *_shardcast.safetensors_header(path, n)) for n in names]
-    placed = any(_SHARDING_INFO in meta for _, meta, _ in headers)
-    pieces: List[list] = []
-    for name, meta, tensors in headers:
-        file = os.path.join(path, name)
-        if not placed:
-            pieces += [[key, dtype, list(shape), file, [0] * len(shape)] for key, dtype, shape, _, _ in tensors]
-            continue
-        if _SHARDING_INFO not in meta:
-            raise _shardcast.CheckpointError(f"{file}: has no {_SHARDING_INFO} where the other files of {path} "
-                                             "have it (files of two checkpoints in one directory?)")
-        try:
-            info = json.loads(meta[_SHARDING_INFO])
-        except ValueError as e:
-            raise _shardcast.CheckpointError(f"{file}: {_SHARDING_INFO} is not JSON ({e})") from None
-        for key, dtype, shape, _, _ in tensors:
-            offsets = info.get(key, {}).get("saved_offsets") if isinstance(info, dict) and isinstance(
-                info.get(key), dict) else None
-            if (not isinstance(offsets, list) or len(offsets) != len(shape)
-                    or not all(isinstance(o, int) and not isinstance(o, bool) and 0 <= o < 1 << 62 for o in offsets)):
-                raise _shardcast.CheckpointError(f"{file}: key '{key}': {_SHARDING_INFO} gives no offsets of "
-                                                 f"{len(shape)} non-negative integers for it ({offsets!r})")
-            pieces.append([key, dtype, list(shape), file, offsets])
-    by_key: Dict[str, list] = {}
-    for piece in pieces:
-        by_key.setdefault(piece[0], []).append(piece)
-    for key, group in by_key.items():
-        ndim = {len(p[2]) for p in group}
-        extent = [max(p[4][d] + p[2][d] for p in group) for d in range(min(ndim))]
-        dtypes = {p[1] for p in group}
-        why = (f"dtypes {sorted(dtypes)}" if len(dtypes) > 1 else f"{sorted(ndim)} dims" if len(ndim) > 1
-               else cover_problem(extent, [(p[4], p[2]) for p in group]))
-        if why is not None:
-            files = ", ".join(f"{os.path.basename(p[3])} {p[2]} at {p[4]}" for p in group[:8])
-            raise _shardcast.CheckpointError(
-                f"{path}: key '{key}': its pieces ({files}{', ...' if len(group) > 8 else ''}) do not fill its "
-                f"shape {extent} exactly once: {why}")
-    return pieces
 
 
 def _state_dict_on_cuda(planner) -> bool:
