@@ -5,26 +5,18 @@
 
 #include <cstdint>
 #include <fstream>
-#include <sstream>
 #include <string>
+
+#include "tests/loaders/test_util.h"
 
 namespace shardcast {
 namespace {
 
-// The VmFlags of the mapping holding `p` in /proc/self/smaps ("" where none holds it).
+// The VmFlags of the mapping holding `p` ("" where none holds it, or the kernel shows none).
 std::string VmFlagsOf(const void* p) {
-  std::ifstream smaps("/proc/self/smaps");
   const auto at = reinterpret_cast<uintptr_t>(p);
-  bool inside = false;
-  for (std::string line; std::getline(smaps, line);) {
-    uintptr_t begin = 0, end = 0;
-    char dash = 0;
-    std::istringstream head(line);
-    if (head >> std::hex >> begin >> dash >> end && dash == '-') {
-      inside = begin <= at && at < end;
-    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
-      return line;
-    }
+  for (const testing::Mapping& m : testing::Smaps()) {
+    if (m.begin <= at && at < m.end) return m.vm_flags;
   }
   return "";
 }

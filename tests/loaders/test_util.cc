@@ -145,4 +145,20 @@ ChildOutcome RunInChild(const std::function<std::string()>& body, std::chrono::m
   return o;
 }
 
+std::vector<Mapping> Smaps() {
+  std::vector<Mapping> out;
+  std::ifstream smaps("/proc/self/smaps");
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t begin = 0, end = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> begin >> dash >> end && dash == '-') {
+      out.push_back({begin, end, {}});
+    } else if (!out.empty() && line.rfind("VmFlags:", 0) == 0) {
+      out.back().vm_flags = line;
+    }
+  }
+  return out;
+}
+
 }  // namespace shardcast::testing

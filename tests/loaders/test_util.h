@@ -77,6 +77,15 @@ class Env {
   std::vector<std::pair<std::string, std::string>> saved_;
 };
 
+// One mapping of this process, as /proc/self/smaps lists it: [begin, end) and its "VmFlags:" line ("" where
+// the kernel shows none, as a sandboxed one may).
+struct Mapping {
+  uintptr_t begin = 0, end = 0;
+  std::string vm_flags;
+  bool Advised(const char* flag) const { return vm_flags.find(std::string(" ") + flag) != std::string::npos; }
+};
+std::vector<Mapping> Smaps();
+
 }  // namespace shardcast::testing
 
 // Asserts `stmt` throws shardcast::Error of `kind` whose message contains every listed substring.

@@ -13,7 +13,6 @@
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <thread>
 
 #include "allocators/pinned.h"
@@ -218,20 +217,11 @@ TEST_F(StagingRingTest, PinnedSlotsWhereTheMachineCanAndTheSameBytesEitherWay) {
 // The bytes of this process's mappings advised MADV_HUGEPAGE ("hg" in their VmFlags; adjacent ones merge
 // into one mapping), and whether smaps showed VmFlags at all.
 std::pair<uint64_t, bool> HugeAdvisedBytes() {
-  std::ifstream smaps("/proc/self/smaps");
   uint64_t total = 0;
   bool flags = false;
-  uint64_t size = 0;
-  for (std::string line; std::getline(smaps, line);) {
-    uint64_t begin = 0, end = 0;
-    char dash = 0;
-    std::istringstream head(line);
-    if (head >> std::hex >> begin >> dash >> end && dash == '-') {
-      size = end - begin;
-    } else if (line.rfind("VmFlags:", 0) == 0) {
-      flags = true;
-      if (line.find(" hg") != std::string::npos) total += size;
-    }
+  for (const testing::Mapping& m : testing::Smaps()) {
+    flags |= !m.vm_flags.empty();
+    if (m.Advised("hg")) total += m.end - m.begin;
   }
   return {total, flags};
 }
