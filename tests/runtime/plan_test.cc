@@ -92,7 +92,7 @@ TEST(Plan, BadInputNamesWhatIsWrong) {
   Plan plan = Plan::Build(spec, 2);
   EXPECT_SC_ERROR(plan.LocalBytes(2), ErrorKind::kInvalidArgument, "rank 2 is outside world size 2");
   PlanOptions opt;  // a placement on a dim the tensor does not have, and a rank outside the world
-  opt.layouts = {Layout{{2}, {0, 1}, {Placement{Placement::kShard, 2, 1}}}, Layout{{2}, {0, 5}, {Placement{}}}};
+  opt.layouts = {Layout{{2}, {0, 1}, {Placement{Placement::kShard, 2, 1}}, {}}, Layout{{2}, {0, 5}, {Placement{}}, {}}};
   opt.layout_of["model.layers.0.mlp.up_proj.weight"] = 0;
   EXPECT_SC_ERROR(Plan::Build(spec, 2, opt), ErrorKind::kInvalidArgument, "model.layers.0.mlp.up_proj.weight",
                   "Shard(dim=2) of a tensor with 2 dim(s)");
