@@ -7,19 +7,26 @@
 # (CUDA on; the Debian packages it lacks unpacked from SHARDCAST_DEB_DIR, see tools/gpu_check.sh), runs the
 # GPU tests (tests/python/test_cuda.py: shardcast.dcp, from_pretrained's stream beside the build into GPU
 # buffers, the CLI's cuda target and NCCL) and the staging ring's pinned test, then
-# bench/bench_dcp_load.py --device cuda on the 1.91 GB Llama: warm (torch's reader at 1 and 4 threads,
-# shardcast.dcp with its defaults (a CUDA target's: 8 readers over 8 page-locked slots of 8 MiB) and with the
-# CPU's (4 over 4 of 64 MiB), shardcast.load; each shardcast row prints its engine split, pin_seconds
-# included; DCP's own floor, 0.023 s on an H100, is left out for time), then cold, then (if the deadline
-# leaves room) the CPU target at W=4 over Gloo on the host's cores, torch's reader at 4 threads against shardcast.dcp. On an H100 each launch
-# took ~19 s: the warm run ~280 s, the cold ~120 s. Each step is
-# skipped once the deadline (seconds from the start; default 540) is too near. Results: OUTDIR/*.json, *.txt.
+# bench/bench_dcp_load.py --device cuda on the 1.91 GB Llama, warm: torch's reader at 1 and 4 threads,
+# shardcast.dcp with its defaults (a CUDA target's: 8 readers over 8 page-locked slots of 8 MiB) and with 16
+# readers over 16 slots of 8 MiB (the next lever: on an H200 the defaults gave 2.47x, 3x needs ~0.094 s), and
+# shardcast.load; each shardcast row prints its engine split, pin_seconds included. Then, where the deadline
+# leaves room, the CPU target at W=4 over Gloo on the host's cores (torch t=4 against shardcast.dcp), then
+# cold (torch t=4 against shardcast.dcp; on an H200 1.03x, medians of 3). Each launch took ~19 s on an H100
+# and ~22 s on an H200 (the warm run ~334 s there), so a 560 s call ends before the cold run: run it as a
+# second call at once. A held machine is released after ~30 s idle, and the next call starts a bare one
+# (its build-gpu/ gone): have the second command ready. Each step is skipped once the deadline (seconds
+# from the start; default 540) is too near. STEPS (default "tests warm cpu cold") picks the steps, e.g.
+# STEPS=cold for that second call (the build is reused where build-gpu/ is still there). Results:
+# OUTDIR/*.json, *.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out=${1:?usage: bench/gpu_dcp_load.sh OUTDIR}
 mkdir -p "$out"
 t0=$(date +%s)
 deadline=${DEADLINE:-540}
+steps=" ${STEPS:-tests warm cpu cold} "
+step() { [[ $steps == *" $1 "* ]]; }
 left() { echo $((deadline - ($(date +%s) - t0))); }
 at() { echo "== $* at $(($(date +%s) - t0)) s"; }
 export PYTHONUNBUFFERED=1 PATH=/usr/local/cuda/bin:$PATH
@@ -38,13 +45,15 @@ cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DSHARDCAST_PYTHON
     >>"$out/build.log" 2>&1 || { grep -m5 -A8 -E "error|CMake Error" "$out/build.log"; exit 1; }
 at built
 export SHARDCAST_BUILD_DIR=$build PYTHONPATH=$build/python OMP_NUM_THREADS=1
-"$build/tests/core_test" --gtest_filter='StagingRingTest.*' >"$out/ring.txt" 2>&1
-grep -q '^\[  PASSED  \] [1-9]' "$out/ring.txt" || { echo "the staging ring's tests failed or none ran:"; tail -5 "$out/ring.txt"; }
-tail -1 "$out/ring.txt"
-timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda.py \
-  >"$out/test_cuda_full.txt" 2>&1  # whole: a failure's rank logs are in its assertion
-tail -5 "$out/test_cuda_full.txt" | tee "$out/test_dcp_cuda.txt"
-at tested
+if step tests; then
+  "$build/tests/core_test" --gtest_filter='StagingRingTest.*' >"$out/ring.txt" 2>&1
+  grep -q '^\[  PASSED  \] [1-9]' "$out/ring.txt" || { echo "the staging ring's tests failed or none ran:"; tail -5 "$out/ring.txt"; }
+  tail -1 "$out/ring.txt"
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda.py \
+    >"$out/test_cuda_full.txt" 2>&1  # whole: a failure's rank logs are in its assertion
+  tail -5 "$out/test_cuda_full.txt" | tee "$out/test_dcp_cuda.txt"
+  at tested
+fi
 bench() {  # bench NAME ARGS...: one bench_dcp_load run, if the deadline leaves room
   local name=$1 room=$(($(left) - 10))
   shift
@@ -53,7 +62,8 @@ bench() {  # bench NAME ARGS...: one bench_dcp_load run, if the deadline leaves 
     grep -v Warning | tail -14
   at "$name"
 }
-bench dcp-load-16L-cuda-warm --repeat 3 --methods torch-t1,torch-t4,shardcast-dcp,shardcast-dcp@cs=64M@sl=4@rt=4,shardcast-load
-bench dcp-load-16L-cuda-cold --repeat 3 --cold --methods torch-t4,shardcast-dcp
+step warm && bench dcp-load-16L-cuda-warm --repeat 3 --methods torch-t1,torch-t4,shardcast-dcp,shardcast-dcp@cs=8M@sl=16@rt=16,shardcast-load
 # The CPU target at W=4 on this host's cores (the dev VM has 2; its warm ratio is bound by them there).
-bench dcp-load-16L-cpu-w4-warm --device cpu --world-size 4 --repeat 3 --methods torch-t4,shardcast-dcp
+step cpu && bench dcp-load-16L-cpu-w4-warm --device cpu --world-size 4 --repeat 3 --methods torch-t4,shardcast-dcp
+step cold && bench dcp-load-16L-cuda-cold --repeat 3 --cold --methods torch-t4,shardcast-dcp
+at done
