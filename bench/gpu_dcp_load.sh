@@ -11,13 +11,13 @@
 # shardcast.dcp with its defaults (a CUDA target's: 8 readers over 8 page-locked slots of 8 MiB) and with 16
 # readers over 16 slots of 8 MiB (the next lever: on an H200 the defaults gave 2.47x, 3x needs ~0.094 s), and
 # shardcast.load; each shardcast row prints its engine split, pin_seconds included. Then, where the deadline
-# leaves room, the CPU target at W=4 over Gloo on the host's cores (torch t=4 against shardcast.dcp), then
-# cold (torch t=4 against shardcast.dcp; on an H200 1.03x, medians of 3). Each launch took ~19 s on an H100
-# and ~22 s on an H200 (the warm run ~334 s there), so a 560 s call ends before the cold run: run it as a
-# second call at once. A held machine is released after ~30 s idle, and the next call starts a bare one
-# (its build-gpu/ gone): have the second command ready. Each step is skipped once the deadline (seconds
-# from the start; default 540) is too near. STEPS (default "tests warm cpu cold") picks the steps, e.g.
-# STEPS=cold for that second call (the build is reused where build-gpu/ is still there). Results:
+# leaves room, cold (torch t=4 against shardcast.dcp; on an H200 1.03x, medians of 3), then the CPU target at
+# W=4 over Gloo on the host's cores (torch t=4 against shardcast.dcp). Each launch took ~19 s on an H100 and
+# ~22 s on an H200 (the warm run ~334 s there), so a call of DEADLINE=560 ends before the cold run: run
+# STEPS="cold cpu" as a second call at once. A held machine is released after ~30 s idle, and the next
+# call starts a bare one (its build-gpu/ gone): have the second command ready. Each step is skipped once
+# the deadline (seconds from the start; default 540) leaves it less than it needs. STEPS (default "tests
+# warm cold cpu") picks the steps (the build is reused where build-gpu/ is still there). Results:
 # OUTDIR/*.json, *.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -25,8 +25,11 @@ out=${1:?usage: bench/gpu_dcp_load.sh OUTDIR}
 mkdir -p "$out"
 t0=$(date +%s)
 deadline=${DEADLINE:-540}
-steps=" ${STEPS:-tests warm cpu cold} "
+steps=" ${STEPS:-tests warm cold cpu} "
 step() { [[ $steps == *" $1 "* ]]; }
+for s in $steps; do
+  case $s in tests | warm | cold | cpu) ;; *) echo "STEPS: unknown step '$s' (tests, warm, cold, cpu; space-separated)"; exit 2 ;; esac
+done
 left() { echo $((deadline - ($(date +%s) - t0))); }
 at() { echo "== $* at $(($(date +%s) - t0)) s"; }
 export PYTHONUNBUFFERED=1 PATH=/usr/local/cuda/bin:$PATH
@@ -54,16 +57,16 @@ if step tests; then
   tail -5 "$out/test_cuda_full.txt" | tee "$out/test_dcp_cuda.txt"
   at tested
 fi
-bench() {  # bench NAME ARGS...: one bench_dcp_load run, if the deadline leaves room
-  local name=$1 room=$(($(left) - 10))
-  shift
-  ((room > 60)) || { echo "skipped $name: $room s left"; return; }
+bench() {  # bench NAME MIN ARGS...: one bench_dcp_load run, if the deadline leaves it MIN seconds (it writes
+  local name=$1 least=$2 room=$(($(left) - 10))  # its JSON only at its end: a run cut short leaves nothing)
+  shift 2
+  ((room >= least)) || { echo "skipped $name: $room s left, it needs ~$least"; return; }
   timeout "$room" python3 bench/bench_dcp_load.py --device cuda --world-size 1 --layers 16 --out "$out/$name.json" "$@" 2>&1 |
     grep -v Warning | tail -14
   at "$name"
 }
-step warm && bench dcp-load-16L-cuda-warm --repeat 3 --methods torch-t1,torch-t4,shardcast-dcp,shardcast-dcp@cs=8M@sl=16@rt=16,shardcast-load
+step warm && bench dcp-load-16L-cuda-warm 300 --repeat 3 --methods torch-t1,torch-t4,shardcast-dcp,shardcast-dcp@cs=8M@sl=16@rt=16,shardcast-load
+step cold && bench dcp-load-16L-cuda-cold 130 --repeat 3 --cold --methods torch-t4,shardcast-dcp
 # The CPU target at W=4 on this host's cores (the dev VM has 2; its warm ratio is bound by them there).
-step cpu && bench dcp-load-16L-cpu-w4-warm --device cpu --world-size 4 --repeat 3 --methods torch-t4,shardcast-dcp
-step cold && bench dcp-load-16L-cuda-cold --repeat 3 --cold --methods torch-t4,shardcast-dcp
+step cpu && bench dcp-load-16L-cpu-w4-warm 150 --device cpu --world-size 4 --repeat 3 --methods torch-t4,shardcast-dcp
 at done

@@ -82,14 +82,14 @@ def _local(param, where: str = "", group_ranks=None, meshes=None):
     (Replicate on every rank), else (mesh shape, ranks in the load's group, placements) of its DTensor:
     any mesh of 1-3 dims, Shard(d), _StridedShard and Replicate, a mesh of its own per parameter.
     meshes: a dict kept over one call (`_Layouts.meshes`), so that each mesh's world layout is worked out
-    once, not per parameter (torch 2.11 rebuilds `DeviceMesh.mesh` on every access)."""
+    once, not per parameter (torch 2.11 and 2.15 rebuild `DeviceMesh.mesh` on every access)."""
     from torch.distributed.tensor import DTensor
     if not isinstance(param, DTensor):
         return param.data if hasattr(param, "data") else param, tuple(param.shape), None
     mesh, shape = param.device_mesh, tuple(param.shape)
     placements = tuple(_placement(p, len(shape), where or "a DTensor") for p in param.placements)
     known = meshes.get(id(mesh)) if meshes is not None else None
-    if known is None or known[0] is not mesh:  # keyed by id, the mesh kept beside it: an id is never reused
+    if known is None:  # keyed by id, with the mesh kept beside it: alive, its id stays its own over the call
         known = (mesh, _whole_mesh(mesh))
         if meshes is not None:
             meshes[id(mesh)] = known

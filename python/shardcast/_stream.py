@@ -332,13 +332,21 @@ def _mismatch(model, planned: Dict[str, Planned], rank: int, world: int) -> Tupl
     from ._names import named_parameters
     fsdp = _fsdp_params(model)
     redo = []
+    whole: Dict[int, tuple] = {}  # id(mesh) -> (mesh, whether it is the world in rank order): DeviceMesh.mesh
+    # is rebuilt on every access, so each mesh is asked once (the mesh kept beside, so its id stays its own)
+
+    def over_world(mesh) -> bool:
+        known = whole.get(id(mesh))
+        if known is None:
+            known = whole[id(mesh)] = (mesh, mesh.ndim == 1 and mesh.mesh.flatten().tolist() == list(range(world)))
+        return known[1]
+
     for name, p in named_parameters(model):
         want = planned.get(name)
         what = None
         if want is None:  # under a name the header does not hold (a tied lm_head transformers' FSDP unties):
             redo.append(name)  # the load after the build resolves it as the sequential load would
-        elif not isinstance(p, DTensor) or tuple(p.placements) != (Shard(0),) or p.device_mesh.ndim != 1 \
-                or p.device_mesh.mesh.flatten().tolist() != list(range(world)):
+        elif not isinstance(p, DTensor) or tuple(p.placements) != (Shard(0),) or not over_world(p.device_mesh):
             what = f"is laid out as {getattr(p, 'placements', 'a plain tensor')}, not Shard(0) over the {world} ranks"
         elif p.device_mesh.device_type != want.padded.device.type:
             what = f"is on a {p.device_mesh.device_type} mesh, the plan's buffers on {want.padded.device.type}"

@@ -82,7 +82,8 @@ class Env {
 struct Mapping {
   uintptr_t begin = 0, end = 0;
   std::string vm_flags;
-  bool Advised(const char* flag) const { return vm_flags.find(std::string(" ") + flag) != std::string::npos; }
+  // Whether the kernel shows `flag` ("hg": MADV_HUGEPAGE) among them; it prints a space after every flag.
+  bool Advised(const char* flag) const { return (vm_flags + " ").find(std::string(" ") + flag + " ") != std::string::npos; }
 };
 std::vector<Mapping> Smaps();
 

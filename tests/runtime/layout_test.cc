@@ -27,7 +27,7 @@ std::vector<int> Ranks(int n) {
 std::vector<std::vector<Span>> Spans(std::initializer_list<std::vector<Span>> dims) { return dims; }
 
 TEST(Layout, Shard0IsTorchChunkWithEmptyTrailingRanks) {
-  const Layout l{{4}, Ranks(4), {S(0)}};
+  const Layout l{{4}, Ranks(4), {S(0)}, {}};
   EXPECT_EQ(PieceOf({5, 3}, l, 0).dims, Spans({{{0, 2}}, {{0, 3}}}));
   EXPECT_EQ(PieceOf({5, 3}, l, 2).dims, Spans({{{4, 5}}, {{0, 3}}}));
   EXPECT_EQ(PieceOf({5, 3}, l, 3).numel(), 0u);
@@ -35,7 +35,7 @@ TEST(Layout, Shard0IsTorchChunkWithEmptyTrailingRanks) {
 }
 
 TEST(Layout, Shard1GivesOneRunPerRow) {
-  const Piece p = PieceOf({4, 6}, Layout{{4}, Ranks(4), {S(1)}}, 1);
+  const Piece p = PieceOf({4, 6}, Layout{{4}, Ranks(4), {S(1)}, {}}, 1);
   EXPECT_EQ(p.LocalShape(), (std::vector<uint64_t>{4, 2}));
   std::vector<StridedRuns> runs;
   ForEachRuns(std::vector<uint64_t>{4, 6}, p, [&](const StridedRuns& r) { runs.push_back(r); });
@@ -48,7 +48,7 @@ TEST(Layout, Shard1GivesOneRunPerRow) {
 }
 
 TEST(Layout, HsdpReplicasHoldTheSameRows) {
-  const Layout l{{2, 3}, Ranks(6), {R(), S(0)}};
+  const Layout l{{2, 3}, Ranks(6), {R(), S(0)}, {}};
   const auto h = Holdings({7}, l, 6);
   ASSERT_EQ(h.size(), 3u);
   EXPECT_EQ(h[0].holders, (std::vector<int>{0, 3}));
@@ -57,13 +57,13 @@ TEST(Layout, HsdpReplicasHoldTheSameRows) {
 }
 
 TEST(Layout, StridedShardIsFsdpOverTp) {
-  const Layout l{{2, 2}, Ranks(4), {SS(0, 2), S(0)}};  // (dp, tp)
+  const Layout l{{2, 2}, Ranks(4), {SS(0, 2), S(0)}, {}};  // (dp, tp)
   EXPECT_EQ(PieceOf({8, 4}, l, 0).dims[0], (std::vector<Span>{{0, 2}}));
   EXPECT_EQ(PieceOf({8, 4}, l, 1).dims[0], (std::vector<Span>{{4, 6}}));
   EXPECT_EQ(PieceOf({8, 4}, l, 2).dims[0], (std::vector<Span>{{2, 4}}));
   EXPECT_EQ(PieceOf({8, 4}, l, 3).dims[0], (std::vector<Span>{{6, 8}}));
   // Alone on 4 ranks, 9 rows: halves [0,5) [5,9), each in 4 chunks; a piece is two spans.
-  const Layout alone{{4}, Ranks(4), {SS(0, 2)}};
+  const Layout alone{{4}, Ranks(4), {SS(0, 2)}, {}};
   EXPECT_EQ(PieceOf({9}, alone, 0).dims[0], (std::vector<Span>{{0, 2}, {5, 6}}));
   EXPECT_EQ(PieceOf({9}, alone, 2).dims[0], (std::vector<Span>{{4, 5}, {7, 8}}));
   EXPECT_EQ(PieceOf({9}, alone, 3).dims[0], (std::vector<Span>{{8, 9}}));
@@ -75,7 +75,7 @@ TEST(Layout, StridedShardIsFsdpOverTp) {
 // the second 2^32 chunk steps; now each is linear in the spans.
 TEST(Layout, StridedShardOverManySpansOrPastTheLengthIsLinear) {
   const uint64_t n = 1 << 20;
-  const Layout twice{{2, 2}, Ranks(4), {SS(0, 1 << 19), SS(0, 1 << 18)}};
+  const Layout twice{{2, 2}, Ranks(4), {SS(0, 1 << 19), SS(0, 1 << 18)}, {}};
   for (int rank = 0; rank < 4; ++rank) {
     // The first placement keeps every other element (odd ones for mesh row 1), the second every other
     // of those (mesh column 1: the second of each pair): rank r holds the elements 4i + (2 * col + row).
@@ -86,24 +86,24 @@ TEST(Layout, StridedShardOverManySpansOrPastTheLengthIsLinear) {
       ASSERT_EQ(spans[i], (Span{4 * i + residue, 4 * i + residue + 1})) << "rank " << rank << ", span " << i;
     }
   }
-  const Layout past{{2}, Ranks(2), {SS(0, UINT32_MAX)}};  // chunks of one element, each to mesh rank 0
+  const Layout past{{2}, Ranks(2), {SS(0, UINT32_MAX)}, {}};  // chunks of one element, each to mesh rank 0
   EXPECT_EQ(PieceOf({4}, past, 0).dims[0], (std::vector<Span>{{0, 4}}));
   EXPECT_EQ(PieceOf({4}, past, 1).numel(), 0u);
 }
 
 TEST(Layout, ARankOutsideTheMeshHoldsNothing) {
-  const Layout l{{2}, {3, 1}, {S(0)}};  // a mesh of its own, in another order
+  const Layout l{{2}, {3, 1}, {S(0)}, {}};  // a mesh of its own, in another order
   EXPECT_FALSE(PieceOf({4}, l, 0).held);
   EXPECT_EQ(PieceOf({4}, l, 3).dims[0], (std::vector<Span>{{0, 2}}));
   EXPECT_EQ(PieceOf({4}, l, 1).dims[0], (std::vector<Span>{{2, 4}}));
 }
 
 TEST(Layout, BadLayoutsNameWhatIsWrong) {
-  EXPECT_THROW(Layout({{2}, {0}, {S(0)}}).Check({4}, "k"), Error);
-  EXPECT_THROW(Layout({{2}, {0, 0}, {S(0)}}).Check({4}, "k"), Error);
-  EXPECT_THROW(Layout({{2}, {0, 1}, {S(1)}}).Check({4}, "k"), Error);
-  EXPECT_THROW(Layout({{2}, {0, 1}, {SS(0, 0)}}).Check({4}, "k"), Error);
-  EXPECT_NO_THROW(Layout({{2, 1}, {0, 1}, {S(0), S(0)}}).Check({4}, "k"));
+  EXPECT_THROW(Layout({{2}, {0}, {S(0)}, {}}).Check({4}, "k"), Error);
+  EXPECT_THROW(Layout({{2}, {0, 0}, {S(0)}, {}}).Check({4}, "k"), Error);
+  EXPECT_THROW(Layout({{2}, {0, 1}, {S(1)}, {}}).Check({4}, "k"), Error);
+  EXPECT_THROW(Layout({{2}, {0, 1}, {SS(0, 0)}, {}}).Check({4}, "k"), Error);
+  EXPECT_NO_THROW(Layout({{2, 1}, {0, 1}, {S(0), S(0)}, {}}).Check({4}, "k"));
 }
 
 TEST(Layout, ExplicitBoxesAreWhatEachRankDeclared) {

@@ -17,10 +17,10 @@ SHARDING_INFO = "DCP_SHARDING_INFO"  # torch's per-rank files: {fqn: {"saved_off
 
 def pieces_by_file(path: str) -> List[list]:
     """[[key, dtype name, piece shape, file, offsets]] of every piece in the safetensors files of `path`:
-    placed by each file's DCPSHARDING_INFO (torch's per-rank files), or, where no file has it, each tensor
+    placed by each file's DCP_SHARDING_INFO (torch's per-rank files), or, where no file has it, each tensor
     whole in its file. Every file is validated by the loader's reader; the pieces of a key must share its
     dtype and fill its shape exactly once, else a CheckpointError naming the key and its files (a key in
-    two files without DCPSHARDING_INFO is two pieces that overlap)."""
+    two files without DCP_SHARDING_INFO is two pieces that overlap)."""
     names = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
     headers = [(n, *_shardcast.safetensors_header(path, n)) for n in names]
     placed = any(SHARDING_INFO in meta for _, meta, _ in headers)
