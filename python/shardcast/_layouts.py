@@ -77,23 +77,29 @@ def _whole_mesh(mesh):
     return (groups,) + tuple(mesh.mesh.shape), ranks, True
 
 
+def world_layout(mesh, meshes=None):
+    """_whole_mesh(mesh), worked out once per mesh over a call where `meshes` (a dict kept over it) is given:
+    torch 2.11 and 2.15 rebuild `DeviceMesh.mesh` on every access. Keyed by id, the mesh kept beside its
+    result, so that its id stays its own while the dict lives."""
+    if meshes is None:
+        return _whole_mesh(mesh)
+    known = meshes.get(id(mesh))
+    if known is None:
+        known = meshes[id(mesh)] = (mesh, _whole_mesh(mesh))
+    return known[1]
+
+
 def _local(param, where: str = "", group_ranks=None, meshes=None):
     """(local tensor, global shape, layout) of a parameter or buffer. layout: None for a plain tensor
     (Replicate on every rank), else (mesh shape, ranks in the load's group, placements) of its DTensor:
     any mesh of 1-3 dims, Shard(d), _StridedShard and Replicate, a mesh of its own per parameter.
-    meshes: a dict kept over one call (`_Layouts.meshes`), so that each mesh's world layout is worked out
-    once, not per parameter (torch 2.11 and 2.15 rebuild `DeviceMesh.mesh` on every access)."""
+    meshes: a dict kept over one call (`_Layouts.meshes`), for world_layout."""
     from torch.distributed.tensor import DTensor
     if not isinstance(param, DTensor):
         return param.data if hasattr(param, "data") else param, tuple(param.shape), None
     mesh, shape = param.device_mesh, tuple(param.shape)
     placements = tuple(_placement(p, len(shape), where or "a DTensor") for p in param.placements)
-    known = meshes.get(id(mesh)) if meshes is not None else None
-    if known is None:  # keyed by id, with the mesh kept beside it: alive, its id stays its own over the call
-        known = (mesh, _whole_mesh(mesh))
-        if meshes is not None:
-            meshes[id(mesh)] = known
-    mesh_shape, ranks, sliced = known[1]
+    mesh_shape, ranks, sliced = world_layout(mesh, meshes)
     if sliced:
         placements = ((0, 0, 1),) + placements
     if group_ranks is not None:

@@ -329,17 +329,15 @@ def _mismatch(model, planned: Dict[str, Planned], rank: int, world: int) -> Tupl
     and those as planned but for their dtype)."""
     from torch.distributed.tensor import DTensor, Shard
     from ._materialize import _fsdp_params, _padded_shape
+    from ._layouts import world_layout
     from ._names import named_parameters
     fsdp = _fsdp_params(model)
     redo = []
-    whole: Dict[int, tuple] = {}  # id(mesh) -> (mesh, whether it is the world in rank order): DeviceMesh.mesh
-    # is rebuilt on every access, so each mesh is asked once (the mesh kept beside, so its id stays its own)
+    meshes: dict = {}  # for world_layout: each mesh worked out once over this check
 
-    def over_world(mesh) -> bool:
-        known = whole.get(id(mesh))
-        if known is None:
-            known = whole[id(mesh)] = (mesh, mesh.ndim == 1 and mesh.mesh.flatten().tolist() == list(range(world)))
-        return known[1]
+    def over_world(mesh) -> bool:  # a 1-D mesh of its own (not a slice) over the world in rank order
+        shape, ranks, sliced = world_layout(mesh, meshes)
+        return len(shape) == 1 and not sliced and ranks == list(range(world))
 
     for name, p in named_parameters(model):
         want = planned.get(name)
