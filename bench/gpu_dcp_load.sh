@@ -17,7 +17,8 @@
 # STEPS="cold cpu" as a second call at once. A held machine is released after ~30 s idle, and the next
 # call starts a bare one (its build-gpu/ gone): have the second command ready. Each step is skipped once
 # the deadline (seconds from the start; default 540) leaves it less than it needs. STEPS (default "tests
-# warm cold cpu") picks the steps (the build is reused where build-gpu/ is still there). Results:
+# warm cold cpu") picks the steps ("ring": the staging ring's tests alone; the build is reused where
+# build-gpu/ is still there); WARM_METHODS replaces the warm run's list. Results:
 # OUTDIR/*.json, *.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -28,7 +29,7 @@ deadline=${DEADLINE:-540}
 steps=" ${STEPS:-tests warm cold cpu} "
 step() { [[ $steps == *" $1 "* ]]; }
 for s in $steps; do
-  case $s in tests | warm | cold | cpu) ;; *) echo "STEPS: unknown step '$s' (tests, warm, cold, cpu; space-separated)"; exit 2 ;; esac
+  case $s in ring | tests | warm | cold | cpu) ;; *) echo "STEPS: unknown step '$s' (ring, tests, warm, cold, cpu; space-separated)"; exit 2 ;; esac
 done
 left() { echo $((deadline - ($(date +%s) - t0))); }
 at() { echo "== $* at $(($(date +%s) - t0)) s"; }
@@ -48,10 +49,12 @@ cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DSHARDCAST_PYTHON
     >>"$out/build.log" 2>&1 || { grep -m5 -A8 -E "error|CMake Error" "$out/build.log"; exit 1; }
 at built
 export SHARDCAST_BUILD_DIR=$build PYTHONPATH=$build/python OMP_NUM_THREADS=1
-if step tests; then
+if step tests || step ring; then
   "$build/tests/core_test" --gtest_filter='StagingRingTest.*' >"$out/ring.txt" 2>&1
   grep -q '^\[  PASSED  \] [1-9]' "$out/ring.txt" || { echo "the staging ring's tests failed or none ran:"; tail -5 "$out/ring.txt"; }
   tail -1 "$out/ring.txt"
+fi
+if step tests; then
   timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda.py \
     >"$out/test_cuda_full.txt" 2>&1  # whole: a failure's rank logs are in its assertion
   tail -5 "$out/test_cuda_full.txt" | tee "$out/test_dcp_cuda.txt"
@@ -65,7 +68,9 @@ bench() {  # bench NAME MIN ARGS...: one bench_dcp_load run, if the deadline lea
     grep -v Warning | tail -14
   at "$name"
 }
-step warm && bench dcp-load-16L-cuda-warm 300 --repeat 3 --methods torch-t1,torch-t4,shardcast-dcp,shardcast-dcp@cs=8M@sl=16@rt=16,shardcast-load
+warm=${WARM_METHODS:-torch-t1,torch-t4,shardcast-dcp,shardcast-dcp@cs=8M@sl=16@rt=16,shardcast-load}
+commas=${warm//[^,]/}
+step warm && bench dcp-load-16L-cuda-warm $((3 * 22 * (${#commas} + 1) + 10)) --repeat 3 --methods "$warm"  # ~22 s a launch
 step cold && bench dcp-load-16L-cuda-cold 130 --repeat 3 --cold --methods torch-t4,shardcast-dcp
 # The CPU target at W=4 on this host's cores (the dev VM has 2; its warm ratio is bound by them there).
 step cpu && bench dcp-load-16L-cpu-w4-warm 150 --device cpu --world-size 4 --repeat 3 --methods torch-t4,shardcast-dcp

@@ -28,7 +28,7 @@ struct StagingRing::Core {
   // The page-locking of each buffer: made and dropped by the ring's owner thread only; after `buffers`, so
   // that a registration left for the Core's end goes before its memory.
   std::vector<std::unique_ptr<PinnedRegistration>> pins;
-  uint64_t pinned_bytes = 0;
+  uint64_t pinned_bytes = 0;  // the pinned slots' size, set before the readers start (kept when pinning is refused)
   std::vector<uint64_t> turn;  // the message that may take slot j next: j, then each freed one's index + K
   struct Lane {                // what each reader is reading, for a deadline's error
     bool in_source = false;
@@ -74,27 +74,32 @@ StagingRing::StagingRing(const Manifest& m, std::shared_ptr<SegmentSource> sourc
 }
 
 // Page-locks every slot's buffer at pin_bytes, or none (a partial set would make a slot's copy speed a
-// lottery).
-void StagingRing::Pin() {
+// lottery). Runs on the owner's thread while the readers already read into the buffers: the registration
+// pins the pages they have faulted in so far and faults in the rest, and their bytes stay as they are. No
+// copy leaves a slot before it returns (the consumer is this thread), so undoing a refused set is safe.
+void StagingRing::Pin(const std::vector<unsigned char*>& buffers) {
   Core& c = *core_;
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    for (size_t k = 0; k < c.buffers.size(); ++k) {
-      // In 2 MiB pages where the kernel has them: the registration faults every page in at once, one fault
-      // per 2 MiB instead of per 4 KiB. On an H100 host 64 MiB registered in 0.009-0.013 s and 256 MiB in
-      // 0.034 s this way (bench/RESULTS.md); 4 KiB pages were not measured there.
-      c.pins[k] = std::make_unique<PinnedRegistration>(c.buffers[k].Get(o_.pin_bytes, kHugePages), o_.pin_bytes);
-    }
-    c.pinned_bytes = o_.pin_bytes;
+    // In 2 MiB pages where the kernel has them: the registration faults every page in at once, one fault
+    // per 2 MiB instead of per 4 KiB. On an H100 host 64 MiB registered in 0.009-0.013 s and 256 MiB in
+    // 0.034 s this way (bench/RESULTS.md); 4 KiB pages were not measured there.
+    for (size_t k = 0; k < buffers.size(); ++k) c.pins[k] = std::make_unique<PinnedRegistration>(buffers[k], o_.pin_bytes);
     pinned_ = true;
-  } catch (const Error&) {
+  } catch (...) {  // refused (kUnsupported, kIo) or out of memory: pageable slots, and the readers, go on
     for (auto& p : c.pins) p.reset();
   }
   pin_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void StagingRing::Start() {
-  if (o_.pin_bytes > 0) Pin();
+  // Pinned slots are made at their full size before any reader runs, and never grown past it (a reader
+  // stages a larger message beside them): the readers and the registration share no ScratchBuffer.
+  std::vector<unsigned char*> pinning;
+  if (o_.pin_bytes > 0) {
+    for (ScratchBuffer& b : core_->buffers) pinning.push_back(b.Get(o_.pin_bytes, kHugePages));
+    core_->pinned_bytes = o_.pin_bytes;
+  }
   if (o_.readahead_bytes == 0) walk_->Close(ahead_);
   const uint32_t n = core_->running;
   threads_.reserve(n);
@@ -112,6 +117,7 @@ void StagingRing::Start() {
       break;
     }
   }
+  if (!pinning.empty()) Pin(pinning);  // beside the first reads (their threads must not make CUDA calls)
 }
 
 // Stops the readers and joins them; those still inside a source call after abandon_after are left there.
@@ -293,7 +299,7 @@ void StagingRing::ReadAll(Core& c, uint32_t lane) {
     unsigned char* data = nullptr;
     if (!in_place) {
       const uint64_t n = std::max<uint64_t>(msg.target_bytes, 1);
-      // Never grown past its pinning: the registration covers the buffer as it was made.
+      // Never grown past its pinning size: the registration covers the buffer as it was made.
       data = c.pinned_bytes > 0 && n > c.pinned_bytes ? c.oversize[k].Get(n) : c.buffers[k].Get(n);
       at.clear();
       uint64_t off = 0;

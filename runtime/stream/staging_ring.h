@@ -43,9 +43,8 @@ struct RingOptions {
   uint32_t slots = 4;
   uint32_t readers = 1;  // reader threads (at most `slots`; 0 counts as 1)
   // > 0: each slot's staging buffer is made this large and page-locked (cudaHostRegister) when the ring is
-  // made, on the caller's thread. REQUIRES: the target's CUDA device current there (load.cc's guard), so a
-  // copy to the device from a
-  // slot needs no bounce; unpinned by the destructor, on the caller's thread too. Reader threads make no
+  // made, on the caller's thread, while the readers already fill the first slots. REQUIRES: the target's
+  // CUDA device current there (load.cc's guard), so a copy to the device from a slot needs no bounce; unpinned by the destructor, on the caller's thread too. Reader threads make no
   // CUDA call. A larger message is staged in pageable memory beside it. Where pinning is refused (a build
   // without CUDA, no device, a memlock limit) the slots stay pageable: pinned() says which.
   uint64_t pin_bytes = 0;
@@ -84,7 +83,7 @@ class StagingRing {
   void Free(Slot* slot);
   uint64_t bytes_read() const;  // source bytes; valid after the last Next
   bool pinned() const { return pinned_; }  // the slots' staging buffers are page-locked
-  double pin_seconds() const { return pin_seconds_; }  // spent page-locking them (and unlocking, when refused)
+  double pin_seconds() const { return pin_seconds_; }  // spent page-locking them (beside the first reads)
   uint32_t readers() const { return static_cast<uint32_t>(threads_.size()); }
 
  private:
@@ -97,7 +96,7 @@ class StagingRing {
   template <typename F>
   void InSource(Core& core, uint32_t lane, uint64_t seq, const Segment& g, F&& call);
   void Start();
-  void Pin();
+  void Pin(const std::vector<unsigned char*>& buffers);
   void Prefetch(Core& core, uint32_t lane, uint64_t horizon);
 
   std::unique_ptr<ScheduleWalk> own_walk_;

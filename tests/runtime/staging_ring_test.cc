@@ -227,8 +227,8 @@ std::pair<uint64_t, bool> HugeAdvisedBytes() {
 }
 
 // The slots a CUDA target page-locks are asked for 2 MiB pages (the registration faults them all in at
-// once), whether or not the pinning then succeeds: without a GPU the first slot's registration is refused
-// and the slots stay pageable, that slot advised all the same. Slots not to be pinned keep 4 KiB pages.
+// once), whether or not the pinning then succeeds: without a GPU the registration is refused and the
+// slots stay pageable, advised all the same (each is made whole before the readers start). Slots not to be pinned keep 4 KiB pages.
 TEST_F(StagingRingTest, SlotsToBePageLockedAreAdvisedHugePages) {
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "an ASan build's slots come from the heap";
