@@ -235,9 +235,11 @@ def main():
     files = sorted(str(p) for p in ckpt.iterdir() if p.suffix == ".safetensors")
     size = sum(os.path.getsize(f) for f in files)
     methods = args.methods.split(",")
-    runs = {m: [] for m in methods}
+    runs, summary = {m: [] for m in methods}, {}
     tmp = ROOT / "out" / "dcp-load-results"
     tmp.mkdir(parents=True, exist_ok=True)
+    out = pathlib.Path(args.out or ROOT / "bench" / "results" / f"dcp-load{'-fp8' if args.fp8 else ''}-{args.layers}L{'-cuda' if args.device == 'cuda' else ''}{'-cold' if args.cold else ''}{'-init' if args.init else ''}.json")
+    compared = [m for m in methods if m != "dcp-floor"]  # the floor moves no byte: its shards are not a load's
     for round_ in range(args.repeat):
         for m in methods:
             resident = set_page_cache(files, args.cold)
@@ -252,34 +254,33 @@ def main():
             e = runs[m][-1]["engine"]
             print(f"round {round_ + 1} {m:15s} {runs[m][-1]['seconds']:7.3f} s" + (_engine_text(e) if e else ""),
                   flush=True)
-    compared = [m for m in methods if m != "dcp-floor"]  # the floor moves no byte: its shards are not a load's
-    reference = runs[compared[0]][0]["crcs"] if compared else None
-    for m in compared:
-        for r in runs[m]:
-            if r["crcs"] != reference:
-                raise SystemExit(f"{m}: local shards differ from {compared[0]}'s ({r['crcs']} vs {reference})")
-    best_torch = min((statistics.median(r["seconds"] for r in runs[m]) for m in methods if m.startswith("torch")),
-                     default=None)
+        reference = runs[compared[0]][0]["crcs"] if compared else None
+        for m in compared:
+            for r in runs[m]:
+                if r["crcs"] != reference:
+                    raise SystemExit(f"{m}: local shards differ from {compared[0]}'s ({r['crcs']} vs {reference})")
+        # Written after every round (the rounds so far): a run cut short by a deadline still leaves its rounds.
+        summary = {m: {"median_seconds": statistics.median(r["seconds"] for r in runs[m]),
+                       "gb_per_s": size / statistics.median(r["seconds"] for r in runs[m]) / 1e9, "runs": runs[m]}
+                   for m in methods}
+        out.write_text(json.dumps({"bytes": size, "world_size": args.world_size, "cold": args.cold, "init": args.init,
+                                   "device": args.device, "repeat": args.repeat, "rounds_done": round_ + 1,
+                                   "methods": summary}, indent=1))
+    best_torch = min((summary[m]["median_seconds"] for m in methods if m.startswith("torch")), default=None)
     print(f"\n{size / 1e9:.2f} GB, W={args.world_size}, {args.device}, {'cold' if args.cold else 'warm'}"
           f"{', shards written before the load' if args.init else ''}, median of {args.repeat}; "
           f"shards CRC-identical across methods" + (" (dcp-floor moves no byte: not compared)" if "dcp-floor" in methods
                                                   else ""))
     print(f"{'method':15s} {'median s':>9s} {'GB/s':>6s} {'vs best torch':>13s} {'rank0 anon':>10s} "
           f"{'rank0 file':>10s} {'node peak':>10s}")
-    summary = {}
     for m in methods:
-        med = statistics.median(r["seconds"] for r in runs[m])
+        med = summary[m]["median_seconds"]
         pick = sorted(runs[m], key=lambda r: r["seconds"])[len(runs[m]) // 2]
-        summary[m] = {"median_seconds": med, "gb_per_s": size / med / 1e9, "runs": runs[m]}
         ratio = f"{best_torch / med:.2f}x" if best_torch and m != "dcp-floor" else "-"  # the floor is a bound
         print(f"{m:15s} {med:9.3f} {size / med / 1e9:6.2f} {ratio:>13s} {pick['rank0_anon'] / 1e9:8.2f}GB "
               f"{pick['rank0_file'] / 1e9:8.2f}GB {pick['node_anon_file'] / 1e9:8.2f}GB"
               + (f" gpu peak {pick['gpu_peak'] / 1e9:.2f}GB" if args.device == "cuda" else "")
               + (_engine_text(pick["engine"]) if pick.get("engine") else ""))
-    out = pathlib.Path(args.out or ROOT / "bench" / "results" / f"dcp-load{'-fp8' if args.fp8 else ''}-{args.layers}L{'-cuda' if args.device == 'cuda' else ''}{'-cold' if args.cold else ''}{'-init' if args.init else ''}.json")
-    out.write_text(json.dumps({"bytes": size, "world_size": args.world_size, "cold": args.cold, "init": args.init,
-                               "device": args.device,
-                               "repeat": args.repeat, "methods": summary}, indent=1))
     print(f"wrote {out}")
 
 

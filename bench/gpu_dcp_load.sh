@@ -18,7 +18,7 @@
 # call starts a bare one (its build-gpu/ gone): have the second command ready. Each step is skipped once
 # the deadline (seconds from the start; default 540) leaves it less than it needs. STEPS (default "tests
 # warm cold cpu") picks the steps ("ring": the staging ring's tests alone; the build is reused where
-# build-gpu/ is still there); WARM_METHODS replaces the warm run's list. Results:
+# build-gpu/ is still there); WARM_METHODS and CPU_METHODS replace the warm and cpu runs' lists. Results:
 # OUTDIR/*.json, *.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -60,8 +60,8 @@ if step tests; then
   tail -5 "$out/test_cuda_full.txt" | tee "$out/test_dcp_cuda.txt"
   at tested
 fi
-bench() {  # bench NAME MIN ARGS...: one bench_dcp_load run, if the deadline leaves it MIN seconds (it writes
-  local name=$1 least=$2 room=$(($(left) - 10))  # its JSON only at its end: a run cut short leaves nothing)
+bench() {  # bench NAME MIN ARGS...: one bench_dcp_load run, if the deadline leaves it MIN seconds (its JSON is
+  local name=$1 least=$2 room=$(($(left) - 10))  # written after each round: a run cut short leaves its rounds)
   shift 2
   ((room >= least)) || { echo "skipped $name: $room s left, it needs ~$least"; return; }
   timeout "$room" python3 bench/bench_dcp_load.py --device cuda --world-size 1 --layers 16 --out "$out/$name.json" "$@" 2>&1 |
@@ -71,7 +71,12 @@ bench() {  # bench NAME MIN ARGS...: one bench_dcp_load run, if the deadline lea
 warm=${WARM_METHODS:-torch-t1,torch-t4,shardcast-dcp,shardcast-dcp@cs=8M@sl=16@rt=16,shardcast-load}
 commas=${warm//[^,]/}
 step warm && bench dcp-load-16L-cuda-warm $((3 * 22 * (${#commas} + 1) + 10)) --repeat 3 --methods "$warm"  # ~22 s a launch
-step cold && bench dcp-load-16L-cuda-cold 130 --repeat 3 --cold --methods torch-t4,shardcast-dcp
+step cold && bench dcp-load-16L-cuda-cold 170 --repeat 3 --cold --methods torch-t4,shardcast-dcp
 # The CPU target at W=4 on this host's cores (the dev VM has 2; its warm ratio is bound by them there).
-step cpu && bench dcp-load-16L-cpu-w4-warm 150 --device cpu --world-size 4 --repeat 3 --methods torch-t4,shardcast-dcp
+# On an H200 host's 16 cores this was 0.64x (2026-11-27): CPU_METHODS=torch-t4,shardcast-dcp,dcp-floor,
+# shardcast-dcp@pr=0,shardcast-dcp@rt=2,shardcast-dcp@ra=0 asks which part is slow (~17 s a launch).
+cpu=${CPU_METHODS:-torch-t4,shardcast-dcp}
+commas=${cpu//[^,]/}
+step cpu && bench dcp-load-16L-cpu-w4-warm $((3 * 17 * (${#commas} + 1) + 10)) --device cpu --world-size 4 --repeat 3 \
+  --methods "$cpu"
 at done
