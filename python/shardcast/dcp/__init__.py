@@ -16,7 +16,8 @@ when anything is wrong.
 """
 from __future__ import annotations
 
-from ._hf_reader import HuggingFaceStorageReader, QuantizedHuggingFaceStorageReader
+from ._hf_quantized import QuantizedHuggingFaceStorageReader
+from ._hf_reader import HuggingFaceStorageReader
 from ._hf_writer import HuggingFaceStorageWriter
 from ._state import StorageReader, StorageWriter
 
