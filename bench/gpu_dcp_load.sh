@@ -17,7 +17,8 @@
 # STEPS="cold cpu" as a second call at once. A held machine is released after ~30 s idle, and the next
 # call starts a bare one (its build-gpu/ gone): have the second command ready. Each step is skipped once
 # the deadline (seconds from the start; default 540) leaves it less than it needs. STEPS (default "tests
-# warm cold cpu") picks the steps ("ring": the staging ring's tests alone; the build is reused where
+# warm cold cpu") picks the steps ("ring": the staging ring's tests alone; "cpu-init": the cpu step with the
+# shards written before the load; the build is reused where
 # build-gpu/ is still there); WARM_METHODS and CPU_METHODS replace the warm and cpu runs' lists. Results:
 # OUTDIR/*.json, *.txt.
 set -uo pipefail
@@ -29,7 +30,9 @@ deadline=${DEADLINE:-540}
 steps=" ${STEPS:-tests warm cold cpu} "
 step() { [[ $steps == *" $1 "* ]]; }
 for s in $steps; do
-  case $s in ring | tests | warm | cold | cpu) ;; *) echo "STEPS: unknown step '$s' (ring, tests, warm, cold, cpu; space-separated)"; exit 2 ;; esac
+  case $s in ring | tests | warm | cold | cpu | cpu-init) ;;
+    *) echo "STEPS: unknown step '$s' (ring, tests, warm, cold, cpu, cpu-init; space-separated)"; exit 2 ;;
+  esac
 done
 left() { echo $((deadline - ($(date +%s) - t0))); }
 at() { echo "== $* at $(($(date +%s) - t0)) s"; }
@@ -79,4 +82,8 @@ cpu=${CPU_METHODS:-torch-t4,shardcast-dcp}
 commas=${cpu//[^,]/}
 step cpu && bench dcp-load-16L-cpu-w4-warm $((3 * 17 * (${#commas} + 1) + 10)) --device cpu --world-size 4 --repeat 3 \
   --methods "$cpu"
+# The same with every shard written before the load (torchtitan's order: to_empty, init_weights, load): no
+# page is faulted or committed in the timed call, so what is left is the copy and the agreement.
+step cpu-init && bench dcp-load-16L-cpu-w4-warm-init $((3 * 17 * (${#commas} + 1) + 10)) --device cpu --world-size 4 \
+  --repeat 3 --init --methods "$cpu"
 at done
