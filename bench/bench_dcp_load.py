@@ -213,6 +213,19 @@ def write_fp8_checkpoint(path, layers):
     partial.rename(path)
 
 
+def _at_least_one(text):
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return n
+
+
+def _write_json(path, data):
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worker", nargs=3)
@@ -221,7 +234,7 @@ def main():
     ap.add_argument("--cold", action="store_true")
     ap.add_argument("--fp8", action="store_true")
     ap.add_argument("--init", action="store_true", help="write every shard before the load (torchtitan's order)")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=_at_least_one, default=3)
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--out", default=None)
@@ -255,17 +268,21 @@ def main():
             print(f"round {round_ + 1} {m:15s} {runs[m][-1]['seconds']:7.3f} s" + (_engine_text(e) if e else ""),
                   flush=True)
         reference = runs[compared[0]][0]["crcs"] if compared else None
-        for m in compared:
-            for r in runs[m]:
-                if r["crcs"] != reference:
-                    raise SystemExit(f"{m}: local shards differ from {compared[0]}'s ({r['crcs']} vs {reference})")
-        # Written after every round (the rounds so far): a run cut short by a deadline still leaves its rounds.
+        differ = next((f"{m}: local shards differ from {compared[0]}'s ({r['crcs']} vs {reference})"
+                       for m in compared for r in runs[m] if r["crcs"] != reference), None)
         summary = {m: {"median_seconds": statistics.median(r["seconds"] for r in runs[m]),
                        "gb_per_s": size / statistics.median(r["seconds"] for r in runs[m]) / 1e9, "runs": runs[m]}
                    for m in methods}
-        out.write_text(json.dumps({"bytes": size, "world_size": args.world_size, "cold": args.cold, "init": args.init,
-                                   "device": args.device, "repeat": args.repeat, "rounds_done": round_ + 1,
-                                   "methods": summary}, indent=1))
+        # The rounds so far, after every round, as <out>.partial.json until the last (a run cut short by a
+        # deadline keeps them, and never replaces a finished result); each write whole or not at all.
+        last = round_ + 1 == args.repeat and differ is None
+        _write_json(out if last else out.with_suffix(".partial.json"),
+                    {"bytes": size, "world_size": args.world_size, "cold": args.cold, "init": args.init,
+                     "device": args.device, "repeat": args.repeat, "rounds_done": round_ + 1, "error": differ,
+                     "methods": summary})
+        if differ:
+            raise SystemExit(differ)
+    out.with_suffix(".partial.json").unlink(missing_ok=True)
     best_torch = min((summary[m]["median_seconds"] for m in methods if m.startswith("torch")), default=None)
     print(f"\n{size / 1e9:.2f} GB, W={args.world_size}, {args.device}, {'cold' if args.cold else 'warm'}"
           f"{', shards written before the load' if args.init else ''}, median of {args.repeat}; "

@@ -9,17 +9,18 @@
 # buffers, the CLI's cuda target and NCCL) and the staging ring's pinned test, then
 # bench/bench_dcp_load.py --device cuda on the 1.91 GB Llama, warm: torch's reader at 1 and 4 threads,
 # shardcast.dcp with its defaults (a CUDA target's: 8 readers over 8 page-locked slots of 8 MiB) and with 16
-# readers over 16 slots of 8 MiB (the next lever: on an H200 the defaults gave 2.47x, 3x needs ~0.094 s), and
-# shardcast.load; each shardcast row prints its engine split, pin_seconds included. Then, where the deadline
-# leaves room, cold (torch t=4 against shardcast.dcp; on an H200 1.03x, medians of 3), then the CPU target at
-# W=4 over Gloo on the host's cores (torch t=4 against shardcast.dcp). Each launch took ~19 s on an H100 and
-# ~22 s on an H200 (the warm run ~334 s there), so a call of DEADLINE=560 ends before the cold run: run
-# STEPS="cold cpu" as a second call at once. A held machine is released after ~30 s idle, and the next
-# call starts a bare one (its build-gpu/ gone): have the second command ready. Each step is skipped once
-# the deadline (seconds from the start; default 540) leaves it less than it needs. STEPS (default "tests
-# warm cold cpu") picks the steps ("ring": the staging ring's tests alone; "cpu-init": the cpu step with the
-# shards written before the load; the build is reused where
-# build-gpu/ is still there); WARM_METHODS and CPU_METHODS replace the warm and cpu runs' lists. Results:
+# readers over 16 slots of 8 MiB, and shardcast.load; each shardcast row prints its engine split, pin_seconds
+# included (on an H200: 2.47x on 2026-11-26, 3.02x on 2026-11-27 with torch slower; 16 readers no better).
+# Then, where the deadline leaves room, cold (torch t=4 against shardcast.dcp; on an H200 1.03x in 3 rounds,
+# then 0.77x and 0.90x in 2), then the CPU target at W=4 over Gloo on the host's cores (torch t=4 against
+# shardcast.dcp: 0.64x on an H200 host). Each launch took ~19 s on an H100 and ~22 s on an H200 (a warm run of
+# 5 methods ~334 s there), so a call of DEADLINE=560 ends before the cold run: run STEPS="cold cpu" as a
+# second call at once. A held machine is released after ~30 s idle, and the next call starts a bare one
+# (its build-gpu/ gone): have the second command ready. Each step is skipped once the deadline (seconds from
+# the start; default 540) leaves it less than it needs. STEPS (default "tests warm cold cpu") picks the steps
+# ("ring": the staging ring's tests alone; "cpu-init": the cpu step with the shards written before the load;
+# the build is reused where build-gpu/ is still there); WARM_METHODS and CPU_METHODS replace the warm and cpu
+# runs' lists. Exits 1 when a test failed (the benchmarks run all the same). Results:
 # OUTDIR/*.json, *.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -52,19 +53,24 @@ cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DSHARDCAST_PYTHON
     >>"$out/build.log" 2>&1 || { grep -m5 -A8 -E "error|CMake Error" "$out/build.log"; exit 1; }
 at built
 export SHARDCAST_BUILD_DIR=$build PYTHONPATH=$build/python OMP_NUM_THREADS=1
+rc=0
 if step tests || step ring; then
-  "$build/tests/core_test" --gtest_filter='StagingRingTest.*' >"$out/ring.txt" 2>&1
-  grep -q '^\[  PASSED  \] [1-9]' "$out/ring.txt" || { echo "the staging ring's tests failed or none ran:"; tail -5 "$out/ring.txt"; }
+  if ! "$build/tests/core_test" --gtest_filter='StagingRingTest.*' >"$out/ring.txt" 2>&1 ||
+    ! grep -q '^\[  PASSED  \] [1-9]' "$out/ring.txt" || grep -q '^\[  FAILED  \]' "$out/ring.txt"; then
+    echo "the staging ring's tests failed or none ran:"
+    tail -5 "$out/ring.txt"
+    rc=1
+  fi
   tail -1 "$out/ring.txt"
 fi
 if step tests; then
   timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda.py \
-    >"$out/test_cuda_full.txt" 2>&1  # whole: a failure's rank logs are in its assertion
+    >"$out/test_cuda_full.txt" 2>&1 || rc=1  # whole: a failure's rank logs are in its assertion
   tail -5 "$out/test_cuda_full.txt" | tee "$out/test_dcp_cuda.txt"
   at tested
 fi
-bench() {  # bench NAME MIN ARGS...: one bench_dcp_load run, if the deadline leaves it MIN seconds (its JSON is
-  local name=$1 least=$2 room=$(($(left) - 10))  # written after each round: a run cut short leaves its rounds)
+bench() {  # bench NAME MIN ARGS...: one bench_dcp_load run, if the deadline leaves it MIN seconds (NAME.partial.json
+  local name=$1 least=$2 room=$(($(left) - 10))  # after each round: a run cut short leaves its rounds there)
   shift 2
   ((room >= least)) || { echo "skipped $name: $room s left, it needs ~$least"; return; }
   timeout "$room" python3 bench/bench_dcp_load.py --device cuda --world-size 1 --layers 16 --out "$out/$name.json" "$@" 2>&1 |
@@ -87,3 +93,4 @@ step cpu && bench dcp-load-16L-cpu-w4-warm $((3 * 17 * (${#commas} + 1) + 10)) -
 step cpu-init && bench dcp-load-16L-cpu-w4-warm-init $((3 * 17 * (${#commas} + 1) + 10)) --device cpu --world-size 4 \
   --repeat 3 --init --methods "$cpu"
 at done
+exit $rc

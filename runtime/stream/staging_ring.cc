@@ -76,7 +76,8 @@ StagingRing::StagingRing(const Manifest& m, std::shared_ptr<SegmentSource> sourc
 // Page-locks every slot's buffer at pin_bytes, or none (a partial set would make a slot's copy speed a
 // lottery). Runs on the owner's thread while the readers already read into the buffers: the registration
 // pins the pages they have faulted in so far and faults in the rest, and their bytes stay as they are. No
-// copy leaves a slot before it returns (the consumer is this thread), so undoing a refused set is safe.
+// copy leaves a slot before it returns (the consumer is this thread), so undoing a refused set is safe; by
+// the same token the readers overlap it by one fill of the ring at most (no slot is freed before it ends).
 void StagingRing::Pin(const std::vector<unsigned char*>& buffers) {
   Core& c = *core_;
   const auto t0 = std::chrono::steady_clock::now();
@@ -84,7 +85,9 @@ void StagingRing::Pin(const std::vector<unsigned char*>& buffers) {
     // In 2 MiB pages where the kernel has them: the registration faults every page in at once, one fault
     // per 2 MiB instead of per 4 KiB. On an H100 host 64 MiB registered in 0.009-0.013 s and 256 MiB in
     // 0.034 s this way (bench/RESULTS.md); 4 KiB pages were not measured there.
-    for (size_t k = 0; k < buffers.size(); ++k) c.pins[k] = std::make_unique<PinnedRegistration>(buffers[k], o_.pin_bytes);
+    for (size_t k = 0; k < buffers.size(); ++k) {
+      c.pins[k] = std::make_unique<PinnedRegistration>(buffers[k], o_.pin_bytes);
+    }
     pinned_ = true;
   } catch (...) {  // refused (kUnsupported, kIo) or out of memory: pageable slots, and the readers, go on
     for (auto& p : c.pins) p.reset();

@@ -42,11 +42,13 @@ namespace shardcast {
 struct RingOptions {
   uint32_t slots = 4;
   uint32_t readers = 1;  // reader threads (at most `slots`; 0 counts as 1)
-  // > 0: each slot's staging buffer is made this large and page-locked (cudaHostRegister) when the ring is
-  // made, on the caller's thread, while the readers already fill the first slots. REQUIRES: the target's
-  // CUDA device current there (load.cc's guard), so a copy to the device from a slot needs no bounce; unpinned by the destructor, on the caller's thread too. Reader threads make no
-  // CUDA call. A larger message is staged in pageable memory beside it. Where pinning is refused (a build
-  // without CUDA, no device, a memlock limit) the slots stay pageable: pinned() says which.
+  // > 0: each slot's staging buffer is made this large (in 2 MiB pages where the kernel has them) before the
+  // readers start, then page-locked (cudaHostRegister) on the caller's thread while they fill the first slots;
+  // the constructor returns once every slot is locked. REQUIRES: the target's CUDA device current there
+  // (load.cc's guard), so a copy to the device from a slot needs no bounce; unpinned by the destructor, on
+  // the caller's thread too. Reader threads make no CUDA call. A larger message is staged in pageable memory
+  // beside its slot. Where pinning is refused (a build without CUDA, no device, a memlock limit) the slots stay
+  // pageable, still of this size (pinned() says which); a buffer that cannot be made at all fails the ring.
   uint64_t pin_bytes = 0;
   uint64_t readahead_bytes = 256ull << 20;
   std::function<bool(const Message&)> select;              // the messages this rank reads
