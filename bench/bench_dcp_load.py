@@ -251,7 +251,9 @@ def main():
     runs, summary = {m: [] for m in methods}, {}
     tmp = ROOT / "out" / "dcp-load-results"
     tmp.mkdir(parents=True, exist_ok=True)
-    out = pathlib.Path(args.out or ROOT / "bench" / "results" / f"dcp-load{'-fp8' if args.fp8 else ''}-{args.layers}L{'-cuda' if args.device == 'cuda' else ''}{'-cold' if args.cold else ''}{'-init' if args.init else ''}.json")
+    default = (f"dcp-load{'-fp8' if args.fp8 else ''}-{args.layers}L{'-cuda' if args.device == 'cuda' else ''}"
+            f"{'-cold' if args.cold else ''}{'-init' if args.init else ''}.json")
+    out = pathlib.Path(args.out or ROOT / "bench" / "results" / default)
     compared = [m for m in methods if m != "dcp-floor"]  # the floor moves no byte: its shards are not a load's
     for round_ in range(args.repeat):
         for m in methods:

@@ -82,9 +82,10 @@ commas=${warm//[^,]/}
 step warm && bench dcp-load-16L-cuda-warm $((3 * 22 * (${#commas} + 1) + 10)) --repeat 3 --methods "$warm"  # ~22 s a launch
 step cold && bench dcp-load-16L-cuda-cold 170 --repeat 3 --cold --methods torch-t4,shardcast-dcp
 # The CPU target at W=4 on this host's cores (the dev VM has 2; its warm ratio is bound by them there).
-# On an H200 host's 16 cores this was 0.64x (2026-11-27): CPU_METHODS=torch-t4,shardcast-dcp,dcp-floor,
-# shardcast-dcp@pr=0,shardcast-dcp@rt=2,shardcast-dcp@ra=0 asks which part is slow (~17 s a launch).
-cpu=${CPU_METHODS:-torch-t4,shardcast-dcp}
+# On an H200 host's 16 cores this was 0.64x (2026-11-27). dcp-floor is DCP's own work around any reader;
+# CPU_METHODS=torch-t4,shardcast-dcp,dcp-floor,shardcast-dcp@rt=2 (or @pr=0, @ra=0) asks which part is slow
+# (~17 s a launch).
+cpu=${CPU_METHODS:-torch-t4,shardcast-dcp,dcp-floor}
 commas=${cpu//[^,]/}
 step cpu && bench dcp-load-16L-cpu-w4-warm $((3 * 17 * (${#commas} + 1) + 10)) --device cpu --world-size 4 --repeat 3 \
   --methods "$cpu"
