@@ -78,20 +78,22 @@ bench() {  # bench NAME MIN ARGS...: one bench_dcp_load run, if the deadline lea
   at "$name"
 }
 warm=${WARM_METHODS:-torch-t1,torch-t4,shardcast-dcp,shardcast-dcp@cs=8M@sl=16@rt=16,shardcast-load}
-commas=${warm//[^,]/}
-step warm && bench dcp-load-16L-cuda-warm $((3 * 22 * (${#commas} + 1) + 10)) --repeat 3 --methods "$warm"  # ~22 s a launch
+needs() {  # needs METHODS SECONDS: the least room for 3 rounds of METHODS (comma-separated), SECONDS a launch
+  local commas=${1//[^,]/}
+  echo $((3 * $2 * (${#commas} + 1) + 10))
+}
+step warm && bench dcp-load-16L-cuda-warm "$(needs "$warm" 22)" --repeat 3 --methods "$warm"
 step cold && bench dcp-load-16L-cuda-cold 170 --repeat 3 --cold --methods torch-t4,shardcast-dcp
 # The CPU target at W=4 on this host's cores (the dev VM has 2; its warm ratio is bound by them there).
 # On an H200 host's 16 cores this was 0.64x (2026-11-27). dcp-floor is DCP's own work around any reader;
 # CPU_METHODS=torch-t4,shardcast-dcp,dcp-floor,shardcast-dcp@rt=2 (or @pr=0, @ra=0) asks which part is slow
 # (~17 s a launch).
 cpu=${CPU_METHODS:-torch-t4,shardcast-dcp,dcp-floor}
-commas=${cpu//[^,]/}
-step cpu && bench dcp-load-16L-cpu-w4-warm $((3 * 17 * (${#commas} + 1) + 10)) --device cpu --world-size 4 --repeat 3 \
+step cpu && bench dcp-load-16L-cpu-w4-warm "$(needs "$cpu" 17)" --device cpu --world-size 4 --repeat 3 \
   --methods "$cpu"
 # The same with every shard written before the load (torchtitan's order: to_empty, init_weights, load): no
 # page is faulted or committed in the timed call, so what is left is the copy and the agreement.
-step cpu-init && bench dcp-load-16L-cpu-w4-warm-init $((3 * 17 * (${#commas} + 1) + 10)) --device cpu --world-size 4 \
+step cpu-init && bench dcp-load-16L-cpu-w4-warm-init "$(needs "$cpu" 17)" --device cpu --world-size 4 \
   --repeat 3 --init --methods "$cpu"
 at done
 exit $rc
