@@ -86,31 +86,35 @@ def worker(method, ckpt, out):
     sampler.start()
     start = time.monotonic()
     report = None  # shardcast's own report of the call: this rank's row of it, where the engine's time went
+    phases = None  # a storage reader's time in each of its steps on this rank (_timed)
     if method == "shardcast-load":
         report = load(model, ckpt)
     else:
         if "fp8" in pathlib.Path(ckpt).name:
             from torch.distributed.checkpoint.quantized_hf_storage import QuantizedHuggingFaceStorageReader
             base, kw = QuantizedHuggingFaceStorageReader, {"target_dtype": torch.bfloat16}
-            ours = lambda: shardcast.dcp.QuantizedHuggingFaceStorageReader(ckpt, **kw)  # noqa: E731
+            ours = shardcast.dcp.QuantizedHuggingFaceStorageReader
         else:
             base, kw = HuggingFaceStorageReader, {}
-            ours = lambda: shardcast.dcp.HuggingFaceStorageReader(ckpt)  # noqa: E731
+            ours = shardcast.dcp.HuggingFaceStorageReader
         if method == "shardcast-dcp":
-            reader = ours()
+            reader = _timed(ours)(ckpt, **kw)
         elif method == "dcp-floor":
-            reader = _floor_reader(base)(ckpt, **kw)
+            reader = _timed(_floor_reader(base))(ckpt, **kw)
         elif method.startswith("torch-t"):  # torch-tN: thread_count=N
-            reader = base(ckpt, thread_count=int(method[len("torch-t"):]), **kw)
+            reader = _timed(base)(ckpt, thread_count=int(method[len("torch-t"):]), **kw)
         else:
             raise SystemExit(f"unknown method {method}")
         dcp.load(model.state_dict(), storage_reader=reader)
+        phases = reader.phases
         if method == "shardcast-dcp":
             report = reader.last_report[0]
     if device == "cuda":
         torch.cuda.synchronize()
     dist.barrier()
     seconds = time.monotonic() - start
+    if phases is not None:  # the rest of the call: DCP's planning and collectives, and the closing barrier
+        phases["dcp"] = seconds - sum(phases.values())
     sampler.stop = True
     sampler.join()
     crc, nbytes = 0, 0
@@ -122,9 +126,44 @@ def worker(method, ckpt, out):
               "peak_rss_anon": sampler.peak["RssAnon"] - sampler.base["RssAnon"],
               "peak_rss_file": sampler.peak["RssFile"] - sampler.base["RssFile"],
               "gpu_peak": torch.cuda.max_memory_allocated() if device == "cuda" else 0,
-              "engine": _engine_row(report, dist.get_rank())}
+              "engine": _engine_row(report, dist.get_rank()), "phases": phases}
     pathlib.Path(f"{out}.{dist.get_rank()}").write_text(json.dumps(result))
     dist.destroy_process_group()
+
+
+def _timed(base):
+    """`base` (a storage reader class) timing its own steps on this rank, in `phases` (seconds): read_metadata,
+    the plans (set_up_storage_reader, prepare_local_plan, and the coordinator's prepare_global_plan) and
+    read_data. What the call takes beyond them is DCP's own work and waits (the worker adds it as "dcp")."""
+
+    class Timed(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.phases = {"metadata": 0.0, "plan": 0.0, "data": 0.0}
+
+        def _time(self, phase, step, *args, **kwargs):
+            t = time.monotonic()
+            try:
+                return step(*args, **kwargs)
+            finally:
+                self.phases[phase] += time.monotonic() - t
+
+        def read_metadata(self, *args, **kwargs):
+            return self._time("metadata", super().read_metadata, *args, **kwargs)
+
+        def set_up_storage_reader(self, *args, **kwargs):
+            return self._time("plan", super().set_up_storage_reader, *args, **kwargs)
+
+        def prepare_local_plan(self, *args, **kwargs):
+            return self._time("plan", super().prepare_local_plan, *args, **kwargs)
+
+        def prepare_global_plan(self, *args, **kwargs):
+            return self._time("plan", super().prepare_global_plan, *args, **kwargs)
+
+        def read_data(self, *args, **kwargs):
+            return self._time("data", super().read_data, *args, **kwargs)
+
+    return Timed
 
 
 def _floor_reader(base):
@@ -159,6 +198,13 @@ def _engine_text(e):
               if e.get("pinned_staging_bytes") else "")
     return (f" | engine {e['seconds']:.3f} s: handshake {e['handshake_seconds']:.3f}, allocate "
             f"{e['allocate_seconds']:.3f}, stream {e['stream_seconds']:.3f} ({e['read_threads']} readers{pinned})")
+
+
+def _phases_text(p):
+    """Rank 0's split of a dcp.load call by its storage reader's steps (see _timed), or nothing."""
+    if not p:
+        return ""
+    return " | " + ", ".join(f"{k} {p[k]:.3f}" for k in ("metadata", "plan", "data", "dcp"))
 
 
 def write_checkpoint(path, layers):
@@ -265,10 +311,11 @@ def main():
                             "max_anon": max(r["peak_rss_anon"] for r in ranks),
                             "node_anon_file": sum(r["peak_rss_anon"] + r["peak_rss_file"] for r in ranks),
                             "local_bytes": [r["local_bytes"] for r in ranks], "resident_before": resident,
-                            "gpu_peak": max(r["gpu_peak"] for r in ranks), "engine": ranks[0]["engine"]})
-            e = runs[m][-1]["engine"]
-            print(f"round {round_ + 1} {m:15s} {runs[m][-1]['seconds']:7.3f} s" + (_engine_text(e) if e else ""),
-                  flush=True)
+                            "gpu_peak": max(r["gpu_peak"] for r in ranks), "engine": ranks[0]["engine"],
+                            "phases": [r["phases"] for r in ranks]})
+            e, ph = runs[m][-1]["engine"], runs[m][-1]["phases"][0]
+            print(f"round {round_ + 1} {m:15s} {runs[m][-1]['seconds']:7.3f} s" + _phases_text(ph)
+                  + (_engine_text(e) if e else ""), flush=True)
         reference = runs[compared[0]][0]["crcs"] if compared else None
         differ = next((f"{m}: local shards differ from {compared[0]}'s ({r['crcs']} vs {reference})"
                        for m in compared for r in runs[m] if r["crcs"] != reference), None)
@@ -299,6 +346,7 @@ def main():
         print(f"{m:15s} {med:9.3f} {size / med / 1e9:6.2f} {ratio:>13s} {pick['rank0_anon'] / 1e9:8.2f}GB "
               f"{pick['rank0_file'] / 1e9:8.2f}GB {pick['node_anon_file'] / 1e9:8.2f}GB"
               + (f" gpu peak {pick['gpu_peak'] / 1e9:.2f}GB" if args.device == "cuda" else "")
+              + _phases_text((pick.get("phases") or [None])[0])
               + (_engine_text(pick["engine"]) if pick.get("engine") else ""))
     print(f"wrote {out}")
 
