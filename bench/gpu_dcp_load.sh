@@ -13,12 +13,14 @@
 # included (on an H200: 2.47x on 2026-11-26, 3.02x on 2026-11-27 with torch slower; 16 readers no better).
 # Then, where the deadline leaves room, cold (torch t=4 against shardcast.dcp; on an H200 1.03x in 3 rounds,
 # then 0.77x and 0.90x in 2), then the CPU target at W=4 over Gloo on the host's cores (torch t=4 against
-# shardcast.dcp: 0.64x on an H200 host). Each launch took ~19 s on an H100 and ~22 s on an H200 (a warm run of
+# shardcast.dcp: 0.64x on an H200 host, before the readers committed their own pages and the commit beside
+# them went to idle priority: STEPS="cpu cpu-init cpu-cold" checks whether that closed it). Each launch took ~19 s on an H100 and ~22 s on an H200 (a warm run of
 # 5 methods ~334 s there), so a call of DEADLINE=560 ends before the cold run: run STEPS="cold cpu" as a
 # second call at once. A held machine is released after ~30 s idle, and the next call starts a bare one
 # (its build-gpu/ gone): have the second command ready. Each step is skipped once the deadline (seconds from
 # the start; default 540) leaves it less than it needs. STEPS (default "tests warm cold cpu") picks the steps
 # ("ring": the staging ring's tests alone; "cpu-init": the cpu step with the shards written before the load;
+# "cpu-cold": the cpu step with the page cache evicted before each run;
 # the build is reused where build-gpu/ is still there); WARM_METHODS and CPU_METHODS replace the warm and cpu
 # runs' lists. Exits 1 when a test failed (the benchmarks run all the same). Results:
 # OUTDIR/*.json, *.txt.
@@ -31,8 +33,8 @@ deadline=${DEADLINE:-540}
 steps=" ${STEPS:-tests warm cold cpu} "
 step() { [[ $steps == *" $1 "* ]]; }
 for s in $steps; do
-  case $s in ring | tests | warm | cold | cpu | cpu-init) ;;
-    *) echo "STEPS: unknown step '$s' (ring, tests, warm, cold, cpu, cpu-init; space-separated)"; exit 2 ;;
+  case $s in ring | tests | warm | cold | cpu | cpu-init | cpu-cold) ;;
+    *) echo "STEPS: unknown step '$s' (ring, tests, warm, cold, cpu, cpu-init, cpu-cold; space-separated)"; exit 2 ;;
   esac
 done
 left() { echo $((deadline - ($(date +%s) - t0))); }
@@ -95,5 +97,8 @@ step cpu && bench dcp-load-16L-cpu-w4-warm "$(needs "$cpu" 17)" --device cpu --w
 # page is faulted or committed in the timed call, so what is left is the copy and the agreement.
 step cpu-init && bench dcp-load-16L-cpu-w4-warm-init "$(needs "$cpu" 17)" --device cpu --world-size 4 \
   --repeat 3 --init --methods "$cpu"
+# The same cold: every file evicted from the page cache before each run.
+step cpu-cold && bench dcp-load-16L-cpu-w4-cold "$(needs "$cpu" 20)" --device cpu --world-size 4 \
+  --repeat 3 --cold --methods "$cpu"
 at done
 exit $rc

@@ -5,6 +5,8 @@
 
 #include <cstring>
 
+#include "allocators/lazy_zero.h"
+
 namespace shardcast {
 
 ShardSink::ShardSink(std::vector<at::Tensor> tensors) : tensors_(std::move(tensors)) {
@@ -37,6 +39,7 @@ void ShardSink::Store(const Segment& s, const unsigned char* data) {
   if (x.defined() && x.device().is_cpu()) {
     auto* base = static_cast<unsigned char*>(x.data_ptr()) + s.local_offset;
     if (s.local_contiguous()) {
+      PrefaultForWrite(base, s.target_bytes);  // its missing pages in one call, not one fault each in the copy
       std::memcpy(base, data, s.target_bytes);
     } else {
       const uint64_t run = s.run_bytes();

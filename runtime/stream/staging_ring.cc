@@ -6,6 +6,7 @@
 #include <system_error>
 
 #include "allocators/error.h"
+#include "allocators/lazy_zero.h"
 #include "allocators/pinned.h"
 #include "allocators/scratch_buffer.h"
 
@@ -312,6 +313,9 @@ void StagingRing::ReadAll(Core& c, uint32_t lane) {
       }
     }
     uint64_t read = 0;
+    if (in_place) {  // see RingOptions::in_place: no page of the destination is faulted inside the read
+      for (size_t i = 0; i < msg.segments.size(); ++i) PrefaultForWrite(at[i], msg.segments[i].target_bytes);
+    }
     for (size_t i = 0; i < msg.segments.size(); ++i) {
       InSource(c, lane, msg.seq, msg.segments[i], [&] { c.source->Read(msg.segments[i], at[i]); });
       read += msg.segments[i].source_bytes;

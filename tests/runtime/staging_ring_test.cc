@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <map>
 #include <thread>
 
+#include "allocators/lazy_zero.h"
 #include "allocators/pinned.h"
 #include "loaders/synth.h"
 #include "loaders/writer.h"
@@ -177,6 +179,87 @@ TEST_F(StagingRingTest, ReadsEachSegmentInPlaceWhereTheConsumerGivesPlaces) {
   EXPECT_GT(batched_in_place, 0);
   EXPECT_GT(staged, 0);
   }
+}
+
+// A reader commits an in-place destination's missing pages in one call (MADV_POPULATE_WRITE) before it
+// reads there, rather than having them faulted one by one inside the read's copy: every page of fresh
+// memory a segment lands in is resident when the source is asked for the segment. Bytes exact.
+TEST(StagingRingInPlace, AReaderCommitsItsFreshDestinationBeforeItReadsThere) {
+  const long page = sysconf(_SC_PAGESIZE);
+  constexpr size_t kBytes = 8u << 20;
+  void* probe = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(probe, MAP_FAILED);
+  const bool populates = PrefaultForWrite(probe, page);
+  munmap(probe, page);
+  if (!populates) GTEST_SKIP() << "no MADV_POPULATE_WRITE in this kernel (before 5.14)";
+
+  testing::TempDir dir;
+  const std::vector<WriteEntry> entries = {{"w", DType::kBF16, {4096, 1024}}};
+  WriteCheckpoint(dir.path(), entries, [](const WriteEntry& e, uint64_t off, unsigned char* out, size_t n) {
+    SynthElements(5, e.key, e.dtype, off / 2, n / 2, out);
+  });
+  ModelSpec spec;
+  spec.model_type = "test";
+  spec.entries.push_back(SpecEntry{});
+  spec.entries[0].key = "w";
+  spec.entries[0].shape = {4096, 1024};
+  spec.entries[0].dtype = DType::kBF16;
+  std::unique_ptr<Checkpoint> ckpt = Checkpoint::Open(dir.path());
+  const Plan plan = Plan::Build(spec, 1);
+  StreamParams params;
+  params.chunk_bytes = 1u << 20;
+  params.coalesce_bytes = 1u << 20;
+  params.staging_slots = 2;
+  const Manifest m = Resolve(plan, *ckpt, {}, params);
+
+  // The checkpoint's source, which counts the pages of each destination not resident when it is read into.
+  struct Checking : SegmentSource {
+    std::shared_ptr<FileSource> file;
+    long page;
+    std::atomic<uint64_t> missing{0}, reads{0};
+    void Read(const Segment& s, unsigned char* out) override {
+      const uintptr_t begin = (reinterpret_cast<uintptr_t>(out) + page - 1) / page * page;
+      const uintptr_t end = (reinterpret_cast<uintptr_t>(out) + s.target_bytes) / page * page;
+      if (end > begin) {
+        std::vector<unsigned char> resident((end - begin) / page);
+        if (mincore(reinterpret_cast<void*>(begin), end - begin, resident.data()) == 0) {
+          for (unsigned char r : resident) missing += (r & 1) == 0;
+        }
+      }
+      ++reads;
+      file->Read(s, out);
+    }
+  };
+  auto source = std::make_shared<Checking>();
+  source->file = std::make_shared<FileSource>(std::make_shared<const Manifest>(m),
+                                              std::make_shared<const FileTable>(FileTable{&ckpt->file(0)}), true);
+  source->page = page;
+
+  auto* dest = static_cast<unsigned char*>(
+      mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));  // no page yet
+  ASSERT_NE(dest, MAP_FAILED);
+  RingOptions o;
+  o.slots = 2;
+  o.readers = 2;
+  o.select = [](const Message&) { return true; };
+  o.in_place = [&](const Message& msg, std::vector<unsigned char*>* at) {
+    at->clear();
+    for (const Segment& s : msg.segments) at->push_back(dest + s.local_offset);
+    return true;
+  };
+  {
+    StagingRing ring(m, source, o);
+    while (StagingRing::Slot* slot = ring.Next()) {
+      EXPECT_TRUE(slot->in_place);
+      ring.Free(slot);
+    }
+  }
+  EXPECT_GE(source->reads.load(), 8u);
+  EXPECT_EQ(source->missing.load(), 0u) << "pages of a destination not committed before the read into it";
+  std::string expected(kBytes, '\0');
+  SynthElements(5, "w", DType::kBF16, 0, kBytes / 2, expected.data());
+  EXPECT_EQ(std::memcmp(dest, expected.data(), kBytes), 0);
+  munmap(dest, kBytes);
 }
 
 // Pinned staging (a CUDA target): the slots are page-locked where this machine can (a GPU machine), else
