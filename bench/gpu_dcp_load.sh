@@ -57,7 +57,7 @@ at built
 export SHARDCAST_BUILD_DIR=$build PYTHONPATH=$build/python OMP_NUM_THREADS=1
 rc=0
 if step tests || step ring; then
-  if ! "$build/tests/core_test" --gtest_filter='StagingRingTest.*' >"$out/ring.txt" 2>&1 ||
+  if ! "$build/tests/core_test" --gtest_filter='StagingRing*' >"$out/ring.txt" 2>&1 ||
     ! grep -q '^\[  PASSED  \] [1-9]' "$out/ring.txt" || grep -q '^\[  FAILED  \]' "$out/ring.txt"; then
     echo "the staging ring's tests failed or none ran:"
     tail -5 "$out/ring.txt"

@@ -72,7 +72,7 @@ int ThreadsHere(const LoadOptions& options, int sharers) {
 }
 
 // This rank's host shards as pieces of at most 2 MiB cut at page boundaries, for CommitBeside to commit
-// (tensors under 1 MiB, on meta or off the host are left to the readers). Small pieces: each is one
+// (tensors under 1 MiB are left to the readers; those on meta or off the host have no pages to commit). Small pieces: each is one
 // madvise, which holds the process's memory-map lock while it runs, at idle priority (CommitBeside).
 std::vector<std::pair<unsigned char*, size_t>> CommitPieces(RankState& state) {
   constexpr size_t kMinBytes = 1 << 20, kPiece = 2 << 20;
@@ -130,6 +130,10 @@ class CommitBeside {
       }
     }
   }
+
+  // Ends the commit at its next piece: once the stream has written every page, what is left of it would
+  // only find them there.
+  void Stop() { stop_ = true; }
 
   // Waits for the commit to end (at once where it never started). REQUIRES: the caller's thread.
   void Join() {
@@ -284,7 +288,8 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   } else {
     r = StreamTogether(comm, ctx, "load", "stream", /*name_rank=*/true);
   }
-  commit.Join();  // a commit the readers overtook ends here, inside the stream's time
+  commit.Stop();  // a commit the readers overtook ends here, inside the stream's time
+  commit.Join();
   mine.stream_seconds = Since(t);
 
   t = Clock::now();

@@ -313,11 +313,17 @@ void StagingRing::ReadAll(Core& c, uint32_t lane) {
       }
     }
     uint64_t read = 0;
-    if (in_place) {  // see RingOptions::in_place: no page of the destination is faulted inside the read
-      for (size_t i = 0; i < msg.segments.size(); ++i) PrefaultForWrite(at[i], msg.segments[i].target_bytes);
-    }
     for (size_t i = 0; i < msg.segments.size(); ++i) {
-      InSource(c, lane, msg.seq, msg.segments[i], [&] { c.source->Read(msg.segments[i], at[i]); });
+      InSource(c, lane, msg.seq, msg.segments[i], [&] {
+        // An in-place destination's missing whole pages, committed with one madvise before the read
+        // rather than faulted one at a time inside pread's copy, which costs more (and is what warm
+        // readers that overtook load.cc's commit beside them did): 1.91 GB into fresh memory through
+        // dcp.load at one rank with two readers on the 2-core VM, warm, medians of 5 interleaved rounds,
+        // 0.66 s against 0.71 s (bench/RESULTS.md, 2026-11-27). Inside the source call: a populate that
+        // blocks (a memory cgroup's throttling) is a stuck reader the ring can leave behind.
+        if (in_place) PrefaultForWrite(at[i], msg.segments[i].target_bytes);
+        c.source->Read(msg.segments[i], at[i]);
+      });
       read += msg.segments[i].source_bytes;
     }
     {

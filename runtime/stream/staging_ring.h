@@ -52,13 +52,10 @@ struct RingOptions {
   uint64_t pin_bytes = 0;
   uint64_t readahead_bytes = 256ull << 20;
   std::function<bool(const Message&)> select;              // the messages this rank reads
-  // Whether to read a message in place: fills `at` with each segment's destination (host memory) and
-  // returns true, or returns false (read into the slot's staging buffer). Called on the reader thread, which
-  // then commits the destination's missing pages (MADV_POPULATE_WRITE) before it reads there, rather than
-  // fault them one at a time inside pread's copy, which costs more and, beside load.cc's commit of the same
-  // pages, is what warm readers that overtook it did. 1.91 GB into fresh memory through dcp.load at one
-  // rank with two readers on the 2-core VM, warm, medians of 5 interleaved rounds: 0.66 s against 0.71 s
-  // (faster in each round); bench/RESULTS.md has the rest.
+  // Whether to read a message in place: fills `at` with each segment's destination and returns true, or
+  // returns false (read into the slot's staging buffer). Called on the reader thread. A destination is
+  // writable host memory: the reader commits its missing whole pages for writing (MADV_POPULATE_WRITE)
+  // before it reads each segment there.
   std::function<bool(const Message&, std::vector<unsigned char*>* at)> in_place;
   // How long the destructor waits for a reader stuck in the source before leaving it behind. Default 10 s.
   std::chrono::milliseconds abandon_after{10000};
