@@ -72,8 +72,9 @@ int ThreadsHere(const LoadOptions& options, int sharers) {
 }
 
 // This rank's host shards as pieces of at most 2 MiB cut at page boundaries, for CommitBeside to commit
-// (tensors under 1 MiB are left to the readers; those on meta or off the host have no pages to commit). Small pieces: each is one
-// madvise, which holds the process's memory-map lock while it runs, at idle priority (CommitBeside).
+// (tensors under 1 MiB are left to the readers; those on meta or off the host have no pages to commit).
+// Small pieces: each is one madvise, which holds the process's memory-map lock while it runs, at idle
+// priority (CommitBeside).
 std::vector<std::pair<unsigned char*, size_t>> CommitPieces(RankState& state) {
   constexpr size_t kMinBytes = 1 << 20, kPiece = 2 << 20;
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
