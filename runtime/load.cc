@@ -1,11 +1,9 @@
 #include "runtime/load.h"
 
-#include <pthread.h>
 #include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -20,8 +18,8 @@
 
 #include <c10/core/DeviceGuard.h>
 
+#include "allocators/commit_beside.h"
 #include "allocators/error.h"
-#include "allocators/lazy_zero.h"
 #include "runtime/agree/failure.h"
 #include "runtime/agree/fault.h"
 #include "runtime/agree/verdict.h"
@@ -71,10 +69,9 @@ int ThreadsHere(const LoadOptions& options, int sharers) {
   return ReadThreadsFor(options, sharers, std::min(machine, quota));
 }
 
-// This rank's host shards as pieces of at most 2 MiB cut at page boundaries, for CommitBeside to commit
-// (tensors under 1 MiB are left to the readers; those on meta or off the host have no pages to commit).
-// Small pieces: each is one madvise, which holds the process's memory-map lock while it runs, at idle
-// priority (CommitBeside).
+// This rank's host shards as pieces of at most 2 MiB cut at page boundaries, in the shards' order, for
+// CommitBeside's threads to take one at a time (tensors under 1 MiB are left to the readers; those on meta
+// or off the host have no pages to commit).
 std::vector<std::pair<unsigned char*, size_t>> CommitPieces(RankState& state) {
   constexpr size_t kMinBytes = 1 << 20, kPiece = 2 << 20;
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
@@ -92,72 +89,6 @@ std::vector<std::pair<unsigned char*, size_t>> CommitPieces(RankState& state) {
   }
   return pieces;
 }
-
-// Commits this rank's host shards (MADV_POPULATE_WRITE over CommitPieces, in order) on threads of its own
-// while the stream runs, at idle priority (SCHED_IDLE): they take only the CPU the stream leaves idle, as
-// a cold load's readers do while they wait on storage. A reader commits the pages it reaches first itself
-// before it reads into them (RingOptions::in_place), and a page already there is left as it is. One thread
-// zero-fills at about 4 GB/s on the dev VM (0.47 s of a 1.91 GB load at one rank). One rank with two
-// readers on the 2-core VM, 1.91 GB, medians of 6 interleaved rounds: warm 0.64 s against 0.71 s for this
-// commit at normal priority in 64 MiB pieces, cold 1.36 s against 1.45 s. Join() after the stream, or the
-// destructor on a failure path, which stops the commit at the next piece first.
-// Thread safety: the pieces are computed on the caller's thread; the commit threads touch nothing else.
-class CommitBeside {
- public:
-  CommitBeside() = default;
-  CommitBeside(const CommitBeside&) = delete;
-  CommitBeside& operator=(const CommitBeside&) = delete;
-  ~CommitBeside() {
-    stop_ = true;
-    Join();
-  }
-
-  // Takes `pieces` to commit with `threads` threads in all, and the room for them. Throws only
-  // std::bad_alloc (Allocate agrees on it).
-  void Prepare(std::vector<std::pair<unsigned char*, size_t>> pieces, int threads) {
-    pieces_ = std::move(pieces);
-    want_ = std::min(static_cast<size_t>(std::max(1, threads)), pieces_.size());
-    threads_.reserve(want_);
-  }
-
-  // Starts the commit. Never throws, so that no rank fails alone after the agreement: where no thread can
-  // be had, those running do the rest, and where none runs the stream's readers fault the pages themselves.
-  void Start() noexcept {
-    while (threads_.size() < want_) {
-      try {
-        threads_.emplace_back([this] { Work(); });
-      } catch (...) {  // std::system_error (no thread), or std::bad_alloc (its state)
-        break;
-      }
-    }
-  }
-
-  // Ends the commit at its next piece: once the stream has written every page, what is left of it would
-  // only find them there.
-  void Stop() { stop_ = true; }
-
-  // Waits for the commit to end (at once where it never started). REQUIRES: the caller's thread.
-  void Join() {
-    for (std::thread& t : threads_) {
-      if (t.joinable()) t.join();
-    }
-    threads_.clear();
-  }
-
- private:
-  void Work() {
-    pthread_setname_np(pthread_self(), "shardcast-fill");  // 15 characters at most
-    sched_param idle{};
-    pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);  // refused: it commits at the normal priority
-    for (size_t i; !stop_ && (i = next_++) < pieces_.size();) PrefaultForWrite(pieces_[i].first, pieces_[i].second);
-  }
-
-  std::vector<std::pair<unsigned char*, size_t>> pieces_;
-  size_t want_ = 0;  // threads to start
-  std::atomic<size_t> next_{0};
-  std::atomic<bool> stop_{false};
-  std::vector<std::thread> threads_;
-};
 
 // Shard storage for this rank's rows, or the same error on every rank. The pages are committed beside
 // the stream (`commit`), not before it. Measured at 1.91 GB, W=4, on the 2-core VM (medians of 3
