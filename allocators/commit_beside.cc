@@ -7,15 +7,16 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <mutex>
 
 namespace shardcast {
 
-bool CanLeaveIdlePriority() {
+int ProbeLeaveIdlePriority() {
   int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return false;
+  if (pipe2(fds, O_CLOEXEC) != 0) return -1;
   std::thread t;
   try {
-    t = std::thread([r = fds[0]] {  // ends at the write end's close, and closes its own end
+    t = std::thread([r = fds[0]] {  // alive until the write end's close; closes its own end
       char c;
       while (read(r, &c, 1) < 0 && errno == EINTR) {
       }
@@ -24,23 +25,28 @@ bool CanLeaveIdlePriority() {
   } catch (...) {  // std::system_error: no thread
     close(fds[0]);
     close(fds[1]);
-    return false;
+    return -1;
   }
   sched_param zero{};
-  const bool ok = pthread_setschedparam(t.native_handle(), SCHED_IDLE, &zero) == 0 &&
-                  pthread_setschedparam(t.native_handle(), SCHED_OTHER, &zero) == 0;
+  const int down = pthread_setschedparam(t.native_handle(), SCHED_IDLE, &zero);
+  const int up = down == 0 ? pthread_setschedparam(t.native_handle(), SCHED_OTHER, &zero) : down;
   close(fds[1]);
-  if (ok) {
+  if (up == 0) {
     t.join();
   } else {
     t.detach();  // perhaps left at idle priority: it ends on its own once given a core
   }
-  return ok;
+  return up == 0 ? 1 : up == EPERM ? 0 : -1;
 }
 
 bool MayLeaveIdlePriority() {
-  static const bool may = CanLeaveIdlePriority();
-  return may;
+  static std::atomic<int> known{-1};  // the first definite answer
+  int may = known.load(std::memory_order_relaxed);
+  if (may < 0) {
+    may = ProbeLeaveIdlePriority();
+    if (may >= 0) known.store(may, std::memory_order_relaxed);
+  }
+  return may == 1;
 }
 
 CommitBeside::~CommitBeside() {
@@ -55,25 +61,34 @@ void CommitBeside::Prepare(std::vector<std::pair<unsigned char*, size_t>> pieces
 }
 
 void CommitBeside::Start() noexcept {
-  if (!MayLeaveIdlePriority()) return;
+  if (want_ == 0 || stop_.load(std::memory_order_relaxed) || !MayLeaveIdlePriority()) return;
+  int policy = SCHED_OTHER;
+  sched_param param{};
+  pthread_getschedparam(pthread_self(), &policy, &param);
+  lift_ = policy == SCHED_BATCH || policy == SCHED_IDLE ? policy : SCHED_OTHER;  // the caller's, not real-time
   while (threads_.size() < want_) {
     try {
       threads_.emplace_back([this] { Work(); });
     } catch (...) {  // std::system_error (no thread), or std::bad_alloc (its state)
       break;
     }
-    // Set here, not by the thread itself, so that Stop() (this thread too) always comes after it.
-    sched_param zero{};
+    sched_param zero{};  // the thread waits for Stop() before it ends: its handle is valid until then
     pthread_setschedparam(threads_.back().native_handle(), SCHED_IDLE, &zero);
   }
 }
 
 void CommitBeside::Stop() noexcept {
-  stop_.store(true, std::memory_order_relaxed);
+  if (stop_.load(std::memory_order_relaxed)) return;
+  // Lifted while every thread still waits for stop_ at the latest, so that no handle names a thread gone:
+  // glibc reads the thread id again for the call, and a thread that ended in between would leave 0 (this
+  // thread) there.
   sched_param zero{};
-  for (std::thread& t : threads_) {
-    if (t.joinable()) pthread_setschedparam(t.native_handle(), SCHED_OTHER, &zero);
+  for (std::thread& t : threads_) pthread_setschedparam(t.native_handle(), lift_, &zero);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_.store(true, std::memory_order_relaxed);
   }
+  stopped_.notify_all();
 }
 
 void CommitBeside::Join() noexcept {
@@ -87,9 +102,8 @@ void CommitBeside::Work() noexcept {
   pthread_setname_np(pthread_self(), "shardcast-fill");  // 15 characters at most
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   for (size_t i; !stop_.load(std::memory_order_relaxed) && (i = next_++) < pieces_.size();) {
-    unsigned char* const p = pieces_[i].first;
-    for (size_t at = 0; at < pieces_[i].second; at += page) {
-      if (stop_.load(std::memory_order_relaxed)) return;
+    auto* const p = static_cast<volatile unsigned char*>(pieces_[i].first);
+    for (size_t at = 0; at < pieces_[i].second && !stop_.load(std::memory_order_relaxed); at += page) {
       // A write fault that keeps the byte: zero swapped for zero, or nothing where a reader has written
       // (its page is there already). Not an OR of zero: clang makes that a fenced load, a read fault.
       unsigned char zero = 0;
@@ -97,6 +111,8 @@ void CommitBeside::Work() noexcept {
                                   __ATOMIC_RELAXED);
     }
   }
+  std::unique_lock<std::mutex> lock(mu_);
+  stopped_.wait(lock, [this] { return stop_.load(std::memory_order_relaxed); });
 }
 
 }  // namespace shardcast

@@ -1,39 +1,44 @@
 // allocators/commit_beside: commits fresh memory on threads of idle priority while another part of the
 // process is about to write it (a load's readers): they take only the CPU the writers leave idle.
 //
-// Each page is committed by touching it for writing (an atomic compare-and-swap of zero for zero on one
-// byte, so a byte another thread wrote is kept). Such a fault takes only its mapping's own lock. MADV_POPULATE_WRITE would
-// commit a batch faster but holds the process's memory-map lock while it runs: an idle-priority thread
-// descheduled inside it (the cores busy with other work) blocks every thread that needs that lock after a
-// waiting mmap or munmap, the readers' own populates included. On the 2-core dev VM with two spinning
-// processes beside one rank's load (1.91 GB), the load took 1.75-2.1 s with the populate against 0.94-1.2
-// s with no commit beside at all; with the touch, the stream itself is not slowed (bench/RESULTS.md).
+// Each page is committed by touching it for writing: an atomic compare-and-swap of zero for zero on one
+// byte, so a byte another thread wrote is kept. On Linux 6.4 and later such a fault takes only its
+// mapping's own lock (earlier kernels take the process's memory-map lock for reading, as below).
+// MADV_POPULATE_WRITE commits a batch faster but holds the memory-map lock while it runs: an idle-priority
+// thread descheduled inside it (the cores busy with other work) stalls every thread that needs the lock
+// behind a waiting mmap or munmap, the readers' own populates included.
 //
-// The threads run at SCHED_IDLE from Start() on, and Stop() asks them back to the normal priority, so that
-// a thread starved by the cores' other work ends at once instead of whenever it is given a core again
+// The threads run at SCHED_IDLE from Start() on, and Stop() lifts them back to the caller's priority, so a
+// thread starved by the cores' other work ends at once instead of whenever it is next given a core
 // (Join() must wait for it: it touches the pieces). The kernel lets a thread leave SCHED_IDLE only with
-// CAP_SYS_NICE or an RLIMIT_NICE of 20 or more (root on a bare host, not a default container). Where this
-// process may not (MayLeaveIdlePriority), Start() starts no thread: the writers commit the pages they reach,
-// as they would behind a commit they overtook. Measured on the 2-core VM with two spinning processes beside
-// one rank's load: 1.12 s with the commit stopped this way, 1.94 s with threads left at idle priority, 1.11
-// s with none (medians of 5 interleaved rounds).
+// CAP_SYS_NICE or an RLIMIT_NICE of 20 or more (`ulimit -e 20`, or "nice" in limits.conf; root on a bare
+// host, not a default container's). Where this process may not (MayLeaveIdlePriority), Start() starts no
+// thread: the writers commit the pages they reach themselves.
+//
+// Measured on the 2-core dev VM, one rank loading 1.91 GB beside two spinning processes (medians of 5
+// interleaved rounds, bench/RESULTS.md "The commit beside the stream on a busy node"): 1.12 s, against
+// 1.94 s with the threads left idle at the end and 1.11 s with no commit; the populate at idle priority
+// took 2.12 and 1.75 s (two runs) where no commit took 1.23 and 1.11 s.
 //
 // Thread safety: Prepare, Start, Stop and Join are called from one thread (the owner's). REQUIRES: the
 // pieces stay mapped until Join() (or the destructor) returns.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
 namespace shardcast {
 
-// Whether this process may take a thread of its own out of SCHED_IDLE again, tried now on a thread made for
-// it; MayLeaveIdlePriority() is its first answer, remembered.
-bool CanLeaveIdlePriority();
+// Whether this process may take a thread of its own out of SCHED_IDLE again: the first definite answer of
+// ProbeLeaveIdlePriority, remembered.
 bool MayLeaveIdlePriority();
+// Tries it now on a thread made for it: 1 yes, 0 no (EPERM), -1 not known (no thread or pipe to try with).
+int ProbeLeaveIdlePriority();
 
 class CommitBeside {
  public:
@@ -46,17 +51,19 @@ class CommitBeside {
   // Throws only std::bad_alloc.
   void Prepare(std::vector<std::pair<unsigned char*, size_t>> pieces, int threads);
 
-  // Starts the commit, where MayLeaveIdlePriority(). Never throws: where no thread can be had, those
-  // running do the rest, and where none runs the pages are committed by whoever writes them first.
+  // Starts the commit, where MayLeaveIdlePriority() and Stop() has not come first. Never throws: where no
+  // thread can be had, those running do the rest, and where none runs the writers commit their pages.
   void Start() noexcept;
 
-  // Ends the commit at each thread's next page, and asks its threads back to the normal priority.
+  // Lifts the threads' priority, then ends the commit at each thread's next page. Once only; later calls
+  // do nothing.
   void Stop() noexcept;
 
-  // Waits for the commit's threads to end (at once where none started).
+  // Waits for the commit's threads to end (at once where none started). REQUIRES: Stop() first, or the
+  // threads that ran out of pieces wait for it.
   void Join() noexcept;
 
-  // How many threads Start() started (0 before it).
+  // How many threads Start() started and Join() has not joined.
   size_t threads() const { return threads_.size(); }
 
  private:
@@ -64,8 +71,11 @@ class CommitBeside {
 
   std::vector<std::pair<unsigned char*, size_t>> pieces_;
   size_t want_ = 0;  // threads to start
+  int lift_ = 0;     // the policy Stop() puts the threads back at: the caller's of Start(), or SCHED_OTHER
   std::atomic<size_t> next_{0};
-  std::atomic<bool> stop_{false};
+  std::atomic<bool> stop_{false};  // set under mu_: the threads wait on it, with stopped_, before they end
+  std::mutex mu_;
+  std::condition_variable stopped_;
   std::vector<std::thread> threads_;
 };
 

@@ -317,7 +317,7 @@ void StagingRing::ReadAll(Core& c, uint32_t lane) {
       InSource(c, lane, msg.seq, msg.segments[i], [&] {
         // An in-place destination's missing whole pages, committed with one madvise before the read
         // rather than faulted one at a time inside pread's copy, which costs more (and is what warm
-        // readers that overtook load.cc's commit beside them did): 1.91 GB into fresh memory through
+        // readers that overtook the commit beside them did): 1.91 GB into fresh memory through
         // dcp.load at one rank with two readers on the 2-core VM, warm, medians of 5 interleaved rounds,
         // 0.66 s against 0.71 s (bench/RESULTS.md, 2026-11-27). Inside the source call: a populate that
         // blocks (a memory cgroup's throttling) is a stuck reader the ring can leave behind.
