@@ -190,7 +190,7 @@ def _engine_row(report, rank):
         return None
     row = dict(report["ranks"][rank])
     return {k: row.get(k) for k in ("seconds", "handshake_seconds", "allocate_seconds", "stream_seconds",
-                                    "read_threads", "pinned_staging_bytes", "pin_seconds")}
+                                    "read_threads", "commit_threads", "pinned_staging_bytes", "pin_seconds")}
 
 
 def _engine_text(e):
@@ -199,7 +199,8 @@ def _engine_text(e):
     pinned = (f", {e['pinned_staging_bytes'] / 2**20:.0f} MiB pinned in {e.get('pin_seconds') or 0:.3f} s"
               if e.get("pinned_staging_bytes") else "")
     return (f" | engine {e['seconds']:.3f} s: handshake {e['handshake_seconds']:.3f}, allocate "
-            f"{e['allocate_seconds']:.3f}, stream {e['stream_seconds']:.3f} ({e['read_threads']} readers{pinned})")
+            f"{e['allocate_seconds']:.3f}, stream {e['stream_seconds']:.3f} ({e['read_threads']} readers, "
+            f"{e.get('commit_threads') or 0} committing{pinned})")
 
 
 def _phases_text(p):

@@ -221,6 +221,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
     r = StreamTogether(comm, ctx, "load", "stream", /*name_rank=*/true);
   }
   commit.Stop();  // a commit the readers overtook ends here, inside the stream's time
+  mine.commit_threads = commit.threads();
   commit.Join();
   mine.stream_seconds = Since(t);
 
@@ -285,6 +286,7 @@ constexpr ReportField<RankReport> kRankFields[] = {
     {"bytes_sent", &RankReport::bytes_sent},
     {"bytes_read", &RankReport::bytes_read},
     {"read_threads", &RankReport::read_threads},
+    {"commit_threads", &RankReport::commit_threads},
     {"pinned_staging_bytes", &RankReport::pinned_staging},
     {"pin_seconds", &RankReport::pin_seconds},
     {"peak_rss_anon_above_baseline", &RankReport::peak_rss_anon},
