@@ -17,8 +17,9 @@
 # them went to idle priority: STEPS="cpu cpu-init cpu-cold" checks whether that closed it). Each launch took
 # ~19 s on an H100 and ~22 s on an H200 (a warm run of 5 methods ~334 s there), so a call of DEADLINE=560
 # ends before the cold run: run STEPS="cold cpu" as a second call at once. A held machine is released
-# after ~30 s idle, and the next call starts a bare one (its build-gpu/ gone): have the second command ready. Each step is skipped once the deadline (seconds from
-# the start; default 540) leaves it less than it needs. STEPS (default "tests warm cold cpu") picks the steps
+# after ~30 s idle, and the next call starts a bare one (its build-gpu/ gone): have the second command
+# ready. Each step is skipped once the deadline (seconds from the start; default 540) leaves it less than it
+# needs. STEPS (default "tests warm cold cpu") picks the steps
 # ("ring": the staging ring's tests alone; "cpu-init": the cpu step with the shards written before the load;
 # "cpu-cold": the cpu step with the page cache evicted before each run;
 # the build is reused where build-gpu/ is still there); WARM_METHODS and CPU_METHODS replace the warm and cpu
