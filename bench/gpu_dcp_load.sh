@@ -21,7 +21,9 @@
 # ready. Each step is skipped once the deadline (seconds from the start; default 540) leaves it less than it
 # needs. STEPS (default "tests warm cold cpu") picks the steps
 # ("ring": the staging ring's tests alone; "cpu-init": the cpu step with the shards written before the load;
-# "cpu-cold": the cpu step with the page cache evicted before each run;
+# "cpu-cold": the cpu step with the page cache evicted before each run; "peers": issue 34's whole set-up on
+# this host's cores, bench_peers.py at W=4 CPU ranks (~6 min with the checkpoint's writing: a call of its
+# own, STEPS=peers DEADLINE=580);
 # the build is reused where build-gpu/ is still there); WARM_METHODS and CPU_METHODS replace the warm and cpu
 # runs' lists. Exits 1 when a test failed (the benchmarks run all the same). Results:
 # OUTDIR/*.json, *.txt.
@@ -34,8 +36,9 @@ deadline=${DEADLINE:-540}
 steps=" ${STEPS:-tests warm cold cpu} "
 step() { [[ $steps == *" $1 "* ]]; }
 for s in $steps; do
-  case $s in ring | tests | warm | cold | cpu | cpu-init | cpu-cold) ;;
-    *) echo "STEPS: unknown step '$s' (ring, tests, warm, cold, cpu, cpu-init, cpu-cold; space-separated)"; exit 2 ;;
+  case $s in ring | tests | warm | cold | cpu | cpu-init | cpu-cold | peers) ;;
+    *) echo "STEPS: unknown step '$s' (ring, tests, warm, cold, cpu, cpu-init, cpu-cold, peers; space-separated)"
+      exit 2 ;;
   esac
 done
 left() { echo $((deadline - ($(date +%s) - t0))); }
@@ -101,5 +104,21 @@ step cpu-init && bench dcp-load-16L-cpu-w4-warm-init "$(needs "$cpu" 17)" --devi
 # The same cold: every file evicted from the page cache before each run.
 step cpu-cold && bench dcp-load-16L-cpu-w4-cold "$(needs "$cpu" 20)" --device cpu --world-size 4 \
   --repeat 3 --cold --methods "$cpu"
+# Issue 34's whole set-up on this host's cores: 6.38 GB Qwen3-MoE (written here first, ~1 min), W=4 CPU ranks
+# over Gloo (CUDA_VISIBLE_DEVICES= so that transformers does not put four ranks on one GPU), warm:
+# transformers' distributed_config against from_pretrained's default (beside the build where a rank has two
+# cores, as here) and the load after the build; a run cut short leaves its rounds in
+# peers-40L-w4-warm.json.partial.json.
+peers=${PEERS_METHODS:-transformers,shardcast-from-pretrained-default,shardcast-from-pretrained-after}
+if step peers; then
+  room=$(($(left) - 10))
+  if ((room >= 420)); then
+    CUDA_VISIBLE_DEVICES= timeout "$room" python3 bench/bench_peers.py --world-size 4 --layers 40 --repeat 3 \
+      --methods "$peers" --out "$out/peers-40L-w4-warm.json" 2>&1 | grep -v Warning | tail -24
+    at peers
+  else
+    echo "skipped peers: $room s left, it needs ~420"
+  fi
+fi
 at done
 exit $rc

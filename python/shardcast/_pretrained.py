@@ -123,10 +123,13 @@ def _with_every_phase(report, clock: PhaseClock, load_kwargs: Dict[str, Any]):
     return with_phases(report, gathered(channel(pg, store), rank, world, mine, timeout_s, "every rank's phase times"))
 
 
-def _start_stream(failed: Optional[BaseException], path, config, dtype, mesh, target, source, load_kwargs, dc=None):
+def _start_stream(failed: Optional[BaseException], path, config, dtype, mesh, target, source, load_kwargs, dc=None,
+                  beside: Optional[bool] = None):
     """(the stream beside the build, or None, this rank's failure so far). Every rank comes here, a failed
     one too (it says it cannot stream, so none does, and it takes _join_failed_load as before); each plans
-    its part from the header and says whether it can stream, and all stream or none does (_stream.py)."""
+    its part from the header and says whether it can stream, and all stream or none does (_stream.py).
+    beside: this rank's SHARDCAST_STREAM_BESIDE_BUILD (or the keyword), None to go by its node's CPUs: a
+    variable may differ between ranks, so it is one more reason agreed, never a rank leaving alone."""
     from ._group import _group
     from ._load import _options, _timeout_ms
     from ._shardcast import load_timeout_seconds
@@ -139,16 +142,18 @@ def _start_stream(failed: Optional[BaseException], path, config, dtype, mesh, ta
     why = f"it failed already ({type(failed).__name__})" if failed is not None else _stream.off_layout(mesh, target,
                                                                                                   world, dc)
     try:
+        timeout_s = load_timeout_seconds(_options(timeout_ms=_timeout_ms(load_kwargs.get("timeout")))) or 600.0
+        if why is None and beside is False:
+            why = f"{_stream.BESIDE_VAR}=0"
         if why is None:
             options = _options(source=source, target=target, verify=load_kwargs.get("verify"),
                                chunk_bytes=load_kwargs.get("chunk_bytes"), readahead_bytes=load_kwargs.get("readahead_bytes"),
                                read_threads=load_kwargs.get("read_threads"), staging_slots=load_kwargs.get("staging_slots"),
                                timeout_ms=_timeout_ms(load_kwargs.get("timeout")))
-            timeout_s = load_timeout_seconds(options) or 600.0
             planned = _stream.plan(path, config, dtype, rank, world, _stream.device_of(target))
     except Exception as e:  # noqa: BLE001 -- this rank cannot stream: every rank then loads after the build
         why = f"{type(e).__name__}: {e}"
-    if not _stream.agree(pg, store, rank, world, why, timeout_s):
+    if not _stream.agree(pg, store, rank, world, why, timeout_s, by_cores=beside is None):
         return None, failed
     return _stream.Stream(planned, path, options, timeout_s, pg, store, rank, world), None
 
@@ -204,7 +209,7 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
                     dp_replicate_size: Optional[int] = None, revision: Optional[str] = None,
                     trust_remote_code: bool = False, prefetch: Optional[bool] = None, keep_quantized: bool = False,
                     buffer_init: Optional[Dict[str, Any]] = None, model_cls=None,
-                    **load_kwargs) -> torch.nn.Module:
+                    stream_beside_build: Optional[bool] = None, **load_kwargs) -> torch.nn.Module:
     """An FSDP2 model with its checkpoint loaded, each rank holding only its own rows.
 
     Every rank calls it together (under torchrun; a single process with no launcher is a world of one).
@@ -241,6 +246,13 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
     prefetch: on one node, have the kernel read the files (each local rank its 1/L, at most half of
         MemAvailable) while the model is built and sharded, so a cold load starts warm (`_prefetch.py`).
         None (default): where the node has at least two cores per local rank; True: always; False: never.
+    stream_beside_build: stream the checkpoint into each rank's buffers while the model is built and laid
+        out, where the layout follows from the config and the header (the default FSDP layout, or
+        distributed_config with FSDP alone; `shardcast/_stream.py`). True: wherever it does; False: build,
+        lay out, then load. None (default): SHARDCAST_STREAM_BESIDE_BUILD (1 or 0) where it is set, else
+        where the CPUs its ranks on a node may run on (their affinity masks together) are at least two per
+        rank (the stream keeps one busy, the build another; with fewer the overlap was slower than loading
+        after the build: bench/RESULTS.md). A CPU quota (cgroup cpu.max) is not seen: set it there.
 
     Returns the FSDP2 model; `model.shardcast_report` is the load's report, with each rank's set-up by phase
     (`report.ranks[r].phases`: import, config, build, layout, stream, wait; `pretrained_cpu_seconds`: the
@@ -260,24 +272,27 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
         # From the first line to the load's agreement, a failure on this rank is carried into it
         # (_join_failed_load, or the stream's agreement): the others would otherwise wait for this rank
         # until their timeout.
-        failed = None
+        failed, beside = None, None
         try:
-            target = _pretrained_target(_target(target), mesh)
-            path = resolve_checkpoint(path_or_local_repo_id, revision=revision)
-            ahead = _prefetch.start(path, force=bool(prefetch)) if prefetch is not False else None
-            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+            # First, from the arguments alone: every rank reads it or none does, and whether a rank goes on to
+            # the stream's agreement (_stream.unpredictable) depends on it, never on a failure of its own after.
             dc = _distributed_config(distributed_config, sizes)
             if dc is not None and mesh is not None:
                 raise InvalidArgument("pass either mesh or distributed_config: transformers' plans make their own "
                                       "meshes")
+            target = _pretrained_target(_target(target), mesh)
+            path = resolve_checkpoint(path_or_local_repo_id, revision=revision)
+            ahead = _prefetch.start(path, force=bool(prefetch)) if prefetch is not False else None
+            beside = _stream.beside_wanted(stream_beside_build)
+            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         except Exception as e:  # noqa: BLE001 -- carried into the agreement below
             failed = e
         dc_given = distributed_config is not None or any(v is not None for v in sizes.values())
-        why = _stream.unpredictable(mesh, dc_given, dc, keep_quantized, model_cls, shard, fsdp_kwargs, dtype,
-                                    load_kwargs)
+        why = "stream_beside_build=False" if stream_beside_build is False else _stream.unpredictable(
+            mesh, dc_given, dc, keep_quantized, model_cls, shard, fsdp_kwargs, dtype, load_kwargs)
         if why is None:  # the same answer on every rank: each then says whether it can stream
             stream, failed = _start_stream(failed, None if failed else path, None if failed else config, dtype, mesh,
-                                           target, source, load_kwargs, dc)
+                                           target, source, load_kwargs, dc, beside)
         else:
             _stream.logger.debug("from_pretrained loads after the build, not beside it: %s", why)
         clock.lap("config")

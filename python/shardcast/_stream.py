@@ -18,8 +18,9 @@ model and applies fully_shard:
     stream:                       | handshake, rows into the padded buffers ->|
 
 Agreed, never assumed: every rank plans, then all say whether they can stream (one store exchange); one
-rank that cannot (a layout it cannot predict, a header it cannot read, a failure before) and none does,
-and from_pretrained takes its sequential path. After the build, every rank checks its model against the
+rank that cannot (a layout it cannot predict, a header it cannot read, a failure before, a node whose
+ranks have fewer than two CPUs each where the caller left the choice to the cores) and none does, and
+from_pretrained takes its sequential path. After the build, every rank checks its model against the
 plan (every planned parameter with that shape and placement, in a padded buffer of that size, over the
 whole world in rank order) and hears the stream's outcome; one exchange makes any rank's problem the same
 error on every rank, before any buffer becomes a parameter's. Then the buffers become the parameters'
@@ -37,7 +38,9 @@ mesh is the whole world on CUDA; the rest is the same.
 from __future__ import annotations
 
 import logging
+import os
 import re
+import socket
 import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -117,6 +120,35 @@ def off_layout(mesh, target: Optional[str], world: int, dc=None) -> Optional[str
     if mesh is not None and (mesh.device_type != device_type or mesh.mesh.flatten().tolist() != list(range(world))):
         return f"a mesh that is not the whole world on {device_type}"
     return None
+
+
+BESIDE_VAR = "SHARDCAST_STREAM_BESIDE_BUILD"
+
+
+def beside_wanted(keyword: Optional[bool]) -> Optional[bool]:
+    """from_pretrained's stream_beside_build: the keyword, else SHARDCAST_STREAM_BESIDE_BUILD (1 or 0; unset or
+    empty: None, decided by the node's CPUs in `agree`). An InvalidArgument naming the variable for any other
+    value (it is read before the call knows whether its layout could stream at all)."""
+    if keyword is not None:
+        return bool(keyword)
+    value = os.environ.get(BESIDE_VAR, "").strip()
+    if value not in ("", "0", "1"):
+        raise _shardcast.InvalidArgument(f"{BESIDE_VAR}={value!r}: 1 (stream beside the build wherever the layout is "
+                                         f"predicted), 0 (load after the build) or unset (where the cores allow)")
+    return None if not value else value == "1"
+
+
+def short_of_cores(cpus: int, ranks: int, node: str) -> Optional[str]:
+    """Why a node's ranks, left to decide, load after the build rather than beside it; None where they
+    stream. The stream (its readers and the threads that commit its pages) keeps about a core busy, the
+    build another, so the overlap pays only where a rank has two (measured: bench/RESULTS.md, "Streaming
+    beside the build only where a rank has two cores"). `cpus`: the CPUs the node's ranks may run on, their
+    affinity masks together (so each rank bound to its own CPUs by srun --cpu-bind counts them once)."""
+    if cpus >= 2 * ranks:
+        return None
+    return (f"{cpus} CPU{'s' if cpus != 1 else ''} for {ranks} rank{'s' if ranks != 1 else ''} on {node}: "
+            f"streaming beside the build needs 2 CPUs a rank (stream_beside_build=True or {BESIDE_VAR}=1 streams "
+            f"anyway)")
 
 
 def device_of(target: Optional[str]) -> torch.device:
@@ -290,13 +322,27 @@ def _persistent_buffers(model) -> List[str]:
     return [n for n, _ in named_buffers(model) if n not in non_persistent]
 
 
-def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: float) -> bool:
-    """Whether every rank can stream (each with no reason not to); one store exchange."""
+def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: float, by_cores: bool = False) -> bool:
+    """Whether every rank streams (each with no reason not to); one store exchange. Each rank sends its
+    reason not to (or None), its node's name and the CPUs it may run on; a rank that leaves the choice to
+    the cores (`by_cores`) has one more where its node's ranks' CPUs together are fewer than two a rank
+    (`short_of_cores`). Every rank computes the same answer from the same answers."""
     from ._exchange import channel, gathered
-    every = gathered(channel(pg, store), rank, world, why_not, timeout_s, "every rank's answer whether it can stream")
-    reasons = [f"rank {r}: {why}" for r, why in enumerate(every) if why is not None]
+    mine = [why_not, by_cores, socket.gethostname(), format(sum(1 << c for c in os.sched_getaffinity(0)), "x")]
+    every = gathered(channel(pg, store), rank, world, mine, timeout_s, "every rank's answer whether it can stream")
+    cpus: Dict[str, int] = {}
+    ranks: Dict[str, int] = {}
+    for _, _, node, mask in every:
+        cpus[node] = cpus.get(node, 0) | int(mask, 16)
+        ranks[node] = ranks.get(node, 0) + 1
+    reasons = []
+    for r, (why, cores, node, _) in enumerate(every):
+        why = why if why is not None or not cores else short_of_cores(bin(cpus[node]).count("1"), ranks[node], node)
+        if why is not None:
+            reasons.append(f"rank {r}: {why}")
     if reasons:
-        logger.debug("from_pretrained loads after the build, not beside it: %s", "; ".join(reasons))
+        more = f"; and {len(reasons) - 8} ranks more" if len(reasons) > 8 else ""
+        logger.debug("from_pretrained loads after the build, not beside it: %s%s", "; ".join(reasons[:8]), more)
     return not reasons
 
 

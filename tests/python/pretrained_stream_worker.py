@@ -8,9 +8,14 @@ MODE stream:   every model twice: from_pretrained as it is (the stream beside th
                every local shard and buffer compared bit for bit, and where each local shard lives.
                (stream:kept: a model class that keeps a parameter in float32, loaded after the build.)
 MODE stream_dc: the same through distributed_config=DistributedConfig(fsdp_size=W), transformers' own FSDP
-               layout, which the stream predicts as well.
+               layout, which the stream predicts as well; its second call is loaded after the build by
+               asking (stream_beside_build=False).
 MODE stream_cuda: stream on a GPU machine (cuda:LOCAL_RANK current, "cpu:gloo,cuda:nccl"): from_pretrained's
                default target is then cuda, and the stream lands in GPU buffers.
+MODE decide:   from_pretrained left to decide whether it streams beside the build (run with
+               SHARDCAST_STREAM_BESIDE_BUILD empty, or set on some ranks), on TEST_CPUS CPUs (this
+               thread's affinity, when set); whether it did, why not (DEBUG), or what each rank raised.
+               (decide_dc: the same through distributed_config=DistributedConfig(fsdp_size=W).)
 MODE mismatch: ROOT is one checkpoint whose config.json no longer matches its tensors; what each rank raised.
 MODE fail_one: from_pretrained whose build fails on rank 1 alone (its buffer_init raises there, while the
                stream runs); what each rank raised.
@@ -84,7 +89,8 @@ def stream(root, dc=False):
         for name in sorted(os.listdir(root)):
             path = os.path.join(root, name)
             ours = shardcast.from_pretrained(path, dtype=DTYPE, timeout=120, **layout)
-            seq = shardcast.from_pretrained(path, dtype=DTYPE, timeout=120, process_group=dist.group.WORLD, **layout)
+            after = {"stream_beside_build": False} if dc else {"process_group": dist.group.WORLD}
+            seq = shardcast.from_pretrained(path, dtype=DTYPE, timeout=120, **after, **layout)
             a = dict(ours.named_parameters())
             b = dict(seq.named_parameters())
             differ = sorted(set(a) ^ set(b)) + [n for n in sorted(set(a) & set(b))
@@ -100,6 +106,32 @@ def stream(root, dc=False):
                          "tied": [m.config.tie_word_embeddings and m.lm_head.weight is m.model.embed_tokens.weight
                                   for m in (ours, seq)]}
     finally:
+        log.removeHandler(records)
+    out["debug"] = [line for line in records.lines if "not beside it" in line]
+    return out
+
+
+def decide(path, dc=False):
+    log, records = logging.getLogger("shardcast"), Records()
+    log.addHandler(records)
+    log.setLevel(logging.DEBUG)
+    every = os.sched_getaffinity(0)
+    cpus = int(os.environ.get("TEST_CPUS") or 0)
+    out = {}
+    try:
+        if cpus:
+            os.sched_setaffinity(0, sorted(every)[:cpus])
+
+        def call():
+            layout = {}
+            if dc:
+                from transformers.distributed import DistributedConfig
+                layout = {"distributed_config": DistributedConfig(fsdp_size=dist.get_world_size())}
+            model = shardcast.from_pretrained(path, dtype=DTYPE, timeout=60, **layout)
+            out["beside"] = model.shardcast_report.stream_beside_build
+        out.update(raised(call))
+    finally:
+        os.sched_setaffinity(0, every)
         log.removeHandler(records)
     out["debug"] = [line for line in records.lines if "not beside it" in line]
     return out
@@ -128,7 +160,8 @@ def main():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         backend = "cpu:gloo,cuda:nccl"
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=120))
-    modes = {"phases": phases, "stream": stream, "mismatch": mismatch, "fail_one": fail_one,
+    modes = {"phases": phases, "stream": stream, "mismatch": mismatch, "fail_one": fail_one, "decide": decide,
+             "decide_dc": lambda path: decide(path, dc=True),
              "stream_dc": lambda root: stream(root, dc=True), "stream_cuda": stream}
     ranks.each_scenario(mode, root, lambda name, where: modes[name](where), f"{out_path}.{dist.get_rank()}")
     dist.destroy_process_group()

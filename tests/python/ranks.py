@@ -54,9 +54,12 @@ def _run_once(script, mode, root, world, tmp_path, env, timeout, allow_fail, ran
 def _launch(script, mode, root, world, out, port, env, timeout, rank_env, faulted):
     """Runs the ranks to their end: (exit codes, logs). Raises subprocess.TimeoutExpired when a rank not
     in `faulted` outlives the timeout, PortTaken when the port went to someone else."""
+    # SHARDCAST_FAULT acts only in tests. SHARDCAST_STREAM_BESIDE_BUILD=1: from_pretrained streams beside the
+    # build (its riskier path) even where it would not by default, with fewer than two cores a rank, as on
+    # CI's two cores; test_pretrained_stream sets it empty to test that default.
     base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
                 TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1",
-                SHARDCAST_TEST_FAULTS="1", **env)  # SHARDCAST_FAULT acts only in tests
+                SHARDCAST_TEST_FAULTS="1", SHARDCAST_STREAM_BESIDE_BUILD="1", **env)
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, script), mode, str(root), str(out)],
                               env={**base, "RANK": str(r), "LOCAL_RANK": str(r), **(rank_env(r) if rank_env else {})},
                               stdout=subprocess.PIPE,

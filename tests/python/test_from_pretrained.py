@@ -94,7 +94,7 @@ def run_srun_tasks(root, world, out, master):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                                              "MASTER_ADDR", "MASTER_PORT")}
     env.update(SLURM_NTASKS=str(world), SLURM_NTASKS_PER_NODE=f"{world}(x1)", TORCH_CPP_LOG_LEVEL="ERROR",
-               PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1",
+               PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", SHARDCAST_STREAM_BESIDE_BUILD="1",  # as ranks.py
                **({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())} if master else {}))
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "pretrained_worker.py"), "launched", str(root),
                                str(out)], env=dict(env, SLURM_PROCID=str(r), SLURM_LOCALID=str(r)),

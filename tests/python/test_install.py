@@ -104,8 +104,8 @@ def check_installed(venv, tmp_path, env, expect_pkg_dir):
     (tmp_path / "flow.py").write_text(SCRIPT)
     for attempt in range(3):  # the standalone rendezvous port can be taken by a concurrent test
         r = subprocess.run([str(py), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                            str(tmp_path / "flow.py"), str(ckpt)], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=300)
+                            str(tmp_path / "flow.py"), str(ckpt)], cwd=tmp_path, capture_output=True,
+                           env=dict(env, SHARDCAST_STREAM_BESIDE_BUILD="1"), text=True, timeout=300)  # as ranks.py
         if r.returncode == 0 or "EADDRINUSE" not in r.stdout + r.stderr:
             break
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -29,9 +29,17 @@ def run(tiny_checkpoints, tmp_path_factory):
     config = json.loads((bad / "config.json").read_text())
     (bad / "config.json").write_text(json.dumps({**config, "intermediate_size": config["intermediate_size"] + 4}))
     both = ["stream", ("mismatch", bad), ("fail_one", root / "llama")]
+    llama = root / "llama"
+    decide = [("decide:one_cpu", llama, {"SHARDCAST_STREAM_BESIDE_BUILD": "", "TEST_CPUS": "1"}),
+              ("decide:two_cpus", llama, {"SHARDCAST_STREAM_BESIDE_BUILD": "", "TEST_CPUS": "2"})]
+    by_rank = [("decide:one_says_no", llama, lambda r: {"SHARDCAST_STREAM_BESIDE_BUILD": "0" if r == 1 else "1"}),
+               ("decide:one_unreadable", llama, lambda r: {"SHARDCAST_STREAM_BESIDE_BUILD": "yes" if r == 1 else "1"}),
+               ("decide_dc:one_unreadable", llama,
+                lambda r: {"SHARDCAST_STREAM_BESIDE_BUILD": "yes" if r == 1 else "1"})]
+    two_ranks = [("decide:two_cpus", llama, {"SHARDCAST_STREAM_BESIDE_BUILD": "", "TEST_CPUS": "2"})]
     return ranks.Scenarios("pretrained_stream_worker.py", tmp_path_factory,
-                           {3: ["phases", ("stream:kept", kept_dtype(tmp_path_factory)), "stream_dc"] + both,
-                            4: ["stream"], 1: ["stream", "stream_dc"]},
+                           {3: ["phases", ("stream:kept", kept_dtype(tmp_path_factory)), "stream_dc"] + both + by_rank,
+                            4: ["stream"], 1: ["stream", "stream_dc"] + decide, 2: two_ranks},
                            root=root, timeout=400)
 
 
@@ -97,6 +105,9 @@ def test_transformers_fsdp_layout_streams_beside_the_build_too(run):
             assert r["differ"] == [] and r["copied"] == [] and r["params"] > 10, (rank, name, r)
         # llama's tied lm_head: transformers' FSDP unties it, its from_pretrained ties it again; so does ours
         assert result["llama"]["tied"] == [True, True], (rank, result["llama"])
+        # The second call asked for the load after the build, and says so at DEBUG level.
+        assert len(result["debug"]) == len(MODELS), result["debug"]
+        assert all("stream_beside_build=False" in line for line in result["debug"]), result["debug"]
 
 
 def test_a_world_of_one_streams_fully_shards_layout_and_loads_transformers_plain_tensors_after_the_build(run):
@@ -112,6 +123,43 @@ def test_a_world_of_one_streams_fully_shards_layout_and_loads_transformers_plain
         assert dc[name]["beside"] == [False, False] and dc[name]["differ"] == [], (name, dc[name])
         assert default[name]["params"] > 10 and dc[name]["params"] == default[name]["params"], (name, dc[name])
     assert any("world of one" in line for line in dc["debug"]), dc["debug"]
+
+
+def test_left_to_decide_it_streams_beside_the_build_only_with_two_cpus_a_rank(run):
+    """Unasked (no keyword, SHARDCAST_STREAM_BESIDE_BUILD empty), ranks stream beside the build where the
+    CPUs their node's ranks may run on are at least two a rank, and load after it otherwise (measured: with
+    fewer the overlap was slower), saying why at DEBUG level: one rank on one CPU or two ranks on the same
+    two load after the build, one rank on two streams beside it."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("this machine lets the tests run on one CPU: the two-CPU cases need two")
+    (one,) = run("decide:one_cpu", 1)
+    assert one["error"] is None and one["beside"] is False, one
+    assert len(one["debug"]) == 1 and "rank 0: 1 CPU for 1 rank on " in one["debug"][0], one
+    (two,) = run("decide:two_cpus", 1)
+    assert two["error"] is None and two["beside"] is True and two["debug"] == [], two
+    for rank, r in enumerate(run("decide:two_cpus", 2)):
+        assert r["error"] is None and r["beside"] is False, (rank, r)
+        assert len(r["debug"]) == 1 and "rank 1: 2 CPUs for 2 ranks on " in r["debug"][0], (rank, r)
+
+
+def test_the_variable_set_on_one_rank_is_agreed_never_a_rank_leaving_alone(run):
+    """SHARDCAST_STREAM_BESIDE_BUILD is read on each rank, so it may differ: one rank's 0 loads every rank
+    after the build (the reason agreed in the stream's exchange); one rank's unreadable value is the same
+    InvalidArgument on every rank, naming the rank and the variable."""
+    results = run("decide:one_says_no", 3)
+    for rank, r in enumerate(results):
+        assert r["error"] is None and r["beside"] is False, (rank, r)
+        assert len(r["debug"]) == 1 and "rank 1: SHARDCAST_STREAM_BESIDE_BUILD=0" in r["debug"][0], (rank, r)
+    # Through distributed_config too, where transformers' meshes are made only if every rank goes on
+    # (regression: the failed rank did not read its distributed_config, left the stream's exchange alone,
+    # and the others waited there for their timeout).
+    for scenario in ("decide:one_unreadable", "decide_dc:one_unreadable"):
+        results = run(scenario, 3)
+        first = results[0]
+        assert first["error"] == "InvalidArgument", (scenario, first)
+        assert "rank 1" in first["message"] and "SHARDCAST_STREAM_BESIDE_BUILD='yes'" in first["message"], first
+        assert all({k: r[k] for k in ("error", "message")} == {k: first[k] for k in ("error", "message")}
+                   for r in results), (scenario, results)
 
 
 def test_a_parameter_the_model_class_keeps_in_float32_is_loaded_after_the_build_not_refused(run):
