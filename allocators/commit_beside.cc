@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <mutex>
 
 namespace shardcast {
@@ -40,12 +41,12 @@ int ProbeLeaveIdlePriority() {
 }
 
 bool MayLeaveIdlePriority() {
-  static std::atomic<int> known{-1};  // the first definite answer
-  int may = known.load(std::memory_order_relaxed);
-  if (may < 0) {
-    may = ProbeLeaveIdlePriority();
-    if (may >= 0) known.store(may, std::memory_order_relaxed);
-  }
+  static std::atomic<int64_t> known{0};  // the first definite answer, as pid * 2 + answer (0: none yet)
+  const int64_t pid = getpid();
+  const int64_t was = known.load(std::memory_order_relaxed);
+  if (was / 2 == pid) return was % 2 == 1;
+  const int may = ProbeLeaveIdlePriority();
+  if (may >= 0) known.store(pid * 2 + may, std::memory_order_relaxed);
   return may == 1;
 }
 
@@ -54,21 +55,26 @@ CommitBeside::~CommitBeside() {
   Join();
 }
 
-void CommitBeside::Prepare(std::vector<std::pair<unsigned char*, size_t>> pieces, int threads) {
-  pieces_ = std::move(pieces);
-  want_ = std::min(static_cast<size_t>(std::max(1, threads)), pieces_.size());
+void CommitBeside::Prepare(std::vector<std::pair<unsigned char*, size_t>> pieces, int threads,
+                           std::shared_ptr<const void> keep) {
+  shared_ = std::make_shared<Shared>();
+  shared_->pieces = std::move(pieces);
+  shared_->keep = std::move(keep);
+  want_ = std::min(static_cast<size_t>(std::max(1, threads)), shared_->pieces.size());
   threads_.reserve(want_);
 }
 
 void CommitBeside::Start() noexcept {
-  if (want_ == 0 || stop_.load(std::memory_order_relaxed) || !MayLeaveIdlePriority()) return;
+  if (want_ == 0 || shared_->stop.load(std::memory_order_relaxed)) return;
+  lifts_ = MayLeaveIdlePriority();
+  if (!lifts_ && shared_->keep == nullptr) return;  // a thread let go would touch pages unmapped
   int policy = SCHED_OTHER;
   sched_param param{};
   pthread_getschedparam(pthread_self(), &policy, &param);
   lift_ = policy == SCHED_BATCH || policy == SCHED_IDLE ? policy : SCHED_OTHER;  // the caller's, not real-time
   while (threads_.size() < want_) {
     try {
-      threads_.emplace_back([this] { Work(); });
+      threads_.emplace_back([shared = shared_] { Work(*shared); });
     } catch (...) {  // std::system_error (no thread), or std::bad_alloc (its state)
       break;
     }
@@ -78,32 +84,39 @@ void CommitBeside::Start() noexcept {
 }
 
 void CommitBeside::Stop() noexcept {
-  if (stop_.load(std::memory_order_relaxed)) return;
-  // Lifted while every thread still waits for stop_ at the latest, so that no handle names a thread gone:
+  if (shared_ == nullptr || shared_->stop.load(std::memory_order_relaxed)) return;
+  // Lifted while every thread still waits for stop at the latest, so that no handle names a thread gone:
   // glibc reads the thread id again for the call, and a thread that ended in between would leave 0 (this
   // thread) there.
   sched_param zero{};
-  for (std::thread& t : threads_) pthread_setschedparam(t.native_handle(), lift_, &zero);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_.store(true, std::memory_order_relaxed);
+  if (lifts_) {
+    for (std::thread& t : threads_) pthread_setschedparam(t.native_handle(), lift_, &zero);
   }
-  stopped_.notify_all();
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->stop.store(true, std::memory_order_relaxed);
+  }
+  shared_->stopped.notify_all();
 }
 
 void CommitBeside::Join() noexcept {
   for (std::thread& t : threads_) {
-    if (t.joinable()) t.join();
+    if (!t.joinable()) continue;
+    if (lifts_) {
+      t.join();
+    } else {
+      t.detach();  // ends at its next page once given a core; its `keep` keeps the pieces mapped until then
+    }
   }
   threads_.clear();
 }
 
-void CommitBeside::Work() noexcept {
+void CommitBeside::Work(Shared& s) noexcept {
   pthread_setname_np(pthread_self(), "shardcast-fill");  // 15 characters at most
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  for (size_t i; !stop_.load(std::memory_order_relaxed) && (i = next_++) < pieces_.size();) {
-    auto* const p = static_cast<volatile unsigned char*>(pieces_[i].first);
-    for (size_t at = 0; at < pieces_[i].second && !stop_.load(std::memory_order_relaxed); at += page) {
+  for (size_t i; !s.stop.load(std::memory_order_relaxed) && (i = s.next++) < s.pieces.size();) {
+    auto* const p = static_cast<volatile unsigned char*>(s.pieces[i].first);
+    for (size_t at = 0; at < s.pieces[i].second && !s.stop.load(std::memory_order_relaxed); at += page) {
       // A write fault that keeps the byte: zero swapped for zero, or nothing where a reader has written
       // (its page is there already). Not an OR of zero: clang makes that a fenced load, a read fault.
       unsigned char zero = 0;
@@ -111,8 +124,8 @@ void CommitBeside::Work() noexcept {
                                   __ATOMIC_RELAXED);
     }
   }
-  std::unique_lock<std::mutex> lock(mu_);
-  stopped_.wait(lock, [this] { return stop_.load(std::memory_order_relaxed); });
+  std::unique_lock<std::mutex> lock(s.mu);
+  s.stopped.wait(lock, [&s] { return s.stop.load(std::memory_order_relaxed); });
 }
 
 }  // namespace shardcast

@@ -12,21 +12,26 @@
 // thread starved by the cores' other work ends at once instead of whenever it is next given a core
 // (Join() must wait for it: it touches the pieces). The kernel lets a thread leave SCHED_IDLE only with
 // CAP_SYS_NICE or an RLIMIT_NICE of 20 or more (`ulimit -e 20`, or "nice" in limits.conf; root on a bare
-// host, not a default container's). Where this process may not (MayLeaveIdlePriority), Start() starts no
-// thread: the writers commit the pages they reach themselves.
+// host, not a default container's). Where this process may not (MayLeaveIdlePriority), the threads are
+// not waited for: Join() lets them go, each holding `keep` (what keeps the pieces mapped) until it next
+// gets a core, sees Stop() and ends. Without a `keep` there, Start() starts no thread: the writers commit
+// the pages they reach themselves.
 //
 // Measured on the 2-core dev VM, one rank loading 1.91 GB beside two spinning processes (medians of 5
 // interleaved rounds, bench/RESULTS.md "The commit beside the stream on a busy node"): 1.12 s, against
-// 1.94 s with the threads left idle at the end and 1.11 s with no commit; the populate at idle priority
-// took 2.12 and 1.75 s (two runs) where no commit took 1.23 and 1.11 s.
+// 1.94 s with the threads left idle at the end and joined, and 1.11 s with no commit; the populate at idle
+// priority took 2.12 and 1.75 s (two runs) where no commit took 1.23 and 1.11 s. Without the privilege
+// (threads let go at the end; "Threads let go where they cannot be lifted"): cold 1.11 s against 1.33 s
+// with no commit, busy 1.13 against 1.04 s.
 //
 // Thread safety: Prepare, Start, Stop and Join are called from one thread (the owner's). REQUIRES: the
-// pieces stay mapped until Join() (or the destructor) returns.
+// pieces stay mapped until Join() (or the destructor) returns, and after it as long as `keep` lives.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -35,7 +40,8 @@
 namespace shardcast {
 
 // Whether this process may take a thread of its own out of SCHED_IDLE again: the first definite answer of
-// ProbeLeaveIdlePriority, remembered.
+// ProbeLeaveIdlePriority, remembered (by this process: a forked child, which may have dropped the
+// privilege, asks again).
 bool MayLeaveIdlePriority();
 // Tries it now on a thread made for it: 1 yes, 0 no (EPERM), -1 not known (no thread or pipe to try with).
 int ProbeLeaveIdlePriority();
@@ -47,35 +53,44 @@ class CommitBeside {
   CommitBeside& operator=(const CommitBeside&) = delete;
   ~CommitBeside();  // Stop(), then Join()
 
-  // Takes `pieces` (address, bytes) to commit in order with up to `threads` threads, and the room for them.
-  // Throws only std::bad_alloc.
-  void Prepare(std::vector<std::pair<unsigned char*, size_t>> pieces, int threads);
+  // Takes `pieces` (address, bytes) to commit in order with up to `threads` threads, and the room for them;
+  // `keep` (may be null) keeps them mapped for threads that outlive Join(). Throws only std::bad_alloc.
+  void Prepare(std::vector<std::pair<unsigned char*, size_t>> pieces, int threads,
+               std::shared_ptr<const void> keep = nullptr);
 
-  // Starts the commit, where MayLeaveIdlePriority() and Stop() has not come first. Never throws: where no
-  // thread can be had, those running do the rest, and where none runs the writers commit their pages.
+  // Starts the commit, where MayLeaveIdlePriority() or a `keep` was given, and Stop() has not come first.
+  // Never throws: where no thread can be had, those running do the rest, and where none runs the writers
+  // commit their pages.
   void Start() noexcept;
 
-  // Lifts the threads' priority, then ends the commit at each thread's next page. Once only; later calls
-  // do nothing.
+  // Lifts the threads' priority (where this process may), then ends the commit at each thread's next page.
+  // Once only; later calls do nothing.
   void Stop() noexcept;
 
-  // Waits for the commit's threads to end (at once where none started). REQUIRES: Stop() first, or the
-  // threads that ran out of pieces wait for it.
+  // Waits for the commit's threads to end (at once where none started), or, where their priority could not
+  // be lifted, lets them go (each holds `keep` until it ends). REQUIRES: Stop() first, or the threads that
+  // ran out of pieces wait for it.
   void Join() noexcept;
 
-  // How many threads Start() started and Join() has not joined.
+  // How many threads Start() started and Join() has not joined or let go.
   size_t threads() const { return threads_.size(); }
 
  private:
-  void Work() noexcept;
+  // What the threads share, theirs as long as any runs: a thread let go may outlive this object.
+  struct Shared {
+    std::vector<std::pair<unsigned char*, size_t>> pieces;
+    std::shared_ptr<const void> keep;
+    std::atomic<size_t> next{0};
+    std::atomic<bool> stop{false};  // set under mu: the threads wait on it, with stopped, before they end
+    std::mutex mu;
+    std::condition_variable stopped;
+  };
+  static void Work(Shared& shared) noexcept;
 
-  std::vector<std::pair<unsigned char*, size_t>> pieces_;
-  size_t want_ = 0;  // threads to start
-  int lift_ = 0;     // the policy Stop() puts the threads back at: the caller's of Start(), or SCHED_OTHER
-  std::atomic<size_t> next_{0};
-  std::atomic<bool> stop_{false};  // set under mu_: the threads wait on it, with stopped_, before they end
-  std::mutex mu_;
-  std::condition_variable stopped_;
+  std::shared_ptr<Shared> shared_;  // from Prepare() on
+  size_t want_ = 0;     // threads to start
+  bool lifts_ = false;  // whether Stop() lifts the threads (and Join() waits for them)
+  int lift_ = 0;        // the policy Stop() puts the threads back at: the caller's of Start(), or SCHED_OTHER
   std::vector<std::thread> threads_;
 };
 

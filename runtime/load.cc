@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/Storage.h>
 
 #include "allocators/commit_beside.h"
 #include "allocators/error.h"
@@ -71,18 +72,21 @@ int ThreadsHere(const LoadOptions& options, int sharers) {
 
 // This rank's host shards as pieces of at most 2 MiB cut at page boundaries, in the shards' order, for
 // CommitBeside's threads to take one at a time (tensors under 1 MiB are left to the readers; those on meta
-// or off the host have no pages to commit).
-std::vector<std::pair<unsigned char*, size_t>> CommitPieces(RankState& state) {
+// or off the host have no pages to commit), and in `keep` their storages: what keeps them mapped for a
+// thread that outlives the load (where its priority cannot be lifted, commit_beside.h).
+std::vector<std::pair<unsigned char*, size_t>> CommitPieces(RankState& state, std::vector<c10::Storage>* keep) {
   constexpr size_t kMinBytes = 1 << 20, kPiece = 2 << 20;
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   std::vector<std::pair<unsigned char*, size_t>> pieces;
   for (LocalTensor& t : state.tensors()) {
     if (t.is_meta() || !t.tensor.device().is_cpu() || t.tensor.nbytes() < kMinBytes) continue;
+    keep->push_back(t.tensor.storage());
     auto* p = static_cast<unsigned char*>(t.tensor.data_ptr());
     unsigned char* const end = p + t.tensor.nbytes();
     while (p < end) {
-      const uintptr_t cut = (reinterpret_cast<uintptr_t>(p) + kPiece) / page * page;
-      unsigned char* q = std::min(end, reinterpret_cast<unsigned char*>(std::max(cut, reinterpret_cast<uintptr_t>(p) + 1)));
+      const uintptr_t cut = std::max((reinterpret_cast<uintptr_t>(p) + kPiece) / page * page,
+                                     reinterpret_cast<uintptr_t>(p) + 1);
+      unsigned char* q = std::min(end, reinterpret_cast<unsigned char*>(cut));
       pieces.emplace_back(p, static_cast<size_t>(q - p));
       p = q;
     }
@@ -105,7 +109,9 @@ void Allocate(Communicator& comm, RankState* state, bool checksum_only, int thre
     FaultPoint("allocate", comm.rank());
     if (!checksum_only) {
       state->AllocateShards();
-      commit->Prepare(CommitPieces(*state), threads);
+      auto keep = std::make_shared<std::vector<c10::Storage>>();
+      auto pieces = CommitPieces(*state, keep.get());
+      commit->Prepare(std::move(pieces), threads, std::move(keep));
     }
   } catch (const std::exception& e) {
     local = AsProblem(e);

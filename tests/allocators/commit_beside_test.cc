@@ -6,6 +6,7 @@
 #include <linux/capability.h>
 #include <linux/userfaultfd.h>
 #include <poll.h>
+#include <signal.h>
 #include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
@@ -18,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -63,13 +65,44 @@ std::vector<pid_t> ThreadsNamed(const std::string& name) {
   return out;
 }
 
+// Runs `body` in a forked child without CAP_SYS_NICE and with an RLIMIT_NICE of 0 (a user's process, a
+// default container): its exit code, 2 where the child could not drop them, -1 where it died, and -2 where
+// it ran past 60 s (killed: a body that hangs fails its test instead of hanging it).
+template <typename Body>
+int Unprivileged(Body body) {
+  const pid_t child = fork();
+  if (child < 0) return -1;
+  if (child == 0) {
+    rlimit none{0, 0};
+    if (setrlimit(RLIMIT_NICE, &none) != 0) _exit(2);
+    __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct caps[2]{};
+    if (syscall(SYS_capget, &header, caps) != 0) _exit(2);
+    caps[0].effective &= ~(1u << CAP_SYS_NICE);
+    if (syscall(SYS_capset, &header, caps) != 0) _exit(2);
+    _exit(body());
+  }
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  pid_t done = 0;
+  while ((done = waitpid(child, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline) usleep(10000);
+  if (done == 0) {
+    kill(child, SIGKILL);
+    waitpid(child, &status, 0);
+    return -2;
+  }
+  if (done != child || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
 // Every page of every piece is committed by a write, and the bytes written before the commit are kept
 // where it touches them (each piece's first byte, then one a page further on): a touch that stored a zero
 // would wipe what a reader had written there.
 TEST(CommitBeside, CommitsEveryPageOfItsPiecesForWritingAndKeepsTheirBytes) {
-  if (!MayLeaveIdlePriority()) GTEST_SKIP() << "this process may not lift a thread out of SCHED_IDLE: no commit";
   const size_t pages = 64;
   auto* p = static_cast<unsigned char*>(LazyZeroAllocate(pages * kPage));
+  // Freed once the test and every thread let go are done with it (where this process may not lift them).
+  std::shared_ptr<unsigned char> keep(p, [pages](unsigned char* q) { LazyZeroFree(q, pages * kPage); });
   const auto mark = [](size_t i, size_t at) { return static_cast<unsigned char>(0x80 | (i + at) % 128); };
   for (size_t i = 0; i < pages; i += 3) {  // written first, at the bytes the commit touches
     p[i * kPage] = mark(i, 0);
@@ -81,7 +114,7 @@ TEST(CommitBeside, CommitsEveryPageOfItsPiecesForWritingAndKeepsTheirBytes) {
   for (size_t at = 8; at < pages; at += 5) pieces.emplace_back(p + at * kPage, std::min<size_t>(5, pages - at) * kPage);
   {
     CommitBeside commit;
-    commit.Prepare(pieces, 3);
+    commit.Prepare(pieces, 3, keep);
     commit.Start();
     EXPECT_EQ(commit.threads(), 3u);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -95,30 +128,31 @@ TEST(CommitBeside, CommitsEveryPageOfItsPiecesForWritingAndKeepsTheirBytes) {
     EXPECT_EQ(p[i * kPage], i % 3 == 0 ? mark(i, 0) : 0) << "page " << i;
     EXPECT_EQ(p[i * kPage + 100], i % 3 == 0 ? mark(i, 100) : 0) << "page " << i;
   }
-  LazyZeroFree(p, pages * kPage);
 }
 
 // Without CAP_SYS_NICE and with an RLIMIT_NICE under 20 (a user's process, a default container), a
-// thread at idle priority cannot be put back: the probe must say so, so that no commit starts there.
+// thread at idle priority cannot be put back: the probe must say so, and so must the remembered answer in
+// a child forked after the parent asked (the parent's may have been yes).
 TEST(CommitBeside, TheProbeSaysNoWhereTheKernelKeepsAThreadIdle) {
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    rlimit none{0, 0};
-    if (setrlimit(RLIMIT_NICE, &none) != 0) _exit(2);
-    __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
-    __user_cap_data_struct caps[2]{};
-    if (syscall(SYS_capget, &header, caps) != 0) _exit(2);
-    caps[0].effective &= ~(1u << CAP_SYS_NICE);
-    if (syscall(SYS_capset, &header, caps) != 0) _exit(2);
-    _exit(ProbeLeaveIdlePriority() == 0 ? 0 : 1);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status));
-  if (WEXITSTATUS(status) == 2) GTEST_SKIP() << "the child could not drop CAP_SYS_NICE or RLIMIT_NICE here";
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "the probe did not answer no where the kernel refuses";
-  EXPECT_EQ(MayLeaveIdlePriority(), ProbeLeaveIdlePriority() == 1);
+  EXPECT_EQ(MayLeaveIdlePriority(), ProbeLeaveIdlePriority() == 1);  // remembered here, before the fork
+  const int code = Unprivileged([] { return ProbeLeaveIdlePriority() != 0 ? 1 : MayLeaveIdlePriority() ? 3 : 0; });
+  if (code == 2) GTEST_SKIP() << "the child could not drop CAP_SYS_NICE or RLIMIT_NICE here";
+  EXPECT_NE(code, 1) << "the probe did not answer no where the kernel refuses";
+  EXPECT_NE(code, 3) << "a forked child took its parent's remembered answer";
+  EXPECT_EQ(code, 0);
+}
+
+// Where the threads could not be lifted and nothing keeps the pieces mapped past Join(), none starts.
+TEST(CommitBeside, UnprivilegedWithNothingToKeepThePiecesStartsNoThread) {
+  const int code = Unprivileged([] {
+    std::vector<unsigned char> bytes(4 * kPage);
+    CommitBeside commit;
+    commit.Prepare({{bytes.data(), bytes.size()}}, 2);
+    commit.Start();
+    return commit.threads() == 0 ? 0 : 1;
+  });
+  if (code == 2) GTEST_SKIP() << "the child could not drop CAP_SYS_NICE or RLIMIT_NICE here";
+  EXPECT_EQ(code, 0) << "threads started that Join() could neither lift nor keep the pieces for";
 }
 
 TEST(CommitBeside, NothingToCommitStartsNoThread) {
@@ -193,6 +227,77 @@ TEST(CommitBeside, RunsAtIdlePriorityFaultsForWritingAndStopsAtItsNextPage) {
   EXPECT_TRUE(written[0]);
   for (size_t i = 1; i < pages; ++i) EXPECT_FALSE(written[i]) << "page " << i << " touched after Stop()";
   munmap(p, pages * kPage);
+}
+
+// The same, where this process may not lift the thread (a user's process, a default container): Join()
+// returns at once with the thread still held in its fault at idle priority, the thread keeps the pieces
+// alive (`keep`) until it ends, and once the page is given it ends without touching the next. A code a
+// check; 0 when all held.
+int LetGoWhileHeld() {
+  if (MayLeaveIdlePriority()) return 10;
+  const size_t pages = 8;
+  auto* p = static_cast<unsigned char*>(mmap(nullptr, pages * kPage, PROT_READ | PROT_WRITE,
+                                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  if (p == MAP_FAILED) return 11;
+  const int uffd = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY));
+  if (uffd < 0) return 4;
+  ClosesOnExit closes{uffd};  // on an early return: the thread held in its fault then ends
+  uffdio_api api{};
+  api.api = UFFD_API;
+  uffdio_register reg{};
+  reg.range.start = reinterpret_cast<uintptr_t>(p);
+  reg.range.len = pages * kPage;
+  reg.mode = UFFDIO_REGISTER_MODE_MISSING;
+  if (ioctl(uffd, UFFDIO_API, &api) != 0 || ioctl(uffd, UFFDIO_REGISTER, &reg) != 0) return 12;
+  std::weak_ptr<const void> kept;
+  pollfd pfd{uffd, POLLIN, 0};
+  {
+    auto keep = std::make_shared<int>(0);
+    kept = keep;
+    CommitBeside commit;
+    commit.Prepare({{p, pages * kPage}}, 1, std::move(keep));
+    commit.Start();
+    if (commit.threads() != 1) return 13;
+    if (poll(&pfd, 1, 30000) != 1) return 14;
+    uffd_msg msg{};
+    if (read(uffd, &msg, sizeof(msg)) != static_cast<ssize_t>(sizeof(msg)) || msg.event != UFFD_EVENT_PAGEFAULT ||
+        (msg.arg.pagefault.address & ~(kPage - 1)) != reinterpret_cast<uintptr_t>(p) ||
+        !(msg.arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WRITE)) {
+      return 15;
+    }
+    std::vector<pid_t> fill = ThreadsNamed("shardcast-fill");
+    if (fill.size() != 1 || sched_getscheduler(fill[0]) != SCHED_IDLE) return 16;
+    const auto t0 = std::chrono::steady_clock::now();
+    commit.Stop();
+    commit.Join();
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(1)) return 17;  // it waited for the thread
+    if (commit.threads() != 0 || ThreadsNamed("shardcast-fill").size() != 1) return 18;
+    if (sched_getscheduler(fill[0]) != SCHED_IDLE) return 19;
+  }
+  if (kept.expired()) return 20;  // the thread let go no longer keeps the pieces it is inside
+  std::vector<unsigned char> zeros(kPage, 0);
+  uffdio_copy copy{};
+  copy.dst = reinterpret_cast<uintptr_t>(p);
+  copy.src = reinterpret_cast<uintptr_t>(zeros.data());
+  copy.len = kPage;
+  if (ioctl(uffd, UFFDIO_COPY, &copy) != 0) return 21;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!kept.expired() && std::chrono::steady_clock::now() < deadline) usleep(1000);
+  if (!kept.expired()) return 22;  // the thread never ended, or never let go of the pieces
+  if (poll(&pfd, 1, 500) != 0) return 23;  // it touched another page after Stop()
+  std::vector<bool> written = Written(p, pages);
+  if (!written[0] || std::count(written.begin(), written.end(), true) != 1) return 24;
+  munmap(p, pages * kPage);
+  return 0;
+}
+
+TEST(CommitBeside, UnprivilegedLetsAHeldThreadGoWithWhatKeepsItsPiecesAndItEndsAtItsNextPage) {
+  const int code = Unprivileged(LetGoWhileHeld);
+  if (code == 2) GTEST_SKIP() << "the child could not drop CAP_SYS_NICE or RLIMIT_NICE here";
+  if (code == 4) GTEST_SKIP() << "no userfaultfd here: the test holds a page fault with it";
+  EXPECT_EQ(code, 0) << "check " << code << " of LetGoWhileHeld failed (-2: it hung, Join() waiting for the held "
+                     << "thread; 10: the child took its parent's answer; 17: Join() waited; 19: it was lifted; 20: "
+                     << "nothing kept its pieces; 22: it never ended; 23, 24: it touched a page after Stop())";
 }
 #endif  // UFFD_USER_MODE_ONLY
 
