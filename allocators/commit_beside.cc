@@ -57,11 +57,11 @@ CommitBeside::~CommitBeside() {
 
 void CommitBeside::Prepare(std::vector<std::pair<unsigned char*, size_t>> pieces, int threads,
                            std::shared_ptr<const void> keep) {
-  shared_ = std::make_shared<Shared>();
   shared_->pieces = std::move(pieces);
   shared_->keep = std::move(keep);
   want_ = std::min(static_cast<size_t>(std::max(1, threads)), shared_->pieces.size());
   threads_.reserve(want_);
+  lifted_.reserve(want_);
 }
 
 void CommitBeside::Start() noexcept {
@@ -84,13 +84,14 @@ void CommitBeside::Start() noexcept {
 }
 
 void CommitBeside::Stop() noexcept {
-  if (shared_ == nullptr || shared_->stop.load(std::memory_order_relaxed)) return;
+  if (shared_->stop.load(std::memory_order_relaxed)) return;
   // Lifted while every thread still waits for stop at the latest, so that no handle names a thread gone:
   // glibc reads the thread id again for the call, and a thread that ended in between would leave 0 (this
   // thread) there.
   sched_param zero{};
-  if (lifts_) {
-    for (std::thread& t : threads_) pthread_setschedparam(t.native_handle(), lift_, &zero);
+  lifted_.assign(threads_.size(), false);  // reserved in Prepare: no allocation here
+  for (size_t i = 0; lifts_ && i < threads_.size(); ++i) {
+    lifted_[i] = pthread_setschedparam(threads_[i].native_handle(), lift_, &zero) == 0;
   }
   {
     std::lock_guard<std::mutex> lock(shared_->mu);
@@ -100,12 +101,12 @@ void CommitBeside::Stop() noexcept {
 }
 
 void CommitBeside::Join() noexcept {
-  for (std::thread& t : threads_) {
-    if (!t.joinable()) continue;
-    if (lifts_) {
-      t.join();
+  for (size_t i = 0; i < threads_.size(); ++i) {
+    if (!threads_[i].joinable()) continue;
+    if ((i < lifted_.size() && lifted_[i]) || shared_->keep == nullptr) {
+      threads_[i].join();
     } else {
-      t.detach();  // ends at its next page once given a core; its `keep` keeps the pieces mapped until then
+      threads_[i].detach();  // ends at its next page once given a core; `keep` keeps the pieces mapped till then
     }
   }
   threads_.clear();

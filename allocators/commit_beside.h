@@ -10,19 +10,20 @@
 //
 // The threads run at SCHED_IDLE from Start() on, and Stop() lifts them back to the caller's priority, so a
 // thread starved by the cores' other work ends at once instead of whenever it is next given a core
-// (Join() must wait for it: it touches the pieces). The kernel lets a thread leave SCHED_IDLE only with
+// (where Join() must wait for it: it touches the pieces). The kernel lets a thread leave SCHED_IDLE only with
 // CAP_SYS_NICE or an RLIMIT_NICE of 20 or more (`ulimit -e 20`, or "nice" in limits.conf; root on a bare
-// host, not a default container's). Where this process may not (MayLeaveIdlePriority), the threads are
-// not waited for: Join() lets them go, each holding `keep` (what keeps the pieces mapped) until it next
-// gets a core, sees Stop() and ends. Without a `keep` there, Start() starts no thread: the writers commit
-// the pages they reach themselves.
+// host, not a default container's). Where this process may not (MayLeaveIdlePriority), or a lift fails
+// (the privilege dropped since it was asked), a thread is not waited for: Join() lets it go, holding `keep`
+// (what keeps every piece mapped: all of them, until the last such thread ends) until it next gets a core,
+// sees Stop() and ends. Without a `keep`, Start() starts no thread where the process may not lift them:
+// the writers commit the pages they reach themselves.
 //
 // Measured on the 2-core dev VM, one rank loading 1.91 GB beside two spinning processes (medians of 5
 // interleaved rounds, bench/RESULTS.md "The commit beside the stream on a busy node"): 1.12 s, against
 // 1.94 s with the threads left idle at the end and joined, and 1.11 s with no commit; the populate at idle
 // priority took 2.12 and 1.75 s (two runs) where no commit took 1.23 and 1.11 s. Without the privilege
-// (threads let go at the end; "Threads let go where they cannot be lifted"): cold 1.11 s against 1.33 s
-// with no commit, busy 1.13 against 1.04 s.
+// (threads let go at the end; "Threads let go where they cannot be lifted"): a cold load into a meta model
+// 1.59 s against 1.83 s with no commit.
 //
 // Thread safety: Prepare, Start, Stop and Join are called from one thread (the owner's). REQUIRES: the
 // pieces stay mapped until Join() (or the destructor) returns, and after it as long as `keep` lives.
@@ -48,7 +49,7 @@ int ProbeLeaveIdlePriority();
 
 class CommitBeside {
  public:
-  CommitBeside() = default;
+  CommitBeside() : shared_(std::make_shared<Shared>()) {}  // throws only std::bad_alloc
   CommitBeside(const CommitBeside&) = delete;
   CommitBeside& operator=(const CommitBeside&) = delete;
   ~CommitBeside();  // Stop(), then Join()
@@ -67,9 +68,9 @@ class CommitBeside {
   // Once only; later calls do nothing.
   void Stop() noexcept;
 
-  // Waits for the commit's threads to end (at once where none started), or, where their priority could not
-  // be lifted, lets them go (each holds `keep` until it ends). REQUIRES: Stop() first, or the threads that
-  // ran out of pieces wait for it.
+  // Waits for the commit's threads to end (at once where none started), or, where a thread's priority could
+  // not be lifted and a `keep` was given, lets it go (it holds `keep` until it ends). REQUIRES: Stop() first,
+  // or the threads that ran out of pieces wait for it.
   void Join() noexcept;
 
   // How many threads Start() started and Join() has not joined or let go.
@@ -87,7 +88,8 @@ class CommitBeside {
   };
   static void Work(Shared& shared) noexcept;
 
-  std::shared_ptr<Shared> shared_;  // from Prepare() on
+  std::shared_ptr<Shared> shared_;
+  std::vector<bool> lifted_;  // per thread: Stop() put it back at lift_ (else, with a keep, Join() lets it go)
   size_t want_ = 0;     // threads to start
   bool lifts_ = false;  // whether Stop() lifts the threads (and Join() waits for them)
   int lift_ = 0;        // the policy Stop() puts the threads back at: the caller's of Start(), or SCHED_OTHER

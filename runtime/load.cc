@@ -17,10 +17,10 @@
 #include <vector>
 
 #include <c10/core/DeviceGuard.h>
-#include <c10/core/Storage.h>
 
 #include "allocators/commit_beside.h"
 #include "allocators/error.h"
+#include "allocators/tensor_alloc.h"
 #include "runtime/agree/failure.h"
 #include "runtime/agree/fault.h"
 #include "runtime/agree/verdict.h"
@@ -72,15 +72,23 @@ int ThreadsHere(const LoadOptions& options, int sharers) {
 
 // This rank's host shards as pieces of at most 2 MiB cut at page boundaries, in the shards' order, for
 // CommitBeside's threads to take one at a time (tensors under 1 MiB are left to the readers; those on meta
-// or off the host have no pages to commit), and in `keep` their storages: what keeps them mapped for a
-// thread that outlives the load (where its priority cannot be lifted, commit_beside.h).
-std::vector<std::pair<unsigned char*, size_t>> CommitPieces(RankState& state, std::vector<c10::Storage>* keep) {
+// or off the host have no pages to commit). With `keep` (threads that may outlive the load, where their
+// priority cannot be lifted: commit_beside.h), only shards on lazy-zero mappings (this load's, or Python's
+// `lazy_zero_tensor`), whose owners go in `keep`: they keep the pages mapped however the tensors are freed
+// or swapped, with no c10 storage (whose last reference may call into Python from a thread of no
+// interpreter) involved; other tensors of the caller's are left to the readers.
+std::vector<std::pair<unsigned char*, size_t>> CommitPieces(RankState& state,
+                                                            std::vector<std::shared_ptr<const void>>* keep) {
   constexpr size_t kMinBytes = 1 << 20, kPiece = 2 << 20;
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   std::vector<std::pair<unsigned char*, size_t>> pieces;
   for (LocalTensor& t : state.tensors()) {
     if (t.is_meta() || !t.tensor.device().is_cpu() || t.tensor.nbytes() < kMinBytes) continue;
-    keep->push_back(t.tensor.storage());
+    if (keep != nullptr) {
+      std::shared_ptr<const void> owner = t.mapping ? t.mapping : LazyZeroOwner(t.tensor.data_ptr(), t.tensor.nbytes());
+      if (owner == nullptr) continue;
+      keep->push_back(std::move(owner));
+    }
     auto* p = static_cast<unsigned char*>(t.tensor.data_ptr());
     unsigned char* const end = p + t.tensor.nbytes();
     while (p < end) {
@@ -109,7 +117,8 @@ void Allocate(Communicator& comm, RankState* state, bool checksum_only, int thre
     FaultPoint("allocate", comm.rank());
     if (!checksum_only) {
       state->AllocateShards();
-      auto keep = std::make_shared<std::vector<c10::Storage>>();
+      // Threads that cannot be lifted are let go at the end: they get only what they can keep mapped.
+      auto keep = MayLeaveIdlePriority() ? nullptr : std::make_shared<std::vector<std::shared_ptr<const void>>>();
       auto pieces = CommitPieces(*state, keep.get());
       commit->Prepare(std::move(pieces), threads, std::move(keep));
     }

@@ -149,8 +149,9 @@ RankState RankState::Adopt(const Plan& plan, int rank, std::vector<at::Tensor> t
 void RankState::AllocateShards() {
   for (LocalTensor& t : tensors_) {
     if (!t.is_meta()) continue;
-    t.tensor = AllocateZeroed(Sizes(t.local_shape), ToScalarType(t.entry->dtype), options_.target,
-                              options_);
+    t.tensor = options_.target == Target::kCpu
+                   ? LazyZeroTensor(Sizes(t.local_shape), ToScalarType(t.entry->dtype), options_.host, &t.mapping)
+                   : AllocateZeroed(Sizes(t.local_shape), ToScalarType(t.entry->dtype), options_.target, options_);
   }
 }
 

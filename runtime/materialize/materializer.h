@@ -15,6 +15,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,6 +42,9 @@ struct LocalTensor {
   const PlanEntry* entry = nullptr;
   std::vector<uint64_t> local_shape;  // this rank's piece (runtime/layout/layout.h), as a local tensor
   at::Tensor tensor;           // undefined until allocated (parameters, sidecars); real for buffers
+  // The lazy-zero mapping under `tensor` where AllocateShards made it on the host (allocators/tensor_alloc.h):
+  // it keeps the pages mapped for whoever holds it, whatever becomes of the tensor. Null otherwise.
+  std::shared_ptr<const void> mapping;
   bool is_meta() const { return !tensor.defined() || tensor.is_meta(); }
   at::Tensor MetaTensor() const;  // a meta tensor of the local shape, for callers that want one
   bool from_checkpoint = false;  // parameters, sidecars, persistent buffers

@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <memory>
+
 #include "allocators/memory_probe.h"
 
 namespace shardcast {
@@ -49,6 +51,26 @@ TEST(LazyZeroTensor, IsLazyAndFreesOnLastReference) {
   EXPECT_LT(LazyZeroStats().current_bytes, 128u << 20);
   at::Tensor z = LazyZeroTensor({0, 5}, at::kFloat);
   EXPECT_EQ(z.numel(), 0);
+}
+
+// LazyZeroOwner finds the mapping under any range of a live lazy-zero tensor, keeps it mapped (and its
+// bytes) after the tensor is gone, and finds nothing for other memory or once the last owner let go.
+TEST(LazyZeroTensor, AnOwnerKeepsItsMappingAfterTheTensorIsGone) {
+  at::Tensor t = LazyZeroTensor({4, 1 << 20}, at::kByte);  // 4 MiB
+  auto* p = static_cast<unsigned char*>(t.data_ptr());
+  EXPECT_EQ(LazyZeroOwner(p + (1 << 20), 1 << 20) != nullptr, true);
+  EXPECT_EQ(LazyZeroOwner(p + (3 << 20), 2 << 20), nullptr) << "a range past its end";
+  at::Tensor heap = at::ones({1 << 20}, at::kByte);
+  EXPECT_EQ(LazyZeroOwner(heap.data_ptr(), 1 << 20), nullptr) << "memory of another allocator";
+  std::shared_ptr<const void> owner = LazyZeroOwner(p, 4 << 20);
+  ASSERT_NE(owner, nullptr);
+  p[5] = 7;
+  t.reset();
+  EXPECT_EQ(p[5], 7) << "the owner did not keep the mapping";  // a fault here would be the bug
+  p[(4 << 20) - 1] = 1;
+  EXPECT_EQ(LazyZeroOwner(p, 1) != nullptr, true) << "an owner keeps it findable";
+  owner.reset();
+  EXPECT_EQ(LazyZeroOwner(p, 1), nullptr) << "the mapping outlived its last owner";
 }
 
 }  // namespace
