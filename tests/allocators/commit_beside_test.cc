@@ -102,7 +102,8 @@ TEST(CommitBeside, CommitsEveryPageOfItsPiecesForWritingAndKeepsTheirBytes) {
   const size_t pages = 64;
   auto* p = static_cast<unsigned char*>(LazyZeroAllocate(pages * kPage));
   // Freed once the test and every thread let go are done with it (where this process may not lift them).
-  std::shared_ptr<unsigned char> keep(p, [pages](unsigned char* q) { LazyZeroFree(q, pages * kPage); });
+  const size_t bytes = pages * kPage;
+  std::shared_ptr<unsigned char> keep(p, [bytes](unsigned char* q) { LazyZeroFree(q, bytes); });
   const auto mark = [](size_t i, size_t at) { return static_cast<unsigned char>(0x80 | (i + at) % 128); };
   for (size_t i = 0; i < pages; i += 3) {  // written first, at the bytes the commit touches
     p[i * kPage] = mark(i, 0);
@@ -185,6 +186,27 @@ struct ClosesOnExit {
   }
 };
 
+// Registers [p, p + bytes) with `uffd` for its missing pages: their faults then wait for the test.
+bool HoldMissingPages(int uffd, void* p, size_t bytes) {
+  uffdio_api api{};
+  api.api = UFFD_API;
+  uffdio_register reg{};
+  reg.range.start = reinterpret_cast<uintptr_t>(p);
+  reg.range.len = bytes;
+  reg.mode = UFFDIO_REGISTER_MODE_MISSING;
+  return ioctl(uffd, UFFDIO_API, &api) == 0 && ioctl(uffd, UFFDIO_REGISTER, &reg) == 0;
+}
+
+// Gives the page at `p` (zeros) to a fault `uffd` holds there: the thread waiting in it goes on.
+bool GivePage(int uffd, void* p) {
+  std::vector<unsigned char> zeros(kPage, 0);
+  uffdio_copy copy{};
+  copy.dst = reinterpret_cast<uintptr_t>(p);
+  copy.src = reinterpret_cast<uintptr_t>(zeros.data());
+  copy.len = kPage;
+  return ioctl(uffd, UFFDIO_COPY, &copy) == 0;
+}
+
 // A fault handler (userfaultfd) holds the commit's thread inside its first page: the fault is a write, the
 // thread waits there at idle priority, Stop() lifts it back to the normal one, and once the page is given
 // it ends without touching the next.
@@ -199,17 +221,10 @@ TEST(CommitBeside, RunsAtIdlePriorityFaultsForWritingAndStopsAtItsNextPage) {
     munmap(p, pages * kPage);
     GTEST_SKIP() << "no userfaultfd here (errno " << errno << "): the test holds a page fault with it";
   }
-  uffdio_api api{};
-  api.api = UFFD_API;
-  uffdio_register reg{};
-  reg.range.start = reinterpret_cast<uintptr_t>(p);
-  reg.range.len = pages * kPage;
-  reg.mode = UFFDIO_REGISTER_MODE_MISSING;
   {
     CommitBeside commit;
     ClosesOnExit closes{uffd};
-    ASSERT_EQ(ioctl(uffd, UFFDIO_API, &api), 0);
-    ASSERT_EQ(ioctl(uffd, UFFDIO_REGISTER, &reg), 0);
+    ASSERT_TRUE(HoldMissingPages(uffd, p, pages * kPage));
     commit.Prepare({{p, pages * kPage}}, 1);
     commit.Start();
     pollfd pfd{uffd, POLLIN, 0};
@@ -226,12 +241,7 @@ TEST(CommitBeside, RunsAtIdlePriorityFaultsForWritingAndStopsAtItsNextPage) {
     commit.Stop();
     EXPECT_EQ(sched_getscheduler(fill[0]), SCHED_OTHER) << "Stop() left a starved thread at idle priority";
 
-    std::vector<unsigned char> zeros(kPage, 0);
-    uffdio_copy copy{};
-    copy.dst = reinterpret_cast<uintptr_t>(p);
-    copy.src = reinterpret_cast<uintptr_t>(zeros.data());
-    copy.len = kPage;
-    ASSERT_EQ(ioctl(uffd, UFFDIO_COPY, &copy), 0);
+    ASSERT_TRUE(GivePage(uffd, p));
     EXPECT_EQ(poll(&pfd, 1, 500), 0) << "the thread touched another page after Stop()";
   }
   std::vector<bool> written = Written(p, pages);
@@ -253,13 +263,7 @@ int LetGoWhileHeld() {
   const int uffd = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY));
   if (uffd < 0) return 4;
   ClosesOnExit closes{uffd};  // on an early return: the thread held in its fault then ends
-  uffdio_api api{};
-  api.api = UFFD_API;
-  uffdio_register reg{};
-  reg.range.start = reinterpret_cast<uintptr_t>(p);
-  reg.range.len = pages * kPage;
-  reg.mode = UFFDIO_REGISTER_MODE_MISSING;
-  if (ioctl(uffd, UFFDIO_API, &api) != 0 || ioctl(uffd, UFFDIO_REGISTER, &reg) != 0) return 12;
+  if (!HoldMissingPages(uffd, p, pages * kPage)) return 12;
   std::weak_ptr<const void> kept;
   pollfd pfd{uffd, POLLIN, 0};
   {
@@ -284,12 +288,7 @@ int LetGoWhileHeld() {
     if (sched_getscheduler(fill[0]) != SCHED_IDLE) return 19;
   }
   if (kept.expired()) return 20;  // the thread let go no longer keeps the pieces it is inside
-  std::vector<unsigned char> zeros(kPage, 0);
-  uffdio_copy copy{};
-  copy.dst = reinterpret_cast<uintptr_t>(p);
-  copy.src = reinterpret_cast<uintptr_t>(zeros.data());
-  copy.len = kPage;
-  if (ioctl(uffd, UFFDIO_COPY, &copy) != 0) return 21;
+  if (!GivePage(uffd, p)) return 21;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (!kept.expired() && std::chrono::steady_clock::now() < deadline) usleep(1000);
   if (!kept.expired()) return 22;  // the thread never ended, or never let go of the pieces
