@@ -145,15 +145,22 @@ def _start_stream(failed: Optional[BaseException], path, config, dtype, mesh, ta
         timeout_s = load_timeout_seconds(_options(timeout_ms=_timeout_ms(load_kwargs.get("timeout")))) or 600.0
         if why is None and beside is False:
             why = f"{_stream.BESIDE_VAR}=0"
-        if why is None:
-            options = _options(source=source, target=target, verify=load_kwargs.get("verify"),
-                               chunk_bytes=load_kwargs.get("chunk_bytes"), readahead_bytes=load_kwargs.get("readahead_bytes"),
-                               read_threads=load_kwargs.get("read_threads"), staging_slots=load_kwargs.get("staging_slots"),
-                               timeout_ms=_timeout_ms(load_kwargs.get("timeout")))
-            planned = _stream.plan(path, config, dtype, rank, world, _stream.device_of(target))
     except Exception as e:  # noqa: BLE001 -- this rank cannot stream: every rank then loads after the build
         why = f"{type(e).__name__}: {e}"
+    # Two exchanges, the same on every rank: whether all may stream (the node's CPUs among the reasons), so
+    # that where they may not no rank plans (the header's rules and the buffers cost ~1 s a rank on 2
+    # cores), then whether every rank's plan came out.
     if not _stream.agree(pg, store, rank, world, why, timeout_s, by_cores=beside is None):
+        return None, failed
+    try:
+        options = _options(source=source, target=target, verify=load_kwargs.get("verify"),
+                           chunk_bytes=load_kwargs.get("chunk_bytes"), readahead_bytes=load_kwargs.get("readahead_bytes"),
+                           read_threads=load_kwargs.get("read_threads"), staging_slots=load_kwargs.get("staging_slots"),
+                           timeout_ms=_timeout_ms(load_kwargs.get("timeout")))
+        planned = _stream.plan(path, config, dtype, rank, world, _stream.device_of(target))
+    except Exception as e:  # noqa: BLE001 -- this rank cannot stream: every rank then loads after the build
+        why = f"{type(e).__name__}: {e}"
+    if not _stream.agree(pg, store, rank, world, why, timeout_s):
         return None, failed
     return _stream.Stream(planned, path, options, timeout_s, pg, store, rank, world), None
 
