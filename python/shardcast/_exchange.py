@@ -133,8 +133,10 @@ def _first_line(e: BaseException) -> str:
 
 
 def _forget(store, n: int, world: int) -> None:
-    """Rank 0 drops exchange n - 2. A load makes at most two exchanges, so n - 2 belongs to an earlier
-    load, which every rank read before that load's handshake could end (n - 1 may be this load's)."""
+    """Rank 0 drops exchange n - 2, which every rank has read by then: rank 0 reaches n only after every
+    rank set its key of n - 1 (`gathered`), which a rank does after reading n - 2, or, where n - 1 was
+    `computed_on_rank0`, after the load's handshake that follows it, which every rank reaches after
+    reading n - 1 and so n - 2. (No two `computed_on_rank0` follow each other without a handshake.)"""
     if n < 2:
         return
     for r in [*range(world), "who"]:

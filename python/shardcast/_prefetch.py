@@ -17,7 +17,10 @@ cache each request is a walk over resident pages.
 When: filling the page cache costs CPU (page allocation, the copy from the device), which overlaps the
 build only where cores are spare. Measured on the 2-vCPU VM with 4 ranks (bench/RESULTS.md): a cold
 6.4 GB from_pretrained took as long with it as without (the load phase 2 s shorter, the build 2 s
-longer), so by default it runs only where the node has at least two cores per local rank.
+longer), so by default it runs only where the node has at least two CPUs a rank: the same node verdict
+as the stream beside the build's, from from_pretrained's first exchange (_stream_rules.py: every rank's
+hostname and affinity mask, so ranks bound to CPUs of their own by srun --cpu-bind count them once, and
+the node's ranks and this rank's place among them need no launcher's variables).
 """
 from __future__ import annotations
 
@@ -26,7 +29,6 @@ import os
 import threading
 from typing import List, Optional, Tuple
 
-from ._launch import launch
 
 _STEP = 32 << 20  # bytes per request: the thread can stop between two
 
@@ -40,14 +42,6 @@ def _mem_available() -> int:
     except OSError:
         pass
     return 0
-
-
-def _local_rank() -> Optional[Tuple[int, int]]:
-    """(local rank, local world) on a single node under a launcher, (0, 1) alone; None on several nodes."""
-    where = launch()
-    if where.local_world != where.world:
-        return None
-    return where.local_rank, where.local_world
 
 
 def share(files: List[Tuple[str, int]], local_rank: int, local_world: int, budget: int) -> List[Tuple[str, int, int]]:
@@ -90,20 +84,24 @@ class Prefetch:
         self._thread.join()
 
 
-def start(checkpoint: str, force: bool = False) -> Optional[Prefetch]:
-    """Starts this rank's share of the read-ahead of `checkpoint`'s safetensors files, or returns None
-    where it does not apply (several nodes, nothing to read, unless `force`: fewer than two cores per
-    local rank)."""
-    where = _local_rank()
-    if where is None:
-        return None
-    if not force and len(os.sched_getaffinity(0)) < 2 * where[1]:
-        return None
+def wanted(prefetch: Optional[bool], verdict) -> bool:
+    """Whether this rank reads ahead: never with prefetch=False, nor where the ranks are on several nodes
+    (each node reads only part of the files, which this cannot know before the layout); with prefetch=True
+    on one node; left to decide (None), where the node has two CPUs a rank (`verdict`: a
+    _stream_rules.Verdict)."""
+    if prefetch is False or verdict.nodes != 1:
+        return False
+    return bool(prefetch) or verdict.spare_cores
+
+
+def start(checkpoint: str, local_rank: int, local_world: int) -> Optional[Prefetch]:
+    """Starts this rank's share (the `local_rank`-th of `local_world`) of the read-ahead of `checkpoint`'s
+    safetensors files; None where there is nothing to read."""
     files = []
     for path in sorted(glob.glob(os.path.join(checkpoint, "*.safetensors"))):
         try:
             files.append((path, os.path.getsize(path)))
         except OSError:
             continue
-    requests = share(files, where[0], where[1], _mem_available() // 2)
+    requests = share(files, local_rank, local_world, _mem_available() // 2)
     return Prefetch(requests) if requests else None

@@ -39,7 +39,7 @@ from typing import Any, Dict, Optional, Sequence, Union
 
 import torch
 
-from . import _prefetch, _stream
+from . import _prefetch, _stream, _stream_rules
 from ._load import _target
 from ._log import logged
 from ._meta_model import _build_meta, _import_modeling, _quantized_layout
@@ -123,35 +123,44 @@ def _with_every_phase(report, clock: PhaseClock, load_kwargs: Dict[str, Any]):
     return with_phases(report, gathered(channel(pg, store), rank, world, mine, timeout_s, "every rank's phase times"))
 
 
-def _start_stream(failed: Optional[BaseException], path, config, dtype, mesh, target, source, load_kwargs, dc=None,
-                  beside: Optional[bool] = None):
-    """(the stream beside the build, or None, this rank's failure so far). Every rank comes here, a failed
-    one too (it says it cannot stream, so none does, and it takes _join_failed_load as before); each plans
-    its part from the header and says whether it can stream, and all stream or none does (_stream.py).
-    beside: this rank's SHARDCAST_STREAM_BESIDE_BUILD (or the keyword), None to go by its node's CPUs: a
-    variable may differ between ranks, so it is one more reason agreed, never a rank leaving alone."""
+def _agree_first(failed: Optional[BaseException], why: Optional[str], mesh, target, dc, beside: Optional[bool],
+                 load_kwargs: Dict[str, Any]):
+    """((pg, rank, world, store, timeout_s), the first exchange's Verdict, this rank's failure so far), or
+    (None, None, failure) where this rank has no group to agree in. Every rank comes here, whatever its
+    reasons not to stream, a failed one too (it says it cannot stream, so none does, and it takes
+    _join_failed_load as before): so the node's CPUs are agreed for the read-ahead as well, and a reason
+    that differs between ranks (a keyword, a variable) is agreed, never a rank leaving alone.
+    why: the call's reason not to stream (its arguments), or None. beside: this rank's
+    SHARDCAST_STREAM_BESIDE_BUILD (or the keyword), None to go by its node's CPUs."""
     from ._group import _group
     from ._load import _options, _timeout_ms
     from ._shardcast import load_timeout_seconds
     try:
         _dist_ready("cuda" if target == "cuda" else "cpu")
+        pg, rank, world, store = _group(load_kwargs.get("process_group"))
     except Exception as e:  # noqa: BLE001 -- no group to agree in: _join_failed_load raises it on this rank
-        return None, failed or e
-    pg, rank, world, store = _group(None)
-    planned, options, timeout_s = None, None, 600.0
-    why = f"it failed already ({type(failed).__name__})" if failed is not None else _stream.off_layout(mesh, target,
-                                                                                                  world, dc)
+        return None, None, failed or e
+    timeout_s = 600.0
+    if failed is not None:
+        why = f"it failed already ({type(failed).__name__})"
     try:
         timeout_s = load_timeout_seconds(_options(timeout_ms=_timeout_ms(load_kwargs.get("timeout")))) or 600.0
+        why = why or _stream_rules.off_layout(mesh, target, world, dc)
         if why is None and beside is False:
-            why = f"{_stream.BESIDE_VAR}=0"
+            why = f"{_stream_rules.BESIDE_VAR}=0"
     except Exception as e:  # noqa: BLE001 -- this rank cannot stream: every rank then loads after the build
-        why = f"{type(e).__name__}: {e}"
-    # Two exchanges, the same on every rank: whether all may stream (the node's CPUs among the reasons), so
-    # that where they may not no rank plans (the header's rules and the buffers cost ~1 s a rank on 2
-    # cores), then whether every rank's plan came out.
-    if not _stream.agree(pg, store, rank, world, why, timeout_s, by_cores=beside is None):
-        return None, failed
+        why = why or f"{type(e).__name__}: {e}"
+    verdict = _stream_rules.agree(pg, store, rank, world, why, timeout_s, by_cores=beside is None)
+    return (pg, rank, world, store, timeout_s), verdict, failed
+
+
+def _start_stream(group, path, config, dtype, target, source, load_kwargs: Dict[str, Any]):
+    """The stream beside the build, or None: where every rank may stream (the first exchange said so), each
+    plans its part from the header, and all stream or none does (a second exchange: the header's rules and
+    the buffers cost ~1 s a rank on 2 cores, so no rank plans where the first said no)."""
+    from ._load import _options, _timeout_ms
+    pg, rank, world, store, timeout_s = group
+    planned, options, why = None, None, None
     try:
         options = _options(source=source, target=target, verify=load_kwargs.get("verify"),
                            chunk_bytes=load_kwargs.get("chunk_bytes"), readahead_bytes=load_kwargs.get("readahead_bytes"),
@@ -160,9 +169,9 @@ def _start_stream(failed: Optional[BaseException], path, config, dtype, mesh, ta
         planned = _stream.plan(path, config, dtype, rank, world, _stream.device_of(target))
     except Exception as e:  # noqa: BLE001 -- this rank cannot stream: every rank then loads after the build
         why = f"{type(e).__name__}: {e}"
-    if not _stream.agree(pg, store, rank, world, why, timeout_s):
-        return None, failed
-    return _stream.Stream(planned, path, options, timeout_s, pg, store, rank, world), None
+    if not _stream_rules.agree(pg, store, rank, world, why, timeout_s).stream:
+        return None
+    return _stream.Stream(planned, path, options, timeout_s, pg, store, rank, world)
 
 
 def _finish_stream(stream, model, failed, path, source, target, config, load_kwargs, clock: PhaseClock):
@@ -252,7 +261,8 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
         source None: SHARDCAST_SOURCE, else the default.
     prefetch: on one node, have the kernel read the files (each local rank its 1/L, at most half of
         MemAvailable) while the model is built and sharded, so a cold load starts warm (`_prefetch.py`).
-        None (default): where the node has at least two cores per local rank; True: always; False: never.
+        None (default): where the node has at least two CPUs a rank (its ranks' affinity masks together, as
+        for stream_beside_build); True: always (on one node); False: never.
     stream_beside_build: stream the checkpoint into each rank's buffers while the model is built and laid
         out, where the layout follows from the config and the header (the default FSDP layout, or
         distributed_config with FSDP alone; `shardcast/_stream.py`). True: wherever it does; False: build,
@@ -281,27 +291,29 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
         # until their timeout.
         failed, beside = None, None
         try:
-            # First, from the arguments alone: every rank reads it or none does, and whether a rank goes on to
-            # the stream's agreement (_stream.unpredictable) depends on it, never on a failure of its own after.
+            # First, from the arguments alone: every rank reads it or none does, and the call's reason not to
+            # stream (_stream_rules.unpredictable) depends on it, never on a failure of its own after.
             dc = _distributed_config(distributed_config, sizes)
             if dc is not None and mesh is not None:
                 raise InvalidArgument("pass either mesh or distributed_config: transformers' plans make their own "
                                       "meshes")
             target = _pretrained_target(_target(target), mesh)
             path = resolve_checkpoint(path_or_local_repo_id, revision=revision)
-            ahead = _prefetch.start(path, force=bool(prefetch)) if prefetch is not False else None
-            beside = _stream.beside_wanted(stream_beside_build)
+            beside = _stream_rules.beside_wanted(stream_beside_build)
             config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         except Exception as e:  # noqa: BLE001 -- carried into the agreement below
             failed = e
         dc_given = distributed_config is not None or any(v is not None for v in sizes.values())
-        why = "stream_beside_build=False" if stream_beside_build is False else _stream.unpredictable(
+        why = "stream_beside_build=False" if stream_beside_build is False else _stream_rules.unpredictable(
             mesh, dc_given, dc, keep_quantized, model_cls, shard, fsdp_kwargs, dtype, load_kwargs)
-        if why is None:  # the same answer on every rank: each then says whether it can stream
-            stream, failed = _start_stream(failed, None if failed else path, None if failed else config, dtype, mesh,
-                                           target, source, load_kwargs, dc, beside)
-        else:
-            _stream.logger.debug("from_pretrained loads after the build, not beside it: %s", why)
+        group, verdict, failed = _agree_first(failed, why, mesh, target, dc, beside, load_kwargs)
+        if failed is None and _prefetch.wanted(prefetch, verdict):
+            try:  # only a speed-up: a rank that cannot start it goes on without, with the others
+                ahead = _prefetch.start(path, verdict.local_rank, verdict.local_world)
+            except Exception as e:  # noqa: BLE001
+                _stream_rules.logger.debug("from_pretrained reads no checkpoint ahead on this rank: %s", e)
+        if failed is None and verdict.stream:
+            stream = _start_stream(group, path, config, dtype, target, source, load_kwargs)
         clock.lap("config")
         try:
             if failed is not None:

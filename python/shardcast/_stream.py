@@ -14,13 +14,14 @@ soon as the config and the header are read, and runs without the GIL (the C++ lo
 its own made from this operation's store), while this thread imports the modeling module, builds the meta
 model and applies fully_shard:
 
-    main:    config | plan, agree | import, build, layout | check | join | verdict | adopt, buffers
-    stream:                       | handshake, rows into the padded buffers ->|
+    main:    config | agree | plan, agree | import, build, layout | check | join | verdict | adopt, buffers
+    stream:                               | handshake, rows into the padded buffers ->|
 
-Agreed, never assumed: every rank plans, then all say whether they can stream (one store exchange); one
-rank that cannot (a layout it cannot predict, a header it cannot read, a failure before, a node whose
-ranks have fewer than two CPUs each where the caller left the choice to the cores) and none does, and
-from_pretrained takes its sequential path. After the build, every rank checks its model against the
+Agreed, never assumed (_stream_rules.py): every rank says whether it may stream (one store exchange, which
+every rank makes whatever its reasons), then, where all may, every rank plans and all say whether their
+plans came out (a second one); one rank that cannot (a layout it cannot predict, a header it cannot read,
+a failure before, a node whose ranks have fewer than two CPUs each where the caller left the choice to the
+cores) and none does, and from_pretrained takes its sequential path. After the build, every rank checks its model against the
 plan (every planned parameter with that shape and placement, in a padded buffer of that size, over the
 whole world in rank order) and hears the stream's outcome; one exchange makes any rank's problem the same
 error on every rank, before any buffer becomes a parameter's. Then the buffers become the parameters'
@@ -38,9 +39,7 @@ mesh is the whole world on CUDA; the rest is the same.
 from __future__ import annotations
 
 import logging
-import os
 import re
-import socket
 import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -51,104 +50,8 @@ from . import _shardcast
 
 logger = logging.getLogger("shardcast")
 
-# load's keywords the stream passes on as options; any other one (process_group, progress) takes the
-# sequential path, whose load handles it.
-_OPTIONS = ("verify", "chunk_bytes", "staging_slots", "timeout", "strict", "strict_keys", "readahead_bytes",
-            "read_threads")
-# fully_shard's keywords that leave the sharded layout as planned
-_FSDP_KWARGS = ("reshard_after_forward", "mp_policy")
 # checkpoint dtypes that load as the model's floating dtype
 _FLOATING = ("F64", "F32", "F16", "BF16")
-
-
-# DistributedConfig fields that must keep their defaults for transformers' layout to be FSDP2 alone.
-_DC_DEFAULTS = {"tp_size": (None, 1), "ep_size": (None, 1), "dp_replicate_size": (None, 1), "pp_size": (None, 1),
-                "tp_plan": (None,), "ep_plan": (None,), "fsdp_plan": (None,), "enable_expert_parallel": (False,),
-                "enable_sequence_parallel": (False,), "fsdp_cpu_offload": (False,), "fsdp_mixed_precision": (False,)}
-
-
-def unpredictable(mesh, dc_given: bool, dc, keep_quantized: bool, model_cls, shard,
-                  fsdp_kwargs: Optional[Dict[str, Any]], dtype, load_kwargs: Dict[str, Any]) -> Optional[str]:
-    """Why the call's arguments leave its layout unpredictable from the header; None when they do not.
-    Arguments only (the same on every rank), so every rank asks the same question, and every rank that
-    gets None goes on to say whether it can stream (`off_layout`, `plan`, `agree`). transformers'
-    distributed_config with FSDP alone (fsdp_size, every other size 1 and no plan of the caller's) lays
-    every parameter out as the default layout does: Shard(0) over a 1-d mesh of the whole world."""
-    if dc_given:
-        if dc is None:
-            return "distributed_config: not read"
-        if other := sorted(k for k, ok in _DC_DEFAULTS.items() if getattr(dc, k, None) not in ok):
-            return f"distributed_config: transformers' plans lay it out ({', '.join(other)})"
-        return _unpredictable_call(keep_quantized, model_cls, dtype, load_kwargs)
-    if mesh is not None and getattr(mesh, "ndim", 1) != 1:
-        return f"a {mesh.ndim}-d mesh"
-    if (shard,) != ("layers",) and tuple(shard) != ("layers",):
-        return "shard="
-    if other := sorted(set(fsdp_kwargs or {}) - set(_FSDP_KWARGS)):
-        return f"fsdp_kwargs {', '.join(other)}"
-    return _unpredictable_call(keep_quantized, model_cls, dtype, load_kwargs)
-
-
-def _unpredictable_call(keep_quantized: bool, model_cls, dtype, load_kwargs: Dict[str, Any]) -> Optional[str]:
-    """What else of the call leaves the checkpoint's entries or the load's options unpredictable."""
-    if keep_quantized:
-        return "keep_quantized"
-    if model_cls is not None:
-        return "model_cls"
-    if dtype is None or not torch.empty((), dtype=dtype).is_floating_point():
-        return f"dtype={dtype}"
-    if other := sorted(set(load_kwargs) - set(_OPTIONS)):
-        return f"load options {', '.join(other)}"
-    if load_kwargs.get("strict") or load_kwargs.get("strict_keys"):
-        return "strict (the checkpoint's keys the model does not use are streamed, not refused)"
-    return None
-
-
-def off_layout(mesh, target: Optional[str], world: int, dc=None) -> Optional[str]:
-    """Why this rank's target, mesh or FSDP size is not a layout the stream predicts (host memory, or this
-    rank's GPU for target "cuda"; a 1-d mesh of the whole world in rank order on that device); None when
-    it is. The target may come from SHARDCAST_TARGET, so each rank asks it of itself."""
-    if target not in (None, "cpu", "cuda"):
-        return f"target {target}"
-    device_type = "cuda" if target == "cuda" else "cpu"
-    if dc is not None and getattr(dc, "fsdp_size", None) != world:
-        return f"distributed_config's fsdp_size {getattr(dc, 'fsdp_size', None)} is not the world size {world}"
-    if dc is not None and world == 1:
-        return "distributed_config over a world of one: transformers leaves its parameters plain tensors"
-    if dc is not None and (laid_on := torch._C._get_accelerator().type) != device_type:  # transformers' mesh
-        return f"distributed_config lays out on {laid_on}, the target is {device_type}"
-    if mesh is not None and (mesh.device_type != device_type or mesh.mesh.flatten().tolist() != list(range(world))):
-        return f"a mesh that is not the whole world on {device_type}"
-    return None
-
-
-BESIDE_VAR = "SHARDCAST_STREAM_BESIDE_BUILD"
-
-
-def beside_wanted(keyword: Optional[bool]) -> Optional[bool]:
-    """from_pretrained's stream_beside_build: the keyword, else SHARDCAST_STREAM_BESIDE_BUILD (1 or 0; unset or
-    empty: None, decided by the node's CPUs in `agree`). An InvalidArgument naming the variable for any other
-    value (it is read before the call knows whether its layout could stream at all)."""
-    if keyword is not None:
-        return bool(keyword)
-    value = os.environ.get(BESIDE_VAR, "").strip()
-    if value not in ("", "0", "1"):
-        raise _shardcast.InvalidArgument(f"{BESIDE_VAR}={value!r}: 1 (stream beside the build wherever the layout is "
-                                         f"predicted), 0 (load after the build) or unset (where the cores allow)")
-    return None if not value else value == "1"
-
-
-def short_of_cores(cpus: int, ranks: int, node: str) -> Optional[str]:
-    """Why a node's ranks, left to decide, load after the build rather than beside it; None where they
-    stream. The stream (its readers and the threads that commit its pages) keeps about a core busy, the
-    build another, so the overlap pays only where a rank has two (measured: bench/RESULTS.md, "Streaming
-    beside the build only where a rank has two cores"). `cpus`: the CPUs the node's ranks may run on, their
-    affinity masks together (so each rank bound to its own CPUs by srun --cpu-bind counts them once)."""
-    if cpus >= 2 * ranks:
-        return None
-    return (f"{cpus} CPU{'s' if cpus != 1 else ''} for {ranks} rank{'s' if ranks != 1 else ''} on {node}: "
-            f"streaming beside the build needs 2 CPUs a rank (stream_beside_build=True or {BESIDE_VAR}=1 streams "
-            f"anyway)")
 
 
 def device_of(target: Optional[str]) -> torch.device:
@@ -246,7 +149,7 @@ def _fused(merges, keys: Dict[str, Tuple[int, ...]]):
 class Stream:
     """The stream of one from_pretrained on its thread, and what the main thread checks and adopts.
 
-    REQUIRES: started after every rank agreed to stream (`agree`); `finish` called on every rank."""
+    REQUIRES: started after every rank agreed to stream (`_stream_rules.agree`); `finish` called on every rank."""
 
     def __init__(self, planned: Dict[str, Planned], path: str, options: Dict[str, str], timeout_s: float,
                  pg, store, rank: int, world: int):
@@ -320,30 +223,6 @@ def _persistent_buffers(model) -> List[str]:
     from ._prepare import _non_persistent
     non_persistent = {n for n, *_ in _non_persistent(model)}
     return [n for n, _ in named_buffers(model) if n not in non_persistent]
-
-
-def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: float, by_cores: bool = False) -> bool:
-    """Whether every rank streams (each with no reason not to); one store exchange. Each rank sends its
-    reason not to (or None), its node's name and the CPUs it may run on; a rank that leaves the choice to
-    the cores (`by_cores`) has one more where its node's ranks' CPUs together are fewer than two a rank
-    (`short_of_cores`). Every rank computes the same answer from the same answers."""
-    from ._exchange import channel, gathered
-    mine = [why_not, by_cores, socket.gethostname(), format(sum(1 << c for c in os.sched_getaffinity(0)), "x")]
-    every = gathered(channel(pg, store), rank, world, mine, timeout_s, "every rank's answer whether it can stream")
-    cpus: Dict[str, int] = {}
-    ranks: Dict[str, int] = {}
-    for _, _, node, mask in every:
-        cpus[node] = cpus.get(node, 0) | int(mask, 16)
-        ranks[node] = ranks.get(node, 0) + 1
-    reasons = []
-    for r, (why, cores, node, _) in enumerate(every):
-        why = why if why is not None or not cores else short_of_cores(bin(cpus[node]).count("1"), ranks[node], node)
-        if why is not None:
-            reasons.append(f"rank {r}: {why}")
-    if reasons:
-        more = f"; and {len(reasons) - 8} ranks more" if len(reasons) > 8 else ""
-        logger.debug("from_pretrained loads after the build, not beside it: %s%s", "; ".join(reasons[:8]), more)
-    return not reasons
 
 
 def _agree_or_raise(pg, store, rank: int, world: int, problem: Optional[BaseException], value: Any,

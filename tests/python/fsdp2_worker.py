@@ -3,7 +3,8 @@
 MODE flow:     for every model under ROOT: meta model -> shardcast.prepare -> fully_shard on a CPU mesh
                -> shardcast.load; every local shard is compared bit-exactly with transformers'
                own from_pretrained of the same checkpoint, every non-persistent buffer with what
-               transformers computes.
+               transformers computes. With TEST_PRETRAINED set, each model also through
+               shardcast.from_pretrained streaming beside the build, bit for bit against it.
 MODE mapping:  the explicit {key: (local, begin, end)} path, no DTensor.
 MODE mapping_boxes: the explicit {key: (local, offsets)} path: boxes no DTensor layout makes.
 MODE mapping_bad_box: rank 1's box reaches past the tensor; every rank must raise the same error.
@@ -87,6 +88,8 @@ def flow(root, rank, world):
                      "verify": report["ranks"][rank]["verify"], "skipped": report["skipped_keys"],
                      "entries": report["entries"], "key_reads": KEY_READS[0],
                      "dcp": through_dcp(ckpt, config, model, mesh)}
+        if os.environ.get("TEST_PRETRAINED"):
+            out[name]["pretrained"] = through_pretrained(ckpt, model, mesh)
         KEY_READS[0] = 0
     return out
 
@@ -115,6 +118,31 @@ def through_dcp(ckpt, config, loaded, mesh):
                                                      b.view(torch.uint8) if b.numel() else b):
                 differ.append((type(reader).__module__.split(".")[0], key))
     return differ
+
+
+def through_pretrained(ckpt, loaded, mesh):
+    """shardcast.from_pretrained of the same checkpoint asked to stream beside the build (float32, the
+    checkpoint's dtype; `flow`'s CPU mesh and its default layout, `flow`'s: fully_shard of each decoder
+    layer, then of the root),
+    compared bit for bit with `loaded` (`flow`'s, checked against transformers): {"beside": whether it
+    streamed beside the build (an architecture whose layout the header does not give loads after it),
+    "differ": names whose local shard, placement or buffer differs}."""
+    def local(t):
+        t = t.detach()
+        t = t.to_local() if hasattr(t, "to_local") else t
+        return t.contiguous().reshape(-1).view(torch.uint8) if t.numel() else t
+
+    model = shardcast.from_pretrained(ckpt, mesh=mesh, dtype=torch.float32, stream_beside_build=True, timeout=120)
+    differ = []
+    for kind, want, got in (("parameter", dict(loaded.named_parameters()), dict(model.named_parameters())),
+                            ("buffer", dict(loaded.named_buffers()), dict(model.named_buffers()))):
+        differ += [f"{kind} {n} (missing)" for n in sorted(set(want) ^ set(got))]
+        for n in sorted(set(want) & set(got)):
+            a, b = want[n], got[n]
+            if a.dtype != b.dtype or getattr(a, "placements", None) != getattr(b, "placements", None) or \
+                    tuple(a.shape) != tuple(b.shape) or not torch.equal(local(a), local(b)):
+                differ.append(f"{kind} {n}")
+    return {"beside": model.shardcast_report.stream_beside_build, "differ": differ}
 
 
 def hsdp(root, rank, world):

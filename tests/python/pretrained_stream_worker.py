@@ -14,7 +14,8 @@ MODE stream_cuda: stream on a GPU machine (cuda:LOCAL_RANK current, "cpu:gloo,cu
                default target is then cuda, and the stream lands in GPU buffers.
 MODE decide:   from_pretrained left to decide whether it streams beside the build (run with
                SHARDCAST_STREAM_BESIDE_BUILD empty, or set on some ranks), on TEST_CPUS CPUs (this
-               thread's affinity, when set); whether it did, why not (DEBUG), or what each rank raised.
+               thread's affinity, when set), or with stream_beside_build=TEST_BESIDE_KEYWORD (0 or 1) where
+               set; whether it did, why not (DEBUG), or what each rank raised.
                (decide_dc: the same through distributed_config=DistributedConfig(fsdp_size=W).)
 MODE mismatch: ROOT is one checkpoint whose config.json no longer matches its tensors; what each rank raised.
 MODE fail_one: from_pretrained whose build fails on rank 1 alone (its buffer_init raises there, while the
@@ -127,6 +128,9 @@ def decide(path, dc=False):
             if dc:
                 from transformers.distributed import DistributedConfig
                 layout = {"distributed_config": DistributedConfig(fsdp_size=dist.get_world_size())}
+            keyword = os.environ.get("TEST_BESIDE_KEYWORD")  # "0"/"1": stream_beside_build=False/True
+            if keyword:
+                layout["stream_beside_build"] = keyword == "1"
             model = shardcast.from_pretrained(path, dtype=DTYPE, timeout=60, **layout)
             out["beside"] = model.shardcast_report.stream_beside_build
         out.update(raised(call))

@@ -3,7 +3,8 @@ written by transformers' own save_pretrained (several files), loaded through the
 prepare, fully_shard, load) at world size 3, where no hidden size, vocabulary or expert count divides
 evenly, and compared bit for bit with transformers' own from_pretrained on every rank; then, where the
 model's names are the checkpoint's keys, the same layout through dcp.load with torch's and shardcast.dcp's
-HuggingFaceStorageReader, bit for bit against it."""
+HuggingFaceStorageReader, bit for bit against it; and shardcast.from_pretrained streaming beside the build.
+"""
 import os
 
 import pytest
@@ -12,6 +13,10 @@ import ranks
 
 import torch
 import transformers  # noqa: F401
+
+# The architectures whose layout from_pretrained predicts from the header, and so streams beside the build
+# when asked: all but those whose checkpoint names transformers renames (hy_v3, phimoe), which load after it.
+BESIDE = {"gemma2", "gemma3", "gpt_oss", "llama_tied", "olmo3", "olmoe", "phi3", "qwen2", "qwen2_moe"}
 
 
 def configs():
@@ -56,7 +61,7 @@ def checkpoints(tmp_path_factory):
 
 
 def test_every_architecture_is_bit_exact_at_world_size_3(checkpoints, tmp_path):
-    results = ranks.run("fsdp2_worker.py", "flow", checkpoints, 3, tmp_path)
+    results = ranks.run("fsdp2_worker.py", "flow", checkpoints, 3, tmp_path, env={"TEST_PRETRAINED": "1"})
     for rank, result in enumerate(results):
         assert set(result) == set(configs()), result.keys()
         for model, r in result.items():
@@ -66,3 +71,9 @@ def test_every_architecture_is_bit_exact_at_world_size_3(checkpoints, tmp_path):
         # dcp.load through torch's and shardcast's HF readers, where the model's names are the checkpoint's
         through_dcp = sorted(m for m, r in result.items() if r["dcp"] == [])
         assert {"gemma2", "gemma3", "gpt_oss", "olmo3", "phi3", "qwen2"} <= set(through_dcp), through_dcp
+        # shardcast.from_pretrained streaming beside the build (its default where a node has two CPUs a
+        # rank): the same shards and buffers, and beside the build wherever the header gives the layout
+        for model, r in result.items():
+            assert r["pretrained"]["differ"] == [], f"rank {rank} {model}: {r['pretrained']['differ']}"
+        beside = sorted(m for m, r in result.items() if r["pretrained"]["beside"])
+        assert set(beside) == BESIDE, " ".join(beside)

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from shardcast import _prefetch
+from shardcast._stream_rules import Verdict
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
 from _pagecache import resident  # noqa: E402 -- bench/ is not a package
@@ -26,23 +27,25 @@ def test_shares_cover_the_budget_once_in_file_order():
             assert covered == want, (budget, world)
 
 
-def test_several_nodes_read_nothing_ahead(monkeypatch, tmp_path):
-    (tmp_path / "model.safetensors").write_bytes(b"\0" * 4096)
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "16")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
-    assert _prefetch.start(str(tmp_path), force=True) is None
+def _verdict(spare_cores: bool, nodes: int = 1) -> Verdict:
+    return Verdict(stream=False, spare_cores=spare_cores, local_rank=0, local_world=4, nodes=nodes)
 
 
-def test_by_default_only_with_two_cores_per_local_rank(monkeypatch, tmp_path):
+def test_it_goes_by_the_agreed_node_verdict_on_one_node_only():
+    """The read-ahead goes by from_pretrained's first exchange (its node's CPUs, the ranks' masks together:
+    the stream beside the build's rule), never on several nodes, and prefetch= overrides the CPUs only."""
+    assert _prefetch.wanted(None, _verdict(spare_cores=True))
+    assert not _prefetch.wanted(None, _verdict(spare_cores=False))
+    assert _prefetch.wanted(True, _verdict(spare_cores=False))
+    assert not _prefetch.wanted(False, _verdict(spare_cores=True))
+    for prefetch in (None, True, False):
+        assert not _prefetch.wanted(prefetch, _verdict(spare_cores=True, nodes=2))
+
+
+def test_nothing_to_read_starts_nothing(tmp_path):
+    assert _prefetch.start(str(tmp_path), 0, 1) is None
     (tmp_path / "model.safetensors").write_bytes(b"\0" * 4096)
-    cores = len(os.sched_getaffinity(0))
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", str(cores))
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores))
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    assert _prefetch.start(str(tmp_path)) is None
-    ahead = _prefetch.start(str(tmp_path), force=True)
+    ahead = _prefetch.start(str(tmp_path), 3, 4)
     assert ahead is not None
     ahead.stop()
 
@@ -53,7 +56,7 @@ def _resident(path) -> float:
     return res / size
 
 
-def test_a_cold_file_comes_into_the_page_cache(monkeypatch, tmp_path):
+def test_a_cold_file_comes_into_the_page_cache(tmp_path):
     path = tmp_path / "model-00001-of-00001.safetensors"
     with open(path, "wb") as f:
         f.write(os.urandom(16 << 20))
@@ -64,9 +67,7 @@ def test_a_cold_file_comes_into_the_page_cache(monkeypatch, tmp_path):
     os.close(fd)
     if _resident(path) > 0.5:
         pytest.skip(f"{tmp_path}'s filesystem keeps evicted pages (tmpfs?): nothing to measure")
-    for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_RANK", "RANK"):
-        monkeypatch.delenv(name, raising=False)
-    ahead = _prefetch.start(str(tmp_path), force=True)
+    ahead = _prefetch.start(str(tmp_path), 0, 1)
     assert ahead is not None
     ahead._thread.join(timeout=30)
     deadline = time.monotonic() + 30  # the advice queues reads; they complete in the background

@@ -35,7 +35,8 @@ def run(tiny_checkpoints, tmp_path_factory):
     by_rank = [("decide:one_says_no", llama, lambda r: {"SHARDCAST_STREAM_BESIDE_BUILD": "0" if r == 1 else "1"}),
                ("decide:one_unreadable", llama, lambda r: {"SHARDCAST_STREAM_BESIDE_BUILD": "yes" if r == 1 else "1"}),
                ("decide_dc:one_unreadable", llama,
-                lambda r: {"SHARDCAST_STREAM_BESIDE_BUILD": "yes" if r == 1 else "1"})]
+                lambda r: {"SHARDCAST_STREAM_BESIDE_BUILD": "yes" if r == 1 else "1"}),
+               ("decide:one_keyword_no", llama, lambda r: {"TEST_BESIDE_KEYWORD": "0" if r == 1 else "1"})]
     two_ranks = [("decide:two_cpus", llama, {"SHARDCAST_STREAM_BESIDE_BUILD": "", "TEST_CPUS": "2"})]
     return ranks.Scenarios("pretrained_stream_worker.py", tmp_path_factory,
                            {3: ["phases", ("stream:kept", kept_dtype(tmp_path_factory)), "stream_dc"] + both + by_rank,
@@ -143,13 +144,18 @@ def test_left_to_decide_it_streams_beside_the_build_only_with_two_cpus_a_rank(ru
 
 
 def test_the_variable_set_on_one_rank_is_agreed_never_a_rank_leaving_alone(run):
-    """SHARDCAST_STREAM_BESIDE_BUILD is read on each rank, so it may differ: one rank's 0 loads every rank
-    after the build (the reason agreed in the stream's exchange); one rank's unreadable value is the same
-    InvalidArgument on every rank, naming the rank and the variable."""
+    """SHARDCAST_STREAM_BESIDE_BUILD is read on each rank, so it may differ: one rank's 0 (or its keyword
+    False) loads every rank after the build (the reason agreed in the stream's exchange); one rank's
+    unreadable value is the same InvalidArgument on every rank, naming the rank and the variable."""
     results = run("decide:one_says_no", 3)
     for rank, r in enumerate(results):
         assert r["error"] is None and r["beside"] is False, (rank, r)
         assert len(r["debug"]) == 1 and "rank 1: SHARDCAST_STREAM_BESIDE_BUILD=0" in r["debug"][0], (rank, r)
+    # The keyword too, which a script may pass on one rank only (regression: a rank passing False skipped
+    # the exchange, and the others waited there for their timeout).
+    for rank, r in enumerate(run("decide:one_keyword_no", 3)):
+        assert r["error"] is None and r["beside"] is False, (rank, r)
+        assert len(r["debug"]) == 1 and "rank 1: stream_beside_build=False" in r["debug"][0], (rank, r)
     # Through distributed_config too, where transformers' meshes are made only if every rank goes on
     # (regression: the failed rank did not read its distributed_config, left the stream's exchange alone,
     # and the others waited there for their timeout).
@@ -194,7 +200,7 @@ def test_which_targets_and_meshes_the_stream_predicts():
     order on that device; anything else loads after the build, saying why. (The GPU path itself runs in
     test_cuda.py on a GPU machine.)"""
     import torch
-    from shardcast._stream import off_layout
+    from shardcast._stream_rules import off_layout
 
     class Mesh:
         def __init__(self, device_type, ranks):

@@ -1,0 +1,184 @@
+"""Whether from_pretrained streams beside the build, and what each node's CPUs allow: decided before any
+byte moves, the same on every rank.
+
+Three kinds of reason not to stream (each a sentence, said at DEBUG level on the "shardcast" logger):
+
+    the call's     its arguments (`unpredictable`, stream_beside_build=False): a script may pass other ones
+                   on some ranks, so they are agreed like the rest, never assumed equal
+    the rank's     its target, mesh, FSDP size (`off_layout`), SHARDCAST_STREAM_BESIDE_BUILD (`beside_wanted`),
+                   a failure before; after the first exchange, a header it cannot plan
+    the node's     fewer than two CPUs a rank (`short_of_cores`), where the caller left it to the cores
+
+One store exchange (`agree`), which every rank of from_pretrained makes whatever its reasons, turns them
+into one `Verdict`: whether every rank may stream, and for this rank's node its ranks and whether their
+CPUs, their affinity masks together, are two a rank. A node is a kernel (its boot id, shared by the
+containers on one host and by nothing else; the hostname where there is none), named by its hostname.
+The read-ahead of a cold checkpoint (`_prefetch.py`) goes by the same node verdict. Where every rank may
+stream, each plans its part from the header, and a second exchange, the same call, says whether every
+plan came out.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+import torch
+
+from . import _shardcast
+
+logger = logging.getLogger("shardcast")
+
+# load's keywords the stream passes on as options; any other one (process_group, progress) takes the
+# sequential path, whose load handles it.
+_OPTIONS = ("verify", "chunk_bytes", "staging_slots", "timeout", "strict", "strict_keys", "readahead_bytes",
+            "read_threads")
+# fully_shard's keywords that leave the sharded layout as planned
+_FSDP_KWARGS = ("reshard_after_forward", "mp_policy")
+
+
+# DistributedConfig fields that must keep their defaults for transformers' layout to be FSDP2 alone.
+_DC_DEFAULTS = {"tp_size": (None, 1), "ep_size": (None, 1), "dp_replicate_size": (None, 1), "pp_size": (None, 1),
+                "tp_plan": (None,), "ep_plan": (None,), "fsdp_plan": (None,), "enable_expert_parallel": (False,),
+                "enable_sequence_parallel": (False,), "fsdp_cpu_offload": (False,), "fsdp_mixed_precision": (False,)}
+
+
+def unpredictable(mesh, dc_given: bool, dc, keep_quantized: bool, model_cls, shard,
+                  fsdp_kwargs: Optional[Dict[str, Any]], dtype, load_kwargs: Dict[str, Any]) -> Optional[str]:
+    """Why the call's arguments leave its layout unpredictable from the header; None when they do not.
+    Arguments only, read before anything that may fail on one rank alone; every rank then says its reason
+    in the first exchange (`agree`), whatever it is. transformers' distributed_config with FSDP alone (fsdp_size, every other size 1 and no plan of the caller's) lays
+    every parameter out as the default layout does: Shard(0) over a 1-d mesh of the whole world."""
+    if dc_given:
+        if dc is None:
+            return "distributed_config: not read"
+        if other := sorted(k for k, ok in _DC_DEFAULTS.items() if getattr(dc, k, None) not in ok):
+            return f"distributed_config: transformers' plans lay it out ({', '.join(other)})"
+        return _unpredictable_call(keep_quantized, model_cls, dtype, load_kwargs)
+    if mesh is not None and getattr(mesh, "ndim", 1) != 1:
+        return f"a {mesh.ndim}-d mesh"
+    if (shard,) != ("layers",) and tuple(shard) != ("layers",):
+        return "shard="
+    if other := sorted(set(fsdp_kwargs or {}) - set(_FSDP_KWARGS)):
+        return f"fsdp_kwargs {', '.join(other)}"
+    return _unpredictable_call(keep_quantized, model_cls, dtype, load_kwargs)
+
+
+def _unpredictable_call(keep_quantized: bool, model_cls, dtype, load_kwargs: Dict[str, Any]) -> Optional[str]:
+    """What else of the call leaves the checkpoint's entries or the load's options unpredictable."""
+    if keep_quantized:
+        return "keep_quantized"
+    if model_cls is not None:
+        return "model_cls"
+    if dtype is None or not torch.empty((), dtype=dtype).is_floating_point():
+        return f"dtype={dtype}"
+    if other := sorted(set(load_kwargs) - set(_OPTIONS)):
+        return f"load options {', '.join(other)}"
+    if load_kwargs.get("strict") or load_kwargs.get("strict_keys"):
+        return "strict (the checkpoint's keys the model does not use are streamed, not refused)"
+    return None
+
+
+def off_layout(mesh, target: Optional[str], world: int, dc=None) -> Optional[str]:
+    """Why this rank's target, mesh or FSDP size is not a layout the stream predicts (host memory, or this
+    rank's GPU for target "cuda"; a 1-d mesh of the whole world in rank order on that device); None when
+    it is. The target may come from SHARDCAST_TARGET, so each rank asks it of itself."""
+    if target not in (None, "cpu", "cuda"):
+        return f"target {target}"
+    device_type = "cuda" if target == "cuda" else "cpu"
+    if dc is not None and getattr(dc, "fsdp_size", None) != world:
+        return f"distributed_config's fsdp_size {getattr(dc, 'fsdp_size', None)} is not the world size {world}"
+    if dc is not None and world == 1:
+        return "distributed_config over a world of one: transformers leaves its parameters plain tensors"
+    if dc is not None and (laid_on := torch._C._get_accelerator().type) != device_type:  # transformers' mesh
+        return f"distributed_config lays out on {laid_on}, the target is {device_type}"
+    if mesh is not None and (mesh.device_type != device_type or mesh.mesh.flatten().tolist() != list(range(world))):
+        return f"a mesh that is not the whole world on {device_type}"
+    return None
+
+
+BESIDE_VAR = "SHARDCAST_STREAM_BESIDE_BUILD"
+
+
+def beside_wanted(keyword: Optional[bool]) -> Optional[bool]:
+    """from_pretrained's stream_beside_build: the keyword, else SHARDCAST_STREAM_BESIDE_BUILD (1 or 0; unset or
+    empty: None, decided by the node's CPUs in `agree`). An InvalidArgument naming the variable for any other
+    value (it is read before the call knows whether its layout could stream at all)."""
+    if keyword is not None:
+        return bool(keyword)
+    value = os.environ.get(BESIDE_VAR, "").strip()
+    if value not in ("", "0", "1"):
+        raise _shardcast.InvalidArgument(f"{BESIDE_VAR}={value!r}: 1 (stream beside the build wherever the layout is "
+                                         f"predicted), 0 (load after the build) or unset (where the cores allow)")
+    return None if not value else value == "1"
+
+
+def short_of_cores(cpus: int, ranks: int, node: str) -> Optional[str]:
+    """Why a node's ranks, left to decide, load after the build rather than beside it; None where they
+    stream. The stream (its readers and the threads that commit its pages) keeps about a core busy, the
+    build another, so the overlap pays only where a rank has two (measured: bench/RESULTS.md, "Streaming
+    beside the build only where a rank has two cores"). `cpus`: the CPUs the node's ranks may run on, their
+    affinity masks together (so each rank bound to its own CPUs by srun --cpu-bind counts them once)."""
+    if cpus >= 2 * ranks:
+        return None
+    return (f"{cpus} CPU{'s' if cpus != 1 else ''} for {ranks} rank{'s' if ranks != 1 else ''} on {node}: "
+            f"streaming beside the build needs 2 CPUs a rank (stream_beside_build=True or {BESIDE_VAR}=1 streams "
+            f"anyway)")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one exchange decided, the same on every rank but for the node's part.
+
+    stream: every rank streams beside the build (none gave a reason not to).
+    spare_cores: this rank's node has at least two CPUs a rank.
+    local_rank, local_world: this rank's place among its node's ranks (in rank order), and their count.
+    nodes: how many nodes (hostnames) the ranks are on."""
+    stream: bool
+    spare_cores: bool
+    local_rank: int
+    local_world: int
+    nodes: int
+
+
+def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: float,
+          by_cores: bool = False) -> Verdict:
+    """One store exchange: each rank sends its reason not to stream (or None), whether it leaves the choice
+    to the cores (`by_cores`), its hostname, its node (`node_id`) and the CPUs it may run on. A rank that leaves the choice to
+    the cores has one more reason where its node's ranks' CPUs together are fewer than two a rank
+    (`short_of_cores`). Every rank computes the same answer from the same answers."""
+    from . import _exchange
+    mine = [why_not, by_cores, socket.gethostname(), node_id(),
+            format(sum(1 << c for c in os.sched_getaffinity(0)), "x")]
+    every = _exchange.gathered(_exchange.channel(pg, store), rank, world, mine, timeout_s,
+                               "every rank's answer whether it can stream")
+    cpus: Dict[str, int] = {}
+    ranks: Dict[str, int] = {}
+    for _, _, _, node, mask in every:
+        cpus[node] = cpus.get(node, 0) | int(mask, 16)
+        ranks[node] = ranks.get(node, 0) + 1
+    short = {node: short_of_cores(bin(cpus[node]).count("1"), ranks[node], name) for _, _, name, node, _ in every}
+    reasons = []
+    for r, (why, cores, _, node, _) in enumerate(every):
+        why = why if why is not None or not cores else short[node]
+        if why is not None:
+            reasons.append(f"rank {r}: {why}")
+    if reasons:
+        more = f"; and {len(reasons) - 8} ranks more" if len(reasons) > 8 else ""
+        logger.debug("from_pretrained loads after the build, not beside it: %s%s", "; ".join(reasons[:8]), more)
+    node = every[rank][3]
+    local = [r for r, answer in enumerate(every) if answer[3] == node]
+    return Verdict(stream=not reasons, spare_cores=short[node] is None, local_rank=local.index(rank),
+                   local_world=len(local), nodes=len(cpus))
+
+
+def node_id() -> str:
+    """This rank's node: its kernel's boot id (the same in every container on one host, which share its CPUs
+    and page cache, and different on every other host), else its hostname."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or socket.gethostname()
+    except OSError:
+        return socket.gethostname()
