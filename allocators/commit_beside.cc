@@ -100,6 +100,13 @@ void CommitBeside::Stop() noexcept {
   shared_->stopped.notify_all();
 }
 
+size_t CommitBeside::let_go() const {
+  if (shared_->keep == nullptr) return 0;
+  size_t n = 0;
+  for (size_t i = 0; i < threads_.size() && i < lifted_.size(); ++i) n += threads_[i].joinable() && !lifted_[i];
+  return n;
+}
+
 void CommitBeside::Join() noexcept {
   for (size_t i = 0; i < threads_.size(); ++i) {
     if (!threads_[i].joinable()) continue;

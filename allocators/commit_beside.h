@@ -76,6 +76,10 @@ class CommitBeside {
   // How many threads Start() started and Join() has not joined or let go.
   size_t threads() const { return threads_.size(); }
 
+  // How many of those Join() will let go rather than wait for: Stop() could not lift them, and a `keep` was
+  // given (0 before Stop()).
+  size_t let_go() const;
+
  private:
   // What the threads share, theirs as long as any runs: a thread let go may outlive this object.
   struct Shared {

@@ -190,7 +190,8 @@ def _engine_row(report, rank):
         return None
     row = dict(report["ranks"][rank])
     return {k: row.get(k) for k in ("seconds", "handshake_seconds", "allocate_seconds", "stream_seconds",
-                                    "read_threads", "commit_threads", "pinned_staging_bytes", "pin_seconds")}
+                                    "read_threads", "commit_threads", "commit_threads_let_go", "pinned_staging_bytes",
+                                    "pin_seconds")}
 
 
 def _engine_text(e):
@@ -200,7 +201,12 @@ def _engine_text(e):
               if e.get("pinned_staging_bytes") else "")
     return (f" | engine {e['seconds']:.3f} s: handshake {e['handshake_seconds']:.3f}, allocate "
             f"{e['allocate_seconds']:.3f}, stream {e['stream_seconds']:.3f} ({e['read_threads']} readers, "
-            f"{e.get('commit_threads') or 0} committing{pinned})")
+            f"{e.get('commit_threads') or 0} committing{_let_go(e)}{pinned})")
+
+
+def _let_go(e):
+    """The threads let go at the stream's end, where the process could not lift them (unprivileged)."""
+    return f", {e['commit_threads_let_go']} let go" if e.get("commit_threads_let_go") else ""
 
 
 def _phases_text(p):

@@ -237,6 +237,7 @@ LoadReport Load(Communicator& comm, RankState* state, const LoadRequest& rq) {
   }
   commit.Stop();  // a commit the readers overtook ends here, inside the stream's time
   mine.commit_threads = commit.threads();
+  mine.commit_threads_let_go = commit.let_go();
   commit.Join();
   mine.stream_seconds = Since(t);
 
@@ -302,6 +303,7 @@ constexpr ReportField<RankReport> kRankFields[] = {
     {"bytes_read", &RankReport::bytes_read},
     {"read_threads", &RankReport::read_threads},
     {"commit_threads", &RankReport::commit_threads},
+    {"commit_threads_let_go", &RankReport::commit_threads_let_go},
     {"pinned_staging_bytes", &RankReport::pinned_staging},
     {"pin_seconds", &RankReport::pin_seconds},
     {"peak_rss_anon_above_baseline", &RankReport::peak_rss_anon},

@@ -30,6 +30,7 @@ struct RankReport {
   uint64_t bytes_received = 0, bytes_stored = 0, bytes_sent = 0, bytes_read = 0, messages = 0;
   uint64_t read_threads = 0, pinned_staging = 0;  // the stream's readers; its page-locked staging bytes
   uint64_t commit_threads = 0;  // threads that committed the host shards beside the stream (CommitBeside)
+  uint64_t commit_threads_let_go = 0;  // of those, let go at the stream's end: their priority could not be lifted
   double seconds = 0;
   double handshake_seconds = 0, allocate_seconds = 0, stream_seconds = 0, verify_seconds = 0;
   double pin_seconds = 0;  // the part of stream_seconds spent page-locking the staging

@@ -65,7 +65,10 @@ class LoadRank(_DictView):
     bytes_stored: int = 0
     read_threads: int = 0          # threads that read this rank's bytes (0: it read none)
     commit_threads: int = 0        # threads that committed its host shards beside the stream (0: none, as
-                                   # where the process may not lift their idle priority: README, `load`)
+                                   # for the caller's own tensors where the process may not lift their idle
+                                   # priority: README, `load`)
+    commit_threads_let_go: int = 0  # of those, let go at the stream's end (their priority could not be
+                                    # lifted: no CAP_SYS_NICE, RLIMIT_NICE under 20); they end on their own
     pinned_staging_bytes: int = 0  # page-locked staging (a CUDA target); 0: pageable
     pin_seconds: float = 0.0       # the part of stream_seconds spent page-locking it
     peak_rss_anon_above_baseline: int = 0

@@ -240,6 +240,7 @@ TEST(CommitBeside, RunsAtIdlePriorityFaultsForWritingAndStopsAtItsNextPage) {
     EXPECT_EQ(sched_getscheduler(fill[0]), SCHED_IDLE);
     commit.Stop();
     EXPECT_EQ(sched_getscheduler(fill[0]), SCHED_OTHER) << "Stop() left a starved thread at idle priority";
+    EXPECT_EQ(commit.let_go(), 0u) << "a thread Stop() lifted would be let go";
 
     ASSERT_TRUE(GivePage(uffd, p));
     EXPECT_EQ(poll(&pfd, 1, 500), 0) << "the thread touched another page after Stop()";
@@ -283,6 +284,7 @@ int LetGoWhileHeld() {
     std::vector<pid_t> fill = ThreadsNamed("shardcast-fill");
     if (fill.size() != 1 || sched_getscheduler(fill[0]) != SCHED_IDLE) return 16;
     commit.Stop();
+    if (commit.let_go() != 1) return 17;  // the report's commit_threads_let_go
     commit.Join();  // where it waits for the held thread, the parent's deadline ends the child: -2
     if (commit.threads() != 0 || ThreadsNamed("shardcast-fill").size() != 1) return 18;
     if (sched_getscheduler(fill[0]) != SCHED_IDLE) return 19;
@@ -304,8 +306,9 @@ TEST(CommitBeside, UnprivilegedLetsAHeldThreadGoWithWhatKeepsItsPiecesAndItEndsA
   if (code == 2) GTEST_SKIP() << "the child could not drop CAP_SYS_NICE or RLIMIT_NICE here";
   if (code == 4) GTEST_SKIP() << "no userfaultfd here: the test holds a page fault with it";
   EXPECT_EQ(code, 0) << "check " << code << " of LetGoWhileHeld failed (-2: it hung, Join() waiting for the held "
-                     << "thread; 10: the child took its parent's answer; 19: it was lifted; 20: "
-                     << "nothing kept its pieces; 22: it never ended; 23, 24: it touched a page after Stop())";
+                     << "thread; 10: the child took its parent's answer; 17: let_go() did not count it; 19: it "
+                     << "was lifted; 20: nothing kept its pieces; 22: it never ended; 23, 24: it touched a page "
+                     << "after Stop())";
 }
 #endif  // UFFD_USER_MODE_ONLY
 

@@ -44,9 +44,9 @@ else:  # the caller's own tensors, which the load adopts
 report = shardcast.load(model, sys.argv[1], target="cpu")
 ref = load_file(sys.argv[1] + "/model.safetensors")
 assert torch.equal(model.lin.weight, ref["lin.weight"]), "the shard differs from the checkpoint"
-threads = report.ranks[0].commit_threads
+threads, let_go = report.ranks[0].commit_threads, report.ranks[0].commit_threads_let_go
 del model, report  # the shard, freed while a thread let go may still hold it: it must stay mapped for it
-print(may_leave_idle(), threads)
+print(may_leave_idle(), threads, let_go)
 """
 
 
@@ -64,7 +64,8 @@ def checkpoint(tmp_path):
 
 
 def run(checkpoint, unprivileged=False, into="meta"):
-    """(whether the load's process could lift a thread from SCHED_IDLE, its commit_threads); the load's shard
+    """(whether the load's process could lift a thread from SCHED_IDLE, its commit_threads, of those how many
+    it let go at the stream's end: commit_threads_let_go); the load's shard
     checked against the checkpoint there. unprivileged: without CAP_SYS_NICE (setpriv, where root) and with
     an RLIMIT_NICE of 0. into: "meta" (the load maps the shards) or "cpu" (it adopts the caller's)."""
     command = [sys.executable, "-c", SCRIPT, str(checkpoint), into]
@@ -81,22 +82,25 @@ def run(checkpoint, unprivileged=False, into="meta"):
     if out.returncode != 0 and "setpriv" in out.stderr:
         pytest.skip(f"setpriv could not drop CAP_SYS_NICE here: {out.stderr.strip()}")
     assert out.returncode == 0, out.stderr
-    may, threads = out.stdout.split()[-2:]
-    return may == "True", int(threads)
+    may, threads, let_go = out.stdout.split()[-3:]
+    return may == "True", int(threads), int(let_go)
 
 
 def test_a_cpu_load_commits_beside_the_stream(checkpoint):
-    may, threads = run(checkpoint)
+    may, threads, let_go = run(checkpoint)
     assert threads > 0, f"commit_threads {threads}"
     if may:  # threads that will be joined may commit the caller's own tensors too
-        assert run(checkpoint, into="cpu")[1] > 0
+        assert let_go == 0, f"{let_go} of {threads} threads let go where they could be lifted"
+        _, into_cpu, into_cpu_let_go = run(checkpoint, into="cpu")
+        assert into_cpu > 0 and into_cpu_let_go == 0, (into_cpu, into_cpu_let_go)
 
 
 def test_without_cap_sys_nice_nor_rlimit_nice_the_commit_runs_on_its_own_shards_only(checkpoint):
     """Threads let go at the stream's end commit only the shards the load mapped itself (their mappings keep
     them alive): never the caller's tensors, which may be freed or swapped under such a thread."""
-    may, threads = run(checkpoint, unprivileged=True)
+    may, threads, let_go = run(checkpoint, unprivileged=True)
     if may:
         pytest.skip("the process could still lift a thread from SCHED_IDLE (CAP_SYS_NICE kept another way)")
     assert threads > 0, "no commit started where its threads cannot be lifted again"
-    assert run(checkpoint, unprivileged=True, into="cpu")[1] == 0, "threads let go were given the caller's tensors"
+    assert let_go == threads, f"{let_go} of {threads} threads let go where none can be lifted"
+    assert run(checkpoint, unprivileged=True, into="cpu")[1:] == (0, 0), "threads let go were given the caller's tensors"
