@@ -9,7 +9,7 @@ an explicit mapping's keys) reaches the other ranks through the group's store, w
 timeout. A failure on rank 0 reaches them as "nothing", and rank 0 carries the error into the
 handshake, whose verdict raises it on every rank.
 
-gathered: every rank's small value (an explicit mapping's boxes) on every rank.
+gathered: every rank's small value (an explicit mapping's boxes, whether it can stream) on every rank.
 
 Both go through the store of the group the load runs over (`channel`), numbered per group: every rank of
 a group makes the same exchanges in the same order, whatever other groups do.
@@ -176,12 +176,16 @@ def computed_on_rank0(ch, rank: int, world: int, compute: Callable[[], Any], tim
 
 
 def gathered(ch, rank: int, world: int, value: Any, timeout_s: float, what: str = "every rank's boxes") -> List[Any]:
-    """Every rank's `value` (JSON), in rank order, on every rank."""
+    """Every rank's `value` (JSON), in rank order, on every rank.
+
+    Each rank sets its value, waits for all W keys in one request and reads them in one (`multi_get`): 4
+    requests a rank, where reading each key was W + 3 (a million at 1,024 ranks, on the one store server:
+    bench/bench_exchange.py). No rank relays the others' values, so none sets a value W times its own (the
+    store refuses one over 8 MiB), and a rank that never comes is named by every rank that waited for it."""
     if world == 1 or ch is None:
         return [value]
     n = _next(ch)
     keys = [_key(n, r) for r in range(world)]
-
     deadline = time.monotonic() + timeout_s
 
     def exchange(store):
@@ -193,6 +197,6 @@ def gathered(ch, rank: int, world: int, value: Any, timeout_s: float, what: str 
         except Exception:  # noqa: BLE001
             pass
         store.wait(keys, _left(deadline))
-        return [json.loads(store.get(k)) for k in keys]
+        return [json.loads(v) for v in store.multi_get(keys)]
 
     return _through_store(ch, exchange, timeout_s, what, who=(_key(n, "who"), world))

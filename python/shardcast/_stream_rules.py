@@ -49,8 +49,9 @@ def unpredictable(mesh, dc_given: bool, dc, keep_quantized: bool, model_cls, sha
                   fsdp_kwargs: Optional[Dict[str, Any]], dtype, load_kwargs: Dict[str, Any]) -> Optional[str]:
     """Why the call's arguments leave its layout unpredictable from the header; None when they do not.
     Arguments only, read before anything that may fail on one rank alone; every rank then says its reason
-    in the first exchange (`agree`), whatever it is. transformers' distributed_config with FSDP alone (fsdp_size, every other size 1 and no plan of the caller's) lays
-    every parameter out as the default layout does: Shard(0) over a 1-d mesh of the whole world."""
+    in the first exchange (`agree`), whatever it is. transformers' distributed_config with FSDP alone
+    (fsdp_size, every other size 1 and no plan of the caller's) lays every parameter out as the default
+    layout does: Shard(0) over a 1-d mesh of the whole world."""
     if dc_given:
         if dc is None:
             return "distributed_config: not read"
@@ -146,9 +147,9 @@ class Verdict:
 def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: float,
           by_cores: bool = False) -> Verdict:
     """One store exchange: each rank sends its reason not to stream (or None), whether it leaves the choice
-    to the cores (`by_cores`), its hostname, its node (`node_id`) and the CPUs it may run on. A rank that leaves the choice to
-    the cores has one more reason where its node's ranks' CPUs together are fewer than two a rank
-    (`short_of_cores`). Every rank computes the same answer from the same answers."""
+    to the cores (`by_cores`), its hostname, its node (`node_id`) and the CPUs it may run on. A rank that
+    leaves the choice to the cores has one more reason where its node's ranks' CPUs together are fewer than
+    two a rank (`short_of_cores`). Every rank computes the same answer from the same answers."""
     from . import _exchange
     mine = [why_not, by_cores, socket.gethostname(), node_id(),
             format(sum(1 << c for c in os.sched_getaffinity(0)), "x")]
