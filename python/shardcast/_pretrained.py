@@ -267,9 +267,10 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
         out, where the layout follows from the config and the header (the default FSDP layout, or
         distributed_config with FSDP alone; `shardcast/_stream.py`). True: wherever it does; False: build,
         lay out, then load. None (default): SHARDCAST_STREAM_BESIDE_BUILD (1 or 0) where it is set, else
-        where the CPUs its ranks on a node may run on (their affinity masks together) are at least two per
-        rank (the stream keeps one busy, the build another; with fewer the overlap was slower than loading
-        after the build: bench/RESULTS.md). A CPU quota (cgroup cpu.max) is not seen: set it there.
+        where the CPUs its ranks on a node may run on (their affinity masks together, or fewer where their
+        cgroups' CPU quotas together allow fewer: a pod's CPU limit) are at least two per rank (the stream
+        keeps one busy, the build another; with fewer the overlap was slower than loading after the build:
+        bench/RESULTS.md).
 
     Returns the FSDP2 model; `model.shardcast_report` is the load's report, with each rank's set-up by phase
     (`report.ranks[r].phases`: import, config, build, layout, stream, wait; `pretrained_cpu_seconds`: the

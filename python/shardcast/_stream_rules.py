@@ -7,7 +7,8 @@ Three kinds of reason not to stream (each a sentence, said at DEBUG level on the
                    on some ranks, so they are agreed like the rest, never assumed equal
     the rank's     its target, mesh, FSDP size (`off_layout`), SHARDCAST_STREAM_BESIDE_BUILD (`beside_wanted`),
                    a failure before; after the first exchange, a header it cannot plan
-    the node's     fewer than two CPUs a rank (`short_of_cores`), where the caller left it to the cores
+    the node's     fewer than two CPUs a rank (`short_of_cores`: its ranks' affinity masks together, within
+                   their cgroups' CPU quotas, `cpu_quota`), where the caller left it to the cores
 
 One store exchange (`agree`), which every rank of from_pretrained makes whatever its reasons, turns them
 into one `Verdict`: whether every rank may stream, and for this rank's node its ranks and whether their
@@ -23,7 +24,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -121,7 +122,8 @@ def short_of_cores(cpus: int, ranks: int, node: str) -> Optional[str]:
     stream. The stream (its readers and the threads that commit its pages) keeps about a core busy, the
     build another, so the overlap pays only where a rank has two (measured: bench/RESULTS.md, "Streaming
     beside the build only where a rank has two cores"). `cpus`: the CPUs the node's ranks may run on, their
-    affinity masks together (so each rank bound to its own CPUs by srun --cpu-bind counts them once)."""
+    affinity masks together (so each rank bound to its own CPUs by srun --cpu-bind counts them once), or
+    fewer where their cgroups' CPU quotas together allow fewer (a pod's CPU limit; `cpu_quota`)."""
     if cpus >= 2 * ranks:
         return None
     return (f"{cpus} CPU{'s' if cpus != 1 else ''} for {ranks} rank{'s' if ranks != 1 else ''} on {node}: "
@@ -147,22 +149,30 @@ class Verdict:
 def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: float,
           by_cores: bool = False) -> Verdict:
     """One store exchange: each rank sends its reason not to stream (or None), whether it leaves the choice
-    to the cores (`by_cores`), its hostname, its node (`node_id`) and the CPUs it may run on. A rank that
+    to the cores (`by_cores`), its hostname, its node (`node_id`), the CPUs it may run on and its CPU cgroup
+    and quota (`cpu_quota`). A rank that
     leaves the choice to the cores has one more reason where its node's ranks' CPUs together are fewer than
     two a rank (`short_of_cores`). Every rank computes the same answer from the same answers."""
     from . import _exchange
     mine = [why_not, by_cores, socket.gethostname(), node_id(),
-            format(sum(1 << c for c in os.sched_getaffinity(0)), "x")]
+            format(sum(1 << c for c in os.sched_getaffinity(0)), "x"), *cpu_quota()]
     every = _exchange.gathered(_exchange.channel(pg, store), rank, world, mine, timeout_s,
                                "every rank's answer whether it can stream")
-    cpus: Dict[str, int] = {}
+    masks: Dict[str, int] = {}
     ranks: Dict[str, int] = {}
-    for _, _, _, node, mask in every:
-        cpus[node] = cpus.get(node, 0) | int(mask, 16)
+    quotas: Dict[str, Dict[str, Optional[float]]] = {}  # per node, per CPU cgroup
+    for _, _, _, node, mask, cgroup, quota in every:
+        masks[node] = masks.get(node, 0) | int(mask, 16)
         ranks[node] = ranks.get(node, 0) + 1
-    short = {node: short_of_cores(bin(cpus[node]).count("1"), ranks[node], name) for _, _, name, node, _ in every}
+        quotas.setdefault(node, {})[cgroup] = quota
+    short = {}
+    for _, _, name, node, *_ in every:
+        cpus = bin(masks[node]).count("1")
+        if None not in quotas[node].values():  # every rank's cgroup has a quota: together, the node's bound
+            cpus = min(cpus, int(sum(quotas[node].values())))
+        short[node] = short_of_cores(cpus, ranks[node], name)
     reasons = []
-    for r, (why, cores, _, node, _) in enumerate(every):
+    for r, (why, cores, _, node, *_) in enumerate(every):
         why = why if why is not None or not cores else short[node]
         if why is not None:
             reasons.append(f"rank {r}: {why}")
@@ -172,7 +182,62 @@ def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: f
     node = every[rank][3]
     local = [r for r, answer in enumerate(every) if answer[3] == node]
     return Verdict(stream=not reasons, spare_cores=short[node] is None, local_rank=local.index(rank),
-                   local_world=len(local), nodes=len(cpus))
+                   local_world=len(local), nodes=len(masks))
+
+
+def cpu_quota(root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgroup") -> Tuple[str, Optional[float]]:
+    """(this process's CPU cgroup, the CPUs its quota allows; None where it has none): cgroup v2's cpu.max,
+    else v1's cpu.cfs_quota_us over cpu.cfs_period_us, of its cgroup and of each parent up to the
+    mount (the lowest). The cgroup is named by its directory's inode (unique on its kernel, also across
+    containers that each see their own as "/"), else its path; ("", None) where none can be read. A quota
+    is what a Kubernetes pod's CPU limit sets, while its affinity mask still shows every CPU of the host."""
+    try:
+        with open(proc) as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
+    except OSError:
+        return "", None
+    v2 = os.path.exists(os.path.join(root, "cgroup.controllers"))  # not a v1 or hybrid hierarchy
+    for hierarchy, controllers, path in lines:
+        if v2 and hierarchy == "0":
+            return _lowest(root, path, lambda d: _read(d, "cpu.max", None))
+        if not v2 and "cpu" in controllers.split(","):
+            for mount in (os.path.join(root, controllers), os.path.join(root, "cpu")):
+                if os.path.isdir(mount):
+                    return _lowest(mount, path, lambda d: _read(d, "cpu.cfs_quota_us", "cpu.cfs_period_us"))
+    return "", None
+
+
+def _read(directory: str, quota_file: str, period_file: Optional[str]) -> Optional[float]:
+    """CPUs a cgroup's quota allows: "QUOTA PERIOD" in one file (v2; "max": none), or the two files (v1; -1:
+    none). None where it has none, or where they cannot be read."""
+    try:
+        with open(os.path.join(directory, quota_file)) as f:
+            fields = f.read().split()
+        if period_file is not None:
+            with open(os.path.join(directory, period_file)) as f:
+                fields = fields[:1] + f.read().split()[:1]
+        quota, period = fields[0], float(fields[1])
+        return None if quota in ("max", "-1") or period <= 0 else float(quota) / period
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _lowest(mount: str, path: str, read) -> Tuple[str, Optional[float]]:
+    """(the cgroup's name, the lowest quota of it and its parents up to `mount`)."""
+    directory = os.path.normpath(os.path.join(mount, path.lstrip("/")))
+    try:
+        name = str(os.stat(directory).st_ino)
+    except OSError:
+        name = path
+    found = []
+    while True:
+        quota = read(directory)
+        if quota is not None:
+            found.append(quota)
+        if os.path.normpath(directory) == os.path.normpath(mount) or not directory.startswith(mount):
+            break
+        directory = os.path.dirname(directory)
+    return name, min(found) if found else None
 
 
 def node_id() -> str:

@@ -16,7 +16,7 @@ def mask(*cpus):
 
 def verdicts(monkeypatch, answers):
     """Each rank's Verdict where the exchange returned `answers` (rank order; each rank's [reason, by the
-    cores, hostname, node, CPU mask], as it sends them)."""
+    cores, hostname, node, CPU mask, CPU cgroup, its quota], as it sends them)."""
     monkeypatch.setattr(_exchange, "gathered", lambda ch, rank, world, mine, timeout_s, what: answers)
     return [agree(None, None, r, len(answers), answers[r][0], 5.0, by_cores=answers[r][1]) for r in range(len(answers))]
 
@@ -25,20 +25,20 @@ def test_a_node_is_its_ranks_cpus_together_in_rank_order(monkeypatch):
     """Two hosts, ranks interleaved across them, each rank bound to CPUs of its own (srun --cpu-bind): a node's
     CPUs are its ranks' masks together, its local ranks come in rank order, and a node is its boot id, not
     its hostname (two containers called the same on two hosts are two nodes)."""
-    answers = [[None, True, "same-name", "boot-a", mask(0, 1)],
-               [None, True, "same-name", "boot-b", mask(0, 1, 2, 3)],
-               [None, True, "same-name", "boot-a", mask(2, 3)],
-               [None, True, "same-name", "boot-b", mask(4, 5, 6, 7)]]
+    answers = [[None, True, "same-name", "boot-a", mask(0, 1), "cg", None],
+               [None, True, "same-name", "boot-b", mask(0, 1, 2, 3), "cg", None],
+               [None, True, "same-name", "boot-a", mask(2, 3), "cg", None],
+               [None, True, "same-name", "boot-b", mask(4, 5, 6, 7), "cg", None]]
     got = verdicts(monkeypatch, answers)
     assert [(v.local_rank, v.local_world, v.nodes) for v in got] == [(0, 2, 2), (0, 2, 2), (1, 2, 2), (1, 2, 2)]
     assert all(v.stream and v.spare_cores for v in got), got  # 4 CPUs for 2 ranks on a, 8 for 2 on b
 
 
 def test_one_node_short_of_cpus_keeps_every_rank_from_streaming_and_only_its_own_from_reading_ahead(monkeypatch):
-    answers = [[None, True, "a", "boot-a", mask(0, 1, 2, 3)],
-               [None, True, "a", "boot-a", mask(0, 1, 2, 3)],
-               [None, True, "b", "boot-b", mask(0)],
-               [None, True, "b", "boot-b", mask(1)]]
+    answers = [[None, True, "a", "boot-a", mask(0, 1, 2, 3), "cg", None],
+               [None, True, "a", "boot-a", mask(0, 1, 2, 3), "cg", None],
+               [None, True, "b", "boot-b", mask(0), "cg", None],
+               [None, True, "b", "boot-b", mask(1), "cg", None]]
     got = verdicts(monkeypatch, answers)
     assert [v.stream for v in got] == [False] * 4
     assert [v.spare_cores for v in got] == [True, True, False, False]
@@ -50,8 +50,8 @@ def test_one_node_short_of_cpus_keeps_every_rank_from_streaming_and_only_its_own
 
 
 def test_any_rank_s_reason_is_every_rank_s_and_logged_once_naming_it(monkeypatch, caplog):
-    answers = [[None, False, "a", "boot-a", mask(0, 1, 2, 3)],
-               ["stream_beside_build=False", False, "a", "boot-a", mask(0, 1, 2, 3)]]
+    answers = [[None, False, "a", "boot-a", mask(0, 1, 2, 3), "cg", None],
+               ["stream_beside_build=False", False, "a", "boot-a", mask(0, 1, 2, 3), "cg", None]]
     with caplog.at_level("DEBUG", logger="shardcast"):
         got = verdicts(monkeypatch, answers)
     assert [v.stream for v in got] == [False, False]
@@ -81,3 +81,57 @@ def test_a_node_is_the_kernel_the_rank_runs_on():
     assert node and node == _stream_rules.node_id()
     if os.path.exists("/proc/sys/kernel/random/boot_id"):
         assert node == open("/proc/sys/kernel/random/boot_id").read().strip()
+
+
+def test_cgroup_cpu_quotas_bound_a_node_s_cpus_where_every_rank_has_one(monkeypatch):
+    """A pod's CPU limit: its ranks see every CPU of the host in their masks, but their cgroup's quota is what
+    they get. One cgroup's quota is counted once however many ranks share it; two cgroups' add up; a rank
+    with no quota leaves the masks as the bound."""
+    def node(quotas, cpus=16):
+        return [[None, True, "h", "boot", mask(*range(cpus)), cg, q] for cg, q in quotas]
+    assert [v.spare_cores for v in verdicts(monkeypatch, node([("pod", 4.0)] * 4))] == [False] * 4
+    assert [v.spare_cores for v in verdicts(monkeypatch, node([("pod", 8.0)] * 4))] == [True] * 4
+    assert [v.spare_cores for v in verdicts(monkeypatch, node([("a", 4.0), ("a", 4.0), ("b", 4.0), ("b", 4.0)]))] \
+        == [True] * 4
+    assert [v.spare_cores for v in verdicts(monkeypatch, node([("a", 2.0), ("a", 2.0), ("b", None), ("b", None)]))] \
+        == [True] * 4
+    assert [v.spare_cores for v in verdicts(monkeypatch, node([("pod", 100.0)] * 4, cpus=6))] == [False] * 4
+
+
+def _cgroup(tmp_path, lines, files):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    proc = tmp_path / "cgroup"
+    proc.write_text("".join(f"{line}\n" for line in lines))
+    root = tmp_path / "fs"
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    root.mkdir(exist_ok=True)
+    return str(root), str(proc)
+
+
+def test_a_cgroup_v2_quota_is_the_lowest_of_its_cgroup_and_its_parents(tmp_path):
+    root, proc = _cgroup(tmp_path, ["0::/kubepods/pod1/ctr"], {
+        "cgroup.controllers": "cpu", "kubepods/cpu.max": "max 100000", "kubepods/pod1/cpu.max": "150000 100000",
+        "kubepods/pod1/ctr/cpu.max": "400000 100000"})
+    name, quota = _stream_rules.cpu_quota(root, proc)
+    assert quota == 1.5 and name == str(os.stat(os.path.join(root, "kubepods/pod1/ctr")).st_ino)
+    # Inside the container's own cgroup namespace: "/" is its cgroup, the mount its directory.
+    root, proc = _cgroup(tmp_path / "ns", ["0::/"], {"cgroup.controllers": "cpu", "cpu.max": "250000 100000"})
+    assert _stream_rules.cpu_quota(root, proc)[1] == 2.5
+    root, proc = _cgroup(tmp_path / "none", ["0::/"], {"cgroup.controllers": "cpu"})
+    assert _stream_rules.cpu_quota(root, proc)[1] is None
+
+
+def test_a_cgroup_v1_quota_and_what_cannot_be_read(tmp_path):
+    root, proc = _cgroup(tmp_path, ["4:memory:/x", "2:cpu,cpuacct:/slurm/job1", "0::/"], {
+        "cpu,cpuacct/cpu.cfs_quota_us": "-1", "cpu,cpuacct/cpu.cfs_period_us": "100000",
+        "cpu,cpuacct/slurm/job1/cpu.cfs_quota_us": "300000", "cpu,cpuacct/slurm/job1/cpu.cfs_period_us": "100000"})
+    assert _stream_rules.cpu_quota(root, proc)[1] == 3.0
+    root, proc = _cgroup(tmp_path / "unlimited", ["1:cpu:/"], {"cpu/cpu.cfs_quota_us": "-1",
+                                                              "cpu/cpu.cfs_period_us": "100000"})
+    assert _stream_rules.cpu_quota(root, proc)[1] is None
+    assert _stream_rules.cpu_quota(str(tmp_path / "absent"), str(tmp_path / "absent-proc")) == ("", None)
+    root, proc = _cgroup(tmp_path / "garbled", ["0::/"], {"cgroup.controllers": "", "cpu.max": "lots"})
+    assert _stream_rules.cpu_quota(root, proc)[1] is None
+    assert isinstance(_stream_rules.cpu_quota()[0], str)  # this machine's, whatever it is
