@@ -154,8 +154,12 @@ def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: f
     leaves the choice to the cores has one more reason where its node's ranks' CPUs together are fewer than
     two a rank (`short_of_cores`). Every rank computes the same answer from the same answers."""
     from . import _exchange
+    try:
+        quota = list(cpu_quota())
+    except Exception:  # noqa: BLE001 -- never a reason for this rank to miss the exchange: no bound then
+        quota = ["", None]
     mine = [why_not, by_cores, socket.gethostname(), node_id(),
-            format(sum(1 << c for c in os.sched_getaffinity(0)), "x"), *cpu_quota()]
+            format(sum(1 << c for c in os.sched_getaffinity(0)), "x"), *quota]
     every = _exchange.gathered(_exchange.channel(pg, store), rank, world, mine, timeout_s,
                                "every rank's answer whether it can stream")
     masks: Dict[str, int] = {}
@@ -169,7 +173,7 @@ def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: f
     for _, _, name, node, *_ in every:
         cpus = bin(masks[node]).count("1")
         if None not in quotas[node].values():  # every rank's cgroup has a quota: together, the node's bound
-            cpus = min(cpus, int(sum(quotas[node].values())))
+            cpus = min(cpus, int(sum(quotas[node].values()) + 1e-6))  # 0.7 + 0.2 + 0.1 is 1 CPU
         short[node] = short_of_cores(cpus, ranks[node], name)
     reasons = []
     for r, (why, cores, _, node, *_) in enumerate(every):
@@ -188,11 +192,14 @@ def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: f
 def cpu_quota(root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgroup") -> Tuple[str, Optional[float]]:
     """(this process's CPU cgroup, the CPUs its quota allows; None where it has none): cgroup v2's cpu.max,
     else v1's cpu.cfs_quota_us over cpu.cfs_period_us, of its cgroup and of each parent up to the
-    mount (the lowest). The cgroup is named by its directory's inode (unique on its kernel, also across
+    mount (the lowest). The cgroup is the one whose quota that is (so ranks in sibling cgroups under one
+    limited parent count it once), named by its directory's inode (unique in its hierarchy, also across
     containers that each see their own as "/"), else its path; ("", None) where none can be read. A quota
-    is what a Kubernetes pod's CPU limit sets, while its affinity mask still shows every CPU of the host."""
+    is what a Kubernetes pod's CPU limit sets, while its affinity mask still shows every CPU of the host.
+    Nested limits below a lower one (each rank's own, and their parent's) can still count more than the
+    parent allows."""
     try:
-        with open(proc) as f:
+        with open(proc, errors="surrogateescape") as f:
             lines = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
     except OSError:
         return "", None
@@ -223,21 +230,24 @@ def _read(directory: str, quota_file: str, period_file: Optional[str]) -> Option
 
 
 def _lowest(mount: str, path: str, read) -> Tuple[str, Optional[float]]:
-    """(the cgroup's name, the lowest quota of it and its parents up to `mount`)."""
+    """(the name of the cgroup whose quota is the lowest of the process's cgroup and its parents up to
+    `mount`, that quota), or (the process's cgroup's name, None) where none has one."""
+    def name(directory: str) -> str:
+        try:
+            return str(os.stat(directory).st_ino)
+        except OSError:
+            return directory
+
     directory = os.path.normpath(os.path.join(mount, path.lstrip("/")))
-    try:
-        name = str(os.stat(directory).st_ino)
-    except OSError:
-        name = path
-    found = []
+    lowest = (name(directory), None)
     while True:
         quota = read(directory)
-        if quota is not None:
-            found.append(quota)
+        if quota is not None and (lowest[1] is None or quota < lowest[1]):
+            lowest = (name(directory), quota)
         if os.path.normpath(directory) == os.path.normpath(mount) or not directory.startswith(mount):
             break
         directory = os.path.dirname(directory)
-    return name, min(found) if found else None
+    return lowest
 
 
 def node_id() -> str:

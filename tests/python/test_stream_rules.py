@@ -3,6 +3,7 @@ CPUs become one Verdict, the same on every rank but for its node's part. Several
 to `agree` as its exchange would return them (the exchange itself runs in test_pretrained_stream.py's
 multi-process scenarios)."""
 import os
+import pathlib
 
 import pytest
 
@@ -96,6 +97,17 @@ def test_cgroup_cpu_quotas_bound_a_node_s_cpus_where_every_rank_has_one(monkeypa
     assert [v.spare_cores for v in verdicts(monkeypatch, node([("a", 2.0), ("a", 2.0), ("b", None), ("b", None)]))] \
         == [True] * 4
     assert [v.spare_cores for v in verdicts(monkeypatch, node([("pod", 100.0)] * 4, cpus=6))] == [False] * 4
+    # Fractional quotas that add up to whole CPUs count as those CPUs (0.7 + 0.2 + 0.1 is not 0.99...).
+    eight = [("a", 0.7), ("b", 0.2), ("c", 0.1), ("d", 7.0)]
+    assert [v.spare_cores for v in verdicts(monkeypatch, node(eight))] == [True] * 4
+
+
+def test_a_cgroup_that_cannot_be_read_never_keeps_a_rank_out_of_the_exchange(monkeypatch):
+    def broken():
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "a cgroup path that is not UTF-8")
+    monkeypatch.setattr(_stream_rules, "cpu_quota", broken)
+    one = agree(None, None, 0, 1, "a reason", 5.0)
+    assert one.stream is False and one.local_world == 1
 
 
 def _cgroup(tmp_path, lines, files):
@@ -114,8 +126,13 @@ def test_a_cgroup_v2_quota_is_the_lowest_of_its_cgroup_and_its_parents(tmp_path)
     root, proc = _cgroup(tmp_path, ["0::/kubepods/pod1/ctr"], {
         "cgroup.controllers": "cpu", "kubepods/cpu.max": "max 100000", "kubepods/pod1/cpu.max": "150000 100000",
         "kubepods/pod1/ctr/cpu.max": "400000 100000"})
-    name, quota = _stream_rules.cpu_quota(root, proc)
-    assert quota == 1.5 and name == str(os.stat(os.path.join(root, "kubepods/pod1/ctr")).st_ino)
+    name, quota = _stream_rules.cpu_quota(root, proc)  # the pod's limit, named by the pod's cgroup
+    assert quota == 1.5 and name == str(os.stat(os.path.join(root, "kubepods/pod1")).st_ino)
+    # A second container of the same pod, with no limit of its own: the same cgroup's quota, counted once.
+    (pathlib.Path(root) / "kubepods/pod1/other").mkdir()
+    proc_other = tmp_path / "cgroup-other"
+    proc_other.write_text("0::/kubepods/pod1/other\n")
+    assert _stream_rules.cpu_quota(root, str(proc_other)) == (name, 1.5)
     # Inside the container's own cgroup namespace: "/" is its cgroup, the mount its directory.
     root, proc = _cgroup(tmp_path / "ns", ["0::/"], {"cgroup.controllers": "cpu", "cpu.max": "250000 100000"})
     assert _stream_rules.cpu_quota(root, proc)[1] == 2.5
