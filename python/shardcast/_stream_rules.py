@@ -150,9 +150,9 @@ def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: f
           by_cores: bool = False) -> Verdict:
     """One store exchange: each rank sends its reason not to stream (or None), whether it leaves the choice
     to the cores (`by_cores`), its hostname, its node (`node_id`), the CPUs it may run on and its CPU cgroup
-    and quota (`cpu_quota`). A rank that
-    leaves the choice to the cores has one more reason where its node's ranks' CPUs together are fewer than
-    two a rank (`short_of_cores`). Every rank computes the same answer from the same answers."""
+    and quota (`cpu_quota`). A rank that leaves the choice to the cores has one more reason where its
+    node's ranks' CPUs together are fewer than two a rank (`short_of_cores`). Every rank computes the same
+    answer from the same answers."""
     from . import _exchange
     try:
         quota = list(cpu_quota())
