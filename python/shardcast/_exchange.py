@@ -9,7 +9,11 @@ an explicit mapping's keys) reaches the other ranks through the group's store, w
 timeout. A failure on rank 0 reaches them as "nothing", and rank 0 carries the error into the
 handshake, whose verdict raises it on every rank.
 
-gathered: every rank's small value (an explicit mapping's boxes, whether it can stream) on every rank.
+gathered: every rank's small value (an explicit mapping's boxes, every rank's phase times) on every rank.
+
+decided: every rank's small value to rank 0 alone, which decides from them and tells each rank only its
+part of the answer (whether every rank can stream, and its node's part): about 3 W values through the
+store, where `gathered` moves W^2.
 
 Both go through the store of the group the load runs over (`channel`), numbered per group: every rank of
 a group makes the same exchanges in the same order, whatever other groups do.
@@ -84,7 +88,7 @@ def _through_store(ch, body: Callable[[Any], Any], timeout_s: float, what: str,
             result.append(body(ch[0]))
         except BaseException as e:  # noqa: BLE001 -- handed to the waiting thread
             if who is not None and isinstance(e, (TimeoutError, dist.DistStoreError)):
-                missing.extend(_absent(ch[0], *who))
+                missing.extend(_absent(ch[0], *who) or [])
             outcome.append(e)
 
     waiter = threading.Thread(target=run, name="shardcast-store-wait", daemon=True)
@@ -102,22 +106,18 @@ def _through_store(ch, body: Callable[[Any], Any], timeout_s: float, what: str,
     if not isinstance(e, (TimeoutError, dist.DistError, ConnectionError, OSError)):
         raise e  # not the store's: the body's own (a value JSON cannot carry, say), as it was raised
     if isinstance(e, (TimeoutError, dist.DistStoreError)):  # the store answered: nobody set the keys in time
-        late = f" from {_ranks_text(missing)} (died, frozen, or not in the same shardcast operation)" if missing else ""
-        timeout = CommTimeout(f"{what} did not arrive{late} within {timeout_s:g} s through the store of {ch[2]} "
-                              f"({type(e).__name__}: {_first_line(e)})")
-        timeout.absent_ranks = list(missing)  # the group's vote acts on them at once (binding.cc)
-        raise timeout from e
+        raise _late(what, missing, timeout_s, ch, f" ({type(e).__name__}: {_first_line(e)})") from e
     # a lost store (DistNetworkError: its server is gone)
     raise CommError(f"{what}: the store of {ch[2]} stopped answering ({type(e).__name__}: "
                     f"{_first_line(e)})") from e
 
 
-def _absent(store, key: str, world: int) -> List[int]:
-    """The ranks missing from `key`, where each rank that came appended "<rank> "; none when it cannot say."""
+def _absent(store, key: str, world: int) -> Optional[List[int]]:
+    """The ranks missing from `key`, where each rank that came appended "<rank> "; None when it cannot say."""
     try:
         came = {int(r) for r in store.get(key).decode().split()} if store.check([key]) else set()
     except Exception:  # noqa: BLE001 -- a store that stopped answering, or a rank's word it cannot read
-        return []
+        return None
     return [r for r in range(world) if r not in came]
 
 
@@ -132,18 +132,27 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def _forget(store, n: int, world: int) -> None:
-    """Rank 0 drops exchange n - 2, which every rank has read by then: rank 0 reaches n only after every
-    rank set its key of n - 1 (`gathered`), which a rank does after reading n - 2, or, where n - 1 was
-    `computed_on_rank0`, after the load's handshake that follows it, which every rank reaches after
-    reading n - 1 and so n - 2. (No two `computed_on_rank0` follow each other without a handshake.)"""
-    if n < 2:
-        return
-    for r in [*range(world), "who"]:
-        try:
-            store.delete_key(_key(n - 2, r))
-        except Exception:  # noqa: BLE001 -- a key that was never set, or a store without delete_key
-            pass
+# Per group, on rank 0: the keys of each exchange not dropped yet ({n: key suffixes}), for `_forget`.
+_KEPT: Dict[str, Dict[int, List[Union[int, str]]]] = {}
+
+
+def _keep(ch, n: int, suffixes) -> None:
+    """Rank 0 notes keys of exchange n, which a later exchange's `_forget` drops."""
+    _KEPT.setdefault(ch[1], {}).setdefault(n, []).extend(suffixes)
+
+
+def _forget(store, group: str, n: int) -> None:
+    """Rank 0 drops every exchange before n that it still keeps, once every rank set its key of n (in
+    `gathered` and `decided`, after the wait for them): a rank sets its key of n only after it ended every
+    exchange before n, having read all it reads of them. `computed_on_rank0` waits for no rank, so it drops
+    nothing (a mapping's load makes one, then a `gathered`, with no handshake between them)."""
+    kept = _KEPT.get(group, {})
+    for m in sorted(m for m in kept if m < n):
+        for suffix in kept.pop(m):
+            try:
+                store.delete_key(_key(m, suffix))
+            except Exception:  # noqa: BLE001 -- a key that was never set, or a store without delete_key
+                pass
 
 
 def computed_on_rank0(ch, rank: int, world: int, compute: Callable[[], Any], timeout_s: float) -> Any:
@@ -156,7 +165,7 @@ def computed_on_rank0(ch, rank: int, world: int, compute: Callable[[], Any], tim
     key = _key(n)
     what = "rank 0's reading of the checkpoint's keys"
     if rank == 0:
-        _through_store(ch, lambda store: _forget(store, n, world), timeout_s, what)
+        _keep(ch, n, [0])
         try:
             value = compute()
         except BaseException:
@@ -188,15 +197,154 @@ def gathered(ch, rank: int, world: int, value: Any, timeout_s: float, what: str 
     keys = [_key(n, r) for r in range(world)]
     deadline = time.monotonic() + timeout_s
 
+    if rank == 0:
+        _keep(ch, n, [*range(world), "who"])
+
     def exchange(store):
-        if rank == 0:
-            _forget(store, n, world)
         store.set(_key(n, rank), json.dumps(value))
-        try:  # who came, for the error when someone does not; a store that cannot append only says less
-            store.append(_key(n, "who"), f"{rank} ")
-        except Exception:  # noqa: BLE001
-            pass
+        _came(store, n, rank)
         store.wait(keys, _left(deadline))
         return [json.loads(v) for v in store.multi_get(keys)]
 
-    return _through_store(ch, exchange, timeout_s, what, who=(_key(n, "who"), world))
+    every = _through_store(ch, exchange, timeout_s, what, who=(_key(n, "who"), world))
+    if rank == 0:  # every rank came: what they read before is theirs no longer
+        _dropped(ch, n, timeout_s, what)
+    return every
+
+
+def _dropped(ch, n: int, timeout_s: float, what: str) -> None:
+    """Rank 0's `_forget` of the exchanges before n, once the exchange itself succeeded: housekeeping,
+    never this rank's outcome alone (a store that stalls here is found by the next exchange)."""
+    try:
+        _through_store(ch, lambda store: _forget(store, ch[1], n), timeout_s, what)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def decided(ch, rank: int, world: int, value: Any, decide: Callable[[List[Any]], Dict[str, Any]], timeout_s: float,
+            what: str, part: str = "") -> Tuple[Any, Any]:
+    """(the common answer, this rank's `part` of it) that rank 0 decides from every rank's `value` (JSON):
+    decide(every value in rank order) -> {"": common answer, part name: answer, ...} on rank 0 only. A
+    rank asks for the part it knows itself by (its node, say); None where decide gave no such part.
+
+    Each rank sets its value; rank 0 waits for all W in one request, reads them in one (`multi_get`),
+    decides, sets the parts in one request (`multi_set`) and then the outcome; every other rank waits for
+    the outcome and reads it and its part. So rank 0 reads W values and every other rank two: about
+    3 W values through the store, where `gathered` makes every rank read all W (W^2: at 1,024 ranks a
+    million, through the store's one server).
+
+    The outcome is one key, set once (`compare_set`): rank 0's answer, or, from the first rank whose wait
+    ends at the deadline, "timed out" with the ranks that never came (none came late: rank 0, which did not
+    answer). Every rank acts on the one that got there first, so no rank returns while another raises, and
+    every rank raises the same CommTimeout naming the same ranks. decide failing on rank 0 (or giving
+    what JSON cannot carry) is an InternalError on every rank."""
+    from ._shardcast import InternalError
+    if world == 1 or ch is None:
+        try:
+            answers = json.loads(json.dumps(decide([value])))  # what the ranks of a larger world would read
+            return answers[""], answers.get(part)
+        except Exception as e:  # noqa: BLE001 -- as on rank 0 of a larger world
+            raise InternalError(f"{what}: rank 0 could not decide ({type(e).__name__}: {_first_line(e)})") from e
+    import torch.distributed as dist
+    n = _next(ch)
+    # "=": the outcome, set once; "=!": set by whoever set or read it, which every store server wakes its
+    # waiters on (the non-libuv TCPStore server wakes none on compare_set).
+    outcome_key, told_key, who_key = _key(n, "="), _key(n, "=!"), _key(n, "who")
+    deadline = time.monotonic() + timeout_s
+
+    def settle(store, outcome: str) -> list:
+        """The outcome every rank acts on: `outcome` where no rank set one before, else that one."""
+        settled = json.loads(store.compare_set(outcome_key, "", outcome))
+        store.add(told_key, 1)
+        return settled
+
+    def read(store, settled: list):
+        """(the outcome, this rank's part where it is "ok" and rank 0 set one: the parts are set before it)."""
+        part_key = _key(n, "=" + part)
+        if settled[0] != "ok" or part == "" or not store.check([part_key]):
+            return settled, None
+        return settled, json.loads(store.get(part_key))
+
+    def timed_out(late: List[int]):
+        """After this rank's wait ended at the deadline: the outcome some rank set first (rank 0's answer,
+        where it came in the meantime), in calls of their own. They wait for no rank: a store that does not
+        answer them within the timeout has stalled."""
+        def body(store):
+            absent = _absent(store, who_key, world)
+            return read(store, settle(store, json.dumps(["timeout", late if absent == [] else absent or []])))
+        return _through_store(ch, body, timeout_s, what)
+
+    def gather(store):  # rank 0
+        store.set(_key(n, 0), json.dumps(value))
+        _came(store, n, 0)
+        keys = [_key(n, r) for r in range(world)]
+        try:
+            store.wait(keys, _left(deadline))
+        except (TimeoutError, dist.DistStoreError):
+            return None, "timeout"
+        return [json.loads(v) for v in store.multi_get(keys)], None
+
+    def tell(store, parts: Dict[str, str], outcome: str):  # rank 0
+        if parts:
+            store.multi_set([_key(n, "=" + name) for name in parts], list(parts.values()))
+        return settle(store, outcome)  # after the parts: a rank that reads it finds its part there
+
+    def wait(store):  # every other rank
+        store.set(_key(n, rank), json.dumps(value))
+        _came(store, n, rank)
+        try:
+            store.wait([told_key], _left(deadline))
+        except (TimeoutError, dist.DistStoreError):
+            return "timeout", None
+        return read(store, json.loads(store.get(outcome_key)))
+
+    failure: Optional[BaseException] = None
+    own: Any = None
+    if rank == 0:
+        _keep(ch, n, [*range(world), "who", "=", "=!"])
+        every, settled = _through_store(ch, gather, timeout_s, what)
+        if settled == "timeout":
+            settled, own = timed_out([])
+        else:
+            parts: Dict[str, str] = {}
+            try:
+                answers = decide(every)
+                outcome = json.dumps(["ok", answers[""]])
+                parts = {name: json.dumps(answer) for name, answer in answers.items() if name != ""}
+            except Exception as e:  # noqa: BLE001 -- told to every rank, then raised here from it
+                failure, parts = e, {}
+                outcome = json.dumps(["failed", f"{type(e).__name__}: {_first_line(e)}"])
+            _keep(ch, n, ["=" + name for name in parts])
+            # waits for no rank: a store that does not answer within the timeout has stalled
+            settled = _through_store(ch, lambda store: tell(store, parts, outcome), timeout_s, what)
+            _dropped(ch, n, timeout_s, what)  # the others go on meanwhile
+            if settled[0] == "ok" and part in parts:
+                own = json.loads(parts[part])
+    else:
+        settled, own = _through_store(ch, wait, timeout_s, what)
+        if settled == "timeout":
+            settled, own = timed_out([0])
+    if settled[0] == "ok":
+        return settled[1], (settled[1] if part == "" else own)
+    if settled[0] == "failed":
+        raise InternalError(f"{what}: rank 0 could not decide ({settled[1]})") from failure
+    raise _late(what, settled[1], timeout_s, ch)
+
+
+def _late(what: str, absent: List[int], timeout_s: float, ch, detail: str = ""):
+    """The CommTimeout of an exchange whose keys did not arrive in time, naming the ranks that never came
+    (its `absent_ranks`, which the group's vote acts on at once: binding.cc)."""
+    from ._shardcast import CommTimeout
+    late = f" from {_ranks_text(absent)} (died, frozen, or not in the same shardcast operation)" if absent else ""
+    timeout = CommTimeout(f"{what} did not arrive{late} within {timeout_s:g} s through the store of {ch[2]}{detail}")
+    timeout.absent_ranks = list(absent)
+    return timeout
+
+
+def _came(store, n: int, rank: int) -> None:
+    """Says this rank came to exchange n, for the error when someone does not; a store that cannot append
+    only says less."""
+    try:
+        store.append(_key(n, "who"), f"{rank} ")
+    except Exception:  # noqa: BLE001
+        pass

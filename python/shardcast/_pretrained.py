@@ -120,7 +120,13 @@ def _with_every_phase(report, clock: PhaseClock, load_kwargs: Dict[str, Any]):
     pg, rank, world, store = _group(load_kwargs.get("process_group"))
     timeout_s = load_timeout_seconds(_options(timeout_ms=_timeout_ms(load_kwargs.get("timeout")))) or 600.0
     mine = {"phases": clock.seconds, "seconds": clock.total(), "cpu_seconds": clock.cpu()}
-    return with_phases(report, gathered(channel(pg, store), rank, world, mine, timeout_s, "every rank's phase times"))
+    try:
+        every = gathered(channel(pg, store), rank, world, mine, timeout_s, "every rank's phase times")
+    except Exception as e:  # noqa: BLE001 -- the model is loaded on every rank: only the figures are missing
+        _stream_rules.logger.warning("from_pretrained: every rank's phase times did not arrive (%s); the report "
+                                     "holds this rank's alone", e)
+        every = [mine if r == rank else {"phases": {}, "seconds": 0.0, "cpu_seconds": 0.0} for r in range(world)]
+    return with_phases(report, every)
 
 
 def _agree_first(failed: Optional[BaseException], why: Optional[str], mesh, target, dc, beside: Optional[bool],

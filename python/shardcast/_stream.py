@@ -21,12 +21,12 @@ Agreed, never assumed (_stream_rules.py): every rank says whether it may stream 
 every rank makes whatever its reasons), then, where all may, every rank plans and all say whether their
 plans came out (a second one); one rank that cannot (a layout it cannot predict, a header it cannot read,
 a failure before, a node whose ranks have fewer than two CPUs each where the caller left the choice to the
-cores) and none does, and from_pretrained takes its sequential path. After the build, every rank checks its model against the
-plan (every planned parameter with that shape and placement, in a padded buffer of that size, over the
-whole world in rank order) and hears the stream's outcome; one exchange makes any rank's problem the same
-error on every rank, before any buffer becomes a parameter's. Then the buffers become the parameters'
-sharded data (no copy). The non-persistent buffers are prepare's, untouched. Where the model has
-persistent buffers, parameters its class keeps in another dtype (transformers'
+cores) and none does, and from_pretrained takes its sequential path. After the build, every rank checks its
+model against the plan (every planned parameter with that shape and placement, in a padded buffer of that
+size, over the whole world in rank order) and hears the stream's outcome; one exchange, decided on rank 0,
+makes any rank's problem the same error on every rank, before any buffer becomes a parameter's. Then the
+buffers become the parameters' sharded data (no copy). The non-persistent buffers are prepare's, untouched.
+Where the model has persistent buffers, parameters its class keeps in another dtype (transformers'
 `_keep_in_fp32_modules_strict`: a router's weight, which the header cannot foresee), or parameters under
 a name the header does not hold (a tied lm_head that transformers' FSDP unties), the same on every rank
 and agreed in that exchange, a small load fills them from the checkpoint after the build.
@@ -163,7 +163,23 @@ class Stream:
         entries = [p.entry() for p in planned.values()]
         self.thread = threading.Thread(target=self._run, name="shardcast-stream", daemon=True,
                                        args=(entries, path, options, op_store, host))
-        self.thread.start()
+        try:
+            self.thread.start()
+        except Exception as e:  # noqa: BLE001 -- a thread it cannot start ("can't start new thread")
+            self._carry(e, options, op_store, host)
+
+    def _carry(self, e: BaseException, options: Dict[str, str], op_store, host: str) -> None:
+        """This rank's share of the stream's handshake, with its failure: the other ranks' streams, already in
+        it, end at once with the verdict naming this rank (not at their timeout), which `finish` then
+        raises on every rank."""
+        from ._carried import _agreed, _problem
+        problem = _problem(e)
+        self.error = e
+        try:
+            _agreed(problem, lambda: _shardcast.load_entries([], [], "", options, {}, op_store, self.rank,
+                                                             self.world, None, problem, host))
+        except BaseException as verdict:  # noqa: BLE001 -- the others' verdict: finish raises it everywhere
+            self.error = verdict
 
     def _run(self, entries, path, options, op_store, host) -> None:
         start = time.monotonic()
@@ -206,7 +222,7 @@ class Stream:
         problem = problem or stream_problem
         try:
             persistent, redo = _agree_or_raise(self.pg, self.store, self.rank, self.world, problem, value,
-                                               self.timeout_s)[0]
+                                               self.timeout_s)
         except BaseException:
             self.planned = {}  # the rank's share of the model (on a GPU, too): not held by the raised error's frames
             raise
@@ -226,26 +242,37 @@ def _persistent_buffers(model) -> List[str]:
 
 
 def _agree_or_raise(pg, store, rank: int, world: int, problem: Optional[BaseException], value: Any,
-                    timeout_s: float) -> List[Any]:
-    """Every rank's `value` (JSON) in rank order, when no rank has a problem and every rank's value is the
-    same. Otherwise the first problem, in rank order (a value that differs from rank 0's is one), raised on
-    every rank naming its rank (its own class; on the rank where it arose, chained to it)."""
-    from ._exchange import channel, gathered
+                    timeout_s: float) -> Any:
+    """Rank 0's `value` (JSON), when no rank has a problem and every rank's value is the same. Otherwise the
+    first problem in rank order, else the first value that differs from rank 0's, raised on every rank naming its
+    rank (its own class; on the rank where it arose, chained to it). Rank 0 decides (`_exchange.decided`):
+    every rank reads one answer, not every rank's value."""
+    from ._exchange import channel, decided
     from ._carried import _problem
     mine = [None if problem is None else list(_problem(problem))[:2], value]  # (kind, message)
-    every = gathered(channel(pg, store), rank, world, mine, timeout_s, "every rank's verdict")
-    first = next(((r, p) for r, (p, _) in enumerate(every) if p is not None), None)
-    if first is None:
-        other = next((r for r, (_, v) in enumerate(every) if v != every[0][1]), None)
-        if other is None:
-            return [v for _, v in every]
-        first = (other, ["ManifestMismatch", f"its built model has [persistent buffers, parameters in a dtype of "
-                                             f"their own] {every[other][1]}, rank 0's {every[0][1]}"])
-    r, (kind, message) = first
+    verdict, _ = decided(channel(pg, store), rank, world, mine, _first_problem, timeout_s, "every rank's verdict")
+    if verdict[0] == "ok":
+        return verdict[1]
+    _, r, kind, message = verdict
     error = getattr(_shardcast, kind, _shardcast.InternalError)
     if not (isinstance(error, type) and issubclass(error, _shardcast.ShardcastError)):
         error = _shardcast.InternalError
     raise error(f"rank {r}: {message}") from (problem if r == rank else None)
+
+
+def _first_problem(every: List[Any]) -> Dict[str, Any]:
+    """`_agree_or_raise`'s verdict from every rank's [problem, value]: ["ok", rank 0's value], or ["failed",
+    rank, kind, message] for the first rank in rank order with a problem, else with a value other than rank
+    0's (a problem says more than the values it left different)."""
+    first = next(((r, p) for r, (p, _) in enumerate(every) if p is not None), None)
+    if first is None:
+        other = next((r for r, (_, v) in enumerate(every) if v != every[0][1]), None)
+        if other is None:
+            return {"": ["ok", every[0][1]]}
+        first = (other, ["ManifestMismatch", f"its built model has [persistent buffers, parameters in a dtype of "
+                                             f"their own] {every[other][1]}, rank 0's {every[0][1]}"])
+    r, (kind, message) = first
+    return {"": ["failed", r, kind, message]}
 
 
 def _mismatch(model, planned: Dict[str, Planned], rank: int, world: int) -> Tuple[Optional[BaseException], List[str]]:

@@ -151,42 +151,55 @@ def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: f
     """One store exchange: each rank sends its reason not to stream (or None), whether it leaves the choice
     to the cores (`by_cores`), its hostname, its node (`node_id`), the CPUs it may run on and its CPU cgroup
     and quota (`cpu_quota`). A rank that leaves the choice to the cores has one more reason where its
-    node's ranks' CPUs together are fewer than two a rank (`short_of_cores`). Every rank computes the same
-    answer from the same answers."""
+    node's ranks' CPUs together are fewer than two a rank (`short_of_cores`). Rank 0 decides from every
+    rank's answer (`decide`) and tells each rank the common verdict and its node's part (`_exchange.decided`:
+    W answers through the store, not W^2)."""
     from . import _exchange
     try:
         quota = list(cpu_quota())
     except Exception:  # noqa: BLE001 -- never a reason for this rank to miss the exchange: no bound then
         quota = ["", None]
-    mine = [why_not, by_cores, socket.gethostname(), node_id(),
+    node = node_id()
+    mine = [why_not, by_cores, socket.gethostname(), node,
             format(sum(1 << c for c in os.sched_getaffinity(0)), "x"), *quota]
-    every = _exchange.gathered(_exchange.channel(pg, store), rank, world, mine, timeout_s,
-                               "every rank's answer whether it can stream")
+    common, own = _exchange.decided(_exchange.channel(pg, store), rank, world, mine, decide, timeout_s,
+                                    "every rank's answer whether it can stream", part=f"node {node}")
+    if common["why"]:
+        more = f"; and {common['more']} ranks more" if common["more"] else ""
+        logger.debug("from_pretrained loads after the build, not beside it: %s%s", "; ".join(common["why"]), more)
+    return Verdict(stream=not common["why"], spare_cores=own["spare"], local_rank=own["ranks"].index(rank),
+                   local_world=len(own["ranks"]), nodes=common["nodes"])
+
+
+def decide(every) -> Dict[str, Any]:
+    """What `agree` tells the ranks, from every rank's answer in rank order: {"": {"why": the first 8
+    ranks' reasons not to stream ("rank R: ..."), "more": how many more, "nodes": how many nodes}, and for
+    each node ("node " and its `node_id`) {"spare": whether its CPUs are two a rank, "ranks": its ranks in
+    rank order}}."""
     masks: Dict[str, int] = {}
-    ranks: Dict[str, int] = {}
+    ranks: Dict[str, list] = {}
     quotas: Dict[str, Dict[str, Optional[float]]] = {}  # per node, per CPU cgroup
-    for _, _, _, node, mask, cgroup, quota in every:
+    names: Dict[str, str] = {}
+    for r, (_, _, name, node, mask, cgroup, quota) in enumerate(every):
         masks[node] = masks.get(node, 0) | int(mask, 16)
-        ranks[node] = ranks.get(node, 0) + 1
+        ranks.setdefault(node, []).append(r)
         quotas.setdefault(node, {})[cgroup] = quota
+        names.setdefault(node, name)
     short = {}
-    for _, _, name, node, *_ in every:
-        cpus = bin(masks[node]).count("1")
+    for node, mask in masks.items():
+        cpus = bin(mask).count("1")
         if None not in quotas[node].values():  # every rank's cgroup has a quota: together, the node's bound
             cpus = min(cpus, int(sum(quotas[node].values()) + 1e-6))  # 0.7 + 0.2 + 0.1 is 1 CPU
-        short[node] = short_of_cores(cpus, ranks[node], name)
+        short[node] = short_of_cores(cpus, len(ranks[node]), names[node])
     reasons = []
     for r, (why, cores, _, node, *_) in enumerate(every):
         why = why if why is not None or not cores else short[node]
         if why is not None:
             reasons.append(f"rank {r}: {why}")
-    if reasons:
-        more = f"; and {len(reasons) - 8} ranks more" if len(reasons) > 8 else ""
-        logger.debug("from_pretrained loads after the build, not beside it: %s%s", "; ".join(reasons[:8]), more)
-    node = every[rank][3]
-    local = [r for r, answer in enumerate(every) if answer[3] == node]
-    return Verdict(stream=not reasons, spare_cores=short[node] is None, local_rank=local.index(rank),
-                   local_world=len(local), nodes=len(masks))
+    answers: Dict[str, Any] = {"": {"why": reasons[:8], "more": max(0, len(reasons) - 8), "nodes": len(masks)}}
+    for node in masks:
+        answers[f"node {node}"] = {"spare": short[node] is None, "ranks": ranks[node]}
+    return answers
 
 
 def cpu_quota(root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgroup") -> Tuple[str, Optional[float]]:

@@ -20,6 +20,8 @@ MODE decide:   from_pretrained left to decide whether it streams beside the buil
 MODE mismatch: ROOT is one checkpoint whose config.json no longer matches its tensors; what each rank raised.
 MODE fail_one: from_pretrained whose build fails on rank 1 alone (its buffer_init raises there, while the
                stream runs); what each rank raised.
+MODE fail_start: from_pretrained whose stream cannot start its thread on rank 1 alone (as where a process is
+               out of threads); what each rank raised.
 MODE scenarios: several modes in turn, in these processes (ranks.each_scenario).
 """
 import datetime
@@ -157,6 +159,21 @@ def fail_one(path):
     return raised(lambda: shardcast.from_pretrained(path, dtype=DTYPE, timeout=60, buffer_init={"*inv_freq": init}))
 
 
+def fail_start(path):
+    import threading
+    start = threading.Thread.start
+
+    def refused(thread):
+        if thread.name == "shardcast-stream" and dist.get_rank() == 1:
+            raise RuntimeError("can't start new thread")
+        return start(thread)
+    threading.Thread.start = refused
+    try:
+        return raised(lambda: shardcast.from_pretrained(path, dtype=DTYPE, timeout=60))
+    finally:
+        threading.Thread.start = start
+
+
 def main():
     mode, root, out_path = sys.argv[1:4]
     backend = "gloo"
@@ -164,7 +181,8 @@ def main():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         backend = "cpu:gloo,cuda:nccl"
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=120))
-    modes = {"phases": phases, "stream": stream, "mismatch": mismatch, "fail_one": fail_one, "decide": decide,
+    modes = {"phases": phases, "stream": stream, "mismatch": mismatch, "fail_one": fail_one, "fail_start": fail_start,
+             "decide": decide,
              "decide_dc": lambda path: decide(path, dc=True),
              "stream_dc": lambda root: stream(root, dc=True), "stream_cuda": stream}
     ranks.each_scenario(mode, root, lambda name, where: modes[name](where), f"{out_path}.{dist.get_rank()}")

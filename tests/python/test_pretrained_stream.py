@@ -28,7 +28,7 @@ def run(tiny_checkpoints, tmp_path_factory):
     shutil.copytree(root / "llama", bad)
     config = json.loads((bad / "config.json").read_text())
     (bad / "config.json").write_text(json.dumps({**config, "intermediate_size": config["intermediate_size"] + 4}))
-    both = ["stream", ("mismatch", bad), ("fail_one", root / "llama")]
+    both = ["stream", ("mismatch", bad), ("fail_one", root / "llama"), ("fail_start", root / "llama")]
     llama = root / "llama"
     decide = [("decide:one_cpu", llama, {"SHARDCAST_STREAM_BESIDE_BUILD": "", "TEST_CPUS": "1"}),
               ("decide:two_cpus", llama, {"SHARDCAST_STREAM_BESIDE_BUILD": "", "TEST_CPUS": "2"})]
@@ -191,6 +191,16 @@ def test_a_build_failing_on_one_rank_while_it_streams_is_one_error_on_every_rank
     first = results[0]
     assert first["error"] == "ConfigError" and "rank 1:" in first["message"], first
     assert "rank 1 cannot compute it" in first["message"], first
+    assert all(r == first for r in results), results
+
+
+# Rank 1 cannot start its stream's thread after every rank agreed to stream: it joins the others' stream with
+# its failure, so every rank raises the same error naming it at once, not the others' timeout (60 s).
+def test_a_stream_that_cannot_start_on_one_rank_is_one_error_on_every_rank(run):
+    results = run("fail_start", 3)
+    first = results[0]
+    assert "rank 1" in first["message"] and "can't start new thread" in first["message"], first
+    assert first["error"] != "CommTimeout", first
     assert all(r == first for r in results), results
 
 

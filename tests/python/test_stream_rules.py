@@ -18,7 +18,11 @@ def mask(*cpus):
 def verdicts(monkeypatch, answers):
     """Each rank's Verdict where the exchange returned `answers` (rank order; each rank's [reason, by the
     cores, hostname, node, CPU mask, CPU cgroup, its quota], as it sends them)."""
-    monkeypatch.setattr(_exchange, "gathered", lambda ch, rank, world, mine, timeout_s, what: answers)
+    def decided(ch, rank, world, mine, decide, timeout_s, what, part=""):
+        assert part == f"node {mine[3]}"  # the part a rank asks for is the node it sends
+        told = decide(answers)  # rank 0's decision; each rank reads the common answer and its (given) node's part
+        return told[""], told[f"node {answers[rank][3]}"]
+    monkeypatch.setattr(_exchange, "decided", decided)
     return [agree(None, None, r, len(answers), answers[r][0], 5.0, by_cores=answers[r][1]) for r in range(len(answers))]
 
 
@@ -152,3 +156,16 @@ def test_a_cgroup_v1_quota_and_what_cannot_be_read(tmp_path):
     root, proc = _cgroup(tmp_path / "garbled", ["0::/"], {"cgroup.controllers": "", "cpu.max": "lots"})
     assert _stream_rules.cpu_quota(root, proc)[1] is None
     assert isinstance(_stream_rules.cpu_quota()[0], str)  # this machine's, whatever it is
+
+
+def test_rank_0_s_verdict_after_the_build_is_the_first_problem_in_rank_order():
+    """The stream's last exchange (`_stream._first_problem`, decided on rank 0): rank 0's value where every
+    rank has it and no problem; else the first rank, in rank order, with a problem or another value."""
+    from shardcast._stream import _first_problem
+    same = [None, [["buf"], []]]
+    assert _first_problem([same, same, same]) == {"": ["ok", [["buf"], []]]}
+    told = _first_problem([same, [None, [["buf"], ["w"]]], same, [None, []]])
+    assert told[""][:3] == ["failed", 1, "ManifestMismatch"] and "rank 0's [['buf'], []]" in told[""][3], told
+    # A problem comes before a value that differs on an earlier rank, and rank order decides between problems.
+    assert _first_problem([same, [None, [[], []]], [["ConfigError", "no"], None],
+                           [["CommTimeout", "late"], None]]) == {"": ["failed", 2, "ConfigError", "no"]}
