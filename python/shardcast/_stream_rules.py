@@ -11,9 +11,10 @@ Three kinds of reason not to stream (each a sentence, said at DEBUG level on the
                    their cgroups' CPU quotas, `cpu_quota`), where the caller left it to the cores
 
 One store exchange (`agree`), which every rank of from_pretrained makes whatever its reasons, turns them
-into one `Verdict`: whether every rank may stream, and for this rank's node its ranks and whether their
-CPUs, their affinity masks together, are two a rank. A node is a kernel (its boot id, shared by the
-containers on one host and by nothing else; the hostname where there is none), named by its hostname.
+into one `Verdict`, decided on rank 0 (`decide`, through `_exchange.decided`): whether every rank may
+stream, and for this rank's node its ranks and whether their CPUs, their affinity masks together, are two
+a rank. A node is a kernel (its boot id, shared by the containers on one host and by nothing else; the
+hostname where there is none), named by its hostname.
 The read-ahead of a cold checkpoint (`_prefetch.py`) goes by the same node verdict. Where every rank may
 stream, each plans its part from the header, and a second exchange, the same call, says whether every
 plan came out.
