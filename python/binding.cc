@@ -21,6 +21,7 @@
 #include "runtime/agree/failure.h"
 #include "runtime/agree/fault.h"
 #include "runtime/comm/c10d_communicator.h"
+#include "runtime/cpu_quota.h"
 #include "runtime/load.h"
 #include "runtime/materialize/buffer_init.h"
 #include "runtime/materialize/torch_dtype.h"
@@ -445,6 +446,17 @@ PYBIND11_MODULE(_shardcast, m) {
       "(launcher, rank, world size, local rank, local world size) from torchrun's or SLURM's variables, by the "
       "rendezvous' own parser (runtime/launch_env.cc): launcher is \"torchrun\", \"slurm\" or \"default\". "
       "InvalidArgument naming the variable for a value it cannot read.");
+  m.def(
+      "cpu_quota",
+      [](const std::string& root, const std::string& proc) {
+        const CpuQuota q = CpuQuotaOf(root, proc);
+        auto name = py::reinterpret_steal<py::str>(PyUnicode_DecodeFSDefaultAndSize(q.cgroup.data(), q.cgroup.size()));
+        if (!name) throw py::error_already_set();  // a path's bytes are decoded as os.fsdecode does: never here
+        return py::make_tuple(name, q.cpus);
+      },
+      py::arg("root"), py::arg("proc"),
+      "(this process's CPU cgroup, the CPUs its quota allows or None) by the loader's own reader "
+      "(runtime/cpu_quota.h), for the cgroup mount `root` and the /proc/<pid>/cgroup file `proc`.");
   m.def("has_buffer_rule", [](const std::string& key) { return BufferInitRegistry::Global().Find(key, "") != nullptr; },
         "Whether a built-in init rule matches this buffer key.");
   m.def(

@@ -24,6 +24,7 @@
 #include "runtime/agree/failure.h"
 #include "runtime/agree/fault.h"
 #include "runtime/agree/verdict.h"
+#include "runtime/cpu_quota.h"
 #include "runtime/engine/stream.h"
 #include "runtime/engine/verify.h"
 #include "runtime/handshake.h"
@@ -44,28 +45,17 @@ double CpuSeconds() {
   return s(u.ru_utime) + s(u.ru_stime);
 }
 
-// The CPUs a cgroup (v2) quota allows this process (cpu.max "QUOTA PERIOD"); INT_MAX for none or unknown.
-int CgroupCpus() {
-  FILE* f = std::fopen("/sys/fs/cgroup/cpu.max", "r");
-  if (f == nullptr) return INT_MAX;
-  char quota[32] = {0};
-  long long period = 0;
-  const int got = std::fscanf(f, "%31s %lld", quota, &period);
-  std::fclose(f);
-  if (got != 2 || period <= 0 || std::string(quota) == "max") return INT_MAX;
-  return std::max(1, static_cast<int>(std::strtoll(quota, nullptr, 10) / period));
-}
-
 // The threads this rank fills its memory and reads with (read_threads' default, ReadThreadsFor): where the
 // process is bound to fewer CPUs than the machine has (a launcher's per-rank binding), those CPUs are its
-// own; otherwise the machine's, within a cgroup quota, are shared by the node's `sharers` ranks.
+// own; otherwise the machine's, within a cgroup quota (cpu_quota.h, its whole CPUs), are shared by the node's
+// `sharers` ranks.
 int ThreadsHere(const LoadOptions& options, int sharers) {
   const int machine = std::max(1u, std::thread::hardware_concurrency());
   int mine = machine;
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof(set), &set) == 0) mine = std::max(1, CPU_COUNT(&set));
-  const int quota = CgroupCpus();
+  const int quota = WholeCpus(CpuQuotaOf(), INT_MAX);
   if (mine < machine) return ReadThreadsFor(options, 1, std::min(mine, quota));
   return ReadThreadsFor(options, sharers, std::min(machine, quota));
 }

@@ -204,64 +204,15 @@ def decide(every) -> Dict[str, Any]:
 
 
 def cpu_quota(root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgroup") -> Tuple[str, Optional[float]]:
-    """(this process's CPU cgroup, the CPUs its quota allows; None where it has none): cgroup v2's cpu.max,
-    else v1's cpu.cfs_quota_us over cpu.cfs_period_us, of its cgroup and of each parent up to the
-    mount (the lowest). The cgroup is the one whose quota that is (so ranks in sibling cgroups under one
-    limited parent count it once), named by its directory's inode (unique in its hierarchy, also across
-    containers that each see their own as "/"), else its path; ("", None) where none can be read. A quota
-    is what a Kubernetes pod's CPU limit sets, while its affinity mask still shows every CPU of the host.
-    Nested limits below a lower one (each rank's own, and their parent's) can still count more than the
-    parent allows."""
-    try:
-        with open(proc, errors="surrogateescape") as f:
-            lines = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
-    except OSError:
-        return "", None
-    v2 = os.path.exists(os.path.join(root, "cgroup.controllers"))  # not a v1 or hybrid hierarchy
-    for hierarchy, controllers, path in lines:
-        if v2 and hierarchy == "0":
-            return _lowest(root, path, lambda d: _read(d, "cpu.max", None))
-        if not v2 and "cpu" in controllers.split(","):
-            for mount in (os.path.join(root, controllers), os.path.join(root, "cpu")):
-                if os.path.isdir(mount):
-                    return _lowest(mount, path, lambda d: _read(d, "cpu.cfs_quota_us", "cpu.cfs_period_us"))
-    return "", None
-
-
-def _read(directory: str, quota_file: str, period_file: Optional[str]) -> Optional[float]:
-    """CPUs a cgroup's quota allows: "QUOTA PERIOD" in one file (v2; "max": none), or the two files (v1; -1:
-    none). None where it has none, or where they cannot be read."""
-    try:
-        with open(os.path.join(directory, quota_file)) as f:
-            fields = f.read().split()
-        if period_file is not None:
-            with open(os.path.join(directory, period_file)) as f:
-                fields = fields[:1] + f.read().split()[:1]
-        quota, period = fields[0], float(fields[1])
-        return None if quota in ("max", "-1") or period <= 0 else float(quota) / period
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _lowest(mount: str, path: str, read) -> Tuple[str, Optional[float]]:
-    """(the name of the cgroup whose quota is the lowest of the process's cgroup and its parents up to
-    `mount`, that quota), or (the process's cgroup's name, None) where none has one."""
-    def name(directory: str) -> str:
-        try:
-            return str(os.stat(directory).st_ino)
-        except OSError:
-            return directory
-
-    directory = os.path.normpath(os.path.join(mount, path.lstrip("/")))
-    lowest = (name(directory), None)
-    while True:
-        quota = read(directory)
-        if quota is not None and (lowest[1] is None or quota < lowest[1]):
-            lowest = (name(directory), quota)
-        if os.path.normpath(directory) == os.path.normpath(mount) or not directory.startswith(mount):
-            break
-        directory = os.path.dirname(directory)
-    return lowest
+    """(this process's CPU cgroup, the CPUs its quota allows; None where it has none), by the loader's own
+    reader (runtime/cpu_quota.h, which also sizes a rank's reader threads): cgroup v2's cpu.max, else v1's
+    cpu.cfs_quota_us over cpu.cfs_period_us, of its cgroup and of each parent up to the mount (the lowest).
+    The cgroup is the one whose quota that is (so ranks in sibling cgroups under one limited parent count it
+    once), named by its directory's inode (unique in its hierarchy, also across containers that each see
+    their own as "/"), else its path; ("", None) where none can be read. A quota is what a Kubernetes pod's
+    CPU limit sets, while its affinity mask still shows every CPU of the host. Nested limits below a lower
+    one (each rank's own, and their parent's) can still count more than the parent allows."""
+    return _shardcast.cpu_quota(os.fsencode(root), os.fsencode(proc))
 
 
 def node_id() -> str:

@@ -158,6 +158,21 @@ def test_a_cgroup_v1_quota_and_what_cannot_be_read(tmp_path):
     assert isinstance(_stream_rules.cpu_quota()[0], str)  # this machine's, whatever it is
 
 
+def test_a_hostile_cgroup_file_is_no_quota_and_never_an_exception(tmp_path):
+    """The one reader (runtime/cpu_quota.h, through the binding) on what the kernel never writes: a path of
+    bytes that are not UTF-8 is named as os.fsdecode names it; ".." (a cgroup outside the namespace's view)
+    and lines without colons cannot be read."""
+    root, proc = _cgroup(tmp_path, [], {"cgroup.controllers": "", "cpu.max": "max 100000"})
+    pathlib.Path(proc).write_bytes(b"0::/gone\xff\n")
+    name, quota = _stream_rules.cpu_quota(root, proc)
+    assert quota is None and os.fsencode(name) == os.fsencode(root) + b"/gone\xff", name
+    pathlib.Path(proc).write_bytes(b"no colons\n0::/../../etc\n")
+    assert _stream_rules.cpu_quota(root, proc) == ("", None)
+    pathlib.Path(proc).write_bytes(b"no colons\n0::/\n")
+    pathlib.Path(root, "cpu.max").write_text("100000 100000")
+    assert _stream_rules.cpu_quota(pathlib.Path(root), pathlib.Path(proc))[1] == 1.0
+
+
 def test_rank_0_s_verdict_after_the_build_is_the_first_problem_in_rank_order():
     """The stream's last exchange (`_stream._first_problem`, decided on rank 0): rank 0's value where every
     rank has it and no problem; else the first rank, in rank order, with a problem or another value."""
