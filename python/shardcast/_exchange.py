@@ -185,28 +185,56 @@ def computed_on_rank0(ch, rank: int, world: int, compute: Callable[[], Any], tim
 
 
 def gathered(ch, rank: int, world: int, value: Any, timeout_s: float, what: str = "every rank's boxes") -> List[Any]:
-    """Every rank's `value` (JSON), in rank order, on every rank.
+    """Every rank's `value` (JSON), in rank order, on every rank, or the same CommTimeout on every rank.
 
-    Each rank sets its value, waits for all W keys in one request and reads them in one (`multi_get`): 4
+    Each rank sets its value, waits for all W keys in one request and reads them in one (`multi_get`): 5
     requests a rank, where reading each key was W + 3 (a million at 1,024 ranks, on the one store server:
     bench/bench_exchange.py). No rank relays the others' values, so none sets a value W times its own (the
-    store refuses one over 8 MiB), and a rank that never comes is named by every rank that waited for it."""
+    store refuses one over 8 MiB).
+
+    The ranks' deadlines differ (each counts from its own arrival), so a rank's wait can end while a later
+    one still sees every value come. The outcome is therefore one key, set once (`compare_set`) by the first
+    rank whose wait ended: "ok" where it read every value, else "timed out" with the ranks that never came
+    and that rank's timeout, so every rank's words are the same.
+    A rank that read every value after another settled a timeout raises that timeout; one whose wait ended
+    after another settled "ok" reads the values and returns them. No rank returns while another raises."""
     if world == 1 or ch is None:
         return [value]
+    import torch.distributed as dist
     n = _next(ch)
     keys = [_key(n, r) for r in range(world)]
+    outcome_key, who_key = _key(n, "="), _key(n, "who")
     deadline = time.monotonic() + timeout_s
 
     if rank == 0:
-        _keep(ch, n, [*range(world), "who"])
+        _keep(ch, n, [*range(world), "who", "="])
+
+    def settle(store, outcome: list) -> list:
+        return json.loads(store.compare_set(outcome_key, "", json.dumps(outcome)))
 
     def exchange(store):
         store.set(_key(n, rank), json.dumps(value))
         _came(store, n, rank)
-        store.wait(keys, _left(deadline))
-        return [json.loads(v) for v in store.multi_get(keys)]
+        try:
+            store.wait(keys, _left(deadline))
+        except (TimeoutError, dist.DistStoreError):
+            return None  # this rank's deadline passed: settled below, in calls of their own
+        every = [json.loads(v) for v in store.multi_get(keys)]
+        return every, settle(store, ["ok"])
 
-    every = _through_store(ch, exchange, timeout_s, what, who=(_key(n, "who"), world))
+    def timed_out(store):
+        """The outcome some rank set first (with the values where it is "ok"), else this rank's own. It
+        waits for no rank: a store that does not answer within the timeout has stalled."""
+        if store.check(keys):  # the last came as this rank's wait ended
+            settled = settle(store, ["ok"])
+        else:
+            settled = settle(store, ["timeout", _absent(store, who_key, world) or [], timeout_s])
+        return ([json.loads(v) for v in store.multi_get(keys)] if settled[0] == "ok" else None), settled
+
+    got = _through_store(ch, exchange, timeout_s, what)
+    every, settled = got if got is not None else _through_store(ch, timed_out, timeout_s, what)
+    if settled[0] != "ok":  # the timeout of the rank that settled it: the same words on every rank
+        raise _late(what, settled[1], settled[2], ch)
     if rank == 0:  # every rank came: what they read before is theirs no longer
         _dropped(ch, n, timeout_s, what)
     return every
@@ -271,7 +299,8 @@ def decided(ch, rank: int, world: int, value: Any, decide: Callable[[List[Any]],
         answer them within the timeout has stalled."""
         def body(store):
             absent = _absent(store, who_key, world)
-            return read(store, settle(store, json.dumps(["timeout", late if absent == [] else absent or []])))
+            return read(store, settle(store, json.dumps(["timeout", late if absent == [] else absent or [],
+                                                          timeout_s])))
         return _through_store(ch, body, timeout_s, what)
 
     def gather(store):  # rank 0
@@ -328,7 +357,7 @@ def decided(ch, rank: int, world: int, value: Any, decide: Callable[[List[Any]],
         return settled[1], (settled[1] if part == "" else own)
     if settled[0] == "failed":
         raise InternalError(f"{what}: rank 0 could not decide ({settled[1]})") from failure
-    raise _late(what, settled[1], timeout_s, ch)
+    raise _late(what, settled[1], settled[2], ch)
 
 
 def _late(what: str, absent: List[int], timeout_s: float, ch, detail: str = ""):

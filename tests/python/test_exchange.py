@@ -76,8 +76,8 @@ def test_eight_ranks_exchange_in_a_row_and_old_exchanges_are_dropped():
     for r in range(world):
         assert got[r] == [[{"rank": q, "round": n} for q in range(world)] for n in range(rounds)], r
     for n in (0, 1, 2):  # dropped at 1, 2 and 3
-        assert not any(server.check([_exchange._key(n, k)]) for k in (*range(world), "who")), n
-    assert all(server.check([_exchange._key(3, k)]) for k in (*range(world), "who"))
+        assert not any(server.check([_exchange._key(n, k)]) for k in (*range(world), "who", "=")), n
+    assert all(server.check([_exchange._key(3, k)]) for k in (*range(world), "who", "="))
 
 
 # Values of 3 MB from each of four ranks: every rank reads 12 MB, which no single value of the store may
@@ -274,3 +274,62 @@ def test_a_rank_whose_wait_ended_takes_rank_0_s_answer_where_it_came_first():
     store.set(_exchange._key(0, "=node 1"), '"mine"')
     store.set(_exchange._key(0, "="), '["ok", {"sum": 1}]')
     assert _exchange.decided(ch, 1, 2, 1, _decide, 1.0, "decided", part="node 1") == ({"sum": 1}, "mine")
+
+
+def _each_rank(world, call, timeout_s=60):
+    """As _ranks, but every rank's own outcome: its result, or the exception it raised."""
+    def caught(r, ch):
+        try:
+            return call(r, ch)
+        except Exception as e:  # noqa: BLE001 -- the rank's outcome
+            return e
+    caught.__name__ = call.__name__
+    return _ranks(world, caught, timeout_s)[1]
+
+
+# The ranks' deadlines differ: rank 0 gives up at 1 s, rank 1 (came at 0.5 s) would wait until 10.5 s, and
+# rank 2 comes at 2.5 s, when every value is there. Rank 0, the first whose wait ended, settled the outcome:
+# every rank, the two that read every value too, raises the same CommTimeout naming rank 2. None returns
+# while another raises.
+def test_a_gather_whose_first_deadline_passed_is_the_same_timeout_on_every_rank():
+    import time
+    world = 3
+
+    def staggered(r, ch):
+        time.sleep({0: 0.0, 1: 0.5, 2: 2.5}[r])
+        return _exchange.gathered(ch, r, world, r, {0: 1.0, 1: 10.0, 2: 10.0}[r], "every rank's phase times")
+
+    got = _each_rank(world, staggered)
+    assert all(isinstance(e, CommTimeout) for e in got), got
+    assert len({str(e) for e in got}) == 1, got
+    assert "every rank's phase times did not arrive from rank 2" in str(got[0]), got
+    assert [e.absent_ranks for e in got] == [[2], [2], [2]]
+
+
+# Rank 1's wait ends without the values (as at its deadline) after rank 0 read them all and settled "ok":
+# rank 1 reads them and returns them too.
+def test_a_gather_rank_whose_wait_ended_after_another_read_every_value_returns_them():
+    import time
+    world = 2
+
+    def once(r, ch):
+        if r == 1:
+            def ended(keys, *args):
+                time.sleep(1.0)  # rank 0 meanwhile reads both values and settles
+                raise TimeoutError("the wait ended")
+            ch = (_Waits(ch[0], ended), *ch[1:])
+        return _exchange.gathered(ch, r, world, f"value {r}", 20.0)
+
+    assert _each_rank(world, once) == [["value 0", "value 1"]] * 2
+
+
+# A rank whose wait ended just as the last rank came (every value there, no outcome yet) settles "ok" and
+# returns every value rather than a timeout naming nobody.
+def test_a_gather_rank_whose_wait_ended_as_the_last_came_returns_every_value():
+    store, ch = _channel("last-came-at-the-deadline")
+    store.set(_exchange._key(0, 1), '"one"')
+
+    def ended(keys, *args):
+        raise TimeoutError("the wait ended")
+    ch = (_Waits(store, ended), *ch[1:])
+    assert _exchange.gathered(ch, 0, 2, "zero", 5.0) == ["zero", "one"]
