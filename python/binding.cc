@@ -116,16 +116,18 @@ T Cast(py::handle h, const std::string& argument, const char* expected) {
 class Carried {
  public:
   // Runs `step`, even where this rank already failed (the options' timeout still shapes the
-  // communicator); the first failure is the one carried.
+  // communicator); the first failure is the one carried. Whether `step` succeeded.
   template <typename F>
-  void Run(const std::string& argument, F&& step) {
+  bool Run(const std::string& argument, F&& step) {
     try {
       step();
+      return true;
     } catch (const Error& e) {
       Take(e);
     } catch (const std::exception& e) {
       Take(Error(ErrorKind::kInvalidArgument, argument, e.what()));
     }
+    return false;
   }
   void Take(const Error& e) {
     if (!error_) error_ = e;
@@ -146,6 +148,24 @@ LoadOptions OptionsFrom(py::handle opts) {
     b.Set(OptionNamed(name), Cast<std::string>(v, name + "=", "text"), name + "=");
   }
   return b.Build();
+}
+
+// The timeout of options that may fail to build, for a rank that carries a problem into the agreement: the
+// given or SHARDCAST_TIMEOUT_MS value where it parses (LoadOptionsBuilder::Timeout), else the default.
+std::chrono::milliseconds TimeoutFrom(py::handle opts) {
+  LoadOptionsBuilder b;
+  b.FromEnvironment();
+  if (py::isinstance<py::dict>(opts)) {
+    for (auto [k, v] : py::reinterpret_borrow<py::dict>(opts)) {
+      if (!py::isinstance<py::str>(k) || !py::isinstance<py::str>(v)) continue;
+      try {
+        const std::string name = k.cast<std::string>();
+        if (OptionNamed(name) == Option::kTimeoutMs) b.Set(Option::kTimeoutMs, v.cast<std::string>(), name + "=");
+      } catch (const std::exception&) {  // another option's name, or none: not the timeout
+      }
+    }
+  }
+  return b.Timeout();
 }
 
 // A progress callback, checked now: one that is not callable would fail mid-stream instead.
@@ -303,7 +323,7 @@ py::dict LoadEntries(py::object entries, py::object layouts, py::object checkpoi
   Carried& carried = op.carried;
   LoadRequest rq;
   carried.Run("checkpoint", [&] { rq.checkpoint = Cast<std::string>(checkpoint, "path", "a path (text)"); });
-  carried.Run("options", [&] { rq.options = OptionsFrom(opts); });
+  if (!carried.Run("options", [&] { rq.options = OptionsFrom(opts); })) rq.options.timeout = TimeoutFrom(opts);
   carried.Run("progress=", [&] { rq.progress = ProgressFrom(progress); });
   carried.Run("tied", [&] {
     rq.mapping.tied = Cast<std::map<std::string, std::string>>(tied, "tied", "a dict {key: key}");
@@ -348,7 +368,7 @@ py::dict SaveEntries(py::object entries, py::object layouts, py::object out_dir,
       rq.file_numbers[key] = static_cast<uint32_t>(n);
     }
   });
-  carried.Run("options", [&] { rq.options = OptionsFrom(opts); });
+  if (!carried.Run("options", [&] { rq.options = OptionsFrom(opts); })) rq.options.timeout = TimeoutFrom(opts);
   carried.Run("max_shard_size=", [&] {
     rq.max_shard_bytes = ParseBytes(Cast<std::string>(max_shard_size, "max_shard_size=", "a size (\"5GB\" or bytes)"),
                                     "max_shard_size=");
@@ -603,14 +623,10 @@ PYBIND11_MODULE(_shardcast, m) {
       "load and save stream them.");
   m.def(
       "load_timeout_seconds",
-      [](py::dict opts) -> std::optional<double> {
-        try {
-          return std::chrono::duration<double>(OptionsFrom(opts).timeout).count();
-        } catch (const std::exception&) {
-          return std::nullopt;  // the load's own options builder raises it, on every rank
-        }
-      },
-      py::arg("options"), "The per-collective timeout in seconds the load will use, or None if the options are bad.");
+      [](py::dict opts) { return std::chrono::duration<double>(TimeoutFrom(opts)).count(); },
+      py::arg("options"),
+      "The per-collective timeout in seconds the load will use: the options' own, also where the other options "
+      "are bad (a rank that failed waits for the others as long as they wait for it).");
   m.def(
       "load_target", [](py::dict opts) { return std::string(TargetName(OptionsFrom(opts).target)); },
       py::arg("options"),

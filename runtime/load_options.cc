@@ -138,6 +138,16 @@ LoadOptions LoadOptionsBuilder::Build() const {
   return o;
 }
 
+std::chrono::milliseconds LoadOptionsBuilder::Timeout() const noexcept {
+  try {
+    LoadOptionsBuilder alone;
+    if (auto it = values_.find(Option::kTimeoutMs); it != values_.end()) alone.values_.insert(*it);
+    return alone.Build().timeout;
+  } catch (...) {  // a timeout that does not parse, or a bad SHARDCAST_FAULT: the default
+    return LoadOptions{}.timeout;
+  }
+}
+
 uint64_t ReadaheadFor(const LoadOptions& options, int readers_on_node) {
   if (options.readahead_bytes) return *options.readahead_bytes;
   return readers_on_node > 0 ? kNodeReadaheadBytes / static_cast<uint64_t>(readers_on_node) : 0;

@@ -128,6 +128,10 @@ class LoadOptionsBuilder {
   LoadOptionsBuilder& Set(Option option, std::string value, std::string origin);
   // Throws kInvalidArgument naming the origin, the value and the bound.
   LoadOptions Build() const;
+  // The timeout alone, for a rank whose other options fail to build (a bad SHARDCAST_TARGET): it still
+  // waits for the others as long as they wait for it. The given or SHARDCAST_TIMEOUT_MS value where it
+  // parses, else the default. Never throws.
+  std::chrono::milliseconds Timeout() const noexcept;
 
  private:
   struct Value {

@@ -200,7 +200,7 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
                            timeout_ms=_timeout_ms(timeout))
         progress = _progress(progress, rank)
     except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
-        return _fail_load(pg, rank, world, store, _problem(e), mapping)
+        return _fail_load(pg, rank, world, store, _problem(e), mapping, timeout)
     timeout_s = _shardcast.load_timeout_seconds(options) or 600.0
     ch = channel(pg, store)
     if mapping:
@@ -215,13 +215,18 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
         _store_host(store) if store is not None else ""))))
 
 
-def _fail_load(pg, rank: int, world: int, store, problem: Tuple[str, str], mapping: bool, timeout_s=None) -> dict:
+def _fail_load(pg, rank: int, world: int, store, problem: Tuple[str, str], mapping: bool, timeout=None) -> dict:
     """This rank's share of a load that already failed here, before anything was exchanged: the
     exchanges a load of this kind makes (a module: rank 0's compositions; a mapping: also every rank's
     boxes), rank 0 telling the others at once that it has nothing, then the handshake with `problem`,
-    whose verdict raises it on every rank. Never returns."""
-    if timeout_s is None:
-        timeout_s = _shardcast.load_timeout_seconds({}) or 600.0
+    whose verdict raises it on every rank. Never returns. timeout: the caller's timeout= (seconds), so this
+    rank waits for the others as long as they wait for it; the default's where it cannot be read (it may
+    be what failed)."""
+    try:
+        options = _options(timeout_ms=_timeout_ms(timeout))
+    except Exception:  # noqa: BLE001 -- the problem this rank carries already, or part of it
+        options = {}
+    timeout_s = _shardcast.load_timeout_seconds(options) or 600.0
     ch = channel(pg, store)
 
     def failed():
@@ -238,7 +243,7 @@ def _fail_load(pg, rank: int, world: int, store, problem: Tuple[str, str], mappi
             pass
     ops = operation_store(pg, store)  # numbered on every path, _agreed's shortcut too
     return _agreed(problem, lambda: _shardcast.load_entries(
-        [], [], "", {}, {}, ops, rank, world, None, problem, _store_host(store) if store is not None else ""))
+        [], [], "", options, {}, ops, rank, world, None, problem, _store_host(store) if store is not None else ""))
 
 
 def _module_entries(model, path, target, config, buffer_init, pg, ch, rank, world, timeout_s):

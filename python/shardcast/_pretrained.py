@@ -80,10 +80,12 @@ def resolve_checkpoint(path_or_repo_id: Union[str, os.PathLike], revision: Optio
             f"(`hf download {name}`) or pass a directory. ({type(e).__name__}: {cause})") from None
 
 
-def _join_failed_load(error: Exception, target: Optional[str], mesh, dc, meshes_made: bool, process_group) -> None:
+def _join_failed_load(error: Exception, target: Optional[str], mesh, dc, meshes_made: bool,
+                      load_kwargs: Dict[str, Any]) -> None:
     """This rank failed before its load: it makes what the others make before theirs (the default group,
     then the mesh or transformers' meshes, whose groups every rank must join), then enters the load's
-    agreement with its problem, whose verdict raises it on every rank, naming this rank. Never returns.
+    agreement with its problem, whose verdict raises it on every rank, naming this rank, with the call's
+    timeout= (load_kwargs) as the others have it. Never returns.
 
     Where this rank cannot know which groups the others make (distributed_config given, but this rank
     failed before it was read), the others wait for it in transformers' group creation until the
@@ -107,8 +109,8 @@ def _join_failed_load(error: Exception, target: Optional[str], mesh, dc, meshes_
                 _default_mesh(target)
         except Exception:  # noqa: BLE001 -- the load's agreement reports this rank's first failure
             pass
-    pg, rank, world, store = _group(process_group)
-    _fail_load(pg, rank, world, store, problem, mapping=False)
+    pg, rank, world, store = _group(load_kwargs.get("process_group"))
+    _fail_load(pg, rank, world, store, problem, mapping=False, timeout=load_kwargs.get("timeout"))
 
 
 def _with_every_phase(report, clock: PhaseClock, load_kwargs: Dict[str, Any]):
@@ -123,6 +125,7 @@ def _with_every_phase(report, clock: PhaseClock, load_kwargs: Dict[str, Any]):
     try:
         every = gathered(channel(pg, store), rank, world, mine, timeout_s, "every rank's phase times")
     except Exception as e:  # noqa: BLE001 -- the model is loaded on every rank: only the figures are missing
+        # (gathered's one outcome: every rank comes here, or none; a stalled store only on the ranks it stalled)
         _stream_rules.logger.warning("from_pretrained: every rank's phase times did not arrive (%s); the report "
                                      "holds this rank's alone", e)
         every = [mine if r == rank else {"phases": {}, "seconds": 0.0, "cpu_seconds": 0.0} for r in range(world)]
@@ -348,7 +351,7 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
             clock.lap("layout")
         except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
             if stream is None:
-                _join_failed_load(e, target, mesh, dc, meshes_made, load_kwargs.get("process_group"))
+                _join_failed_load(e, target, mesh, dc, meshes_made, load_kwargs)
             failed = e
         if stream is not None:
             report = _finish_stream(stream, model, failed, path, source, target, config, load_kwargs, clock)

@@ -7,7 +7,8 @@ collective timeout of 600 s, so a rank left waiting for the failed one would tak
 rank records, per scenario, the exception's class and message and how long the call took; a load
 that succeeds on every rank closes the run (the per-group exchange and operation counters are still
 in step after all the failures).
-MODE pretrained: the same for from_pretrained. MODE scenarios: several modes in turn (ranks.each_scenario).
+MODE pretrained: the same for from_pretrained. MODE absent: two ranks fail while the third never comes (run
+last). MODE scenarios: several modes in turn (ranks.each_scenario).
 """
 import datetime
 import os
@@ -131,6 +132,29 @@ def pretrained(root, rank, world):
     return {"cases": out, "after": model.shardcast_report["world_size"] == world}
 
 
+def absent(root, rank, world):
+    """Ranks 0 and 1 fail before their load (a bad SHARDCAST_TARGET) while rank 2 never comes (it stays alive
+    and joins no collective until they are done: a rank that exited would end their waits at once). Both
+    load with timeout=5, and each must end within it: a failed rank's handshake once had the default 600 s,
+    and with no rank there that had not failed, nothing ended it sooner. Run last: rank 2's missing
+    exchanges leave the counters out of step."""
+    done = os.path.join(root, "absent-done.{}")
+    if rank == 2:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not all(os.path.exists(done.format(r)) for r in (0, 1)):
+            time.sleep(0.2)
+        return {"error": None, "seconds": 0.0}
+
+    def linear():
+        return torch.nn.ModuleDict({"linear": torch.nn.Linear(4, 3)})
+
+    out = _run("load: SHARDCAST_TARGET=gpu, rank 2 absent", rank, rank,
+               lambda: _with_env(True, SHARDCAST_TARGET="gpu")(lambda: shardcast.load(linear(), root, timeout=5)))
+    with open(done.format(rank), "w"):
+        pass
+    return out
+
+
 def _with_env(failing, **values):
     def run(call):
         if not failing:
@@ -155,7 +179,7 @@ def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=TIMEOUT))
     try:
-        modes = {"options": options, "pretrained": pretrained}
+        modes = {"options": options, "pretrained": pretrained, "absent": absent}
         ranks.each_scenario(mode, root, lambda name, where: modes[name](where, rank, world), f"{out}.{rank}")
     finally:
         dist.destroy_process_group()

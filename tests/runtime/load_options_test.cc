@@ -118,6 +118,22 @@ TEST(LoadOptionsBuilder, AnExplicitValueBeatsTheEnvironmentAndRepairsABadOne) {
                   "SHARDCAST_CHUNK_BYTES", "\"lots\" is not a size");
 }
 
+// Regression: a rank whose options failed to build (a bad SHARDCAST_TARGET) entered the agreement with the
+// default timeout, and where another rank never came, waited 10 minutes after the others had given up.
+TEST(LoadOptionsBuilder, TheTimeoutStandsWhereAnotherOptionFails) {
+  Env env;
+  env.Set("SHARDCAST_TARGET", "gpu");
+  env.Set("SHARDCAST_TIMEOUT_MS", "7000");
+  LoadOptionsBuilder b;
+  b.FromEnvironment();
+  EXPECT_SC_ERROR(b.Build(), ErrorKind::kInvalidArgument, "SHARDCAST_TARGET", "is not a target");
+  EXPECT_EQ(b.Timeout().count(), 7000);
+  b.Set(Option::kTimeoutMs, "5000", "timeout_ms=");  // given beats the environment, as in Build
+  EXPECT_EQ(b.Timeout().count(), 5000);
+  b.Set(Option::kTimeoutMs, "soon", "timeout_ms=");  // itself bad: the default, never an exception
+  EXPECT_EQ(b.Timeout().count(), 600000);
+}
+
 TEST(LoadOptionsBuilder, BoundsAreErrorsNamingTheOriginNeverSilentlyIgnored) {
   auto fails = [](Option opt, const char* value, const char* origin, const char* why) {
     EXPECT_SC_ERROR(LoadOptionsBuilder().Set(opt, value, origin).Build(), ErrorKind::kInvalidArgument, origin, why);
