@@ -32,6 +32,9 @@ _PREFIX = "shardcast/exchange/"
 # Beyond an exchange's timeout, for its store calls before and after the wait (set, append, get), whose
 # wait takes only what is left of the timeout: a live store answers them in milliseconds.
 _GRACE_S = 3.0
+# Then one look more: a process stopped (SIGSTOP) past the grace and resumed finds its deadline passed at
+# once, while its store calls, resumed too, end in milliseconds; their outcome is the one to act on.
+_LAST_LOOK_S = 0.5
 
 
 def _left(deadline: float) -> datetime.timedelta:
@@ -94,6 +97,8 @@ def _through_store(ch, body: Callable[[Any], Any], timeout_s: float, what: str,
     waiter = threading.Thread(target=run, name="shardcast-store-wait", daemon=True)
     waiter.start()
     waiter.join(timeout_s + _GRACE_S)
+    if waiter.is_alive():
+        waiter.join(_LAST_LOOK_S)
     if waiter.is_alive():
         state["stalled"] = f"{what} got no answer within {timeout_s:g} s"
         stalled = CommTimeout(f"{what} did not arrive within {timeout_s:g} s through the store of {ch[2]}, and "
@@ -197,7 +202,10 @@ def gathered(ch, rank: int, world: int, value: Any, timeout_s: float, what: str 
     rank whose wait ended: "ok" where it read every value, else "timed out" with the ranks that never came
     and that rank's timeout, so every rank's words are the same.
     A rank that read every value after another settled a timeout raises that timeout; one whose wait ended
-    after another settled "ok" reads the values and returns them. No rank returns while another raises."""
+    after another settled "ok" reads the values and returns them; the rank that settles a timeout sets
+    the absent ranks' keys (never read then), so the ranks still waiting raise it at once. No rank returns
+    while another raises, but where a store stalled past the grace on some ranks (`_through_store`: rank 0,
+    which serves it, stopped; the others raise "stalled") and then came back."""
     if world == 1 or ch is None:
         return [value]
     import torch.distributed as dist
@@ -225,11 +233,18 @@ def gathered(ch, rank: int, world: int, value: Any, timeout_s: float, what: str 
     def timed_out(store):
         """The outcome some rank set first (with the values where it is "ok"), else this rank's own. It
         waits for no rank: a store that does not answer within the timeout has stalled."""
+        # Who came, read before the values: a rank sets its value before it says it came, so a value
+        # missing below is a rank missing here, and a timeout always names the ranks it waited for.
+        absent = _absent(store, who_key, world)
         if store.check(keys):  # the last came as this rank's wait ended
             settled = settle(store, ["ok"])
         else:
-            settled = settle(store, ["timeout", _absent(store, who_key, world) or [], timeout_s])
-        return ([json.loads(v) for v in store.multi_get(keys)] if settled[0] == "ok" else None), settled
+            settled = settle(store, ["timeout", absent or [], timeout_s])
+        if settled[0] == "ok":
+            return [json.loads(v) for v in store.multi_get(keys)], settled
+        if settled[1]:  # the ranks still waiting for the absent ones' values wake now and read the outcome
+            store.multi_set([keys[r] for r in settled[1]], ["null"] * len(settled[1]))
+        return None, settled
 
     got = _through_store(ch, exchange, timeout_s, what)
     every, settled = got if got is not None else _through_store(ch, timed_out, timeout_s, what)

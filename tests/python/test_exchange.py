@@ -1,6 +1,7 @@
 """The exchanges before the handshake (_exchange.py) over a real TCPStore: a rank whose value never comes
 is named in the CommTimeout every waiting rank raises."""
 import datetime
+import threading
 
 import pytest
 import torch.distributed as dist
@@ -41,14 +42,15 @@ def test_a_rank_waiting_for_rank_0_names_it_when_it_never_comes():
 def _ranks(world, call, timeout_s=60):
     """call(rank, channel) on `world` threads, each with a TCPStore client of its own on one server (as
     processes would have), a channel count per rank; every rank's result, or the first error raised."""
-    import threading
     server = dist.TCPStore("127.0.0.1", 0, world + 1, True, timeout=datetime.timedelta(seconds=30),
                            wait_for_workers=False)
     got, errors = {}, []
+    connected = threading.Barrier(world)  # every rank's clock starts once every client is connected
 
     def rank(r):
         try:
             client = dist.TCPStore("127.0.0.1", server.port, world + 1, False, timeout=datetime.timedelta(seconds=30))
+            connected.wait(30)
             got[r] = call(r, (client, f"{call.__name__}-{r}-{server.port}", "the test's store", {}))
         except Exception as e:  # noqa: BLE001 -- raised below
             errors.append(e)
@@ -287,23 +289,40 @@ def _each_rank(world, call, timeout_s=60):
     return _ranks(world, caught, timeout_s)[1]
 
 
-# The ranks' deadlines differ: rank 0 gives up at 1 s, rank 1 (came at 0.5 s) would wait until 10.5 s, and
-# rank 2 comes at 2.5 s, when every value is there. Rank 0, the first whose wait ended, settled the outcome:
-# every rank, the two that read every value too, raises the same CommTimeout naming rank 2. None returns
-# while another raises.
+# The ranks' deadlines differ: rank 0 gives up at 2 s, rank 1 (came with it) would wait until 10 s, and
+# rank 2 comes at 5 s, when rank 0 has settled the outcome. Every rank, rank 2 too (it read every value),
+# raises the same CommTimeout naming rank 2. None returns while another raises.
 def test_a_gather_whose_first_deadline_passed_is_the_same_timeout_on_every_rank():
     import time
     world = 3
 
     def staggered(r, ch):
-        time.sleep({0: 0.0, 1: 0.5, 2: 2.5}[r])
-        return _exchange.gathered(ch, r, world, r, {0: 1.0, 1: 10.0, 2: 10.0}[r], "every rank's phase times")
+        time.sleep({0: 0.0, 1: 0.0, 2: 5.0}[r])
+        return _exchange.gathered(ch, r, world, r, {0: 2.0, 1: 10.0, 2: 10.0}[r], "every rank's phase times")
 
     got = _each_rank(world, staggered)
     assert all(isinstance(e, CommTimeout) for e in got), got
     assert len({str(e) for e in got}) == 1, got
     assert "every rank's phase times did not arrive from rank 2" in str(got[0]), got
     assert [e.absent_ranks for e in got] == [[2], [2], [2]]
+
+
+# Rank 2 never comes; rank 0 gives up at 1 s, rank 1 would wait 30 s: rank 0, settling the timeout, sets
+# rank 2's key (never read then), so rank 1 wakes and raises it at once, not at its own deadline.
+def test_a_gather_rank_still_waiting_raises_the_first_timeout_at_once():
+    import time
+    world = 3
+
+    def two_come(r, ch):
+        if r == 2:
+            return None
+        start = time.monotonic()
+        with pytest.raises(CommTimeout, match=r"did not arrive from rank 2 \(died, frozen") as e:
+            _exchange.gathered(ch, r, world, r, {0: 1.0, 1: 30.0}[r])
+        return time.monotonic() - start
+
+    seconds = _ranks(world, two_come, timeout_s=90)[1]
+    assert seconds[1] < 15.0, f"rank 1 raised after {seconds[1]:.1f} s, not at rank 0's deadline (1 s)"
 
 
 # Rank 1's wait ends without the values (as at its deadline) after rank 0 read them all and settled "ok":
@@ -314,13 +333,42 @@ def test_a_gather_rank_whose_wait_ended_after_another_read_every_value_returns_t
 
     def once(r, ch):
         if r == 1:
+            store = ch[0]
+
             def ended(keys, *args):
-                time.sleep(1.0)  # rank 0 meanwhile reads both values and settles
+                deadline = time.monotonic() + 20
+                while not store.check([_exchange._key(0, "=")]) and time.monotonic() < deadline:
+                    time.sleep(0.05)  # rank 0 meanwhile reads both values and settles
                 raise TimeoutError("the wait ended")
-            ch = (_Waits(ch[0], ended), *ch[1:])
-        return _exchange.gathered(ch, r, world, f"value {r}", 20.0)
+            ch = (_Waits(store, ended), *ch[1:])
+        return _exchange.gathered(ch, r, world, f"value {r}", 30.0)
 
     assert _each_rank(world, once) == [["value 0", "value 1"]] * 2
+
+
+# Regression: rank 1 came right after rank 0, whose wait had ended, found a value missing; rank 0 then read
+# who came (everyone) and settled a timeout naming nobody, which both raised. Who came is read first now:
+# the timeout names rank 1, on both ranks.
+def test_a_gather_timeout_names_the_rank_it_waited_for_even_one_that_came_meanwhile():
+    store, ch = _channel("came-during-the-check")
+
+    class Rank0Store(_Reads):
+        def wait(self, keys, *args):
+            raise dist.DistStoreError("the wait timed out")  # rank 0's deadline passed
+
+        def check(self, keys):
+            there = self._store.check(keys)
+            if len(keys) > 1:  # rank 1 comes right after rank 0 looked for every value
+                self._store.set(_exchange._key(0, 1), '"one"')
+                self._store.append(_exchange._key(0, "who"), "1 ")
+            return there
+
+    raised = []
+    for r, c in ((0, (Rank0Store(store, []), *ch[1:])), (1, (store, "came-during-the-check-1", *ch[2:]))):
+        with pytest.raises(CommTimeout, match=r"did not arrive from rank 1 \(died, frozen") as e:
+            _exchange.gathered(c, r, 2, r, 5.0)
+        raised.append((str(e.value), e.value.absent_ranks))
+    assert raised[0] == raised[1] and raised[0][1] == [1], raised
 
 
 # A rank whose wait ended just as the last rank came (every value there, no outcome yet) settles "ok" and
