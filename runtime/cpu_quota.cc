@@ -21,6 +21,8 @@ using ReadQuota = std::function<std::optional<double>(const std::string& directo
 
 // The text of a regular file of at most kMaxFileBytes; none otherwise (absent, a FIFO, a directory, larger).
 std::optional<std::string> ReadSmall(const std::string& path) {
+  struct stat first;  // before open: opening a device node can act on it, whatever is read
+  if (::stat(path.c_str(), &first) != 0 || !S_ISREG(first.st_mode)) return std::nullopt;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) return std::nullopt;
   struct stat st;

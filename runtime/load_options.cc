@@ -14,6 +14,13 @@ namespace {
   throw Error(ErrorKind::kInvalidArgument, origin, "\"" + text + "\" " + why);
 }
 
+// The one parser of a timeout in ms, for Build and for Timeout (which needs it alone).
+std::chrono::milliseconds ParseTimeout(const std::string& text, const std::string& origin) {
+  const std::chrono::milliseconds timeout(ParseCount(text, origin, kMaxTimeoutMs));
+  if (timeout.count() == 0) Bad(origin, text, "is not a timeout: it must be at least 1 ms");
+  return timeout;
+}
+
 }  // namespace
 
 const char* SourceName(Source source) {
@@ -120,10 +127,7 @@ LoadOptions LoadOptionsBuilder::Build() const {
         o.read_threads = static_cast<int>(ParseCount(t, v.origin, kMaxReadThreads));
         if (*o.read_threads < 1) Bad(v.origin, t, "is not a thread count: it must be at least 1");
         break;
-      case Option::kTimeoutMs:
-        o.timeout = std::chrono::milliseconds(ParseCount(t, v.origin, kMaxTimeoutMs));
-        if (o.timeout.count() == 0) Bad(v.origin, t, "is not a timeout: it must be at least 1 ms");
-        break;
+      case Option::kTimeoutMs: o.timeout = ParseTimeout(t, v.origin); break;
       case Option::kVerify: o.verify = ParseFlag(t, v.origin); break;
       case Option::kStrictKeys: o.strict_keys = ParseFlag(t, v.origin); break;
       case Option::kPread: o.pread = ParseFlag(t, v.origin); break;
@@ -140,10 +144,9 @@ LoadOptions LoadOptionsBuilder::Build() const {
 
 std::chrono::milliseconds LoadOptionsBuilder::Timeout() const noexcept {
   try {
-    LoadOptionsBuilder alone;
-    if (auto it = values_.find(Option::kTimeoutMs); it != values_.end()) alone.values_.insert(*it);
-    return alone.Build().timeout;
-  } catch (...) {  // a timeout that does not parse, or a bad SHARDCAST_FAULT: the default
+    auto it = values_.find(Option::kTimeoutMs);
+    return it == values_.end() ? LoadOptions{}.timeout : ParseTimeout(it->second.text, it->second.origin);
+  } catch (...) {  // a timeout that does not parse: the default
     return LoadOptions{}.timeout;
   }
 }
