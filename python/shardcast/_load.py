@@ -64,6 +64,15 @@ def _timeout_ms(timeout) -> Optional[int]:
     return max(1, int(timeout * 1000))
 
 
+def _timeout_alone(timeout) -> Dict[str, str]:
+    """The options of a rank that failed before its operation: the caller's timeout= alone, so it waits for
+    the others as long as they wait for it; none where it cannot be read (it may be what failed)."""
+    try:
+        return _options(timeout_ms=_timeout_ms(timeout))
+    except Exception:  # noqa: BLE001 -- the problem this rank carries already, or part of it
+        return {}
+
+
 def _target(target: Optional[str]) -> Optional[str]:
     """Where the shards live: the keyword, else SHARDCAST_TARGET (as for every option, read by the C++ options
     parser), else None (the device follows the mesh; CPU). Resolved before the load, because Python allocates
@@ -222,10 +231,7 @@ def _fail_load(pg, rank: int, world: int, store, problem: Tuple[str, str], mappi
     whose verdict raises it on every rank. Never returns. timeout: the caller's timeout= (seconds), so this
     rank waits for the others as long as they wait for it; the default's where it cannot be read (it may
     be what failed)."""
-    try:
-        options = _options(timeout_ms=_timeout_ms(timeout))
-    except Exception:  # noqa: BLE001 -- the problem this rank carries already, or part of it
-        options = {}
+    options = _timeout_alone(timeout)
     timeout_s = _shardcast.load_timeout_seconds(options) or 600.0
     ch = channel(pg, store)
 

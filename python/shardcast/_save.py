@@ -264,7 +264,7 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], *, source: Op
     from ._carried import _agreed, _problem
     from ._group import _group, _store_host, operation_store
     from ._layouts import _Layouts, _group_ranks
-    from ._load import _deprecated, _options, _timeout_ms
+    from ._load import _deprecated, _options, _timeout_alone, _timeout_ms
     from ._progress import _progress
     # Without its group this rank has no one to tell: the one step that may fail here alone.
     pg, rank, world, store = _group(process_group)
@@ -293,6 +293,7 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], *, source: Op
             config_json, generation_json = config_texts(model, config, dtype)
     except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
         problem, entries, layouts, dtype_name = _problem(e), [], _Layouts(), None
+        options = options or _timeout_alone(timeout)
     ops = operation_store(pg, store)  # numbered on every path, _agreed's shortcut too
     return logged("save", out_text, rank, SaveReport.from_dict(_agreed(problem, lambda: _shardcast.save_entries(
         entries, layouts.table, out_text, options, dtype_name, max_shard_text, overwrite_flag,

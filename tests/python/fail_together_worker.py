@@ -135,24 +135,30 @@ def pretrained(root, rank, world):
 def absent(root, rank, world):
     """Ranks 0 and 1 fail before their load (a bad SHARDCAST_TARGET) while rank 2 never comes (it stays alive
     and joins no collective until they are done: a rank that exited would end their waits at once). Both
-    load with timeout=5, and each must end within it: a failed rank's handshake once had the default 600 s,
-    and with no rank there that had not failed, nothing ended it sooner. Run last: rank 2's missing
+    load, then save, with timeout=5, and each must end within it: a failed rank's handshake once had the
+    default 600 s, and with no rank there that had not failed, nothing ended it sooner. Run last: rank 2's missing
     exchanges leave the counters out of step."""
     done = os.path.join(root, "absent-done.{}")
     if rank == 2:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and not all(os.path.exists(done.format(r)) for r in (0, 1)):
             time.sleep(0.2)
-        return {"error": None, "seconds": 0.0}
+        return {"cases": []}
 
     def linear():
         return torch.nn.ModuleDict({"linear": torch.nn.Linear(4, 3)})
 
-    out = _run("load: SHARDCAST_TARGET=gpu, rank 2 absent", rank, rank,
-               lambda: _with_env(True, SHARDCAST_TARGET="gpu")(lambda: shardcast.load(linear(), root, timeout=5)))
+    class Opaque:
+        pass
+
+    saved = os.path.join(os.path.dirname(sys.argv[3]), "saved-absent")
+    out = [_run("load: SHARDCAST_TARGET=gpu, rank 2 absent", rank, rank,
+                lambda: _with_env(True, SHARDCAST_TARGET="gpu")(lambda: shardcast.load(linear(), root, timeout=5))),
+           _run("save: staging_slots=object, rank 2 absent", rank, rank,
+                lambda: shardcast.save(linear(), saved, overwrite=True, staging_slots=Opaque(), timeout=5))]
     with open(done.format(rank), "w"):
         pass
-    return out
+    return {"cases": out}
 
 
 def _with_env(failing, **values):
