@@ -20,8 +20,11 @@ enum class GlooConnect {
   kLazy,      // a pair on its first use (gloo's lazy init, torch >= 2.7; before it, a full mesh)
 };
 
-// What shardcast's groups use.
-inline constexpr GlooConnect kGlooConnect = GlooConnect::kFullMesh;
+// What shardcast's groups use: lazy. bench/bench_gloo_group.cc on the 2 vCPU AMD EPYC VM (medians of 3;
+// bench/RESULTS.md, "One operation's Gloo group"): at W=256 the group is ready in 1.46 s against 6.68 s
+// for a full mesh (the handshake done in 14.7 s against 20.2 s), with 19 fds a rank against 259 and
+// 7,936 store requests in all against 131,328 (2 W^2); at W=8 the two are within a few ms.
+inline constexpr GlooConnect kGlooConnect = GlooConnect::kLazy;
 
 // The Gloo group over `store`, ready on every rank before it returns (see the .cc for why): after it,
 // a lazy group's collectives find their pairs connected; a send or receive to another peer connects
