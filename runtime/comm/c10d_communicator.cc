@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "allocators/error.h"
+#include "runtime/comm/gloo_group.h"
 #include "runtime/comm/gloo_groups.h"
 #include "runtime/comm/store_channel.h"
 
@@ -252,25 +253,6 @@ Error RendezvousError(const Rendezvous& rv, const char* phase, const std::except
 
 namespace {
 
-// The Gloo group over `store`, with every rank's mesh up before it returns: a fast rank could go on and
-// fail while rank 0 still connects, and rank 0 would then fail here, taking the store with it, so the
-// others could not learn the cause. One barrier: no rank leaves the rendezvous before every rank's mesh
-// is up, and every later failure goes through the agreement (the same error on every rank).
-c10::intrusive_ptr<c10d::Backend> GlooGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
-                                            std::chrono::milliseconds timeout, const std::string& master_addr) {
-  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
-    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-  } else if (master_addr == "127.0.0.1" || master_addr == "localhost") {
-    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  } else {
-    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-  }
-  auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
-  pg->barrier()->wait(timeout);
-  return pg;
-}
-
 struct AgreedGroup {
   c10::intrusive_ptr<c10d::Backend> backend;
   std::string token;
@@ -288,7 +270,8 @@ std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c
   std::function<AgreedGroup()> make = [store, rank, world_size, timeout, master_addr, kept, absent]() -> AgreedGroup {
     const std::string decided = AgreeOnGroup(*store, kept ? kept->token : "", rank, world_size, timeout, absent);
     if (decided.rfind("reuse ", 0) == 0) return {kept->backend, kept->token};
-    return {GlooGroup(store, rank, world_size, timeout, master_addr), decided.substr(decided.find(' ') + 1)};
+    return {MakeGlooGroup(store, rank, world_size, timeout, master_addr, kGlooConnect),
+            decided.substr(decided.find(' ') + 1)};
   };
   kept.reset();  // the lambda holds the only reference: a group not reused is torn down with it
   const std::string where = "rank " + std::to_string(rank) + ": this operation's Gloo group (" +
@@ -344,7 +327,7 @@ std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::
     if (rv.rank == 0 && rv.listen_fd >= 0) so.masterListenFd = rv.listen_fd;  // bound by the launcher: no port race
     auto store = c10::make_intrusive<c10d::TCPStore>(rv.master_addr, so);
     c10::intrusive_ptr<c10d::Store> prefixed = c10::make_intrusive<c10d::PrefixStore>("shardcast", store);
-    return {GlooGroup(prefixed, rv.rank, rv.world_size, timeout, rv.master_addr), prefixed};
+    return {MakeGlooGroup(prefixed, rv.rank, rv.world_size, timeout, rv.master_addr, kGlooConnect), prefixed};
   };
   std::optional<Made> made;
   try {

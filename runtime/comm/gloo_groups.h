@@ -20,8 +20,8 @@
 namespace shardcast {
 
 // A Gloo group kept after an operation that ended well on this rank (KeepGlooGroup), for the next
-// operation over the same caller's group. Its mesh is up, so that operation skips the rendezvous (W - 1
-// connections a rank) and the teardown (gloo's threads joined: ~20 ms a group here). It may sit idle for
+// operation over the same caller's group. Its pairs are up, so that operation skips the rendezvous (the
+// barrier's 2 log2(W) connections a rank, and any a send made since) and the teardown (gloo's threads joined: ~20 ms a group here). It may sit idle for
 // as long as the training steps between two saves, as DCP's own Gloo group for checkpoint planning does.
 struct KeptGroup {
   c10::intrusive_ptr<c10d::Backend> backend;

@@ -1,0 +1,93 @@
+#include "runtime/comm/gloo_group.h"
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/version.h>
+
+#include <cstdlib>
+
+#include "runtime/comm/store_channel.h"
+
+namespace shardcast {
+namespace {
+
+// The store a lazy group reads its peers' addresses from, every request within `deadline`. A lazy pair
+// connects on its first use, inside a collective or on the caller's thread in a send or receive, and
+// reads the peer's address then: a frozen store host must not hold that thread past the operation's
+// timeout (the caller's store waits its own timeout: 30 min by torch's default). A request past its
+// deadline throws a timeout (kCommTimeout at the communicator); its thread, abandoned, holds only the
+// store and copies of its arguments.
+class DeadlineStore : public c10d::PrefixStore {
+ public:
+  DeadlineStore(c10::intrusive_ptr<c10d::Store> store, std::chrono::milliseconds deadline)
+      : PrefixStore("gloo", std::move(store)), deadline_(deadline) {}
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    Within<bool>("set of " + key, [s = store_, k = joinKey(key), value] { return s->set(k, value), true; });
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    return Within<std::vector<uint8_t>>("get of " + key, [s = store_, k = joinKey(key)] { return s->get(k); });
+  }
+  std::vector<std::vector<uint8_t>> multiGet(const std::vector<std::string>& keys) override {
+    return Within<std::vector<std::vector<uint8_t>>>("multi_get",
+                                                     [s = store_, k = joinKeys(keys)] { return s->multiGet(k); });
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, deadline_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    const std::chrono::milliseconds t = std::min(timeout, deadline_);
+    Within<bool>("wait", [s = store_, k = joinKeys(keys), t] { return s->wait(k, t), true; });
+  }
+
+ private:
+  template <typename T>
+  T Within(const std::string& what, std::function<T()> op) {
+    std::optional<T> r = WithDeadline(std::move(op), deadline_);
+    if (!r) {
+      C10_THROW_ERROR(DistStoreError, "the rendezvous store did not answer a " + what + " within " +
+                                          std::to_string(deadline_.count()) + " ms (timed out)");
+    }
+    return std::move(*r);
+  }
+  std::chrono::milliseconds deadline_;
+};
+
+}  // namespace
+
+// Every rank's group is made before any rank leaves: a fast rank could go on and fail while rank 0
+// still connects, and rank 0 would then fail here, taking the store with it, so the others could not
+// learn the cause. One barrier: no rank leaves the rendezvous before every rank's group is up, and every
+// later failure goes through the agreement (the same error on every rank).
+//
+// A lazy group's barrier also connects every pair a collective of ours uses. Gloo's dissemination
+// barrier talks to r + d and r - d (mod W) for d = 1, 2, 4, ...; its ring all-reduce to r +- 1; its
+// binomial broadcast, from any root, to r +- 2^i. So after the barrier no collective reads the store:
+//
+//   W = 8, rank 0:   barrier d=1: 1, 7   d=2: 2, 6   d=4: 4     all-reduce: 1, 7   broadcast: 1, 2, 4 (root 0)
+//                    never connected: 3, 5 (until a send or receive of a stream's route names them)
+//
+// 2 log2(W) pairs a rank at most, where a full mesh makes W - 1 (at W <= 4 they are the same pairs).
+c10::intrusive_ptr<c10d::Backend> MakeGlooGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
+                                                std::chrono::milliseconds timeout, const std::string& master_addr,
+                                                GlooConnect connect) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 7)
+  const bool lazy = connect == GlooConnect::kLazy;
+#else
+  (void)connect;  // no lazy init before torch 2.7: a full mesh
+  const bool lazy = false;
+#endif
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname, lazy));
+  } else if (master_addr == "127.0.0.1" || master_addr == "localhost") {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1", lazy));
+  } else {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice(lazy));
+  }
+  c10::intrusive_ptr<c10d::Store> gloo_store = store;
+  if (lazy) gloo_store = c10::make_intrusive<DeadlineStore>(store, timeout);
+  auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(gloo_store, rank, world_size, options);
+  pg->barrier()->wait(timeout);
+  return pg;
+}
+
+}  // namespace shardcast

@@ -1,0 +1,38 @@
+// runtime/comm/gloo_group: how one operation's Gloo group is made over the operation's store
+// (c10d_communicator.cc's CreateGlooCommunicatorOnStore and CreateGlooCommunicator are its users, and
+// bench/bench_gloo_group.cc, which times the two ways a group's pairs connect).
+//
+// Thread safety: any thread; each call makes its own group. Failure: throws what c10d and gloo throw
+// (c10::Error, c10::DistNetworkError); the callers re-raise it in our terms under their deadline.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <string>
+
+namespace shardcast {
+
+// When a group's pairs connect.
+enum class GlooConnect {
+  kFullMesh,  // every pair while the group is made: W - 1 connections a rank, ~W^2 store reads in all
+  kLazy,      // a pair on its first use (gloo's lazy init, torch >= 2.7; before it, a full mesh)
+};
+
+// What shardcast's groups use: lazy. bench/bench_gloo_group.cc on the 2 vCPU AMD EPYC VM (medians of 3;
+// bench/RESULTS.md, "One operation's Gloo group"): at W=256 the group is ready in 1.46 s against 6.68 s
+// for a full mesh (the handshake done in 14.7 s against 20.2 s), with 19 fds a rank against 259 and
+// 7,936 store requests in all against 131,328 (2 W^2); at W=8 the two are within a few ms.
+inline constexpr GlooConnect kGlooConnect = GlooConnect::kLazy;
+
+// The Gloo group over `store`, ready on every rank before it returns (see the .cc for why): after it,
+// a lazy group's collectives find their pairs connected; a send or receive to another peer connects
+// on its first use, reading the peer's address from `store` within `timeout` (kCommTimeout past it).
+// master_addr: the store host's address; loopback picks the loopback device (else GLOO_SOCKET_IFNAME's
+// interface, else the host name's).
+c10::intrusive_ptr<c10d::Backend> MakeGlooGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
+                                                std::chrono::milliseconds timeout, const std::string& master_addr,
+                                                GlooConnect connect);
+
+}  // namespace shardcast
