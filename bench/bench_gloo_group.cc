@@ -51,14 +51,17 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr int kRanksPerProcess = 64;
 
-int64_t NowNs() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
 
 std::vector<uint8_t> Bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
 // The operation store, counting every request the group makes on it.
 class CountingStore : public c10d::PrefixStore {
  public:
-  CountingStore(std::string prefix, c10::intrusive_ptr<c10d::Store> store) : PrefixStore(std::move(prefix), std::move(store)) {}
+  CountingStore(std::string prefix, c10::intrusive_ptr<c10d::Store> store)
+      : PrefixStore(std::move(prefix), std::move(store)) {}
   std::atomic<int64_t> requests{0};
 
   void set(const std::string& k, const std::vector<uint8_t>& v) override { ++requests; PrefixStore::set(k, v); }
@@ -114,7 +117,8 @@ void RunRank(const std::string& run, int port, int rank, int world, bool lazy, s
   if (ctl->add("arrived", 1) == world) ctl->set("all-arrived", Bytes("1"));
   ctl->wait({"go"});
   try {
-    auto group = MakeGlooGroup(store, rank, world, timeout, "127.0.0.1", lazy ? GlooConnect::kLazy : GlooConnect::kFullMesh);
+    const GlooConnect connect = lazy ? GlooConnect::kLazy : GlooConnect::kFullMesh;
+    auto group = MakeGlooGroup(store, rank, world, timeout, "127.0.0.1", connect);
     out->ready_ns = NowNs();
     auto comm = WrapC10dBackend(group, timeout, store);
     std::vector<int64_t> facts = {rank, world, 1, 2, 3, 4, 5, rank * 7};
@@ -154,8 +158,8 @@ int Child(const std::string& run, int port, int world, int first, int count, boo
   std::vector<RankResult> results(count);
   std::vector<std::thread> threads;
   for (int i = 0; i < count; ++i) {
-    threads.emplace_back(RunRank, run, port, first + i, world, lazy, std::chrono::milliseconds(timeout_s * 1000), &arrived,
-                         &counted, &ended, &results[i]);
+    threads.emplace_back(RunRank, run, port, first + i, world, lazy, std::chrono::milliseconds(timeout_s * 1000),
+                         &arrived, &counted, &ended, &results[i]);
   }
   while (arrived.load() < count) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   const int fds_before = OpenFds();  // every rank's store client connected, no group made yet
@@ -185,7 +189,8 @@ struct RunFigures {
   std::string error;
 };
 
-RunFigures Parent(const std::string& self, const c10::intrusive_ptr<c10d::TCPStore>& server, int run_id, int world, bool lazy, int timeout_s) {
+RunFigures Parent(const std::string& self, const c10::intrusive_ptr<c10d::TCPStore>& server, int run_id, int world,
+                  bool lazy, int timeout_s) {
   const std::string run = "run" + std::to_string(run_id);
   const int procs = (world + kRanksPerProcess - 1) / kRanksPerProcess;
   std::vector<pid_t> pids;

@@ -2,9 +2,10 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/version.h>
 
 #include <cstdlib>
+#include <memory>
+#include <type_traits>
 
 #include "runtime/comm/store_channel.h"
 
@@ -51,6 +52,29 @@ class DeadlineStore : public c10d::PrefixStore {
   std::chrono::milliseconds deadline_;
 };
 
+// Whether this torch's Gloo devices take gloo's lazy init (`lazyInit`, a later torch than 2.6, the oldest
+// shardcast builds against): told by the signature, not by a version number.
+template <typename PG, typename = void>
+struct LazyInitIn : std::false_type {};
+template <typename PG>
+struct LazyInitIn<PG, std::void_t<decltype(PG::createDeviceForHostname(std::string(), true))>> : std::true_type {};
+
+// The device of the group: GLOO_SOCKET_IFNAME's interface, else loopback where the store host is, else the
+// host name's. A template, so that the calls with `lazy` compile only where the torch has them.
+template <typename PG>
+std::shared_ptr<::gloo::transport::Device> DeviceFor(const std::string& master_addr, bool lazy) {
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  const bool loopback = master_addr == "127.0.0.1" || master_addr == "localhost";
+  if constexpr (LazyInitIn<PG>::value) {
+    if (ifname != nullptr) return PG::createDeviceForInterface(ifname, lazy);
+    return loopback ? PG::createDeviceForHostname("127.0.0.1", lazy) : PG::createDefaultDevice(lazy);
+  } else {
+    (void)lazy;  // a full mesh
+    if (ifname != nullptr) return PG::createDeviceForInterface(ifname);
+    return loopback ? PG::createDeviceForHostname("127.0.0.1") : PG::createDefaultDevice();
+  }
+}
+
 }  // namespace
 
 // Every rank's group is made before any rank leaves: a fast rank could go on and fail while rank 0
@@ -69,20 +93,9 @@ class DeadlineStore : public c10d::PrefixStore {
 c10::intrusive_ptr<c10d::Backend> MakeGlooGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
                                                 std::chrono::milliseconds timeout, const std::string& master_addr,
                                                 GlooConnect connect) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 7)
-  const bool lazy = connect == GlooConnect::kLazy;
-#else
-  (void)connect;  // no lazy init before torch 2.7: a full mesh
-  const bool lazy = false;
-#endif
+  const bool lazy = connect == GlooConnect::kLazy && LazyInitIn<c10d::ProcessGroupGloo>::value;
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
-    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname, lazy));
-  } else if (master_addr == "127.0.0.1" || master_addr == "localhost") {
-    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1", lazy));
-  } else {
-    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice(lazy));
-  }
+  options->devices.push_back(DeviceFor<c10d::ProcessGroupGloo>(master_addr, lazy));
   c10::intrusive_ptr<c10d::Store> gloo_store = store;
   if (lazy) gloo_store = c10::make_intrusive<DeadlineStore>(store, timeout);
   auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(gloo_store, rank, world_size, options);
