@@ -52,7 +52,8 @@ if [ -n "${SHARDCAST_DEB_DIR:-}" ]; then
   export CMAKE_PREFIX_PATH=$sysroot/usr CPATH=$sysroot/usr/include LIBRARY_PATH=$lib LD_LIBRARY_PATH=$lib
 fi
 { nvidia-smi -L; grep -c ^processor /proc/cpuinfo; python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"; } 2>&1 | tee "$out/machine.txt"
-gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+gen=()  # the generator of a build-gpu/ already there (tools/gpu_check.sh makes one with Unix Makefiles)
+[ -f "$build/CMakeCache.txt" ] || { command -v ninja >/dev/null && gen=(-G Ninja); }
 cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DSHARDCAST_PYTHON="$(command -v python3)" -DSHARDCAST_CUDA=ON \
   -DSHARDCAST_BUILD_TESTS=ON -DSHARDCAST_BUILD_BENCH=OFF >"$out/build.log" 2>&1 &&
   cmake --build "$build" -j"$(grep -c ^processor /proc/cpuinfo)" --target shardcast _shardcast shardcast_python_package core_test \
