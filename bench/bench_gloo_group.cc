@@ -6,8 +6,10 @@
 //   child:  one thread a rank, each with its own TCPStore client, then on "go":
 //             MakeGlooGroup (the library's: the group and its barrier)          -> ready
 //             the handshake's collectives: AllGather of 8 int64s (an all-reduce), the decision's
-//             size and 4 KiB from rank 0 (two broadcasts), the verdict (an all-reduce of W KiB),
-//             the stream's closing barrier                                       -> end
+//             size and 4 KiB from rank 0 (two broadcasts), the verdict (Agree: one bit a rank, then
+//             slots only where one is set), the stream's closing barrier         -> end
+//           and, between barriers, each timed alone: the verdict as it was before 2026-11-27 (one all-reduce
+//           of W slots of 1 KiB, "W slots") and Agree as it is ("verdict"); slowest rank, median of runs
 //           each checked: rank r's facts in row r, rank 0's decision bytes, no verdict
 //
 // Times are from "go" to the last rank's ready / end (one clock: steady_clock is system-wide here).
@@ -95,7 +97,7 @@ int OpenFds() {
 }
 
 struct RankResult {
-  int64_t ready_ns = 0, end_ns = 0, requests = 0;
+  int64_t ready_ns = 0, end_ns = 0, requests = 0, w_slots_ns = 0, verdict_ns = 0;
   bool ok = false;
   std::string error;
 };
@@ -133,7 +135,15 @@ void RunRank(const std::string& run, int port, int rank, int world, bool lazy, s
     }
     comm->Broadcast(decision.data(), decision.size(), 0);
     for (size_t i = 0; ok && i < decision.size(); ++i) ok = decision[i] == static_cast<unsigned char>(i * 131 + 7);
+    comm->Barrier();
+    int64_t t = NowNs();
+    std::vector<int64_t> slots(static_cast<size_t>(world) * (kVerdictSlotBytes / 8), 0);  // the verdict before
+    comm->AllReduceSum(slots.data(), slots.size());
+    out->w_slots_ns = NowNs() - t;
+    comm->Barrier();
+    t = NowNs();
     Agree(*comm, "bench", Problem{});
+    out->verdict_ns = NowNs() - t;
     comm->Barrier();
     out->end_ns = NowNs();
     out->requests = store->requests.load();
@@ -176,14 +186,14 @@ int Child(const std::string& run, int port, int world, int first, int count, boo
   j["teardown_s"] = teardown_s;
   for (const auto& r : results) {
     j["ranks"].push_back({{"ready_ns", r.ready_ns}, {"end_ns", r.end_ns}, {"requests", r.requests}, {"ok", r.ok},
-                          {"error", r.error}});
+                          {"error", r.error}, {"w_slots_ns", r.w_slots_ns}, {"verdict_ns", r.verdict_ns}});
   }
   std::ofstream(out_path) << j.dump();
   return 0;
 }
 
 struct RunFigures {
-  double ready_s = 0, end_s = 0, teardown_s = 0, fds_per_rank = 0;
+  double ready_s = 0, end_s = 0, teardown_s = 0, fds_per_rank = 0, w_slots_s = 0, verdict_s = 0;
   int64_t requests = 0;
   bool ok = false;
   std::string error;
@@ -243,6 +253,8 @@ RunFigures Parent(const std::string& self, const c10::intrusive_ptr<c10d::TCPSto
       ++ranks;
       ready = std::max(ready, r["ready_ns"].get<int64_t>());
       end = std::max(end, r["end_ns"].get<int64_t>());
+      f.w_slots_s = std::max(f.w_slots_s, r["w_slots_ns"].get<int64_t>() / 1e9);
+      f.verdict_s = std::max(f.verdict_s, r["verdict_ns"].get<int64_t>() / 1e9);
       f.requests += r["requests"].get<int64_t>();
       if (!r["ok"].get<bool>()) {
         f.ok = false;
@@ -304,29 +316,32 @@ int Main(int argc, char** argv) {
       for (int m = 0; m < 2; ++m) {
         const bool lazy = (m + r) % 2 == 1;  // interleaved: the first mode alternates between runs
         RunFigures f = Parent(self, server, run_id++, w, lazy, timeout_s);
-        std::printf("run %d W=%d %-9s ready %.3f s end %.3f s teardown %.3f s fds/rank %.1f requests %lld %s %s\n",
-                    r, w, lazy ? "lazy" : "full mesh", f.ready_s, f.end_s, f.teardown_s, f.fds_per_rank,
-                    static_cast<long long>(f.requests), f.ok ? "ok" : "FAILED", f.error.c_str());
+        std::printf("run %d W=%d %-9s ready %.3f s end %.3f s (W slots %.3f s, verdict %.3f s) teardown %.3f s "
+                    "fds/rank %.1f requests %lld %s %s\n",
+                    r, w, lazy ? "lazy" : "full mesh", f.ready_s, f.end_s, f.w_slots_s, f.verdict_s, f.teardown_s,
+                    f.fds_per_rank, static_cast<long long>(f.requests), f.ok ? "ok" : "FAILED", f.error.c_str());
         std::fflush(stdout);
         all[{w, lazy}].push_back(f);
       }
     }
   }
   nlohmann::json j;
-  std::printf("\n| W | mode | ready (s) | end of handshake (s) | teardown (s) | fds a rank | store requests | ok |\n");
+  std::printf("\n| W | mode | ready (s) | end of handshake (s) | W slots (s) | verdict (s) | teardown (s) | "
+              "fds a rank | store requests | ok |\n");
   for (const auto& [key, fs] : all) {
-    std::vector<double> ready, end, tear, fds;
+    std::vector<double> ready, end, tear, fds, w_slots, verdict;
     bool ok = true;
     for (const auto& f : fs) {
       ready.push_back(f.ready_s), end.push_back(f.end_s), tear.push_back(f.teardown_s), fds.push_back(f.fds_per_rank);
+      w_slots.push_back(f.w_slots_s), verdict.push_back(f.verdict_s);
       ok = ok && f.ok;
     }
-    std::printf("| %d | %s | %.3f | %.3f | %.3f | %.1f | %lld | %s |\n", key.first, key.second ? "lazy" : "full mesh",
-                Median(ready), Median(end), Median(tear), Median(fds), static_cast<long long>(fs.front().requests),
-                ok ? "yes" : "NO");
+    std::printf("| %d | %s | %.3f | %.3f | %.3f | %.4f | %.3f | %.1f | %lld | %s |\n", key.first,
+                key.second ? "lazy" : "full mesh", Median(ready), Median(end), Median(w_slots), Median(verdict),
+                Median(tear), Median(fds), static_cast<long long>(fs.front().requests), ok ? "yes" : "NO");
     nlohmann::json e = {{"world", key.first}, {"mode", key.second ? "lazy" : "full_mesh"}, {"ok", ok},
                         {"ready_s", ready}, {"end_s", end}, {"teardown_s", tear}, {"fds_per_rank", fds},
-                        {"store_requests", fs.front().requests}};
+                        {"store_requests", fs.front().requests}, {"w_slots_s", w_slots}, {"verdict_s", verdict}};
     j["results"].push_back(e);
   }
   if (!json_path.empty()) std::ofstream(json_path) << j.dump(1) << "\n";

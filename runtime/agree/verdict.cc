@@ -1,5 +1,6 @@
 #include "runtime/agree/verdict.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace shardcast {
@@ -7,35 +8,66 @@ namespace {
 
 constexpr size_t kSlotWords = kVerdictSlotBytes / 8;
 
+bool BitSet(const std::vector<int64_t>& bits, int r) { return (static_cast<uint64_t>(bits[r / 64]) >> (r % 64)) & 1u; }
+
+// "1, 2", "0-1023", "3, 5-9": ranks in order, a run of three or more as a range.
+std::string RankList(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    const auto add = [&](const std::string& s) { out += (out.empty() ? "" : ", ") + s; };
+    if (j - i >= 2) {
+      add(std::to_string(ranks[i]) + "-" + std::to_string(ranks[j]));
+    } else {
+      for (size_t k = i; k <= j; ++k) add(std::to_string(ranks[k]));
+    }
+    i = j + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 void Agree(Communicator& comm, const std::string& phase, const Problem& local) {
-  const int world = comm.world_size();
-  // slot layout: word 0 = kind + 1 (0: no problem), words 1.. = message bytes, NUL padded
-  std::vector<int64_t> buf(static_cast<size_t>(world) * kSlotWords, 0);
-  if (!local.message.empty()) {
-    int64_t* slot = buf.data() + static_cast<size_t>(comm.rank()) * kSlotWords;
+  const int world = comm.world_size(), rank = comm.rank();
+  const bool failing = !local.message.empty();
+  // 1. Who failed: rank r's bit, set by rank r alone, so the sum never carries.
+  std::vector<int64_t> bits(static_cast<size_t>(world + 63) / 64, 0);
+  if (failing) bits[rank / 64] = static_cast<int64_t>(uint64_t{1} << (rank % 64));
+  comm.AllReduceSum(bits.data(), bits.size());
+  std::vector<int> failed;
+  for (int r = 0; r < world; ++r) {
+    if (BitSet(bits, r)) failed.push_back(r);
+  }
+  if (failed.empty()) return;
+  // 2. The first kVerdictShown failing ranks' problems. Slot layout: word 0 = kind + 1, words 1.. = the
+  // message's bytes, NUL padded.
+  const size_t shown = std::min(failed.size(), static_cast<size_t>(kVerdictShown));
+  std::vector<int64_t> slots(shown * kSlotWords, 0);
+  const size_t mine = std::lower_bound(failed.begin(), failed.end(), rank) - failed.begin();
+  if (failing && mine < shown) {
+    int64_t* slot = slots.data() + mine * kSlotWords;
     slot[0] = static_cast<int64_t>(local.kind) + 1;
     std::string m = local.message;
     const size_t room = kVerdictSlotBytes - 8 - 1;
     if (m.size() > room) m = m.substr(0, room - 12) + " [truncated]";
     std::memcpy(slot + 1, m.data(), m.size());
   }
-  comm.AllReduceSum(buf.data(), buf.size());
-  std::string message, failing;
-  ErrorKind kind = ErrorKind::kInternal;
-  int failed = 0;
-  for (int r = 0; r < world; ++r) {
-    const int64_t* slot = buf.data() + static_cast<size_t>(r) * kSlotWords;
-    if (slot[0] == 0) continue;
-    if (failed++ == 0) kind = static_cast<ErrorKind>(slot[0] - 1);
+  comm.AllReduceSum(slots.data(), slots.size());
+  std::string message;
+  for (size_t i = 0; i < shown; ++i) {
+    const int64_t* slot = slots.data() + i * kSlotWords;
     const char* text = reinterpret_cast<const char*>(slot + 1);
-    message += "\n  [rank " + std::to_string(r) + "] " + std::string(text, strnlen(text, kVerdictSlotBytes - 8));
-    failing += (failing.empty() ? "" : ", ") + std::to_string(r);
+    message += "\n  [rank " + std::to_string(failed[i]) + "] ";
+    message.append(text, strnlen(text, kVerdictSlotBytes - 8));
   }
-  if (failed == 0) return;
-  throw Error(kind, phase, "failed on rank" + std::string(failed > 1 ? "s " : " ") + failing + " of " +
-                               std::to_string(world) + ":" + message);
+  if (failed.size() > shown) {
+    message += "\n  (the problems of " + std::to_string(failed.size() - shown) + " more ranks are not shown)";
+  }
+  const auto kind = static_cast<ErrorKind>(slots[0] - 1);
+  throw Error(kind, phase, "failed on rank" + std::string(failed.size() > 1 ? "s " : " ") + RankList(failed) +
+                               " of " + std::to_string(world) + ":" + message);
 }
 
 std::vector<std::vector<int64_t>> AllGather(Communicator& comm, const std::vector<int64_t>& values) {

@@ -1,9 +1,15 @@
 // runtime/agree/verdict: one answer for all ranks.
 //
 // Agree: every rank passes its local problem (empty if none). Either every rank returns, or every rank
-// throws the same Error: the kind of the lowest failing rank, and a message listing each failing
-// rank's problem in rank order. One small all-reduce carries it: each rank writes its message into its
-// own slot of a zeroed buffer, and the sum gives every rank every slot.
+// throws the same Error: the kind of the lowest failing rank, a message naming every failing rank and
+// the problems of the first kVerdictShown of them in rank order. Two all-reduces carry it, both of a
+// size that does not grow with the world size times itself:
+//   1. who failed: one bit a rank (W / 64 words); each rank sets its own bit, so the sum is the union.
+//      No bit set: every rank returns (the common case: 8 bytes at W <= 64, 128 bytes at W = 1,024).
+//   2. only where a bit is set: kVerdictShown slots of kVerdictSlotBytes; the i-th failing rank writes
+//      its kind and message into slot i (i < kVerdictShown), and the sum gives every rank every slot.
+// Before, one all-reduce of W slots (W KiB a rank) carried the verdict: at W = 256 on one host most of
+// the handshake's time (bench/bench_gloo_group.cc).
 //
 // AllGather: the same slot trick for a few int64s per rank (reports, counters).
 #pragma once
@@ -16,6 +22,7 @@
 namespace shardcast {
 
 inline constexpr size_t kVerdictSlotBytes = 1024;  // a longer message is cut, and says so
+inline constexpr int kVerdictShown = 8;           // failing ranks whose messages the error carries
 
 struct Problem {
   ErrorKind kind = ErrorKind::kManifestMismatch;

@@ -63,6 +63,34 @@ TEST(Verdict, ALongMessageIsCutAndSaysSo) {
   EXPECT_EQ(out[0].message, out[1].message);
 }
 
+TEST(Verdict, ManyFailingRanksNameEveryRankAndShowTheFirstProblems) {
+  // 70 ranks: the failing ranks' bits span two words, and rank 64's bit is the second word's first.
+  const int world = 70;
+  auto fails = [](int r) { return r >= 3 && r != 40; };  // 3-39, 41-69: 66 ranks
+  auto out = AgreeOn(world, [&](int r) {
+    return fails(r) ? Problem{r == 3 ? ErrorKind::kConfig : ErrorKind::kIo, "cause " + std::to_string(r)} : Problem{};
+  });
+  std::string shown;
+  for (int r = 3; r < 3 + kVerdictShown; ++r) {
+    shown += "\n  [rank " + std::to_string(r) + "] cause " + std::to_string(r);
+  }
+  for (const Outcome& o : out) {
+    ASSERT_TRUE(o.threw);
+    EXPECT_EQ(o.kind, ErrorKind::kConfig);
+    EXPECT_EQ(o.message, "phase: failed on ranks 3-39, 41-69 of 70:" + shown +
+                             "\n  (the problems of 58 more ranks are not shown)");
+  }
+}
+
+TEST(Verdict, TheHighestRankOfAWordAndOfTheWorldAreFound) {
+  // Bit 63 (the sign bit of the first word) and the last rank of a world that is not a multiple of 64.
+  auto out = AgreeOn(66, [](int r) { return r == 63 || r == 65 ? Problem{ErrorKind::kIo, "x"} : Problem{}; });
+  for (const Outcome& o : out) {
+    ASSERT_TRUE(o.threw);
+    EXPECT_EQ(o.message, "phase: failed on ranks 63, 65 of 66:\n  [rank 63] x\n  [rank 65] x");
+  }
+}
+
 TEST(AllGather, EveryRankSeesEveryRanksValues) {
   std::mutex mu;
   std::vector<std::vector<std::vector<int64_t>>> seen(3);
