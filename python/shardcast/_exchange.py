@@ -280,7 +280,8 @@ def decided(ch, rank: int, world: int, value: Any, decide: Callable[[List[Any]],
     ends at the deadline, "timed out" with the ranks that never came (none came late: rank 0, which did not
     answer). Every rank acts on the one that got there first, so no rank returns while another raises, and
     every rank raises the same CommTimeout naming the same ranks. decide failing on rank 0 (or giving
-    what JSON cannot carry) is an InternalError on every rank."""
+    what JSON cannot carry) is an InternalError on every rank; interrupted there (KeyboardInterrupt,
+    SystemExit), it is an InternalError on every other rank at once and the interrupt on rank 0."""
     from ._shardcast import InternalError
     if world == 1 or ch is None:
         try:
@@ -355,7 +356,7 @@ def decided(ch, rank: int, world: int, value: Any, decide: Callable[[List[Any]],
                 answers = decide(every)
                 outcome = json.dumps(["ok", answers[""]])
                 parts = {name: json.dumps(answer) for name, answer in answers.items() if name != ""}
-            except Exception as e:  # noqa: BLE001 -- told to every rank, then raised here from it
+            except BaseException as e:  # noqa: BLE001 -- told to every rank, then raised here (from it)
                 failure, parts = e, {}
                 outcome = json.dumps(["failed", f"{type(e).__name__}: {_first_line(e)}"])
             _keep(ch, n, ["=" + name for name in parts])
@@ -371,6 +372,8 @@ def decided(ch, rank: int, world: int, value: Any, decide: Callable[[List[Any]],
     if settled[0] == "ok":
         return settled[1], (settled[1] if part == "" else own)
     if settled[0] == "failed":
+        if failure is not None and not isinstance(failure, Exception):
+            raise failure  # an interrupt or an exit stays what it is on rank 0; the others were told
         raise InternalError(f"{what}: rank 0 could not decide ({settled[1]})") from failure
     raise _late(what, settled[1], settled[2], ch)
 

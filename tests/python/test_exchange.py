@@ -2,6 +2,7 @@
 is named in the CommTimeout every waiting rank raises."""
 import datetime
 import threading
+import time
 
 import pytest
 import torch.distributed as dist
@@ -203,6 +204,29 @@ def test_a_decision_that_fails_on_rank_0_fails_on_every_rank():
 
     _, got = _ranks(world, once)
     assert got == ["ValueError", "NoneType", "NoneType"]
+
+
+# A decision interrupted on rank 0 (Ctrl-C there, or SystemExit): rank 0 raises the interrupt itself, and
+# every other rank learns it at once (an InternalError naming it), not at its deadline.
+def test_a_decision_interrupted_on_rank_0_ends_every_rank_at_once():
+    from shardcast._shardcast import InternalError
+    world = 3
+
+    def interrupted(every):
+        raise KeyboardInterrupt("pressed")
+
+    def once(r, ch):
+        start = time.monotonic()
+        if r == 0:
+            with pytest.raises(KeyboardInterrupt):
+                _exchange.decided(ch, r, world, r, interrupted, 30.0, "decided")
+        else:
+            with pytest.raises(InternalError, match=r"rank 0 could not decide \(KeyboardInterrupt: pressed"):
+                _exchange.decided(ch, r, world, r, interrupted, 30.0, "decided")
+        return time.monotonic() - start
+
+    took = _ranks(world, once, timeout_s=40)[1]
+    assert max(took) < 10, took  # told, not timed out (30 s)
 
 
 # decided, computed_on_rank0 (which waits for no rank) and gathered in a row, rank 1 slow to read its answer:
