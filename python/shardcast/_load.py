@@ -210,7 +210,7 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
         progress = _progress(progress, rank)
     except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
         return _fail_load(pg, rank, world, store, _problem(e), mapping, timeout)
-    timeout_s = _shardcast.load_timeout_seconds(options) or 600.0
+    timeout_s = _shardcast.load_timeout_seconds(options)
     ch = channel(pg, store)
     if mapping:
         entries, layouts, problem = _mapping_entries(model, path, ch, rank, world, timeout_s)
@@ -232,7 +232,7 @@ def _fail_load(pg, rank: int, world: int, store, problem: Tuple[str, str], mappi
     rank waits for the others as long as they wait for it; the default's where it cannot be read (it may
     be what failed)."""
     options = _timeout_alone(timeout)
-    timeout_s = _shardcast.load_timeout_seconds(options) or 600.0
+    timeout_s = _shardcast.load_timeout_seconds(options)
     ch = channel(pg, store)
 
     def failed():

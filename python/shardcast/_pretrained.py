@@ -120,7 +120,7 @@ def _with_every_phase(report, clock: PhaseClock, load_kwargs: Dict[str, Any]):
     from ._load import _options, _timeout_ms
     from ._shardcast import load_timeout_seconds
     pg, rank, world, store = _group(load_kwargs.get("process_group"))
-    timeout_s = load_timeout_seconds(_options(timeout_ms=_timeout_ms(load_kwargs.get("timeout")))) or 600.0
+    timeout_s = load_timeout_seconds(_options(timeout_ms=_timeout_ms(load_kwargs.get("timeout"))))
     mine = {"phases": clock.seconds, "seconds": clock.total(), "cpu_seconds": clock.cpu()}
     try:
         every = gathered(channel(pg, store), rank, world, mine, timeout_s, "every rank's phase times")
@@ -153,7 +153,7 @@ def _agree_first(failed: Optional[BaseException], why: Optional[str], mesh, targ
     if failed is not None:
         why = f"it failed already ({type(failed).__name__})"
     try:
-        timeout_s = load_timeout_seconds(_options(timeout_ms=_timeout_ms(load_kwargs.get("timeout")))) or 600.0
+        timeout_s = load_timeout_seconds(_options(timeout_ms=_timeout_ms(load_kwargs.get("timeout"))))
         why = why or _stream_rules.off_layout(mesh, target, world, dc)
         if why is None and beside is False:
             why = f"{_stream_rules.BESIDE_VAR}=0"

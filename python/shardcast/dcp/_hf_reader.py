@@ -112,7 +112,7 @@ class HuggingFaceStorageReader(_TorchReader):
 
     # -- metadata -----------------------------------------------------------------------------------------
     def _timeout_s(self) -> float:
-        return _shardcast.load_timeout_seconds(self._shardcast_options) or 600.0
+        return _shardcast.load_timeout_seconds(self._shardcast_options)
 
     def _by_file(self) -> bool:
         """Whether the checkpoint is read file by file, as torch's reader reads every directory: a directory
