@@ -363,6 +363,8 @@ def decided(ch, rank: int, world: int, value: Any, decide: Callable[[List[Any]],
             # waits for no rank: a store that does not answer within the timeout has stalled
             settled = _through_store(ch, lambda store: tell(store, parts, outcome), timeout_s, what)
             _dropped(ch, n, timeout_s, what)  # the others go on meanwhile
+            if failure is not None and not isinstance(failure, Exception):
+                raise failure  # an interrupt or an exit stays what it is on rank 0, whatever the others heard
             if settled[0] == "ok" and part in parts:
                 own = json.loads(parts[part])
     else:
@@ -372,8 +374,6 @@ def decided(ch, rank: int, world: int, value: Any, decide: Callable[[List[Any]],
     if settled[0] == "ok":
         return settled[1], (settled[1] if part == "" else own)
     if settled[0] == "failed":
-        if failure is not None and not isinstance(failure, Exception):
-            raise failure  # an interrupt or an exit stays what it is on rank 0; the others were told
         raise InternalError(f"{what}: rank 0 could not decide ({settled[1]})") from failure
     raise _late(what, settled[1], settled[2], ch)
 
