@@ -14,7 +14,8 @@
 # Then, where the deadline leaves room, cold (torch t=4 against shardcast.dcp; on an H200 1.03x in 3 rounds,
 # then 0.77x and 0.90x in 2), then the CPU target at W=4 over Gloo on the host's cores (torch t=4 against
 # shardcast.dcp: 0.64x on an H200 host, before the readers committed their own pages and the commit beside
-# them went to idle priority: STEPS="cpu cpu-init cpu-cold" checks whether that closed it). Each launch took
+# them went to idle priority; 0.94x on the next start, 2026-11-27 evening, where cpu-init and cpu-cold did not
+# fit the call: STEPS="cpu-init cpu-cold" is the next call's). Each launch took
 # ~19 s on an H100 and ~22 s on an H200 (a warm run of 5 methods ~334 s there), so a call of DEADLINE=560
 # ends before the cold run: run STEPS="cold cpu" as a second call at once. A held machine is released
 # after ~30 s idle, and the next call starts a bare one (its build-gpu/ gone): have the second command
