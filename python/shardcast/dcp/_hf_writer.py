@@ -45,7 +45,7 @@ from torch.futures import Future
 
 from .. import _shardcast
 from .._shardcast import InvalidArgument, ShardcastError, Unsupported
-from ._agree import alone as _alone
+from ._agree import alone as _alone, run_group
 from ._cover import cover_problem
 
 __all__ = ["HuggingFaceStorageWriter"]
@@ -77,7 +77,8 @@ class HuggingFaceStorageWriter(StorageWriter):
     Keyword-only (shardcast's): max_shard_size ("5GB", decimal as transformers', or bytes; without a
     mapping), source ("each-rank": every rank writes, one filesystem every rank sees at the same path;
     "rank0": rank 0 writes what the others stream to it, for node-local disks), timeout (seconds per
-    collective), process_group (the group dcp.save runs over; default the default group), chunk_bytes,
+    collective), process_group (the group dcp.save runs over; default: the process_group dcp.save was
+    given, else the default group), chunk_bytes,
     staging_slots, progress (True, or a callable(done_bytes, total_bytes)).
 
     Every failure is a shardcast error (InvalidArgument, CommError, IoError, ...) on every rank, which DCP
@@ -147,7 +148,7 @@ class HuggingFaceStorageWriter(StorageWriter):
         if not all(p.usable for p in plans):
             raise Unsupported("a save plan cached on some ranks only (DefaultSavePlanner(enable_plan_caching=True) "
                               "after the state dict changed): save without plan caching")
-        local = _alone(plans, self.process_group)
+        local = _alone(plans, run_group(self.process_group))
         try:
             layout = _global_layout(plans)
         except InvalidArgument as e:
@@ -166,7 +167,7 @@ class HuggingFaceStorageWriter(StorageWriter):
         from .._load import _options
         from .._progress import _progress_printer
         layout: _SaveLayout = plan.storage_data
-        pg, rank, world, store = _group(self.process_group)
+        pg, rank, world, store = _group(run_group(self.process_group))
         if getattr(layout, "local", False):
             pg, rank, world, store = None, 0, 1, None
         options = _options(source=self.source, chunk_bytes=self.chunk_bytes, staging_slots=self.staging_slots,
