@@ -211,3 +211,18 @@ def test_a_directory_without_an_index_is_read_file_by_file_as_torch_reads_it(tmp
     save_file({"b": b}, str(tmp_path / "adapter_model.safetensors"))  # "b" twice: which one is meant?
     with pytest.raises(shardcast.CheckpointError, match="key 'b': its pieces .* overlap"):
         sdcp.HuggingFaceStorageReader(str(tmp_path)).read_metadata()
+
+
+# Regression (review): a complex64 tensor (torchtitan's freqs_cis buffer, RoPE tables) written by shardcast's
+# HuggingFaceStorageWriter as safetensors' C64 was refused by its reader ("dtype C64 has no torch
+# equivalent"), where torch's reader reads it.
+def test_complex64_round_trips_through_the_hf_writer_and_both_readers(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    import shardcast.dcp as sdcp
+    g = torch.Generator().manual_seed(4)
+    z = torch.complex(torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g))
+    dcp.save({"freqs_cis": z}, storage_writer=sdcp.HuggingFaceStorageWriter(str(tmp_path)), no_dist=True)
+    for reader in (torch.distributed.checkpoint.HuggingFaceStorageReader, sdcp.HuggingFaceStorageReader):
+        out = {"freqs_cis": torch.zeros(6, 4, dtype=torch.complex64)}
+        dcp.load(out, storage_reader=reader(str(tmp_path)), no_dist=True)
+        assert torch.equal(out["freqs_cis"], z), reader
