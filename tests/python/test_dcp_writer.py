@@ -141,7 +141,8 @@ def test_placements_are_the_real_2d_ones(run):
 
 @pytest.mark.parametrize("case,words", [("bytes_io", ["InvalidArgument", "optimizer.step_blob", "not a tensor"]),
                                         ("unmapped", ["InvalidArgument", "model.v", "no file number"]),
-                                        ("one_rank_fails", ["cannot resolve its data", "rank 1"])])
+                                        ("one_rank_fails", ["cannot resolve its data", "rank 1"]),
+                                        ("no_collectives", ["use_collectives=False", "err-nocoll", "no_dist=True"])])
 def test_a_failure_is_raised_on_every_rank(run, case, words):
     world, per_rank, saved = run
     for r in survivors(per_rank, world):
