@@ -196,3 +196,15 @@ def test_a_symlinked_output_directory_is_written_through(tmp_path):
     assert sorted(os.listdir(target)) == ["config.json", "model-00001-of-00001.safetensors",
                                           "model.safetensors.index.json"]
     assert torch.equal(tensors(target)["w"], w)
+
+
+# Regression (review): a dtype safetensors has no code for (float8_e5m2fnuz, float4_e2m1fn_x2) was refused as
+# "x: dtype has no safetensors equivalent", naming neither the dtype nor that x is a key.
+def test_a_dtype_safetensors_cannot_hold_is_refused_naming_key_and_dtype(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from shardcast.dcp import HuggingFaceStorageWriter
+    sd = {"model.w": torch.zeros(2, 2, dtype=torch.float8_e5m2fnuz)}
+    with pytest.raises(CheckpointException, match=r"key 'model.w': dtype Float8_e5m2fnuz has no safetensors equivalent"):
+        dcp.save(sd, storage_writer=HuggingFaceStorageWriter(tmp_path / "hf"), no_dist=True)
+    assert os.listdir(tmp_path) == []
