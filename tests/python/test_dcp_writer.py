@@ -208,3 +208,26 @@ def test_a_dtype_safetensors_cannot_hold_is_refused_naming_key_and_dtype(tmp_pat
     with pytest.raises(CheckpointException, match=r"key 'model.w': dtype Float8_e5m2fnuz has no safetensors equivalent"):
         dcp.save(sd, storage_writer=HuggingFaceStorageWriter(tmp_path / "hf"), no_dist=True)
     assert os.listdir(tmp_path) == []
+
+
+# Regression (review): a save removed every "<path>.tmp-*" beside its path as left over by a save that died,
+# also the build of another save still writing into the same path (two jobs, every rank with no_dist=True, an
+# async save still running): that save then failed with "cannot open to fsync" or "cannot create".
+def test_two_saves_into_one_path_at_once_both_finish(tmp_path):
+    import subprocess
+    import sys
+    import time
+    script = (  # both start saving at the same instant, once both have imported torch
+        "import sys, time, torch, torch.distributed.checkpoint as dcp\n"
+        "from shardcast.dcp import HuggingFaceStorageWriter\n"
+        "sd = {f'w{i}': torch.full((128, 1024), float(i)) for i in range(16)}\n"
+        "time.sleep(max(0.0, float(sys.argv[2]) - time.time()))\n"
+        "for _ in range(6):\n"
+        "    dcp.save(sd, storage_writer=HuggingFaceStorageWriter(sys.argv[1]), no_dist=True)\n")
+    start = str(time.time() + 12)
+    procs = [subprocess.Popen([sys.executable, "-W", "ignore", "-c", script, str(tmp_path / "hf"), start],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-2000:] for log in logs)
+    assert sorted(os.listdir(tmp_path)) == ["hf"]  # no build left beside it
+    assert sorted(tensors(tmp_path / "hf")) == sorted(f"w{i}" for i in range(16))
