@@ -230,7 +230,10 @@ Entries EntriesFrom(py::handle entries, Carried& carried,
     at::Tensor x = Cast<at::Tensor>(t[1], key, "a torch.Tensor");
     for (auto d : Cast<std::vector<int64_t>>(t[2], key, "a shape (ints)")) e.shape.push_back(static_cast<uint64_t>(d));
     auto dtype = FromScalarType(x.scalar_type());
-    if (!dtype) carried.Take(Error(ErrorKind::kUnsupported, e.key, "dtype has no safetensors equivalent"));
+    if (!dtype) {
+      carried.Take(Error(ErrorKind::kUnsupported, key,
+                         std::string("dtype ") + c10::toString(x.scalar_type()) + " has no safetensors equivalent"));
+    }
     e.dtype = dtype.value_or(DType::kU8);
     e.role = Cast<std::string>(t[3], key, "a role (text)") == "persistent_buffer" ? Role::kPersistentBuffer
                                                                                    : Role::kParameter;

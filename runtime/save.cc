@@ -102,15 +102,18 @@ std::vector<at::Tensor> Shards(const Manifest& m, RankState* state) {
 }
 
 // Steps 2-5, after the layout was agreed. Rank 0 removes its tmp directory if any of them fails.
+// `hold`: rank 0's hold on the build directory, kept by the caller until the save ends.
 void Write(Communicator& comm, RankState* state, const SaveRequest& rq, const Agreed& a, SaveRankReport* mine,
-           StreamStats* stats) {
+           StreamStats* stats, output_dir::BuildHold* hold) {
   const Manifest& m = a.manifest;
   const int me = comm.rank();
   const bool each_rank = m.params.source == Source::kEachRank;
   auto t = Clock::now();
   AgreeTogether(comm, "save create", me != 0 ? Problem{} : Try([&] {
-    for (const std::string& old : a.leftovers) output_dir::RemoveTree(old);
-    output_dir::Create(a.tmp_dir, m.files, a.headers);
+    for (const std::string& old : a.leftovers) {
+      if (!output_dir::Held(old)) output_dir::RemoveTree(old);  // a save that began since is left alone
+    }
+    *hold = output_dir::Create(a.tmp_dir, m.files, a.headers);
   }));
   FileSink sink(m, a.tmp_dir, me);
   std::shared_ptr<ShardSource> source;
@@ -207,8 +210,9 @@ SaveReport Save(Communicator& comm, RankState* state, const SaveRequest& rq) {
   Agreed a = DecideTogether(comm, state->plan(), &rq, CheckMode(rq));
   mine.layout_seconds = Since(t0);
   StreamStats stats;
+  output_dir::BuildHold hold;  // rank 0's, on the build directory: released when the save ends
   try {
-    Write(comm, state, rq, a, &mine, &stats);
+    Write(comm, state, rq, a, &mine, &stats, &hold);
   } catch (...) {
     // Rank 0 removes what it created (after a commit: the old tree, if any), then, where the failure
     // was an agreed verdict (the communicator still works), every rank waits for that, so nothing is

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -151,6 +152,37 @@ uint64_t FileSink::files_written() const {
 
 namespace output_dir {
 
+BuildHold::BuildHold(const std::string& dir) {
+  fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd_ >= 0 && ::flock(fd_, LOCK_EX | LOCK_NB) != 0) {  // no flock here: hold nothing, as before
+    ::close(fd_);
+    fd_ = -1;
+  }
+}
+
+BuildHold::~BuildHold() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
+BuildHold::BuildHold(BuildHold&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+
+BuildHold& BuildHold::operator=(BuildHold&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+bool Held(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);  // releases the flock this check may have taken
+  return held;
+}
+
 std::vector<std::string> Leftovers(const std::string& out_dir) {
   std::vector<std::string> out;
   const std::filesystem::path p(out_dir);
@@ -160,7 +192,8 @@ std::vector<std::string> Leftovers(const std::string& out_dir) {
   if (d == nullptr) return out;
   while (const dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
-    if (name.compare(0, tmp.size(), tmp) == 0 || name.compare(0, old.size(), old) == 0) out.push_back(parent + "/" + name);
+    const bool ours = name.compare(0, tmp.size(), tmp) == 0 || name.compare(0, old.size(), old) == 0;
+    if (ours && !Held(parent + "/" + name)) out.push_back(parent + "/" + name);
   }
   ::closedir(d);
   std::sort(out.begin(), out.end());
@@ -191,10 +224,12 @@ void RemoveTree(const std::string& path) {
   std::filesystem::remove_all(path, ec);
 }
 
-void Create(const std::string& dir, const std::vector<ManifestFile>& files, const std::vector<std::string>& headers) {
+BuildHold Create(const std::string& dir, const std::vector<ManifestFile>& files,
+                 const std::vector<std::string>& headers) {
   std::error_code ec;
   std::filesystem::create_directories(Parent(dir), ec);
   if (::mkdir(dir.c_str(), 0755) != 0) Fail(dir, "cannot create the save's directory", errno);
+  BuildHold hold(dir);
   for (size_t i = 0; i < files.size(); ++i) {
     const std::string path = dir + "/" + files[i].name;
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -210,6 +245,7 @@ void Create(const std::string& dir, const std::vector<ManifestFile>& files, cons
     ::close(fd);
   }
   FsyncPath(dir, true);
+  return hold;
 }
 
 void WriteText(const std::string& dir, const std::string& name, const std::string& text) {

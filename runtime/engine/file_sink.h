@@ -55,17 +55,42 @@ class FileSink : public Sink {
 
 namespace output_dir {
 
-// "<parent>/<name>.tmp-*" entries beside out_dir, left by saves and converts that did not finish, and
-// "<parent>/<name>.old-*" ones, left by a convert of an earlier version killed during its swap.
+// A save's hold on the directory it builds: an flock on the directory, taken by Create right after the
+// mkdir and released when the hold is destroyed (the save ended, committed or not). Leftovers() passes
+// over a build that is held, so a save never removes the build of another save still writing into the
+// same out_dir (two jobs, every rank with dcp.save(no_dist=True), an async save still running). Best
+// effort: where the filesystem refuses flock on a directory nothing is held, and every ".tmp-" entry
+// counts as left over, as before. Move-only; not thread-safe.
+class BuildHold {
+ public:
+  BuildHold() = default;
+  explicit BuildHold(const std::string& dir);
+  ~BuildHold();
+  BuildHold(BuildHold&& other) noexcept;
+  BuildHold& operator=(BuildHold&& other) noexcept;
+  BuildHold(const BuildHold&) = delete;
+  BuildHold& operator=(const BuildHold&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+// Whether a BuildHold (of this process or another) is on `dir` now.
+bool Held(const std::string& dir);
+
+// "<parent>/<name>.tmp-*" entries beside out_dir, left by saves and converts that did not finish (not
+// one a running save holds), and "<parent>/<name>.old-*" ones, left by a convert of an earlier version
+// killed during its swap.
 std::vector<std::string> Leftovers(const std::string& out_dir);
 // Rank 0's check before a save: an out_dir that exists (a directory) or leftovers are a kInvalidArgument
 // naming them all, unless overwrite; returns the leftovers (for overwrite to remove).
 std::vector<std::string> Check(const std::string& out_dir, bool overwrite);
 // Removes a directory tree; best effort, never throws.
 void RemoveTree(const std::string& path);
-// Creates `dir` (and missing parents of it), then each file with its header, allocated at its final
-// size so that a full disk fails here, before any data moves; fsyncs files and directory.
-void Create(const std::string& dir, const std::vector<ManifestFile>& files, const std::vector<std::string>& headers);
+// Creates `dir` (and missing parents of it) and holds it, then each file with its header, allocated at
+// its final size so that a full disk fails here, before any data moves; fsyncs files and directory.
+// Returns the hold, for the caller to keep until the save ends.
+BuildHold Create(const std::string& dir, const std::vector<ManifestFile>& files,
+                 const std::vector<std::string>& headers);
 // Writes a small file in `dir` and fsyncs it.
 void WriteText(const std::string& dir, const std::string& name, const std::string& text);
 // Carries what an existing `from` holds into `to`, for a save that keeps the other files of the

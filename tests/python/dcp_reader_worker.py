@@ -22,6 +22,11 @@ MODE "compare": every scenario below in one launch (ROOT holds the checkpoints t
              consolidation (one file per rank, pieces placed by DCP_SHARDING_INFO), read back by both readers
              into another layout of each key (so a rank's box spans pieces of several files); then the same
              directory missing rank 1's file (a hole in its keys), which shardcast's reader must refuse on every rank
+MODE "groups" (world 3): loads over another group than the default one, with the reader not told it (as
+  torch's readers are never told): dcp.load(no_dist=True) on the last rank alone, and on every rank from a
+  path of its own; dcp.load and dcp.save with process_group= the subgroup of ranks 1 and 2, which holds no rank
+  0; then a collective load (regression, review: the non-zero ranks waited for rank 0's headers until the
+  timeout, 10 minutes by default)
 MODE "truncated": this rank's own copy of the checkpoint (ROOT/copy-<rank>/llama, read as "llama" from
   ROOT/copy-<rank>: one path on every rank, as a checkpoint copied to each node's disk) is read; the test truncated
   rank 1's. MODE "kill": SHARDCAST_FAULT kills a rank mid-stream. Both write the exception each survivor
@@ -287,6 +292,65 @@ def alone(root, world, problems):
     return n
 
 
+def groups(root, world, problems):
+    """The "groups" mode (see the module's doc): each load against torch's reader, each within seconds."""
+    import time
+    llama = os.path.join(root, "llama")
+    keys = checkpoint_keys(llama)
+    rank = dist.get_rank()
+
+    def whole():
+        return {k: torch.full(shape, -7, dtype=dtype) for k, (shape, dtype) in keys.items()}
+    truth = whole()
+    dcp.load(truth, storage_reader=TorchReader(llama), no_dist=True)
+    seconds = {}
+
+    def timed(what, fn):
+        """Whether fn() ran without an exception (else a problem); its seconds go in `seconds`."""
+        t0 = time.monotonic()
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 -- DCP's CheckpointException is a BaseException
+            problems.append(f"groups: {what} on rank {rank} raised {type(e).__name__}: {str(e)[-600:]}")
+            return False
+        finally:
+            seconds[what] = time.monotonic() - t0
+        return True
+
+    if rank == world - 1:
+        solo = whole()
+        if timed("no_dist on the last rank", lambda: dcp.load(
+                solo, storage_reader=sdcp.HuggingFaceStorageReader(llama, timeout=30), no_dist=True)):
+            compare(truth, solo, "groups: no_dist on the last rank", problems)
+    dist.barrier()
+    own = os.path.join(root, f"groups-own-{rank}")  # the same checkpoint under a path of this rank's own
+    if not os.path.islink(own):
+        os.symlink(llama, own)
+    mine = whole()
+    if timed("no_dist from a path of its own", lambda: dcp.load(
+            mine, storage_reader=sdcp.HuggingFaceStorageReader(own, timeout=30), no_dist=True)):
+        compare(truth, mine, "groups: no_dist from a path of its own", problems)
+    dist.barrier()
+    sub = dist.new_group([1, 2], backend="gloo")  # every rank creates it; rank 0 is not in it
+    if rank in (1, 2):
+        in_sub = whole()
+        if timed("subgroup load", lambda: dcp.load(
+                in_sub, storage_reader=sdcp.HuggingFaceStorageReader(llama, timeout=30), process_group=sub)):
+            compare(truth, in_sub, "groups: subgroup load", problems)
+        out = os.path.join(root, f"groups-sub-{world}")
+        if timed("subgroup save", lambda: dcp.save(
+                in_sub, storage_writer=sdcp.HuggingFaceStorageWriter(out, timeout=30), process_group=sub)):
+            compare(truth, _read_all(out), "groups: subgroup save", problems)
+    dist.barrier()
+    theirs, ours = state_dict(keys, world), state_dict(keys, world)
+    dcp.load(theirs, storage_reader=TorchReader(llama))
+    if timed("collective load after them", lambda: dcp.load(
+            ours, storage_reader=sdcp.HuggingFaceStorageReader(llama, timeout=30))):
+        compare(theirs, ours, "groups: a collective load after them", problems)
+    dist.barrier()
+    return seconds
+
+
 def _read_all(path):
     from safetensors.torch import load_file
     out = {}
@@ -308,6 +372,10 @@ def run(mode, root, rank, world):
                                  "alone": alone(root, world, problems)}
             result["problems"] = problems
             dist.barrier()  # rank 0 hosts the store: it stays until every rank read its last exchange
+        elif mode == "groups":
+            problems = []
+            result["seconds"] = groups(root, world, problems)
+            result["problems"] = problems
         elif mode in ("truncated", "kill"):
             path = os.path.join(root, "llama")
             if mode == "truncated":

@@ -12,7 +12,8 @@ llama:     a tiny real transformers Llama, fully_shard'ed per layer; its dir alr
            (written first) which the save must keep; the test loads it with from_pretrained.
 tp_fsdp:   (world 4) a 2x2 (dp, tp) mesh: Colwise up_proj (FSDP over TP: _StridedShard), Rowwise down_proj
            (Shard(1) pieces), a replicated bias.
-errors:    a BytesIO item; a mapping that misses a key; one rank whose planner fails: each raises on every rank.
+errors:    a BytesIO item; a mapping that misses a key; one rank whose planner fails; dcp.save(use_collectives=False)
+           into one directory: each raises on every rank.
 kill:      (world 4, last) rank 1 kills itself after its first bytes were written, while the ranks save over
            the llama dir; the survivors must raise within the timeout and the llama dir stay as it was.
 """
@@ -183,6 +184,11 @@ def errors(saved, rank, world):
     res["one_rank_fails"] = outcome(lambda: dcp.save(
         sd, planner=Failing() if rank == 1 else DefaultSavePlanner(),
         storage_writer=HuggingFaceStorageWriter(os.path.join(saved, "err-one"), timeout=30)))
+    # every rank the same whole tensor, each saving alone into one directory (regression, review: the saves
+    # raced, one rank's build removed by another's, an IoError on some ranks and a checkpoint on others)
+    res["no_collectives"] = outcome(lambda: dcp.save(
+        {"model.w": w.full_tensor()}, use_collectives=False,
+        storage_writer=HuggingFaceStorageWriter(os.path.join(saved, "err-nocoll"), timeout=30)))
     res["left"] = sorted(n for n in os.listdir(saved) if n.startswith("err-"))
     return res
 

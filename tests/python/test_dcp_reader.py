@@ -87,7 +87,7 @@ def truncated(root):
 @pytest.fixture(scope="module")
 def run(root, truncated, tmp_path_factory):
     """run(scenario, world): its per-rank results, one launch per world size (rank start-up dominates)."""
-    return ranks.Scenarios(WORKER, tmp_path_factory, {3: ["compare", "truncated"], 4: ["compare"]}, root=root)
+    return ranks.Scenarios(WORKER, tmp_path_factory, {3: ["compare", "truncated", "groups"], 4: ["compare"]}, root=root)
 
 
 @pytest.mark.parametrize("world", [3, 4])
@@ -110,6 +110,17 @@ def test_truncated_copy_on_one_rank_fails_every_rank(run, truncated):
     agreed = [r["shardcast"] for r in results]
     assert agreed[0] and all(a == agreed[0] for a in agreed), agreed
     assert any(victim.name in line and "rank 1" in line for line in agreed[0]), agreed[0]
+
+
+def test_no_dist_and_subgroup_loads_need_no_reader_told_the_group(run):
+    """Regression (review): under dcp.load(no_dist=True) on a rank other than 0, or over a subgroup without
+    rank 0 that only dcp.load was given, the reader waited for rank 0's headers until its timeout."""
+    results = run("groups", 3)
+    for rank, r in enumerate(results):
+        assert "crash" not in r, f"rank {rank}:\n{r['crash']}"
+        assert r["problems"] == [], f"rank {rank}: {r['problems']}"
+        assert all(s < 20 for s in r["seconds"].values()), f"rank {rank}: {r['seconds']}"
+    assert "no_dist on the last rank" in results[2]["seconds"] and "subgroup save" in results[1]["seconds"]
 
 
 def test_rank_killed_mid_stream_ends_every_rank(root, tmp_path):
@@ -200,3 +211,18 @@ def test_a_directory_without_an_index_is_read_file_by_file_as_torch_reads_it(tmp
     save_file({"b": b}, str(tmp_path / "adapter_model.safetensors"))  # "b" twice: which one is meant?
     with pytest.raises(shardcast.CheckpointError, match="key 'b': its pieces .* overlap"):
         sdcp.HuggingFaceStorageReader(str(tmp_path)).read_metadata()
+
+
+# Regression (review): a complex64 tensor (torchtitan's freqs_cis buffer, RoPE tables) written by shardcast's
+# HuggingFaceStorageWriter as safetensors' C64 was refused by its reader ("dtype C64 has no torch
+# equivalent"), where torch's reader reads it.
+def test_complex64_round_trips_through_the_hf_writer_and_both_readers(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    import shardcast.dcp as sdcp
+    g = torch.Generator().manual_seed(4)
+    z = torch.complex(torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g))
+    dcp.save({"freqs_cis": z}, storage_writer=sdcp.HuggingFaceStorageWriter(str(tmp_path)), no_dist=True)
+    for reader in (torch.distributed.checkpoint.HuggingFaceStorageReader, sdcp.HuggingFaceStorageReader):
+        out = {"freqs_cis": torch.zeros(6, 4, dtype=torch.complex64)}
+        dcp.load(out, storage_reader=reader(str(tmp_path)), no_dist=True)
+        assert torch.equal(out["freqs_cis"], z), reader

@@ -164,6 +164,23 @@ def test_a_destination_of_another_dtype_is_converted_as_torch_converts(tmp_path,
 
 # Regression (review): options were keyword-only, so FileSystemWriter(path, True, True, 4)-style calls, as
 # written for torch's classes, raised TypeError.
+# Regression (review): saving over a checkpoint torch's FileSystemWriter wrote left its .metadata and
+# .distcp files beside the new one, so dcp.load(checkpoint_id=path) (torch's reader) went on loading the old
+# values without a word; overwrite=False did not refuse it either.
+def test_a_checkpoint_torch_wrote_in_path_is_replaced_not_left_beside_the_new_one(tmp_path):
+    old, new = {"w": torch.full((4,), 1.0)}, {"w": torch.full((4,), 2.0)}
+    dcp.save(old, storage_writer=dcp.FileSystemWriter(tmp_path / "a"), no_dist=True)
+    with pytest.raises(CheckpointException, match=r"already holds a checkpoint \(.*/\.metadata\) and overwrite=False"):
+        dcp.save(new, storage_writer=StorageWriter(tmp_path / "a", overwrite=False), no_dist=True)
+    dcp.save(new, storage_writer=StorageWriter(tmp_path / "a"), no_dist=True)
+    assert sorted(os.listdir(tmp_path / "a")) == [".metadata.json", "__0_0.safetensors"]
+    with pytest.raises(CheckpointException, match="metadata"):
+        dcp.load({"w": torch.zeros(4)}, checkpoint_id=tmp_path / "a", no_dist=True)
+    back = {"w": torch.zeros(4)}
+    dcp.load(back, storage_reader=StorageReader(tmp_path / "a"), no_dist=True)
+    assert torch.equal(back["w"], new["w"])
+
+
 def test_torch_positional_arguments_are_accepted(tmp_path):
     state = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4)}
     dcp.save(state, storage_writer=StorageWriter(tmp_path, True, True, 2, 10_000_000, False, True), no_dist=True)

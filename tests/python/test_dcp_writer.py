@@ -141,7 +141,8 @@ def test_placements_are_the_real_2d_ones(run):
 
 @pytest.mark.parametrize("case,words", [("bytes_io", ["InvalidArgument", "optimizer.step_blob", "not a tensor"]),
                                         ("unmapped", ["InvalidArgument", "model.v", "no file number"]),
-                                        ("one_rank_fails", ["cannot resolve its data", "rank 1"])])
+                                        ("one_rank_fails", ["cannot resolve its data", "rank 1"]),
+                                        ("no_collectives", ["use_collectives=False", "err-nocoll", "no_dist=True"])])
 def test_a_failure_is_raised_on_every_rank(run, case, words):
     world, per_rank, saved = run
     for r in survivors(per_rank, world):
@@ -195,3 +196,38 @@ def test_a_symlinked_output_directory_is_written_through(tmp_path):
     assert sorted(os.listdir(target)) == ["config.json", "model-00001-of-00001.safetensors",
                                           "model.safetensors.index.json"]
     assert torch.equal(tensors(target)["w"], w)
+
+
+# Regression (review): a dtype safetensors has no code for (float8_e5m2fnuz, float4_e2m1fn_x2) was refused as
+# "x: dtype has no safetensors equivalent", naming neither the dtype nor that x is a key.
+def test_a_dtype_safetensors_cannot_hold_is_refused_naming_key_and_dtype(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from shardcast.dcp import HuggingFaceStorageWriter
+    sd = {"model.w": torch.zeros(2, 2, dtype=torch.float8_e5m2fnuz)}
+    with pytest.raises(CheckpointException, match=r"key 'model.w': dtype Float8_e5m2fnuz has no safetensors equivalent"):
+        dcp.save(sd, storage_writer=HuggingFaceStorageWriter(tmp_path / "hf"), no_dist=True)
+    assert os.listdir(tmp_path) == []
+
+
+# Regression (review): a save removed every "<path>.tmp-*" beside its path as left over by a save that died,
+# also the build of another save still writing into the same path (two jobs, every rank with no_dist=True, an
+# async save still running): that save then failed with "cannot open to fsync" or "cannot create".
+def test_two_saves_into_one_path_at_once_both_finish(tmp_path):
+    import subprocess
+    import sys
+    import time
+    script = (  # both start saving at the same instant, once both have imported torch
+        "import sys, time, torch, torch.distributed.checkpoint as dcp\n"
+        "from shardcast.dcp import HuggingFaceStorageWriter\n"
+        "sd = {f'w{i}': torch.full((128, 1024), float(i)) for i in range(16)}\n"
+        "time.sleep(max(0.0, float(sys.argv[2]) - time.time()))\n"
+        "for _ in range(6):\n"
+        "    dcp.save(sd, storage_writer=HuggingFaceStorageWriter(sys.argv[1]), no_dist=True)\n")
+    start = str(time.time() + 12)
+    procs = [subprocess.Popen([sys.executable, "-W", "ignore", "-c", script, str(tmp_path / "hf"), start],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-2000:] for log in logs)
+    assert sorted(os.listdir(tmp_path)) == ["hf"]  # no build left beside it
+    assert sorted(tensors(tmp_path / "hf")) == sorted(f"w{i}" for i in range(16))

@@ -7,21 +7,22 @@ that hears nothing raises CommTimeout naming the store's host, and a lost store 
 for ever, not even on a frozen rank 0 (shardcast._exchange._through_store).
 
 Callers also ask rank 0 alone: transformers' consolidate_distributed_checkpoint calls read_metadata on one
-rank, and `dcp.load(..., no_dist=True)` runs on one. So an exchange is not numbered per group, where such a
-call would put rank 0 one number ahead of the others for good (and hand them the answer to another
-question). It is numbered per topic (the checkpoint's path as the ranks name it, one string on every
-rank whatever each node's copy holds): rank 0 publishes its n-th answer on a topic
-as that topic's latest and marks generation n done; a rank making its n-th call on the topic waits for
+rank. (`dcp.load(..., no_dist=True)` does not ask: its rank reads for itself, see dcp_run.) So an exchange
+is not numbered per group, where such a call would put rank 0 one number ahead of the others for good (and
+hand them the answer to another question). It is numbered per topic (the checkpoint's path as the ranks
+name it, one string on every rank whatever each node's copy holds): rank 0 publishes its n-th answer on a
+topic as that topic's latest and marks generation n done; a rank making its n-th call on the topic waits for
 generation n and takes the latest answer. After a solo call by rank 0 the others are handed its newer
-answer on the same topic, never an answer on another. (A solo call on another rank still waits for rank 0,
-up to the timeout.)
+answer on the same topic, never an answer on another. (A solo call outside DCP on another rank still waits
+for rank 0, up to the timeout.)
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from .. import _shardcast
 from .._exchange import _left, _through_store, channel
@@ -100,3 +101,41 @@ def alone(plans: list, process_group) -> bool:
                               f"{world}: pass the process_group given to dcp.save/dcp.load to the storage "
                               "reader or writer as well")
     return False
+
+
+_DCP_STEPS = ("_load_state_dict", "_save_state_dict")  # DCP's functions that run a load or a save on a rank
+
+
+def dcp_run() -> Optional[Tuple[bool, Any]]:
+    """(whether DCP runs over a group, the process_group it was given or None) for the dcp.load or dcp.save
+    (also async_save's upload, _load_state_dict_from_keys, ...) that called into the storage layer on this
+    thread, read from DCP's own frame (its _DistWrapper, `distW`); None where no DCP step is on the stack (a
+    caller of read_metadata on its own, as transformers' consolidation).
+
+    DCP tells a storage reader or writer neither no_dist nor its process_group, and a rank that waits for a
+    group the load does not run over waits until the timeout: with no_dist=True on a rank other than 0, or a
+    subgroup without rank 0 not also given to the reader."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name in _DCP_STEPS and frame.f_globals.get("__name__", "").startswith(
+                "torch.distributed.checkpoint."):
+            wrapper = frame.f_locals.get("distW")
+            if wrapper is not None and hasattr(wrapper, "use_dist"):
+                return bool(wrapper.use_dist), getattr(wrapper, "group", None)
+        frame = frame.f_back
+    return None
+
+
+def run_group(given):
+    """The group a storage layer given `given` (None: not told) runs over: `given` where told, else the
+    process_group the calling dcp.load/dcp.save was given (None: the default group)."""
+    if given is not None:
+        return given
+    run = dcp_run()
+    return None if run is None else run[1]
+
+
+def runs_alone() -> bool:
+    """Whether the calling dcp.load/dcp.save runs on this rank alone (no_dist=True, or no process group)."""
+    run = dcp_run()
+    return run is not None and not run[0]

@@ -44,7 +44,7 @@ from .._group import _group, _store_host, operation_store
 from .._layouts import _Layouts
 from .._load import _options
 from .._shardcast import InvalidArgument, ShardcastError
-from ._agree import alone as _alone, on_rank0
+from ._agree import alone as _alone, on_rank0, run_group, runs_alone
 from ._hf_files import pieces_by_file
 
 try:
@@ -55,7 +55,7 @@ except ImportError:  # pragma: no cover -- every torch with hf_storage has it
 _DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "C64": torch.complex64,
 }
 for _name, _attr in (("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64"), ("F8_E8M0", "float8_e8m0fnu")):
     if hasattr(torch, _attr):
@@ -85,8 +85,9 @@ class HuggingFaceStorageReader(_TorchReader):
     engine sizes its own reading (`read_threads`). shardcast's options, keyword-only, as in `shardcast.load` (None: the
     SHARDCAST_* variable, else the default): `source` ("auto", "each-rank", "rank0", "node-leader",
     "striped"), `chunk_bytes`, `staging_slots`, `readahead_bytes`, `read_threads`, `timeout` (seconds per collective and
-    per store wait), `verify`; `process_group` (the group `dcp.load` runs over; default: the default
-    group).
+    per store wait), `verify`; `process_group` (the group `dcp.load` runs over; default: the
+    process_group dcp.load was given, else the default group). Under `dcp.load(no_dist=True)` this rank
+    reads the headers itself: no other rank loads with it.
 
     Collective where torch.distributed runs: every rank of the group calls read_metadata and read_data
     together, as dcp.load does. After read_data, `last_report` holds this rank's report of each round.
@@ -132,10 +133,16 @@ class HuggingFaceStorageReader(_TorchReader):
                 return pieces
         return [[k, d, list(s), f, None] for k, d, s, f in _shardcast.checkpoint_tensors(path)]
 
+    def _group_arg(self):
+        """The group this load runs over: the reader's process_group, else the one dcp.load was given."""
+        return run_group(self._process_group)
+
     def _tensors(self) -> List[list]:
+        if runs_alone():  # dcp.load(no_dist=True): no other rank reads with this one, none answers it
+            return self._scan()
         # the topic is the path as given: every rank names the checkpoint by the same path, whatever each
         # node's copy holds there (the agreement in read_data catches a copy that differs)
-        return on_rank0(self._process_group, self._scan, self._timeout_s(), "the checkpoint's headers",
+        return on_rank0(self._group_arg(), self._scan, self._timeout_s(), "the checkpoint's headers",
                         os.fspath(self.path))
 
     def read_metadata(self) -> Metadata:
@@ -206,7 +213,7 @@ class HuggingFaceStorageReader(_TorchReader):
         numbered = [{fqn: lists.setdefault(tuple((r, tuple(o), tuple(n)) for r, o, n in held), len(lists))
                      for fqn, held in by_round[at].items()} for at in sorted(by_round)]
         data = {_PLAN_KEY: numbered, _BOXES: list(lists), _ROUND_FILES: [list(at) for at in sorted(by_round)],
-                _ALONE: _alone(plans, self._process_group)}
+                _ALONE: _alone(plans, self._group_arg())}
         return [dataclasses.replace(plan, storage_data=data) for plan in plans]
 
     def _rounds_of(self, items) -> Dict[Tuple[str, int], Dict[str, Any]]:
@@ -225,7 +232,7 @@ class HuggingFaceStorageReader(_TorchReader):
 
     # -- data ---------------------------------------------------------------------------------------------
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
-        pg, rank, world, store = _group(self._process_group)
+        pg, rank, world, store = _group(self._group_arg())
         if isinstance(plan.storage_data, dict) and plan.storage_data.get(_ALONE):
             pg, rank, world, store = None, 0, 1, None
         table = plan.storage_data.get(_PLAN_KEY) if isinstance(plan.storage_data, dict) else None

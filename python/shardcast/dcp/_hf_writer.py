@@ -44,8 +44,9 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from .. import _shardcast
+from .._group import _group
 from .._shardcast import InvalidArgument, ShardcastError, Unsupported
-from ._agree import alone as _alone
+from ._agree import alone as _alone, run_group
 from ._cover import cover_problem
 
 __all__ = ["HuggingFaceStorageWriter"]
@@ -77,7 +78,8 @@ class HuggingFaceStorageWriter(StorageWriter):
     Keyword-only (shardcast's): max_shard_size ("5GB", decimal as transformers', or bytes; without a
     mapping), source ("each-rank": every rank writes, one filesystem every rank sees at the same path;
     "rank0": rank 0 writes what the others stream to it, for node-local disks), timeout (seconds per
-    collective), process_group (the group dcp.save runs over; default the default group), chunk_bytes,
+    collective), process_group (the group dcp.save runs over; default: the process_group dcp.save was
+    given, else the default group), chunk_bytes,
     staging_slots, progress (True, or a callable(done_bytes, total_bytes)).
 
     Every failure is a shardcast error (InvalidArgument, CommError, IoError, ...) on every rank, which DCP
@@ -105,6 +107,7 @@ class HuggingFaceStorageWriter(StorageWriter):
         self.staging_slots = staging_slots
         self.progress = progress
         self.is_coordinator = False
+        self._use_collectives = True  # dcp.save(use_collectives=False): every rank plans and writes alone
         self.report: Optional[dict] = None  # this rank's save report (runtime/save.h), after write_data
         self._per_rank_files = None  # torch's writer, where per-rank files are asked for
         if save_distributed and not enable_consolidation:
@@ -126,6 +129,7 @@ class HuggingFaceStorageWriter(StorageWriter):
 
     def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
         self.is_coordinator = is_coordinator
+        self._use_collectives = kwargs.get("use_collectives", True)
         if self._per_rank_files is not None:
             self._per_rank_files.set_up_storage_writer(is_coordinator, *args, **kwargs)
 
@@ -147,7 +151,15 @@ class HuggingFaceStorageWriter(StorageWriter):
         if not all(p.usable for p in plans):
             raise Unsupported("a save plan cached on some ranks only (DefaultSavePlanner(enable_plan_caching=True) "
                               "after the state dict changed): save without plan caching")
-        local = _alone(plans, self.process_group)
+        group = run_group(self.process_group)
+        world = _group(group)[2]
+        if not self._use_collectives and world > 1:
+            # Each rank would build and swap in the same directory on its own: the saves race (one removes
+            # another's unfinished build), and the last one in holds only its own rank's tensors.
+            raise InvalidArgument(f"{self.path}: dcp.save(use_collectives=False) has each of the group's {world} "
+                                  "ranks write this one Hugging Face checkpoint alone; save with collectives, or "
+                                  "on one rank with no_dist=True")
+        local = _alone(plans, group)
         try:
             layout = _global_layout(plans)
         except InvalidArgument as e:
@@ -162,11 +174,11 @@ class HuggingFaceStorageWriter(StorageWriter):
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
         if self._per_rank_files is not None:
             return self._per_rank_files.write_data(plan, planner)
-        from .._group import _group, _store_host, operation_store
+        from .._group import _store_host, operation_store
         from .._load import _options
         from .._progress import _progress_printer
         layout: _SaveLayout = plan.storage_data
-        pg, rank, world, store = _group(self.process_group)
+        pg, rank, world, store = _group(run_group(self.process_group))
         if getattr(layout, "local", False):
             pg, rank, world, store = None, 0, 1, None
         options = _options(source=self.source, chunk_bytes=self.chunk_bytes, staging_slots=self.staging_slots,

@@ -62,6 +62,9 @@ from ._state_codec import (_CODE_OF, _FILE_RE, DEFAULT_BLOCK_BYTES, DEFAULT_MAX_
                            encode_value)
 from ._state_files import _bins, _copy_box, _header_bytes, _RankFile, _write_all, _write_tensor  # noqa: F401
 
+_TORCH_FILE_RE = re.compile(r"^__[0-9]{1,9}_[0-9]{1,9}\.distcp$")  # torch's FileSystemWriter's rank files
+
+
 class StorageWriter(_TorchStorageWriter):
     """`torch.distributed.checkpoint.FileSystemWriter`'s place, writing safetensors and JSON.
 
@@ -83,7 +86,9 @@ class StorageWriter(_TorchStorageWriter):
     offsets come from the plan), then each item at its offset (pwrite) as the planner resolves it, one at a
     time per thread. The
     coordinator writes .metadata.json in finish(), last and atomically, and removes rank files of an
-    earlier save in `path` that the new metadata does not name.
+    earlier save in `path` that the new metadata does not name. A checkpoint torch's FileSystemWriter
+    wrote in `path` (.metadata, __<r>_<n>.distcp) is replaced as one of shardcast's is: refused with
+    overwrite=False, else its metadata removed before any rank writes and its rank files after.
     """
 
     def __init__(self, path: Union[str, os.PathLike], single_file_per_rank: bool = True, sync_files: bool = True,
@@ -119,23 +124,33 @@ class StorageWriter(_TorchStorageWriter):
         name = METADATA_NAME if self.use_collectives else f"__{self.rank}{METADATA_NAME}"
         return os.path.join(self.path, name)
 
+    def _metadata_paths(self) -> List[str]:
+        """This save's metadata file, and torch's FileSystemWriter's in its place (".metadata"): a checkpoint
+        torch wrote in `path` is one this save replaces, else torch's reader (dcp.load(checkpoint_id=path))
+        would go on reading the old one."""
+        ours = self._metadata_path()
+        return [ours, ours[: -len(".json")]]
+
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         try:
             os.makedirs(self.path, exist_ok=True)
         except OSError as e:
             raise IoError(f"rank {self.rank}: cannot create {self.path}: {e.strerror or e}") from e
-        if os.path.exists(self._metadata_path()) and not self.overwrite:
-            raise CheckpointError(f"rank {self.rank}: {self.path} already holds a checkpoint and overwrite=False")
+        held = [p for p in self._metadata_paths() if os.path.exists(p)]
+        if held and not self.overwrite:
+            raise CheckpointError(f"rank {self.rank}: {self.path} already holds a checkpoint ({held[0]}) and "
+                                  "overwrite=False")
         if not self.use_collectives:  # every rank plans alone: it names its own file
             plan = dataclasses.replace(plan, storage_data=f"__{self.rank}_")
             self._forget_metadata()
         return plan
 
     def _forget_metadata(self) -> None:
-        if os.path.exists(self._metadata_path()):
-            os.unlink(self._metadata_path())
-            if self.sync_files:
-                _fsync_dir(self.path)
+        held = [p for p in self._metadata_paths() if os.path.exists(p)]
+        for p in held:
+            os.unlink(p)
+        if held and self.sync_files:
+            _fsync_dir(self.path)
 
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
         # Before any rank writes (write_data follows this step), so an overwrite cut short looks unfinished.
@@ -255,8 +270,10 @@ class StorageWriter(_TorchStorageWriter):
             self._remove_stale({s.file for s in metadata.storage_data.values()})
 
     def _remove_stale(self, named: set) -> None:
+        """Rank files of an earlier save in `path` that the new metadata does not name: shardcast's, and
+        torch's "__<rank>_<n>.distcp" of a checkpoint this save replaced."""
         for entry in os.listdir(self.path):
-            if _FILE_RE.match(entry) and entry not in named:
+            if (_FILE_RE.match(entry) or _TORCH_FILE_RE.match(entry)) and entry not in named:
                 try:
                     os.unlink(os.path.join(self.path, entry))
                 except OSError:
