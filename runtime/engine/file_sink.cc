@@ -154,7 +154,14 @@ namespace output_dir {
 
 BuildHold::BuildHold(const std::string& dir) {
   fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd_ >= 0 && ::flock(fd_, LOCK_EX | LOCK_NB) != 0) {  // no flock here: hold nothing, as before
+  if (fd_ < 0) return;
+  // Blocking: the only other lockers of a directory just made are Held()'s probes, which let go at once. A
+  // non-blocking lock lost to a probe held nothing, and the prober then removed this live build.
+  int rc;
+  do {
+    rc = ::flock(fd_, LOCK_EX);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {  // no flock here: hold nothing, as before
     ::close(fd_);
     fd_ = -1;
   }
