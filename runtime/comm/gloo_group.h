@@ -31,11 +31,13 @@ enum class GlooConnect {
 // understood and tested, the failure semantics win.
 inline constexpr GlooConnect kGlooConnect = GlooConnect::kFullMesh;
 
-// The Gloo group over `store`, ready on every rank before it returns (see the .cc for why): after it,
-// a lazy group's collectives find their pairs connected; a send or receive to another peer connects
-// on its first use, reading the peer's address from `store` within `timeout` (kCommTimeout past it).
-// master_addr: the store host's address; loopback picks the loopback device (else GLOO_SOCKET_IFNAME's
-// interface, else the host name's).
+// The Gloo group over `store`, made on this rank: its address set in `store` (lazy), or every pair connected
+// (full mesh). Not yet ready on every rank: a peer may still be making its own, so the group's first
+// collective must be its barrier, under the failure agreement (C10dCommunicator::Ready, c10d_communicator.cc;
+// the bench and the tests call Barrier). After that barrier a lazy group's collectives find their pairs
+// connected; a send or receive to another peer connects on its first use, reading the peer's address from
+// `store` within `timeout` (kCommTimeout past it). master_addr: the store host's address; loopback picks the
+// loopback device (else GLOO_SOCKET_IFNAME's interface, else the host name's).
 c10::intrusive_ptr<c10d::Backend> MakeGlooGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
                                                 std::chrono::milliseconds timeout, const std::string& master_addr,
                                                 GlooConnect connect);
