@@ -133,12 +133,14 @@ class C10dCommunicator : public Communicator {
   //
   // 2 log2(W) pairs a rank at most, where a full mesh makes W - 1 (at W <= 4 they are the same pairs).
   void Ready(const char* phase) {
+    readying_ = true;
     try {
       FaultPoint("group", rank_);
       BarrierAs("the barrier that readies this operation's Gloo group (" + std::to_string(size_) + " ranks)");
     } catch (const std::exception& e) {
       FailTogether(*this, e, phase);
     }
+    readying_ = false;
   }
 
   void Abort() override {
@@ -154,7 +156,19 @@ class C10dCommunicator : public Communicator {
       // Closes the pairs (peers blocked on us see "connection closed" at once) when the last pending
       // send is gone: each send's unbound buffer holds gloo's context, so its pairs stay open until the
       // caller destroys its PendingSends. Joins the worker threads: no collective is left running.
-      backend_.reset();
+      if (!readying_) {
+        backend_.reset();
+        return;
+      }
+      // Except the ready barrier's, past the timeout: in a lazy group it may wait in a pair's first connect
+      // for a peer that died, and gloo waits 5 x the timeout for that (pair.h, "a longer timeout when waiting
+      // for initial connect"). The barrier holds no bytes of the caller, so its teardown may finish later,
+      // on a thread of its own, holding the group until then.
+      std::function<bool()> teardown = [group = std::move(backend_)]() mutable {
+        group.reset();
+        return true;
+      };
+      WithDeadline(std::move(teardown), timeout_);
     }
   }
 
@@ -225,6 +239,7 @@ class C10dCommunicator : public Communicator {
   int rank_, size_;
   std::mutex mu_;
   std::optional<std::string> finished_;
+  bool readying_ = false;  // in Ready: the only collective that may run is its barrier
 };
 
 class LocalCommunicator : public Communicator {
