@@ -4,7 +4,7 @@
 //   parent: TCPStore server ── spawns ceil(W / 64) children (64 ranks a process: a full mesh of 256
 //           ranks is 255 sockets a rank, and one process may hold 20,000 fds here)
 //   child:  one thread a rank, each with its own TCPStore client, then on "go":
-//             MakeGlooGroup (the library's: the group and its barrier)          -> ready
+//             MakeGlooGroup (the library's) and the group's barrier              -> ready
 //             the handshake's collectives: AllGather of 8 int64s (an all-reduce), the decision's
 //             size and 4 KiB from rank 0 (two broadcasts), the verdict (Agree: one bit a rank, then
 //             slots only where one is set), the stream's closing barrier         -> end
@@ -120,9 +120,9 @@ void RunRank(const std::string& run, int port, int rank, int world, bool lazy, s
   ctl->wait({"go"});
   try {
     const GlooConnect connect = lazy ? GlooConnect::kLazy : GlooConnect::kFullMesh;
-    auto group = MakeGlooGroup(store, rank, world, timeout, "127.0.0.1", connect);
+    auto comm = WrapC10dBackend(MakeGlooGroup(store, rank, world, timeout, "127.0.0.1", connect), timeout, store);
+    comm->Barrier();  // what readies a group on every rank (C10dCommunicator::Ready)
     out->ready_ns = NowNs();
-    auto comm = WrapC10dBackend(group, timeout, store);
     std::vector<int64_t> facts = {rank, world, 1, 2, 3, 4, 5, rank * 7};
     auto all = AllGather(*comm, facts);
     bool ok = static_cast<int>(all.size()) == world;

@@ -271,19 +271,19 @@ struct Operation {
   }
 
   // Without the GIL: this operation's Communicator (the Gloo group kept from the last operation over the
-  // same store where every rank agrees), the agreement's first phase, entered by every rank with its plan
-  // and shards or, where it already failed (or fails building them), with its problem through `fail`
-  // (FailLoad or FailSave, which throw the agreed error); then `run(comm, state)`, whose report comes
-  // back as a dict. The group is kept only after a success.
+  // same store where every rank agrees; a new group's ready barrier fails as `phase`, "load" or "save"), the
+  // agreement's first phase, entered by every rank with its plan and shards or, where it already failed (or
+  // fails building them), with its problem through `fail` (FailLoad or FailSave, which throw the agreed
+  // error); then `run(comm, state)`, whose report comes back as a dict. The group is kept only after a success.
   template <typename Fail, typename Body>
   py::dict Run(int rank, int world_size, std::chrono::milliseconds timeout, const std::string& store_host,
-               Fail&& fail, Body&& run) {
+               const char* phase, Fail&& fail, Body&& run) {
     std::string report;
     {
       py::gil_scoped_release nogil;
       std::unique_ptr<Communicator> comm =
           world_size == 1 ? CreateLocalCommunicator()
-                          : CreateGlooCommunicatorOnStore(store, rank, world_size, timeout, store_host, absent);
+                          : CreateGlooCommunicatorOnStore(store, rank, world_size, timeout, store_host, absent, phase);
       std::optional<Plan> plan;
       std::optional<RankState> state;
       try {
@@ -334,7 +334,7 @@ py::dict LoadEntries(py::object entries, py::object layouts, py::object checkpoi
   op.ParseEntries(entries, layouts, [&](const std::string& key, py::handle compose) {
     rq.mapping.compose[key] = Cast<std::vector<std::string>>(compose, "key '" + key + "'", "a list of keys");
   });
-  return op.Run(rank, world_size, rq.options.timeout, store_host, FailLoad,
+  return op.Run(rank, world_size, rq.options.timeout, store_host, "load", FailLoad,
                 [&](Communicator& comm, RankState* state) { return Load(comm, state, rq); });
 }
 
@@ -398,7 +398,7 @@ py::dict SaveEntries(py::object entries, py::object layouts, py::object out_dir,
       outs.push_back(std::move(out));
     }
   });
-  return op.Run(rank, world_size, rq.options.timeout, store_host, FailSave,
+  return op.Run(rank, world_size, rq.options.timeout, store_host, "save", FailSave,
                 [&](Communicator& comm, RankState* state) { return Save(comm, state, rq); });
 }
 

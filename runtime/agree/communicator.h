@@ -94,6 +94,8 @@ class Communicator {
 // Gloo through libtorch's c10d, rendezvous over a TCPStore at master_addr:master_port, within a
 // deadline a little past `timeout`. `phase` names the operation in the error a worker raises when rank
 // 0 is lost or frozen during the rendezvous: the same error as a peer that lost it later in that phase.
+// The group's first collective, a barrier that readies it on every rank, is already that phase: a failure
+// in it is the phase's one agreed error (FailTogether), whichever rank failed first.
 std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::chrono::milliseconds timeout,
                                                      const char* phase = "load");
 

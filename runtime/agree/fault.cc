@@ -14,8 +14,8 @@
 namespace shardcast {
 namespace {
 
-constexpr const char* kPoints[] = {"handshake", "allocate", "stream", "verify", "save-write", "save-commit",
-                                   "metadata"};
+constexpr const char* kPoints[] = {"group",      "handshake",   "allocate", "stream", "verify",
+                                   "save-write", "save-commit", "metadata"};
 constexpr const char* kActions[] = {"kill", "stop", "term", "exit", "enomem"};
 
 template <size_t N>
@@ -83,7 +83,8 @@ FaultSpec ParseFaultSpec(const char* value, const char* test_switch) {
   const std::optional<long> rank = Number(parts[0], 0, 1 << 24);
   if (!rank) bad("rank \"" + parts[0] + "\" is not a rank number");
   if (!OneOf(parts[1], kPoints)) {
-    bad("point \"" + parts[1] + "\" is not handshake, allocate, stream, verify, save-write or save-commit");
+    bad("point \"" + parts[1] +
+        "\" is not group, handshake, allocate, stream, verify, save-write, save-commit or metadata");
   }
   if (!OneOf(parts[2], kActions)) bad("action \"" + parts[2] + "\" is not kill, stop, term, exit or enomem");
   const std::optional<long> nth = parts.size() == 4 ? Number(parts[3], 1, 1L << 30) : std::optional<long>(1);

@@ -14,6 +14,8 @@
 #include <thread>
 
 #include "allocators/error.h"
+#include "runtime/agree/failure.h"
+#include "runtime/agree/fault.h"
 #include "runtime/comm/gloo_group.h"
 #include "runtime/comm/gloo_groups.h"
 #include "runtime/comm/store_channel.h"
@@ -100,12 +102,45 @@ class C10dCommunicator : public Communicator {
     });
   }
 
-  void Barrier() override {
-    Run("barrier", [&] {
+  void Barrier() override { BarrierAs("barrier"); }
+
+  void BarrierAs(const std::string& what) {
+    Run(what, [&] {
       c10d::BarrierOptions o;
       o.timeout = timeout_;
       Wait(backend_->barrier(o));
     });
+  }
+
+  // Readies a group just made (MakeGlooGroup) on every rank with its first collective, a barrier: no rank
+  // goes on while a peer still makes its own group, so a fast rank's later failure cannot hit a peer that
+  // is still making it. But a barrier tells a rank only that every rank entered it, not that every rank
+  // left: a fast rank may leave, go on and die or freeze (or fail and abort its pairs) while a slow one
+  // still waits in the barrier for its last message, or, in a lazy group, for a pair the barrier connects.
+  // So the barrier is the operation's first step, under the failure agreement of `phase` like every later
+  // one: the slow rank raises what the others raise (the cause the failed rank published, or rank 0 lost or
+  // silent), never a rendezvous error of its own. Lazy groups made this window wide (their pairs connect
+  // inside the barrier) and lost the fault matrix's one-error rule to it; a full mesh has it too, narrower
+  // (tests/runtime/fault_test.cc, Group/Faults: both failed every case before).
+  //
+  // A lazy group's barrier also connects every pair a collective of ours uses. Gloo's dissemination
+  // barrier talks to r + d and r - d (mod W) for d = 1, 2, 4, ...; its ring all-reduce to r +- 1; its
+  // binomial broadcast, from any root, to r +- 2^i. So after the barrier no collective reads the store
+  // or makes a first contact:
+  //
+  //   W = 8, rank 0:   barrier d=1: 1, 7   d=2: 2, 6   d=4: 4     all-reduce: 1, 7   broadcast: 1, 2, 4 (root 0)
+  //                    never connected: 3, 5 (until a send or receive of a stream's route names them)
+  //
+  // 2 log2(W) pairs a rank at most, where a full mesh makes W - 1 (at W <= 4 they are the same pairs).
+  void Ready(const char* phase) {
+    readying_ = true;
+    try {
+      FaultPoint("group", rank_);
+      BarrierAs("the barrier that readies this operation's Gloo group (" + std::to_string(size_) + " ranks)");
+    } catch (const std::exception& e) {
+      FailTogether(*this, e, phase);
+    }
+    readying_ = false;
   }
 
   void Abort() override {
@@ -121,7 +156,19 @@ class C10dCommunicator : public Communicator {
       // Closes the pairs (peers blocked on us see "connection closed" at once) when the last pending
       // send is gone: each send's unbound buffer holds gloo's context, so its pairs stay open until the
       // caller destroys its PendingSends. Joins the worker threads: no collective is left running.
-      backend_.reset();
+      if (!readying_) {
+        backend_.reset();
+        return;
+      }
+      // Except the ready barrier's, past the timeout: in a lazy group it may wait in a pair's first connect
+      // for a peer that died, and gloo waits 5 x the timeout for that (pair.h, "a longer timeout when waiting
+      // for initial connect"). The barrier holds no bytes of the caller, so its teardown may finish later,
+      // on a thread of its own, holding the group until then.
+      std::function<bool()> teardown = [group = std::move(backend_)]() mutable {
+        group.reset();
+        return true;
+      };
+      WithDeadline(std::move(teardown), timeout_);
     }
   }
 
@@ -192,6 +239,7 @@ class C10dCommunicator : public Communicator {
   int rank_, size_;
   std::mutex mu_;
   std::optional<std::string> finished_;
+  bool readying_ = false;  // in Ready: the only collective that may run is its barrier
 };
 
 class LocalCommunicator : public Communicator {
@@ -256,20 +304,22 @@ namespace {
 struct AgreedGroup {
   c10::intrusive_ptr<c10d::Backend> backend;
   std::string token;
+  bool reused = false;  // a kept group, ready since the operation that made it
 };
 
 }  // namespace
 
 std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c10d::Store> store, int rank,
                                                             int world_size, std::chrono::milliseconds timeout,
-                                                            std::string store_host, std::vector<int> absent) {
+                                                            std::string store_host, std::vector<int> absent,
+                                                            const char* phase) {
   IgnoreBrokenPipes();
   const char* env_addr = std::getenv("MASTER_ADDR");
   const std::string master_addr = env_addr ? env_addr : "";
   std::optional<KeptGroup> kept = TakeKept(store, rank, world_size, timeout);
   std::function<AgreedGroup()> make = [store, rank, world_size, timeout, master_addr, kept, absent]() -> AgreedGroup {
     const std::string decided = AgreeOnGroup(*store, kept ? kept->token : "", rank, world_size, timeout, absent);
-    if (decided.rfind("reuse ", 0) == 0) return {kept->backend, kept->token};
+    if (decided.rfind("reuse ", 0) == 0) return {kept->backend, kept->token, /*reused=*/true};
     return {MakeGlooGroup(store, rank, world_size, timeout, master_addr, kGlooConnect),
             decided.substr(decided.find(' ') + 1)};
   };
@@ -294,10 +344,11 @@ std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c
                     " ms: the store does not answer (the rank that hosts it died or is frozen), or a rank died "
                     "or froze while the group was made");
   }
-  auto comm = std::make_unique<C10dCommunicator>(agreed->backend, store, std::move(store_host), timeout,
+  auto comm = std::make_unique<C10dCommunicator>(std::move(agreed->backend), store, std::move(store_host), timeout,
                                                  c10::Device(c10::kCPU), /*owns=*/true);
   comm->token = agreed->token;
   comm->group = GroupOf(store);
+  if (!agreed->reused) comm->Ready(phase);
   return comm;
 }
 
@@ -343,8 +394,10 @@ std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::
     throw Error(ErrorKind::kCommTimeout, "rank 0 rendezvous at " + rv.master_addr + ":" + std::to_string(rv.master_port),
                 "did not complete within " + std::to_string(RendezvousDeadline(timeout).count()) + " ms");
   }
-  return std::make_unique<C10dCommunicator>(made->first, made->second, StoreHost(rv), timeout, c10::Device(c10::kCPU),
-                                            /*owns=*/true);
+  auto comm = std::make_unique<C10dCommunicator>(std::move(made->first), made->second, StoreHost(rv), timeout,
+                                                 c10::Device(c10::kCPU), /*owns=*/true);
+  comm->Ready(phase);
+  return comm;
 }
 
 }  // namespace shardcast

@@ -23,18 +23,21 @@ std::unique_ptr<Communicator> WrapC10dBackend(c10::intrusive_ptr<c10d::Backend> 
 // (give each operation its own prefix of one store per caller's group: its failure note and Gloo's
 // rendezvous keys live there). It is owned, so a rank that fails aborts it and the peers blocked on that
 // rank fail at once, while the caller's process groups are never touched and stay usable. Every rank's
-// mesh is up before any returns. Ranks that do not come within `timeout` are one CommTimeout on every
-// rank that did, naming those that did not; a store that stops answering, or a rank lost while the group
-// is made, is a CommTimeout naming `store_host` after RendezvousDeadline(timeout). GLOO_SOCKET_IFNAME picks the interface; a loopback MASTER_ADDR,
-// loopback. Where every rank still holds the group the previous operation over the same store left
-// (KeepGlooGroup: it ended well on every rank, with this rank, world size and timeout), the ranks agree
-// over `store` to use it again instead of making one. `absent`: ranks this rank already waited `timeout`
-// for in this operation (an exchange before it timed out naming them); where none of them has come to
-// the group's vote, this rank decides it at once ("absent <ranks>": the same CommTimeout on every rank)
-// instead of waiting a second timeout.
+// group is up before any returns: a new group's first collective is a barrier, under the failure agreement
+// of `phase` (a rank that fails in it, or a peer's failure that reaches it there, is that phase's one
+// agreed error, as FailTogether raises it). Ranks that do not come within `timeout` are one CommTimeout on
+// every rank that did, naming those that did not; a store that stops answering, or a rank lost while the
+// group is made, is a CommTimeout naming `store_host` after RendezvousDeadline(timeout). GLOO_SOCKET_IFNAME
+// picks the interface; a loopback MASTER_ADDR, loopback. Where every rank still holds the group the previous
+// operation over the same store left (KeepGlooGroup: it ended well on every rank, with this rank, world size
+// and timeout), the ranks agree over `store` to use it again instead of making one. `absent`: ranks this rank
+// already waited `timeout` for in this operation (an exchange before it timed out naming them); where none
+// of them has come to the group's vote, this rank decides it at once ("absent <ranks>": the same CommTimeout
+// on every rank) instead of waiting a second timeout.
 std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c10d::Store> store, int rank,
                                                             int world_size, std::chrono::milliseconds timeout,
-                                                            std::string store_host, std::vector<int> absent = {});
+                                                            std::string store_host, std::vector<int> absent = {},
+                                                            const char* phase = "load");
 
 // After an operation that ended well on this rank: its Gloo group (one CreateGlooCommunicatorOnStore
 // made, and not aborted) is kept for the next operation over the same caller's store. Anything else is

@@ -77,19 +77,6 @@ std::shared_ptr<::gloo::transport::Device> DeviceFor(const std::string& master_a
 
 }  // namespace
 
-// Every rank's group is made before any rank leaves: a fast rank could go on and fail while rank 0
-// still connects, and rank 0 would then fail here, taking the store with it, so the others could not
-// learn the cause. One barrier: no rank leaves the rendezvous before every rank's group is up, and every
-// later failure goes through the agreement (the same error on every rank).
-//
-// A lazy group's barrier also connects every pair a collective of ours uses. Gloo's dissemination
-// barrier talks to r + d and r - d (mod W) for d = 1, 2, 4, ...; its ring all-reduce to r +- 1; its
-// binomial broadcast, from any root, to r +- 2^i. So after the barrier no collective reads the store:
-//
-//   W = 8, rank 0:   barrier d=1: 1, 7   d=2: 2, 6   d=4: 4     all-reduce: 1, 7   broadcast: 1, 2, 4 (root 0)
-//                    never connected: 3, 5 (until a send or receive of a stream's route names them)
-//
-// 2 log2(W) pairs a rank at most, where a full mesh makes W - 1 (at W <= 4 they are the same pairs).
 c10::intrusive_ptr<c10d::Backend> MakeGlooGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
                                                 std::chrono::milliseconds timeout, const std::string& master_addr,
                                                 GlooConnect connect) {
@@ -98,9 +85,7 @@ c10::intrusive_ptr<c10d::Backend> MakeGlooGroup(const c10::intrusive_ptr<c10d::S
   options->devices.push_back(DeviceFor<c10d::ProcessGroupGloo>(master_addr, lazy));
   c10::intrusive_ptr<c10d::Store> gloo_store = store;
   if (lazy) gloo_store = c10::make_intrusive<DeadlineStore>(store, timeout);
-  auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(gloo_store, rank, world_size, options);
-  pg->barrier()->wait(timeout);
-  return pg;
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(gloo_store, rank, world_size, options);
 }
 
 }  // namespace shardcast

@@ -55,6 +55,7 @@ TEST_P(LazyGlooGroup, EveryRankSendsToEveryRankOverPairsMadeOnFirstUse) {
   RunRanks(world, [&](int rank) {
     auto op = c10::make_intrusive<c10d::PrefixStore>("op", store);
     auto comm = WrapC10dBackend(MakeGlooGroup(op, rank, world, timeout, "127.0.0.1", GlooConnect::kLazy), timeout, op);
+    comm->Barrier();  // readies the group, as every communicator's first collective
     std::vector<std::vector<uint64_t>> out(world, std::vector<uint64_t>(1000 + rank));
     std::vector<std::unique_ptr<PendingSend>> sends;
     for (int p = 0; p < world; ++p) {
@@ -91,6 +92,7 @@ TEST(LazyGlooGroupFaults, AFirstContactWithAFrozenStoreEndsWithinTheTimeout) {
   RunRanks(world, [&](int rank) {
     auto comm =
         WrapC10dBackend(MakeGlooGroup(store, rank, world, timeout, "127.0.0.1", GlooConnect::kLazy), timeout, store);
+    comm->Barrier();
     if (++made == world) store->frozen = true;
     while (!store->frozen.load()) std::this_thread::sleep_for(milliseconds(5));
     if (rank != 0 && rank != 3) return;
