@@ -205,7 +205,8 @@ def test_a_dtype_safetensors_cannot_hold_is_refused_naming_key_and_dtype(tmp_pat
     from torch.distributed.checkpoint.api import CheckpointException
     from shardcast.dcp import HuggingFaceStorageWriter
     sd = {"model.w": torch.zeros(2, 2, dtype=torch.float8_e5m2fnuz)}
-    with pytest.raises(CheckpointException, match=r"key 'model.w': dtype Float8_e5m2fnuz has no safetensors equivalent"):
+    with pytest.raises(CheckpointException,
+                       match=r"key 'model.w': dtype Float8_e5m2fnuz has no safetensors equivalent"):
         dcp.save(sd, storage_writer=HuggingFaceStorageWriter(tmp_path / "hf"), no_dist=True)
     assert os.listdir(tmp_path) == []
 
@@ -216,18 +217,22 @@ def test_a_dtype_safetensors_cannot_hold_is_refused_naming_key_and_dtype(tmp_pat
 def test_two_saves_into_one_path_at_once_both_finish(tmp_path):
     import subprocess
     import sys
-    import time
-    script = (  # both start saving at the same instant, once both have imported torch
-        "import sys, time, torch, torch.distributed.checkpoint as dcp\n"
+    script = (  # both start saving at once, as soon as both have imported torch (each says so with a file)
+        "import os, sys, time, torch, torch.distributed.checkpoint as dcp\n"
         "from shardcast.dcp import HuggingFaceStorageWriter\n"
         "sd = {f'w{i}': torch.full((128, 1024), float(i)) for i in range(16)}\n"
-        "time.sleep(max(0.0, float(sys.argv[2]) - time.time()))\n"
+        "open(os.path.join(sys.argv[2], 'ready-' + sys.argv[3]), 'w').close()\n"
+        "deadline = time.time() + 120\n"
+        "while len([n for n in os.listdir(sys.argv[2]) if n.startswith('ready-')]) < 2 and time.time() < deadline:\n"
+        "    time.sleep(0.001)\n"
         "for _ in range(6):\n"
         "    dcp.save(sd, storage_writer=HuggingFaceStorageWriter(sys.argv[1]), no_dist=True)\n")
-    start = str(time.time() + 12)
-    procs = [subprocess.Popen([sys.executable, "-W", "ignore", "-c", script, str(tmp_path / "hf"), start],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    procs = [subprocess.Popen([sys.executable, "-W", "ignore", "-c", script, str(tmp_path / "hf"), str(ready),
+                               str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
     logs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-2000:] for log in logs)
-    assert sorted(os.listdir(tmp_path)) == ["hf"]  # no build left beside it
+    assert sorted(os.listdir(tmp_path)) == ["hf", "ready"]  # no build left beside it
     assert sorted(tensors(tmp_path / "hf")) == sorted(f"w{i}" for i in range(16))
