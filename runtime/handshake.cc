@@ -42,13 +42,6 @@ std::vector<int64_t> Probes(const Facts& hello) {
   return out;
 }
 
-std::string RankList(const std::vector<int>& ranks) {
-  std::string out;
-  for (size_t i = 0; i < ranks.size() && i < 8; ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
-  if (ranks.size() > 8) out += " and " + std::to_string(ranks.size() - 8) + " more";
-  return out;
-}
-
 StreamParams DecideParams(const LoadOptions& options, const std::vector<int64_t>& probes, const NodeMap& nodes,
                           const Plan& plan) {
   StreamParams p = StreamParamsFrom(options);

@@ -10,24 +10,32 @@ constexpr size_t kSlotWords = kVerdictSlotBytes / 8;
 
 bool BitSet(const std::vector<int64_t>& bits, int r) { return (static_cast<uint64_t>(bits[r / 64]) >> (r % 64)) & 1u; }
 
-// "1, 2", "0-1023", "3, 5-9": ranks in order, a run of three or more as a range.
+}  // namespace
+
 std::string RankList(const std::vector<int>& ranks) {
   std::string out;
+  int items = 0;
+  const auto add = [&](const std::string& s) { out += (out.empty() ? "" : ", ") + s; };
   for (size_t i = 0; i < ranks.size();) {
+    if (items == kRankListItems) {
+      const size_t left = ranks.size() - i;
+      add("and " + std::to_string(left) + " more rank" + (left > 1 ? "s" : ""));
+      break;
+    }
     size_t j = i;
     while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    const auto add = [&](const std::string& s) { out += (out.empty() ? "" : ", ") + s; };
     if (j - i >= 2) {
       add(std::to_string(ranks[i]) + "-" + std::to_string(ranks[j]));
+      j = j + 1;
     } else {
-      for (size_t k = i; k <= j; ++k) add(std::to_string(ranks[k]));
+      j = i + 1;  // one rank a step: a pair is two items
+      add(std::to_string(ranks[i]));
     }
-    i = j + 1;
+    ++items;
+    i = j;
   }
   return out;
 }
-
-}  // namespace
 
 void Agree(Communicator& comm, const std::string& phase, const Problem& local) {
   const int world = comm.world_size(), rank = comm.rank();

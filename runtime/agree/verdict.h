@@ -31,6 +31,11 @@ struct Problem {
 
 void Agree(Communicator& comm, const std::string& phase, const Problem& local);
 
+// "1, 2", "0-1023", "3, 5-9": ranks in ascending order, a run of three or more as a range, at most
+// kRankListItems items, then "and N more ranks"; what every error that names several ranks says.
+inline constexpr int kRankListItems = 16;
+std::string RankList(const std::vector<int>& ranks);
+
 // values: this rank's n values. Returns world_size rows of n values, row r from rank r.
 std::vector<std::vector<int64_t>> AllGather(Communicator& comm, const std::vector<int64_t>& values);
 

@@ -16,6 +16,7 @@
 #include "allocators/error.h"
 #include "runtime/agree/failure.h"
 #include "runtime/agree/fault.h"
+#include "runtime/agree/verdict.h"
 #include "runtime/comm/gloo_group.h"
 #include "runtime/comm/gloo_groups.h"
 #include "runtime/comm/store_channel.h"
@@ -132,11 +133,21 @@ class C10dCommunicator : public Communicator {
   //                    never connected: 3, 5 (until a send or receive of a stream's route names them)
   //
   // 2 log2(W) pairs a rank at most, where a full mesh makes W - 1 (at W <= 4 they are the same pairs).
+  //
+  // A barrier that fails says nothing of who is missing, so every rank adds itself to the store's list of
+  // those that entered it first, and rank 0 (whose failure note every rank raises, as it hosts the store)
+  // names the ranks not on the list: they died or froze before it. One append a rank on the way in, one read
+  // only on failure.
   void Ready(const char* phase) {
     readying_ = true;
     try {
       FaultPoint("group", rank_);
-      BarrierAs("the barrier that readies this operation's Gloo group (" + std::to_string(size_) + " ranks)");
+      channel_.Reach("ready", rank_);
+      try {
+        BarrierAs("the barrier that readies this operation's Gloo group (" + std::to_string(size_) + " ranks)");
+      } catch (const Error& e) {
+        throw WithMissing(e);
+      }
     } catch (const std::exception& e) {
       FailTogether(*this, e, phase);
     }
@@ -188,6 +199,21 @@ class C10dCommunicator : public Communicator {
     std::shared_ptr<std::vector<at::Tensor>> tensors;
     std::string what;
   };
+
+  // The ready barrier's failure, on rank 0 with the ranks that had not entered it where the store can say.
+  // A peer killed before it fails the barrier at once (its pairs close), maybe before a live peer appended
+  // itself: so a list with ranks on it is read again a moment later.
+  Error WithMissing(const Error& e) {
+    if (rank_ != 0) return e;
+    std::optional<std::vector<int>> missing = channel_.NotReached("ready", size_);
+    if (missing && !missing->empty()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+      missing = channel_.NotReached("ready", size_);
+    }
+    if (!missing || missing->empty()) return e;
+    return Error(e.kind(), "", std::string(e.what()) + " (" + (missing->size() == 1 ? "rank " : "ranks ") +
+                                   RankList(*missing) + " had not entered it: died, froze or came late)");
+  }
 
   at::Tensor Wrap(void* data, uint64_t bytes) {
     return at::from_blob(data, {static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device_));

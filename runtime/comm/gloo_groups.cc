@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "allocators/error.h"
+#include "runtime/agree/verdict.h"
 
 namespace shardcast {
 
@@ -50,12 +51,9 @@ std::vector<bool> Came(c10d::Store& store, int world_size) {
   return came;
 }
 
-// "rank 2", "ranks 2, 5", "ranks 0, 1, ... (12 ranks)"; "" for none.
+// "rank 2", "ranks 2, 5", "ranks 0-11"; "" for none.
 std::string RanksText(const std::vector<int>& ranks) {
-  std::string text;
-  for (size_t i = 0; i < ranks.size() && i < 8; ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
-  if (ranks.size() > 8) text += ", ... (" + std::to_string(ranks.size()) + " ranks)";
-  return ranks.empty() ? "" : (ranks.size() == 1 ? "rank " : "ranks ") + text;
+  return ranks.empty() ? "" : (ranks.size() == 1 ? "rank " : "ranks ") + RankList(ranks);
 }
 
 std::string Absent(c10d::Store& store, int world_size) {

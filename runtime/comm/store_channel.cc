@@ -2,6 +2,7 @@
 
 #include <future>
 #include <memory>
+#include <sstream>
 #include <thread>
 
 namespace shardcast {
@@ -123,6 +124,32 @@ void StoreChannel::AwaitAcks(int n, std::chrono::milliseconds wait) {
     if (!acks || *acks >= n) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+}
+
+void StoreChannel::Reach(const std::string& step, int rank) {
+  const std::vector<uint8_t> me = Bytes(std::to_string(rank) + " ");
+  Call<bool>([key = "shardcast/reached/" + step, me](c10d::Store& s) {
+    s.append(key, me);
+    return true;
+  });
+}
+
+std::optional<std::vector<int>> StoreChannel::NotReached(const std::string& step, int world_size) {
+  auto list = Call<std::string>([key = "shardcast/reached/" + step](c10d::Store& s) {
+    const std::vector<uint8_t> v = s.check({key}) ? s.get(key) : std::vector<uint8_t>{};
+    return std::string(v.begin(), v.end());
+  });
+  if (!list) return std::nullopt;
+  std::vector<bool> came(static_cast<size_t>(world_size), false);
+  std::istringstream in(*list);
+  for (int r; in >> r;) {
+    if (r >= 0 && r < world_size) came[static_cast<size_t>(r)] = true;
+  }
+  std::vector<int> missing;
+  for (int r = 0; r < world_size; ++r) {
+    if (!came[static_cast<size_t>(r)]) missing.push_back(r);
+  }
+  return missing;
 }
 
 }  // namespace shardcast

@@ -24,6 +24,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "runtime/agree/communicator.h"
 
@@ -75,6 +76,12 @@ class StoreChannel {
   std::optional<FailureNote> Fetch(std::chrono::milliseconds wait);
   // Waits until `n` ranks fetched, or `wait` passed, or the store is gone.
   void AwaitAcks(int n, std::chrono::milliseconds wait);
+
+  // Who reached a step, for the error of a collective that never ends: `Reach` adds this rank to the step's
+  // list (one append), `NotReached` reads which ranks of [0, world_size) are not on it (one read); nullopt
+  // where the store cannot say. A store that fails or is late here is the channel's loss, as above.
+  void Reach(const std::string& step, int rank);
+  std::optional<std::vector<int>> NotReached(const std::string& step, int world_size);
 
  private:
   // Runs op on the worker; nullopt (and loss_ set) when it failed or missed the deadline. The result

@@ -105,5 +105,18 @@ TEST(AllGather, EveryRankSeesEveryRanksValues) {
   }
 }
 
+TEST(RankList, RunsAreRangesAndALongListEndsWithHowManyMore) {
+  EXPECT_EQ(RankList({}), "");
+  EXPECT_EQ(RankList({2}), "2");
+  EXPECT_EQ(RankList({2, 3}), "2, 3");
+  EXPECT_EQ(RankList({3, 5, 6, 7, 8, 9}), "3, 5-9");
+  std::vector<int> all(1024);
+  for (int r = 0; r < 1024; ++r) all[static_cast<size_t>(r)] = r;
+  EXPECT_EQ(RankList(all), "0-1023");
+  std::vector<int> even;
+  for (int r = 0; r < 40; r += 2) even.push_back(r);
+  EXPECT_EQ(RankList(even), "0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, and 4 more ranks");
+}
+
 }  // namespace
 }  // namespace shardcast
