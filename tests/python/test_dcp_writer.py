@@ -198,6 +198,18 @@ def test_a_symlinked_output_directory_is_written_through(tmp_path):
     assert torch.equal(tensors(target)["w"], w)
 
 
+# Regression (review): storage_meta had no save_id, which torch's writers give every save (DCP's async and
+# staging paths and users' own bookkeeping tell saves of one path apart by it).
+def test_every_save_has_its_own_save_id(tmp_path):
+    from shardcast.dcp import HuggingFaceStorageWriter
+    writer = HuggingFaceStorageWriter(tmp_path / "hf")
+    first = writer.storage_meta()
+    assert first.checkpoint_id == str(tmp_path / "hf") and first.save_id
+    writer.reset(tmp_path / "hf2")
+    second = writer.storage_meta()
+    assert second.checkpoint_id == str(tmp_path / "hf2") and second.save_id and second.save_id != first.save_id
+
+
 # Regression (review): a dtype safetensors has no code for (float8_e5m2fnuz, float4_e2m1fn_x2) was refused as
 # "x: dtype has no safetensors equivalent", naming neither the dtype nor that x is a key.
 def test_a_dtype_safetensors_cannot_hold_is_refused_naming_key_and_dtype(tmp_path):

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import uuid
 from typing import Dict, List, Optional, Tuple, Union
 
 import torch
@@ -109,6 +110,7 @@ class HuggingFaceStorageWriter(StorageWriter):
         self.is_coordinator = False
         self._use_collectives = True  # dcp.save(use_collectives=False): every rank plans and writes alone
         self.report: Optional[dict] = None  # this rank's save report (runtime/save.h), after write_data
+        self.save_id = uuid.uuid4().hex  # each save's own, as torch's writers: in storage_meta
         self._per_rank_files = None  # torch's writer, where per-rank files are asked for
         if save_distributed and not enable_consolidation:
             from torch.distributed.checkpoint import HuggingFaceStorageWriter as _TorchWriter
@@ -122,6 +124,7 @@ class HuggingFaceStorageWriter(StorageWriter):
             self._per_rank_files.reset(checkpoint_id)
         if checkpoint_id:
             self.path = os.fspath(checkpoint_id)
+        self.save_id = uuid.uuid4().hex
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Union[str, os.PathLike]) -> bool:
@@ -136,7 +139,7 @@ class HuggingFaceStorageWriter(StorageWriter):
     def storage_meta(self) -> Optional[StorageMeta]:
         if self._per_rank_files is not None:
             return self._per_rank_files.storage_meta()
-        return StorageMeta(checkpoint_id=self.path)
+        return StorageMeta(checkpoint_id=self.path, save_id=self.save_id)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         if self._per_rank_files is not None:
