@@ -182,6 +182,28 @@ BuildHold& BuildHold::operator=(BuildHold&& other) noexcept {
   return *this;
 }
 
+// Makes `dir` held from its first instant: made under a name no save looks at, locked, then renamed into
+// place (the directory, and the flock on it, stay the same). Made where it stands, then locked, another save's
+// Leftovers() could find it unheld between the two, and remove it.
+//
+//   mkdir  <parent>/.<name>.making        flock it        renameat2(RENAME_NOREPLACE) -> <parent>/<name>
+namespace {
+BuildHold MakeHeld(const std::string& dir) {
+  const std::string making = Parent(dir) + "/." + std::filesystem::path(dir).filename().string() + ".making";
+  if (::mkdir(making.c_str(), 0755) != 0) Fail(making, "cannot create the save's directory", errno);
+  BuildHold hold(making);
+  if (::syscall(SYS_renameat2, AT_FDCWD, making.c_str(), AT_FDCWD, dir.c_str(), RENAME_NOREPLACE) == 0) return hold;
+  int err = errno;
+  if (err == EINVAL || err == ENOSYS) {  // no RENAME_NOREPLACE here: a plain rename, refusing what is there
+    struct stat st {};
+    err = ::lstat(dir.c_str(), &st) == 0 ? EEXIST : (::rename(making.c_str(), dir.c_str()) == 0 ? 0 : errno);
+    if (err == 0) return hold;
+  }
+  ::rmdir(making.c_str());
+  Fail(dir, "cannot create the save's directory", err);
+}
+}  // namespace
+
 bool Held(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return false;
@@ -235,8 +257,7 @@ BuildHold Create(const std::string& dir, const std::vector<ManifestFile>& files,
                  const std::vector<std::string>& headers) {
   std::error_code ec;
   std::filesystem::create_directories(Parent(dir), ec);
-  if (::mkdir(dir.c_str(), 0755) != 0) Fail(dir, "cannot create the save's directory", errno);
-  BuildHold hold(dir);
+  BuildHold hold = MakeHeld(dir);
   for (size_t i = 0; i < files.size(); ++i) {
     const std::string path = dir + "/" + files[i].name;
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
