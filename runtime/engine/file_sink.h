@@ -55,8 +55,9 @@ class FileSink : public Sink {
 
 namespace output_dir {
 
-// A save's hold on the directory it builds: an flock on the directory, taken by Create right after the
-// mkdir and released when the hold is destroyed (the save ended, committed or not). Leftovers() passes
+// A save's hold on the directory it builds: an flock on the directory, which Create takes before the
+// directory has its name (made hidden, locked, renamed in) and which is released when the hold is destroyed
+// (the save ended, committed or not). Leftovers() passes
 // over a build that is held, so a save never removes the build of another save still writing into the
 // same out_dir (two jobs, every rank with dcp.save(no_dist=True), an async save still running). Best
 // effort: where the filesystem refuses flock on a directory nothing is held, and every ".tmp-" entry
