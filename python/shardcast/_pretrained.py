@@ -136,9 +136,10 @@ def _agree_first(failed: Optional[BaseException], why: Optional[str], mesh, targ
                  load_kwargs: Dict[str, Any]):
     """((pg, rank, world, store, timeout_s), the first exchange's Verdict, this rank's failure so far), or
     (None, None, failure) where this rank has no group to agree in. Every rank comes here, whatever its
-    reasons not to stream, a failed one too (it says it cannot stream, so none does, and it takes
-    _join_failed_load as before): so the node's CPUs are agreed for the read-ahead as well, and a reason
-    that differs between ranks (a keyword, a variable) is agreed, never a rank leaving alone.
+    reasons not to stream, a failed one too (it says so, with its problem, and every rank then raises the
+    failed ranks' problems at once: Verdict.failed): so the node's CPUs are agreed for the read-ahead as
+    well, and a reason that differs between ranks (a keyword, a variable) is agreed, never a rank leaving
+    alone.
     why: the call's reason not to stream (its arguments), or None. beside: this rank's
     SHARDCAST_STREAM_BESIDE_BUILD (or the keyword), None to go by its node's CPUs."""
     from ._group import _group
@@ -159,7 +160,9 @@ def _agree_first(failed: Optional[BaseException], why: Optional[str], mesh, targ
             why = f"{_stream_rules.BESIDE_VAR}=0"
     except Exception as e:  # noqa: BLE001 -- this rank cannot stream: every rank then loads after the build
         why = why or f"{type(e).__name__}: {e}"
-    verdict = _stream_rules.agree(pg, store, rank, world, why, timeout_s, by_cores=beside is None)
+    from ._carried import _problem
+    verdict = _stream_rules.agree(pg, store, rank, world, why, timeout_s, by_cores=beside is None,
+                                  failed=tuple(_problem(failed)[:2]) if failed is not None else None)
     return (pg, rank, world, store, timeout_s), verdict, failed
 
 
@@ -317,6 +320,8 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
         why = "stream_beside_build=False" if stream_beside_build is False else _stream_rules.unpredictable(
             mesh, dc_given, dc, keep_quantized, model_cls, shard, fsdp_kwargs, dtype, load_kwargs)
         group, verdict, failed = _agree_first(failed, why, mesh, target, dc, beside, load_kwargs)
+        if verdict is not None and verdict.failed:  # every rank at once: no model built for nothing
+            _stream_rules.raise_failed(verdict, group[2], failed)
         if failed is None and _prefetch.wanted(prefetch, verdict):
             try:  # only a speed-up: a rank that cannot start it goes on without, with the others
                 ahead = _prefetch.start(path, verdict.local_rank, verdict.local_world)

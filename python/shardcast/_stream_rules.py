@@ -139,16 +139,43 @@ class Verdict:
     stream: every rank streams beside the build (none gave a reason not to).
     spare_cores: this rank's node has at least two CPUs a rank.
     local_rank, local_world: this rank's place among its node's ranks (in rank order), and their count.
-    nodes: how many nodes (hostnames) the ranks are on."""
+    nodes: how many nodes (hostnames) the ranks are on.
+    failed: the first 8 ranks that failed already, in rank order, each (rank, kind, message) as `_problem`
+    gives it (the message cut at 1 KiB); failed_count: how many failed in all. Where any did, every rank
+    raises the same error at once (`raise_failed`), none building a model that will not be loaded."""
     stream: bool
     spare_cores: bool
     local_rank: int
     local_world: int
     nodes: int
+    failed: Tuple[Tuple[int, str, str], ...] = ()
+    failed_count: int = 0
+
+
+FAILED_SHOWN = 8
+FAILED_MESSAGE_BYTES = 1024
+
+
+def raise_failed(verdict: Verdict, world: int, own: Optional[BaseException]) -> None:
+    """Raises the first exchange's failure on this rank, the same on every rank: the class of the lowest
+    failing rank's kind, naming every failing rank shown and its problem, as the load's verdict names them;
+    chained to this rank's own exception where it is one of them."""
+    from . import _shardcast
+    shown = [r for r, _, _ in verdict.failed]
+    more = verdict.failed_count - len(shown)
+    ranks = ", ".join(map(str, shown)) + (f" and {more} more" if more > 0 else "")
+    lines = "".join(f"\n  [rank {r}] {message}" for r, _, message in verdict.failed)
+    kind = verdict.failed[0][1]
+    cls = getattr(_shardcast, kind, None)
+    if not (isinstance(cls, type) and issubclass(cls, _shardcast.ShardcastError)):
+        cls = _shardcast.ShardcastError
+    error = cls(f"from_pretrained: failed on rank{'s' if verdict.failed_count > 1 else ''} {ranks} of {world} "
+                f"before the model was built:{lines}")
+    raise error from own
 
 
 def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: float,
-          by_cores: bool = False) -> Verdict:
+          by_cores: bool = False, failed: Optional[Tuple[str, str]] = None) -> Verdict:
     """One store exchange: each rank sends its reason not to stream (or None), whether it leaves the choice
     to the cores (`by_cores`), its hostname, its node (`node_id`), the CPUs it may run on and its CPU cgroup
     and quota (`cpu_quota`). A rank that leaves the choice to the cores has one more reason where its
@@ -162,26 +189,31 @@ def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: f
         quota = ["", None]
     node = node_id()
     mine = [why_not, by_cores, socket.gethostname(), node,
-            format(sum(1 << c for c in os.sched_getaffinity(0)), "x"), *quota]
+            format(sum(1 << c for c in os.sched_getaffinity(0)), "x"), *quota,
+            [failed[0], failed[1][:FAILED_MESSAGE_BYTES]] if failed else None]
     common, own = _exchange.decided(_exchange.channel(pg, store), rank, world, mine, decide, timeout_s,
                                     "every rank's answer whether it can stream", part=f"node {node}")
     if common["why"]:
         more = f"; and {common['more']} ranks more" if common["more"] else ""
         logger.debug("from_pretrained loads after the build, not beside it: %s%s", "; ".join(common["why"]), more)
     return Verdict(stream=not common["why"], spare_cores=own["spare"], local_rank=own["ranks"].index(rank),
-                   local_world=len(own["ranks"]), nodes=common["nodes"])
+                   local_world=len(own["ranks"]), nodes=common["nodes"],
+                   failed=tuple((r, kind, message) for r, kind, message in common["failed"]),
+                   failed_count=common["failed_count"])
 
 
 def decide(every) -> Dict[str, Any]:
     """What `agree` tells the ranks, from every rank's answer in rank order: {"": {"why": the first 8
-    ranks' reasons not to stream ("rank R: ..."), "more": how many more, "nodes": how many nodes}, and for
+    ranks' reasons not to stream ("rank R: ..."), "more": how many more, "nodes": how many nodes, "failed":
+    [rank, kind, message] of the first 8 ranks that failed already, "failed_count": how many}, and for
     each node ("node " and its `node_id`) {"spare": whether its CPUs are two a rank, "ranks": its ranks in
     rank order}}."""
     masks: Dict[str, int] = {}
     ranks: Dict[str, list] = {}
     quotas: Dict[str, Dict[str, Optional[float]]] = {}  # per node, per CPU cgroup
     names: Dict[str, str] = {}
-    for r, (_, _, name, node, mask, cgroup, quota) in enumerate(every):
+    failed = [[r, *answer[7]] for r, answer in enumerate(every) if answer[7]]
+    for r, (_, _, name, node, mask, cgroup, quota, _) in enumerate(every):
         masks[node] = masks.get(node, 0) | int(mask, 16)
         ranks.setdefault(node, []).append(r)
         quotas.setdefault(node, {})[cgroup] = quota
@@ -197,7 +229,8 @@ def decide(every) -> Dict[str, Any]:
         why = why if why is not None or not cores else short[node]
         if why is not None:
             reasons.append(f"rank {r}: {why}")
-    answers: Dict[str, Any] = {"": {"why": reasons[:8], "more": max(0, len(reasons) - 8), "nodes": len(masks)}}
+    answers: Dict[str, Any] = {"": {"why": reasons[:8], "more": max(0, len(reasons) - 8), "nodes": len(masks),
+                                   "failed": failed[:FAILED_SHOWN], "failed_count": len(failed)}}
     for node in masks:
         answers[f"node {node}"] = {"spare": short[node] is None, "ranks": ranks[node]}
     return answers

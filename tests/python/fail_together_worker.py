@@ -127,7 +127,21 @@ def pretrained(root, rank, world):
          lambda f: shardcast.from_pretrained(os.path.join(root, "llama" + ("-missing" if f else "")),
                                              dtype=torch.float32, timeout=TIMEOUT)),
     ] + no_gpu
-    out = [_run(name, failing, rank, lambda: call(rank == failing)) for name, failing, call in cases]
+    # Whether a rank built a model in a call that failed: the first exchange names the failed rank, so none
+    # should (each once imported the modeling code and built the model, to fail at the load's verdict).
+    from shardcast import _pretrained
+    built = []
+    build = _pretrained._build_meta
+
+    def counted(*args, **kwargs):
+        built.append(1)
+        return build(*args, **kwargs)
+    _pretrained._build_meta = counted
+    out = []
+    for name, failing, call in cases:
+        before = len(built)
+        out.append({**_run(name, failing, rank, lambda: call(rank == failing)), "built": len(built) - before})
+    _pretrained._build_meta = build
     model = shardcast.from_pretrained(os.path.join(root, "llama"), dtype=torch.float32, timeout=TIMEOUT)
     return {"cases": out, "after": model.shardcast_report["world_size"] == world}
 

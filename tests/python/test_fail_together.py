@@ -69,6 +69,9 @@ def test_from_pretrained_failing_on_one_rank_ends_every_rank_at_once(run):
             errors[2]
     for rank, r in enumerate(results):
         assert r["after"], f"rank {rank}: from_pretrained after the failures did not load"
+        # The first exchange names the failed rank: no rank builds a model that will not be loaded.
+        assert [c["built"] for c in r["cases"]] == [0] * len(r["cases"]), (rank, r["cases"])
+        assert all("before the model was built" in c["error"]["message"] for c in r["cases"]), (rank, r["cases"])
 
 
 # Ranks 0 and 1 fail before their load (and then their save) while rank 2 never comes, timeout=5: both end

@@ -17,13 +17,17 @@ def mask(*cpus):
 
 def verdicts(monkeypatch, answers):
     """Each rank's Verdict where the exchange returned `answers` (rank order; each rank's [reason, by the
-    cores, hostname, node, CPU mask, CPU cgroup, its quota], as it sends them)."""
+    cores, hostname, node, CPU mask, CPU cgroup, its quota, whether it failed already], as it sends them; the
+    last may be left out: not failed)."""
+    answers = [a + [None] if len(a) == 7 else a for a in answers]
+
     def decided(ch, rank, world, mine, decide, timeout_s, what, part=""):
         assert part == f"node {mine[3]}"  # the part a rank asks for is the node it sends
         told = decide(answers)  # rank 0's decision; each rank reads the common answer and its (given) node's part
         return told[""], told[f"node {answers[rank][3]}"]
     monkeypatch.setattr(_exchange, "decided", decided)
-    return [agree(None, None, r, len(answers), answers[r][0], 5.0, by_cores=answers[r][1]) for r in range(len(answers))]
+    return [agree(None, None, r, len(answers), answers[r][0], 5.0, by_cores=answers[r][1], failed=answers[r][7])
+            for r in range(len(answers))]
 
 
 def test_a_node_is_its_ranks_cpus_together_in_rank_order(monkeypatch):
@@ -52,6 +56,29 @@ def test_one_node_short_of_cpus_keeps_every_rank_from_streaming_and_only_its_own
     asked = verdicts(monkeypatch, [[why, False, *rest] for why, _, *rest in answers])
     assert [v.stream for v in asked] == [True] * 4
     assert [v.spare_cores for v in asked] == [True, True, False, False]
+
+
+def test_the_ranks_that_failed_already_are_one_error_on_every_rank(monkeypatch):
+    """from_pretrained's ranks then raise it at once, none building a model that will not be loaded."""
+    from shardcast import CheckpointError
+    answers = [[None, False, "a", "boot-a", mask(0, 1), "cg", None, None],
+               ["it failed already (CheckpointError)", False, "a", "boot-a", mask(0, 1), "cg", None,
+                ["CheckpointError", "/ckpt: no such directory"]],
+               [None, False, "a", "boot-a", mask(0, 1), "cg", None, None],
+               ["it failed already (InvalidArgument)", False, "a", "boot-a", mask(0, 1), "cg", None,
+                ["InvalidArgument", "SHARDCAST_TARGET: bad"]]]
+    got = verdicts(monkeypatch, answers)
+    assert [v.failed for v in got] == [((1, "CheckpointError", "/ckpt: no such directory"),
+                                        (3, "InvalidArgument", "SHARDCAST_TARGET: bad"))] * 4
+    assert [v.stream for v in got] == [False] * 4
+    raised = []
+    for v in got:
+        with pytest.raises(CheckpointError) as e:
+            _stream_rules.raise_failed(v, 4, None)
+        raised.append(str(e.value))
+    assert raised == ["from_pretrained: failed on ranks 1, 3 of 4 before the model was built:\n"
+                      "  [rank 1] /ckpt: no such directory\n  [rank 3] SHARDCAST_TARGET: bad"] * 4
+    assert [v.failed for v in verdicts(monkeypatch, [a[:7] for a in answers])] == [()] * 4
 
 
 def test_any_rank_s_reason_is_every_rank_s_and_logged_once_naming_it(monkeypatch, caplog):
