@@ -16,6 +16,7 @@ MODE "compare": every scenario below in one launch (ROOT holds the checkpoints t
   metadata   read_metadata of both readers equal (keys, dtypes, sizes, chunks, files)
   alone      rank 0 alone (what transformers' consolidate_distributed_checkpoint and dcp's no_dist=True do
              while the group runs): read_metadata of the llama, dcp.load and dcp.save of its whole tensors;
+             then the last rank's read_metadata alone (outside DCP: it reads for itself, within seconds);
              then every rank's read_metadata of another checkpoint must be that one's, and collective loads
              and saves still work (regression, review: rank 0's solo call put it one exchange ahead for good)
   per_rank   the llama's keys saved by torch's HuggingFaceStorageWriter(save_distributed=True) with no
@@ -279,6 +280,21 @@ def alone(root, world, problems):
         compare(whole, {k: v for k, v in _read_all(out).items()}, "alone: no_dist save", problems)
         torch_out = os.path.join(root, f"alone-{world}-torch")
         dcp.save(whole, storage_writer=HuggingFaceStorageWriter(torch_out), no_dist=True)
+    if dist.get_rank() == world - 1:  # a script inspecting the keys on another rank than 0, as torch's reader allows
+        import time
+        named = os.path.join(root, f"alone-solo-{world}")  # a path rank 0 never asks about
+        if not os.path.islink(named):
+            os.symlink(llama, named)
+        t0 = time.monotonic()
+        try:
+            solo = sdcp.HuggingFaceStorageReader(named, timeout=30).read_metadata()
+            if sorted(solo.state_dict_metadata) != sorted(keys):
+                problems.append(f"alone: rank {world - 1}'s own read_metadata is not the llama's")
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"alone: rank {world - 1}'s own read_metadata raised {type(e).__name__}: {e}")
+        if time.monotonic() - t0 > 10:
+            problems.append(f"alone: rank {world - 1}'s own read_metadata took {time.monotonic() - t0:.1f} s "
+                            f"(it waited for rank 0, which does not answer it)")
     dist.barrier()
     together = sdcp.HuggingFaceStorageReader(other).read_metadata()
     if sorted(together.state_dict_metadata) != sorted(checkpoint_keys(other)):

@@ -13,8 +13,8 @@ hand them the answer to another question). It is numbered per topic (the checkpo
 name it, one string on every rank whatever each node's copy holds): rank 0 publishes its n-th answer on a
 topic as that topic's latest and marks generation n done; a rank making its n-th call on the topic waits for
 generation n and takes the latest answer. After a solo call by rank 0 the others are handed its newer
-answer on the same topic, never an answer on another. (A solo call outside DCP on another rank still waits
-for rank 0, up to the timeout.)
+answer on the same topic, never an answer on another. (A call outside DCP on another rank than 0 does not
+ask: it reads for itself, _hf_reader.py.)
 """
 from __future__ import annotations
 
@@ -133,9 +133,3 @@ def run_group(given):
         return given
     run = dcp_run()
     return None if run is None else run[1]
-
-
-def runs_alone() -> bool:
-    """Whether the calling dcp.load/dcp.save runs on this rank alone (no_dist=True, or no process group)."""
-    run = dcp_run()
-    return run is not None and not run[0]

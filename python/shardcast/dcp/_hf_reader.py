@@ -44,7 +44,7 @@ from .._group import _group, _store_host, operation_store
 from .._layouts import _Layouts
 from .._load import _options
 from .._shardcast import InvalidArgument, ShardcastError
-from ._agree import alone as _alone, on_rank0, run_group, runs_alone
+from ._agree import alone as _alone, dcp_run, on_rank0, run_group
 from ._hf_files import pieces_by_file
 
 try:
@@ -138,7 +138,12 @@ class HuggingFaceStorageReader(_TorchReader):
         return run_group(self._process_group)
 
     def _tensors(self) -> List[list]:
-        if runs_alone():  # dcp.load(no_dist=True): no other rank reads with this one, none answers it
+        run = dcp_run()
+        if run is not None and not run[0]:  # dcp.load(no_dist=True): no other rank reads with this one
+            return self._scan()
+        if run is None and _group(self._group_arg())[1] != 0:
+            # Called outside DCP on a rank other than 0 (a script inspecting the keys, as torch's reader
+            # allows): rank 0 does not answer a call it does not make, so this rank reads for itself.
             return self._scan()
         # the topic is the path as given: every rank names the checkpoint by the same path, whatever each
         # node's copy holds there (the agreement in read_data catches a copy that differs)
