@@ -380,7 +380,7 @@ def decided(ch, rank: int, world: int, value: Any, decide: Callable[[List[Any]],
 
 def _late(what: str, absent: List[int], timeout_s: float, ch, detail: str = ""):
     """The CommTimeout of an exchange whose keys did not arrive in time, naming the ranks that never came
-    (its `absent_ranks`, which the group's vote acts on at once: binding.cc)."""
+    (its `absent_ranks`, which the group's vote acts on at once: python/operation.h)."""
     from ._shardcast import CommTimeout
     late = f" from {_ranks_text(absent)} (died, frozen, or not in the same shardcast operation)" if absent else ""
     timeout = CommTimeout(f"{what} did not arrive{late} within {timeout_s:g} s through the store of {ch[2]}{detail}")

@@ -1,4 +1,4 @@
-"""Types of the `_shardcast` extension (python/binding.cc): shardcast's C++ core.
+"""Types of the `_shardcast` extension (python/binding.cc and the parts it binds): shardcast's C++ core.
 
 Private: the package's modules are its only callers. tests/python/test_packaging.py checks that this
 stub and the built extension name the same functions and classes.
