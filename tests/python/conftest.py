@@ -83,3 +83,26 @@ def tiny_checkpoints(tmp_path_factory):
         return root
 
     return make
+
+
+@pytest.fixture(scope="session")
+def fsdp2_run(tiny_checkpoints, tmp_path_factory):
+    """run(scenario, world): per-rank results of fsdp2_worker.py for test_fsdp2.py and test_architectures.py,
+    one launch per world size for both files (rank start-up dominates). At world size 3 the architectures'
+    flow ("flow:architectures", from_pretrained too) runs right after test_fsdp2's; the failing scenarios
+    run last, so a leftover would show in them, not in the bit-exact checks. HSDP's two nodes of two ranks
+    are its scenario's own launcher variables; the scenarios that kill or freeze ranks launch on their own."""
+    import architectures
+    import ranks
+    checkpoints = tiny_checkpoints("rope-scaled")
+    arch = architectures.write(tmp_path_factory.mktemp("arch"))
+
+    def hsdp_nodes(rank):  # as torchrun's LOCAL_* and GROUP_RANK on two nodes of two ranks
+        return {"LOCAL_RANK": str(rank % 2), "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": str(rank // 2)}
+    return ranks.Scenarios("fsdp2_worker.py", tmp_path_factory, {
+        1: ["flow", "mapping_boxes"],
+        2: ["flow"],
+        3: ["flow", ("flow:architectures", arch, {"TEST_PRETRAINED": "1"}), "mapping", "mapping_boxes",
+            "mapping_bad_box", "mapping_bad_rows", "mismatch", "keys_fail"],
+        4: ["flow", ("hsdp", checkpoints, hsdp_nodes)],
+    }, root=checkpoints)

@@ -5,8 +5,9 @@ by the harness's deadline.
 
     python dcp_faults_worker.py MODE ROOT OUT
 
-metadata:  dcp.load through HuggingFaceStorageReader(ROOT/hf, timeout=5) while rank 0 dies or freezes
-           before it answers read_metadata (SHARDCAST_FAULT=0:metadata:kill|stop).
+metadata:  dcp.load through HuggingFaceStorageReader(ROOT/hf, timeout=2) while rank 0 dies or freezes
+           before it answers read_metadata (SHARDCAST_FAULT=0:metadata:kill|stop). The group's timeout is
+           then 3 s (10 s for its start-up): DCP's own gather to a frozen rank 0 waits that long.
 hf-save:   dcp.save of FSDP-sharded DTensors through HuggingFaceStorageWriter(ROOT/hf) over the checkpoint
            there, while rank 0 dies at its second write (0:save-write:kill:2).
 state-save: dcp.save through StorageWriter(ROOT/state) over the training state there, likewise.
@@ -45,6 +46,7 @@ def main():
     t0 = time.monotonic()
     try:
         if mode == "metadata":
+            dist.set_timeout(datetime.timedelta(seconds=3))  # what a frozen rank 0 costs DCP's gather after ours
             class Reader(sdcp.HuggingFaceStorageReader):  # what read_metadata itself raised, and when
                 def read_metadata(self):
                     try:
@@ -54,7 +56,7 @@ def main():
                         raise
 
             dcp.load({k: torch.empty_like(v) for k, v in sd.items()},
-                     storage_reader=Reader(os.path.join(root, "hf"), timeout=5))
+                     storage_reader=Reader(os.path.join(root, "hf"), timeout=2))
         elif mode == "hf-save":
             dcp.save(sd, storage_writer=sdcp.HuggingFaceStorageWriter(os.path.join(root, "hf"), chunk_bytes="4K",
                                                                        timeout=5))

@@ -22,6 +22,7 @@ import ranks
 import shardcast
 
 TIMEOUT = 600.0  # seconds per collective: a rank left waiting would show as minutes, not seconds
+ABSENT_TIMEOUT = 3  # seconds: MODE absent's calls, which wait that long for the rank that never comes
 
 
 def rows(n, world, rank):  # FSDP2's dim-0 rule, written out independently
@@ -149,9 +150,9 @@ def pretrained(root, rank, world):
 def absent(root, rank, world):
     """Ranks 0 and 1 fail before their load (a bad SHARDCAST_TARGET) while rank 2 never comes (it stays alive
     and joins no collective until they are done: a rank that exited would end their waits at once). Both
-    load, then save, with timeout=5, and each must end within it: a failed rank's handshake once had the
-    default 600 s, and with no rank there that had not failed, nothing ended it sooner. Run last: rank 2's missing
-    exchanges leave the counters out of step."""
+    load, then save, with timeout=ABSENT_TIMEOUT, and each must end within it: a failed rank's handshake
+    once had the default 600 s, and with no rank there that had not failed, nothing ended it sooner. Run
+    last: rank 2's missing exchanges leave the counters out of step."""
     done = os.path.join(root, "absent-done.{}")
     if rank == 2:
         deadline = time.monotonic() + 180
@@ -166,10 +167,11 @@ def absent(root, rank, world):
         pass
 
     saved = os.path.join(os.path.dirname(sys.argv[3]), "saved-absent")
+    wait = ABSENT_TIMEOUT
     out = [_run("load: SHARDCAST_TARGET=gpu, rank 2 absent", rank, rank,
-                lambda: _with_env(True, SHARDCAST_TARGET="gpu")(lambda: shardcast.load(linear(), root, timeout=5))),
+                lambda: _with_env(True, SHARDCAST_TARGET="gpu")(lambda: shardcast.load(linear(), root, timeout=wait))),
            _run("save: staging_slots=object, rank 2 absent", rank, rank,
-                lambda: shardcast.save(linear(), saved, overwrite=True, staging_slots=Opaque(), timeout=5))]
+                lambda: shardcast.save(linear(), saved, overwrite=True, staging_slots=Opaque(), timeout=wait))]
     with open(done.format(rank), "w"):
         pass
     return {"cases": out}

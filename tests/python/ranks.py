@@ -65,13 +65,14 @@ def _launch(script, mode, root, world, out, port, env, timeout, rank_env, faulte
                               stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in range(world)]
     # The survivors first; a faulted rank (killed or frozen on purpose) is given a moment once they are
-    # done, then killed: a frozen one never exits by itself.
+    # done, then killed: a frozen one never exits by itself, so one found stopped (SIGSTOP) gets no moment.
     logs = [""] * world
     order = [r for r in range(world) if r not in faulted] + list(faulted)
     try:
         for r in order:
             try:
-                logs[r] = procs[r].communicate(timeout=2 if r in faulted else timeout)[0]
+                moment = 0 if r in faulted and _stopped(procs[r].pid) else 2
+                logs[r] = procs[r].communicate(timeout=moment if r in faulted else timeout)[0]
             except subprocess.TimeoutExpired:
                 if r not in faulted:
                     raise
@@ -83,6 +84,15 @@ def _launch(script, mode, root, world, out, port, env, timeout, rank_env, faulte
     if any("EADDRINUSE" in log for log in logs):
         raise PortTaken()
     return [p.returncode for p in procs], logs
+
+
+def _stopped(pid):
+    """Whether process `pid` is stopped (SIGSTOP: state T in /proc/PID/stat); False where it cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 # ---- several scenarios in one launch ------------------------------------------------------------------

@@ -6,7 +6,7 @@ DeepSeek-V3 one through its QuantizedHuggingFaceStorageReader, called the way to
 it) and once through shardcast.dcp's, into identical fresh sharded models; every local shard of every
 rank must be bit-identical, and torch's must equal the checkpoint (dequantized block by block for fp8).
 
-One rank launch writes the checkpoints, one runs every scenario with both readers in each layout.
+This process writes the checkpoints; one rank launch runs every scenario with both readers in each layout.
 Skips when torchtitan (with spmd_types and tyro, its model code's imports) is not installed.
 """
 import pytest
@@ -19,15 +19,18 @@ for _module in ("torchtitan.models.qwen3", "torchtitan.models.deepseek_v3"):
 
 import ranks  # noqa: E402
 
-from dcp_torchtitan_worker import LAYOUT_SCENARIOS, SCENARIOS  # noqa: E402
+from dcp_torchtitan_worker import LAYOUT_SCENARIOS, SCENARIOS, write  # noqa: E402
 
 LAYOUTS = ["fsdp", "tp2fsdp2"]
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
+    """Written in this process (it needs no group): a rank launch of one cost its start-up, torchtitan's
+    import included. The global RNG is left as it was."""
     root = tmp_path_factory.mktemp("tt_ckpt")
-    [written] = ranks.run("dcp_torchtitan_worker.py", "write", root, 1, tmp_path_factory.mktemp("tt_write"))
+    with torch.random.fork_rng(devices=[]):
+        written = write(str(root))
     assert set(written["scenarios"]) == set(SCENARIOS)
     return root
 

@@ -22,22 +22,9 @@ def _same_error(results, kind):
 
 
 @pytest.fixture(scope="module")
-def run(checkpoints, tmp_path_factory):
-    """run(scenario, world): its per-rank results. One launch per world size runs all of that size's
-    scenarios (rank start-up dominates); the failing ones last, so a leftover would show in them, not in the
-    bit-exact checks. HSDP's two nodes of two ranks are its scenario's own launcher variables (hsdp_nodes);
-    those that kill or freeze ranks launch on their own below."""
-    return ranks.Scenarios("fsdp2_worker.py", tmp_path_factory, {
-        1: ["flow", "mapping_boxes"],
-        2: ["flow"],
-        3: ["flow", "mapping", "mapping_boxes", "mapping_bad_box", "mapping_bad_rows", "mismatch", "keys_fail"],
-        4: ["flow", ("hsdp", checkpoints, hsdp_nodes)],
-    }, root=checkpoints)
-
-
-def hsdp_nodes(rank):
-    """Rank r's launcher variables as two nodes of two ranks would set them (torchrun's LOCAL_* and GROUP_RANK)."""
-    return {"LOCAL_RANK": str(rank % 2), "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": str(rank // 2)}
+def run(fsdp2_run):
+    """run(scenario, world): its per-rank results (conftest.py: fsdp2_run, one launch per world size)."""
+    return fsdp2_run
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
