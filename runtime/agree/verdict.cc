@@ -37,6 +37,10 @@ std::string RankList(const std::vector<int>& ranks) {
   return out;
 }
 
+std::string RanksText(const std::vector<int>& ranks) {
+  return ranks.empty() ? "" : (ranks.size() == 1 ? "rank " : "ranks ") + RankList(ranks);
+}
+
 void Agree(Communicator& comm, const std::string& phase, const Problem& local) {
   const int world = comm.world_size(), rank = comm.rank();
   const bool failing = !local.message.empty();

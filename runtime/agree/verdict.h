@@ -35,6 +35,8 @@ void Agree(Communicator& comm, const std::string& phase, const Problem& local);
 // kRankListItems items, then "and N more ranks"; what every error that names several ranks says.
 inline constexpr int kRankListItems = 16;
 std::string RankList(const std::vector<int>& ranks);
+// The same with its noun: "rank 2", "ranks 2, 5", "ranks 0-11"; "" for none.
+std::string RanksText(const std::vector<int>& ranks);
 
 // values: this rank's n values. Returns world_size rows of n values, row r from rank r.
 std::vector<std::vector<int64_t>> AllGather(Communicator& comm, const std::vector<int64_t>& values);

@@ -211,8 +211,8 @@ class C10dCommunicator : public Communicator {
       missing = channel_.NotReached("ready", size_);
     }
     if (!missing || missing->empty()) return e;
-    return Error(e.kind(), "", std::string(e.what()) + " (" + (missing->size() == 1 ? "rank " : "ranks ") +
-                                   RankList(*missing) + " had not entered it: died, froze or came late)");
+    return Error(e.kind(), "", std::string(e.what()) + " (" + RanksText(*missing) +
+                                   " had not entered it: died, froze or came late)");
   }
 
   at::Tensor Wrap(void* data, uint64_t bytes) {

@@ -6,10 +6,10 @@
 #include <map>
 #include <mutex>
 #include <random>
-#include <sstream>
 
 #include "allocators/error.h"
 #include "runtime/agree/verdict.h"
+#include "runtime/comm/store_channel.h"
 
 namespace shardcast {
 
@@ -43,17 +43,7 @@ std::string FreshToken() {
 // The ranks that appended themselves to "group/who".
 std::vector<bool> Came(c10d::Store& store, int world_size) {
   const std::vector<uint8_t> v = store.check({"group/who"}) ? store.get("group/who") : std::vector<uint8_t>{};
-  std::vector<bool> came(world_size, false);
-  std::istringstream in(std::string(v.begin(), v.end()));
-  for (int r; in >> r;) {
-    if (r >= 0 && r < world_size) came[r] = true;
-  }
-  return came;
-}
-
-// "rank 2", "ranks 2, 5", "ranks 0-11"; "" for none.
-std::string RanksText(const std::vector<int>& ranks) {
-  return ranks.empty() ? "" : (ranks.size() == 1 ? "rank " : "ranks ") + RankList(ranks);
+  return RanksOn(std::string(v.begin(), v.end()), world_size);
 }
 
 std::string Absent(c10d::Store& store, int world_size) {

@@ -1,5 +1,6 @@
 #include "runtime/comm/store_channel.h"
 
+#include <algorithm>
 #include <future>
 #include <memory>
 #include <sstream>
@@ -126,6 +127,15 @@ void StoreChannel::AwaitAcks(int n, std::chrono::milliseconds wait) {
   }
 }
 
+std::vector<bool> RanksOn(const std::string& list, int world_size) {
+  std::vector<bool> on(static_cast<size_t>(std::max(world_size, 0)), false);
+  std::istringstream in(list);
+  for (int r; in >> r;) {
+    if (r >= 0 && r < world_size) on[static_cast<size_t>(r)] = true;
+  }
+  return on;
+}
+
 void StoreChannel::Reach(const std::string& step, int rank) {
   const std::vector<uint8_t> me = Bytes(std::to_string(rank) + " ");
   Call<bool>([key = "shardcast/reached/" + step, me](c10d::Store& s) {
@@ -140,11 +150,7 @@ std::optional<std::vector<int>> StoreChannel::NotReached(const std::string& step
     return std::string(v.begin(), v.end());
   });
   if (!list) return std::nullopt;
-  std::vector<bool> came(static_cast<size_t>(world_size), false);
-  std::istringstream in(*list);
-  for (int r; in >> r;) {
-    if (r >= 0 && r < world_size) came[static_cast<size_t>(r)] = true;
-  }
+  const std::vector<bool> came = RanksOn(*list, world_size);
   std::vector<int> missing;
   for (int r = 0; r < world_size; ++r) {
     if (!came[static_cast<size_t>(r)]) missing.push_back(r);

@@ -96,6 +96,10 @@ class StoreChannel {
   std::unique_ptr<DeadlineWorker> worker_;  // made at the first call: a channel never used has no thread
 };
 
+// Which ranks of [0, world_size) are on `list`, the text ranks append themselves to ("0 2 1 "); anything
+// else in it is passed over.
+std::vector<bool> RanksOn(const std::string& list, int world_size);
+
 // Runs `op` on a thread of its own and waits at most `deadline`: its value, or its exception rethrown,
 // or nullopt when it is late. A late thread is abandoned, so `op` must own (by value or reference
 // count) everything it touches. For one-off calls (a rendezvous); a channel's many calls share a
