@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <ctime>
 #include <filesystem>
 #include <regex>
 #include <string>
@@ -212,17 +213,34 @@ bool Held(const std::string& dir) {
   return held;
 }
 
+namespace {
+// A build killed between its mkdir and its rename keeps its hidden name (".<name>.tmp-*.making", MakeHeld). A
+// live save holds that name for the microseconds between mkdir and flock, unheld, so only one older than this
+// counts as left over: a sweep never races a save that is being made.
+constexpr int kMakingStaleSeconds = 60;
+
+bool Stale(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 && ::time(nullptr) - st.st_mtime > kMakingStaleSeconds;
+}
+
+bool HasSuffix(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+}  // namespace
+
 std::vector<std::string> Leftovers(const std::string& out_dir) {
   std::vector<std::string> out;
   const std::filesystem::path p(out_dir);
   const std::string tmp = p.filename().string() + ".tmp-", old = p.filename().string() + ".old-",
-                    parent = Parent(out_dir);
+                    making = "." + tmp, parent = Parent(out_dir);
   DIR* d = ::opendir(parent.c_str());
   if (d == nullptr) return out;
   while (const dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    const bool ours = name.compare(0, tmp.size(), tmp) == 0 || name.compare(0, old.size(), old) == 0;
-    if (ours && !Held(parent + "/" + name)) out.push_back(parent + "/" + name);
+    const std::string name = e->d_name, path = parent + "/" + name;
+    const bool ours = name.compare(0, tmp.size(), tmp) == 0 || name.compare(0, old.size(), old) == 0 ||
+                      (name.compare(0, making.size(), making) == 0 && HasSuffix(name, ".making") && Stale(path));
+    if (ours && !Held(path)) out.push_back(path);
   }
   ::closedir(d);
   std::sort(out.begin(), out.end());

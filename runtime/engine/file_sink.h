@@ -79,8 +79,9 @@ class BuildHold {
 bool Held(const std::string& dir);
 
 // "<parent>/<name>.tmp-*" entries beside out_dir, left by saves and converts that did not finish (not
-// one a running save holds), and "<parent>/<name>.old-*" ones, left by a convert of an earlier version
-// killed during its swap.
+// one a running save holds), "<parent>/<name>.old-*" ones, left by a convert of an earlier version
+// killed during its swap, and "<parent>/.<name>.tmp-*.making" ones over a minute old, left by a save killed
+// while it made its build (between mkdir and rename: Create).
 std::vector<std::string> Leftovers(const std::string& out_dir);
 // Rank 0's check before a save: an out_dir that exists (a directory) or leftovers are a kInvalidArgument
 // naming them all, unless overwrite; returns the leftovers (for overwrite to remove).

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <string>
 
@@ -53,6 +54,28 @@ TEST(OutputDir, ABuildThatExistsIsRefusedNamingItAndLeavesNothingBehind) {
   for (const auto& e : fs::directory_iterator(parent)) {
     EXPECT_EQ(e.path().filename().string(), "out.tmp-2") << "left beside the build: " << e.path();
   }
+  fs::remove_all(parent);
+}
+
+// A save killed between making its build under the hidden name and renaming it leaves that name behind: swept
+// once it is over a minute old and unheld, never while a live save may be making it.
+TEST(OutputDir, AHiddenBuildLeftByAKilledSaveIsLeftOverOnceStale) {
+  const std::string parent = Scratch("making");
+  const std::string out = parent + "/out", making = parent + "/.out.tmp-4.making";
+  fs::create_directories(making);
+  EXPECT_TRUE(output_dir::Leftovers(out).empty()) << "a fresh hidden build counted as left over";
+  const fs::file_time_type old = fs::last_write_time(making) - std::chrono::minutes(2);
+  fs::last_write_time(making, old);
+  {
+    output_dir::BuildHold hold(making);
+    EXPECT_TRUE(output_dir::Leftovers(out).empty()) << "a held hidden build counted as left over";
+  }
+  ASSERT_EQ(output_dir::Leftovers(out).size(), 1u);
+  EXPECT_EQ(output_dir::Leftovers(out)[0], making);
+  fs::create_directories(parent + "/.other.tmp-4.making");  // another out_dir's: not this one's
+  fs::last_write_time(parent + "/.other.tmp-4.making", old);
+  EXPECT_EQ(output_dir::Leftovers(out).size(), 1u);
+  EXPECT_EQ(output_dir::Check(out, /*overwrite=*/true).size(), 1u);
   fs::remove_all(parent);
 }
 
