@@ -141,7 +141,7 @@ class Verdict:
     local_rank, local_world: this rank's place among its node's ranks (in rank order), and their count.
     nodes: how many nodes (hostnames) the ranks are on.
     failed: the first 8 ranks that failed already, in rank order, each (rank, kind, message) as `_problem`
-    gives it (the message cut at 1 KiB); failed_count: how many failed in all. Where any did, every rank
+    gives it (a message over FAILED_MESSAGE_CHARS cut, saying so: `_cut`); failed_count: how many failed in all. Where any did, every rank
     raises the same error at once (`raise_failed`), none building a model that will not be loaded."""
     stream: bool
     spare_cores: bool
@@ -153,7 +153,16 @@ class Verdict:
 
 
 FAILED_SHOWN = 8
-FAILED_MESSAGE_BYTES = 1024
+FAILED_MESSAGE_CHARS = 1024
+
+
+def _cut(message: str) -> str:
+    """A failed rank's message as the exchange carries it: whole up to FAILED_MESSAGE_CHARS, else its start and
+    how much was left out (the whole message is chained to that rank's own exception)."""
+    if len(message) <= FAILED_MESSAGE_CHARS:
+        return message
+    return (f"{message[:FAILED_MESSAGE_CHARS]} [... cut: {len(message) - FAILED_MESSAGE_CHARS} more characters, "
+            f"whole in that rank's own exception]")
 
 
 def raise_failed(verdict: Verdict, world: int, own: Optional[BaseException]) -> None:
@@ -190,7 +199,7 @@ def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: f
     node = node_id()
     mine = [why_not, by_cores, socket.gethostname(), node,
             format(sum(1 << c for c in os.sched_getaffinity(0)), "x"), *quota,
-            [failed[0], failed[1][:FAILED_MESSAGE_BYTES]] if failed else None]
+            [failed[0], _cut(failed[1])] if failed else None]
     common, own = _exchange.decided(_exchange.channel(pg, store), rank, world, mine, decide, timeout_s,
                                     "every rank's answer whether it can stream", part=f"node {node}")
     if common["why"]:

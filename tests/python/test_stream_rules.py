@@ -81,6 +81,25 @@ def test_the_ranks_that_failed_already_are_one_error_on_every_rank(monkeypatch):
     assert [v.failed for v in verdicts(monkeypatch, [a[:7] for a in answers])] == [()] * 4
 
 
+def test_a_long_failure_is_cut_saying_so(monkeypatch):
+    """A failed rank's message over 1,024 characters travels cut, and says how much was left out."""
+    long = "x" * 1500
+    answers = [[None, False, "a", "boot-a", mask(0, 1), "cg", None, None],
+               ["it failed already (CheckpointError)", False, "a", "boot-a", mask(0, 1), "cg", None, None]]
+    seen = {}
+
+    def decided(ch, rank, world, mine, decide, timeout_s, what, part=""):
+        seen[rank] = mine[7]
+        told = decide([answers[0][:7] + [seen.get(0)], answers[1][:7] + [seen.get(1)]])
+        return told[""], told["node boot-a"]
+    monkeypatch.setattr(_exchange, "decided", decided)
+    agree(None, None, 0, 2, None, 5.0)
+    v = agree(None, None, 1, 2, "it failed already", 5.0, failed=("CheckpointError", long))
+    message = v.failed[0][2]
+    assert message == "x" * 1024 + " [... cut: 476 more characters, whole in that rank's own exception]"
+    assert _stream_rules._cut("y" * 1024) == "y" * 1024  # at the limit: whole
+
+
 def test_any_rank_s_reason_is_every_rank_s_and_logged_once_naming_it(monkeypatch, caplog):
     answers = [[None, False, "a", "boot-a", mask(0, 1, 2, 3), "cg", None],
                ["stream_beside_build=False", False, "a", "boot-a", mask(0, 1, 2, 3), "cg", None]]
