@@ -36,6 +36,7 @@ int LaunchLocalRanks(int nproc, const std::vector<std::string>& argv, std::chron
     }
     ranks.push_back(Subprocess::Spawn(so));
   }
+  listener.Close();  // rank 0 holds the port now: it closes with rank 0, so a dead store host refuses connects
   // Once any rank has exited, the others get `grace` to follow (they will within their collective
   // timeout, failure paths included), and are then killed: the launcher never waits forever, even
   // for a rank that is frozen.

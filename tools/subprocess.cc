@@ -79,8 +79,11 @@ LocalListener LocalListener::Open() {
   return LocalListener(fd, ntohs(a.sin_port));
 }
 
-LocalListener::~LocalListener() {
+LocalListener::~LocalListener() { Close(); }
+
+void LocalListener::Close() {
   if (fd_ >= 0) close(fd_);
+  fd_ = -1;
 }
 
 Subprocess Subprocess::Spawn(const SpawnOptions& options) {

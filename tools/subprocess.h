@@ -70,6 +70,10 @@ class LocalListener {
   ~LocalListener();
   int fd() const { return fd_; }
   int port() const { return port_; }
+  // Closes this process's copy once the rank that hosts the store holds its own (inherited): a copy kept here
+  // would outlive that rank and queue the others' connects with no one to answer them, so a store host that
+  // died would look frozen (and its port would not refuse the probe of StoreUnanswered). port() stays valid.
+  void Close();
 
  private:
   LocalListener(int fd, int port) : fd_(fd), port_(port) {}

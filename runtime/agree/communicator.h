@@ -39,6 +39,14 @@ struct Rendezvous {
 // this node's count picked by SLURM_NODEID.
 Rendezvous RendezvousFromEnvironment();
 
+// Where a rendezvous store listens, for the probe of a store that did not answer in time (a port that refuses
+// a connect: its host is gone; runtime/comm/store_channel.h). port < 0: not known, and such a store is taken
+// as silent.
+struct StoreAddress {
+  std::string addr;
+  int port = -1;
+};
+
 // A pending send; Wait throws like the collectives do. Destroying it, waited for or not, ends the
 // transport's use of the bytes: once the destructor returns the transport neither reads them nor will
 // (a send not yet completed is cancelled, a write in progress waited out). So its bytes may be freed

@@ -35,11 +35,13 @@ std::string Clean(const std::string& m) {
 
 class C10dCommunicator : public Communicator {
  public:
-  // store_host: who serves `store`, for the messages of a store that stops answering.
+  // store_host: who serves `store`, for the messages of a store that stops answering; store_at: where it
+  // listens, where known (the store a Rendezvous makes).
   C10dCommunicator(c10::intrusive_ptr<c10d::Backend> backend, c10::intrusive_ptr<c10d::Store> store,
-                   std::string store_host, std::chrono::milliseconds timeout, c10::Device device, bool owns)
-      : backend_(std::move(backend)), channel_(std::move(store), std::move(store_host)), timeout_(timeout),
-        device_(device), owns_(owns), rank_(backend_->getRank()), size_(backend_->getSize()) {}
+                   std::string store_host, std::chrono::milliseconds timeout, c10::Device device, bool owns,
+                   StoreAddress store_at = {})
+      : backend_(std::move(backend)), channel_(std::move(store), std::move(store_host), std::move(store_at)),
+        timeout_(timeout), device_(device), owns_(owns), rank_(backend_->getRank()), size_(backend_->getSize()) {}
 
   std::optional<FailureNote> PublishFailure(const FailureNote& mine) override { return channel_.Publish(mine); }
   std::optional<FailureNote> FetchFailure(std::chrono::milliseconds wait) override { return channel_.Fetch(wait); }
@@ -292,6 +294,21 @@ std::string StoreHost(const Rendezvous& rv) {
   return "rank 0 (the store host at " + rv.master_addr + ":" + std::to_string(rv.master_port) + ")";
 }
 
+StoreAddress StoreAt(const Rendezvous& rv) { return StoreAddress{rv.master_addr, rv.master_port}; }
+
+namespace {
+
+// Where `store` listens: a TCPStore's host and port, under any PrefixStores (the caller's process group's
+// store, from init_process_group or the torchrun agent); not known for any other store.
+StoreAddress AddressOf(const c10::intrusive_ptr<c10d::Store>& store) {
+  c10::intrusive_ptr<c10d::Store> base = store;
+  if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(base.get())) base = prefixed->getUnderlyingNonPrefixStore();
+  if (auto* tcp = dynamic_cast<c10d::TCPStore*>(base.get())) return StoreAddress{tcp->getHost(), tcp->getPort()};
+  return {};
+}
+
+}  // namespace
+
 std::unique_ptr<Communicator> WrapC10dBackend(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout,
                                               c10::intrusive_ptr<c10d::Store> store, c10::Device device,
                                               std::string store_host) {
@@ -316,7 +333,7 @@ Error RendezvousError(const Rendezvous& rv, const char* phase, const std::except
   // A worker whose connection to the store broke, or never came up, has lost rank 0: the same
   // words as a rank that lost it later, mid-load.
   if (rv.rank != 0 && dynamic_cast<const c10::DistNetworkError*>(&e) != nullptr) {
-    const FailureNote n = LooksLikeTimeout(m) ? StoreSilent(StoreHost(rv)) : StoreLost(StoreHost(rv));
+    const FailureNote n = LooksLikeTimeout(m) ? StoreUnanswered(StoreHost(rv), StoreAt(rv)) : StoreLost(StoreHost(rv));
     return Error(n.kind, phase, n.message);
   }
   return Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm,
@@ -371,7 +388,7 @@ std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c
                     "or froze while the group was made");
   }
   auto comm = std::make_unique<C10dCommunicator>(std::move(agreed->backend), store, std::move(store_host), timeout,
-                                                 c10::Device(c10::kCPU), /*owns=*/true);
+                                                 c10::Device(c10::kCPU), /*owns=*/true, AddressOf(store));
   comm->token = agreed->token;
   comm->group = GroupOf(store);
   if (!agreed->reused) comm->Ready(phase);
@@ -414,14 +431,14 @@ std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::
   }
   if (!made) {
     if (rv.rank != 0) {
-      const FailureNote n = StoreSilent(StoreHost(rv));
+      const FailureNote n = StoreUnanswered(StoreHost(rv), StoreAt(rv));
       throw Error(n.kind, phase, n.message);
     }
     throw Error(ErrorKind::kCommTimeout, "rank 0 rendezvous at " + rv.master_addr + ":" + std::to_string(rv.master_port),
                 "did not complete within " + std::to_string(RendezvousDeadline(timeout).count()) + " ms");
   }
   auto comm = std::make_unique<C10dCommunicator>(std::move(made->first), made->second, StoreHost(rv), timeout,
-                                                 c10::Device(c10::kCPU), /*owns=*/true);
+                                                 c10::Device(c10::kCPU), /*owns=*/true, StoreAt(rv));
   comm->Ready(phase);
   return comm;
 }

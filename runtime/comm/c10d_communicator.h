@@ -47,8 +47,10 @@ void KeepGlooGroup(std::unique_ptr<Communicator> comm);
 // Drops every kept group (the caller's process groups are gone: torch.distributed was shut down).
 void ForgetGlooGroups();
 
-// "rank 0 (the store host at ADDR:PORT)": the store a Rendezvous makes, for failure messages.
+// "rank 0 (the store host at ADDR:PORT)": the store a Rendezvous makes, for failure messages; StoreAt: where
+// it listens, for the probe of a store that did not answer (StoreUnanswered).
 std::string StoreHost(const Rendezvous& rv);
+StoreAddress StoreAt(const Rendezvous& rv);
 
 // A write to a socket whose peer died raises SIGPIPE, whose default action ends the process with no
 // report (c10d's store client and gloo do not all pass MSG_NOSIGNAL). Where SIGPIPE still has its

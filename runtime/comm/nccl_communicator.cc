@@ -58,11 +58,11 @@ class NcclCommunicator : public Communicator {
       throw RendezvousError(rv, "load", e);
     }
     if (!met) {
-      const FailureNote n = StoreSilent(StoreHost(rv));
+      const FailureNote n = StoreUnanswered(StoreHost(rv), StoreAt(rv));
       throw Error(n.kind, "load", n.message);
     }
     store_ = met->first;
-    channel_ = std::make_unique<StoreChannel>(store_, StoreHost(rv));
+    channel_ = std::make_unique<StoreChannel>(store_, StoreHost(rv), StoreAt(rv));
     ncclUniqueId id;
     std::memcpy(&id, met->second.data(), std::min(met->second.size(), sizeof(id)));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;

@@ -1,6 +1,12 @@
 #include "runtime/comm/store_channel.h"
 
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <future>
 #include <memory>
 #include <sstream>
@@ -64,8 +70,9 @@ void DeadlineWorker::Submit(std::function<void()> task) {
   q_->cv.notify_one();
 }
 
-StoreChannel::StoreChannel(c10::intrusive_ptr<c10d::Store> store, std::string host, std::chrono::milliseconds op_deadline)
-    : store_(std::move(store)), host_(std::move(host)), deadline_(op_deadline) {}
+StoreChannel::StoreChannel(c10::intrusive_ptr<c10d::Store> store, std::string host, StoreAddress at,
+                           std::chrono::milliseconds op_deadline)
+    : store_(std::move(store)), host_(std::move(host)), at_(std::move(at)), deadline_(op_deadline) {}
 
 FailureNote StoreSilent(const std::string& host) {
   return FailureNote{ErrorKind::kCommTimeout, host + " did not answer: it is frozen or unreachable"};
@@ -75,13 +82,52 @@ FailureNote StoreLost(const std::string& host) {
   return FailureNote{ErrorKind::kComm, host + " is lost: its connection closed"};
 }
 
+namespace {
+
+// One address: ECONNREFUSED, 0 (accepted) or another errno (ETIMEDOUT when nothing came within `wait`).
+int ConnectOutcome(const addrinfo& a, std::chrono::milliseconds wait) {
+  const int fd = socket(a.ai_family, a.ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a.ai_protocol);
+  if (fd < 0) return errno;
+  int err = connect(fd, a.ai_addr, a.ai_addrlen) == 0 ? 0 : errno;
+  if (err == EINPROGRESS) {
+    pollfd p{fd, POLLOUT, 0};
+    const int n = poll(&p, 1, static_cast<int>(wait.count()));
+    socklen_t len = sizeof(err);
+    if (n != 1 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = ETIMEDOUT;
+  }
+  close(fd);
+  return err;
+}
+
+}  // namespace
+
+bool StoreRefuses(const StoreAddress& at, std::chrono::milliseconds wait) {
+  if (at.addr.empty() || at.port <= 0 || at.port > 65535) return false;
+  std::function<bool()> probe = [at, wait] {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    addrinfo* found = nullptr;
+    if (getaddrinfo(at.addr.c_str(), std::to_string(at.port).c_str(), &hints, &found) != 0) return false;
+    bool refused = found != nullptr;
+    for (addrinfo* a = found; a != nullptr && refused; a = a->ai_next) refused = ConnectOutcome(*a, wait) == ECONNREFUSED;
+    freeaddrinfo(found);
+    return refused;
+  };
+  return WithDeadline(std::move(probe), wait * 3).value_or(false);  // a name that does not resolve in time: unknown
+}
+
+FailureNote StoreUnanswered(const std::string& host, const StoreAddress& at) {
+  return StoreRefuses(at) ? StoreLost(host) : StoreSilent(host);
+}
+
 template <typename T>
 std::optional<T> StoreChannel::Call(std::function<T(c10d::Store&)> op) {
   if (!store_ || loss_) return std::nullopt;
   try {
     if (!worker_) worker_ = std::make_unique<DeadlineWorker>();
     std::optional<T> r = worker_->Run<T>([store = store_, op = std::move(op)] { return op(*store); }, deadline_);
-    if (!r) loss_ = StoreSilent(host_);
+    if (!r) loss_ = StoreUnanswered(host_, at_);
     return r;
   } catch (...) {
     loss_ = StoreLost(host_);  // the cause differs from rank to rank (reset, closed, refused): not quoted

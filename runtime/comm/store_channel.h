@@ -64,8 +64,9 @@ class DeadlineWorker {
 
 class StoreChannel {
  public:
-  // host: who serves the store, for messages ("rank 0 (the store host at 10.0.0.1:29500)").
-  StoreChannel(c10::intrusive_ptr<c10d::Store> store, std::string host,
+  // host: who serves the store, for messages ("rank 0 (the store host at 10.0.0.1:29500)"); at: where it
+  // listens, probed when an operation is late (StoreUnanswered).
+  StoreChannel(c10::intrusive_ptr<c10d::Store> store, std::string host, StoreAddress at = {},
                std::chrono::milliseconds op_deadline = std::chrono::milliseconds(3000));
   bool usable() const { return static_cast<bool>(store_); }
 
@@ -91,6 +92,7 @@ class StoreChannel {
 
   c10::intrusive_ptr<c10d::Store> store_;
   std::string host_;
+  StoreAddress at_;
   std::chrono::milliseconds deadline_;
   std::optional<FailureNote> loss_;
   std::unique_ptr<DeadlineWorker> worker_;  // made at the first call: a channel never used has no thread
@@ -117,6 +119,17 @@ std::optional<T> WithDeadline(std::function<T()> op, std::chrono::milliseconds d
 // whatever its own socket saw (a reset, a closed connection, a late reply).
 FailureNote StoreSilent(const std::string& host);  // kCommTimeout: frozen or unreachable
 FailureNote StoreLost(const std::string& host);    // kComm: its process or node went away
+
+// Whether a TCP connection to `at` is refused within `wait` (on every address the name has): the host is
+// up and nothing listens on the port, so the store's process is gone. False where one is accepted, or not
+// answered in time, or `at` is not known. Resolving the name is bounded by the same wait.
+bool StoreRefuses(const StoreAddress& at, std::chrono::milliseconds wait = std::chrono::milliseconds(500));
+
+// The note for a store that did not answer in time: lost where its port refuses a connection, else silent.
+// A late answer alone does not tell a dead host from a frozen one: a rank whose call was already waiting
+// when the host died, or that came after it (its connect retried until the deadline), would call it silent
+// where a rank whose socket saw the close calls it lost. The port settles it the same way on every rank.
+FailureNote StoreUnanswered(const std::string& host, const StoreAddress& at);
 
 // "<kind>|<message>" and back; a malformed value becomes a kComm note quoting it.
 std::string EncodeFailure(const FailureNote& note);

@@ -4,6 +4,7 @@
 // slack, with the same error kind and message; no process may be left running.
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <functional>
 #include <tuple>
 
@@ -85,6 +86,24 @@ INSTANTIATE_TEST_SUITE_P(
       return (source == "rank0" ? std::string("rank0") : std::string("each_rank")) + "_" + std::get<1>(info.param) +
              "_" + std::get<2>(info.param) + "_rank" + std::to_string(std::get<3>(info.param));
     });
+
+// Rank 0 killed as it starts, before it serves the store: every other rank's connect is refused, or was queued
+// on its port and is reset, or its call was late; each must say rank 0 is lost, not that it is frozen. (With
+// the launcher holding its own copy of the port, a connect queued there waited with no one to answer: that
+// rank called rank 0 silent after the rendezvous deadline, where a rank that saw the reset called it lost,
+// Group/Faults kill_rank0 under load. Now the port dies with rank 0, and a late call probes it.)
+class StoreHostFaults : public LoadTest {};
+
+TEST_F(StoreHostFaults, RankZeroDeadBeforeItServesIsLostOnEveryOtherRank) {
+  auto rs = Run(
+      3, "exact", "slow", "slow", "rank0", [](std::vector<Subprocess>& ranks) { ranks[0].Kill(SIGKILL); },
+      [](int) { return std::vector<std::string>{"SHARDCAST_TIMEOUT_MS=" + std::to_string(kTimeoutMs)}; }, {0});
+  EXPECT_FALSE(rs[0].reported) << "rank 0 finished: " << rs[0].message;
+  for (int r : {1, 2}) {
+    EXPECT_LT(rs[r].seconds, kTimeoutMs / 1000.0 + kSlackSeconds) << "rank " << r << ": " << rs[r].message;
+  }
+  ExpectSameError(rs, "CommError", {"rank 0 (the store host at 127.0.0.1:", ") is lost"}, {0});
+}
 
 // Regression (lazy groups failed the matrix): a rank that fails after its Gloo group is made, before the barrier
 // that readies it. A barrier tells a rank only that every rank entered it, not that every rank left, so the

@@ -148,6 +148,7 @@ class LoadTest : public ::testing::Test {
       so.pipe_stdout = true;
       ranks.push_back(Subprocess::Spawn(so));
     }
+    listener.Close();  // as the launcher: the port dies with rank 0 (LocalListener::Close)
     if (during) during(ranks);
     std::vector<Result> out(world);
     // The survivors first; a faulted rank that is still running after them (frozen) is killed.

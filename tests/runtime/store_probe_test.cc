@@ -1,0 +1,75 @@
+// The probe that tells a dead store host from a frozen one (runtime/comm/store_channel.h: StoreRefuses,
+// StoreUnanswered), on real sockets: a port that listens (a frozen host's kernel still queues connects) is
+// not refused, a port nothing listens on is, and an address not known is never taken as refused.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include "allocators/error.h"
+#include "runtime/comm/store_channel.h"
+
+namespace shardcast {
+namespace {
+
+// A loopback TCP socket bound to a port of its own, listening or not; closed by the destructor.
+class Socket {
+ public:
+  explicit Socket(bool listening) : fd_(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    EXPECT_GE(fd_, 0);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    if (listening) {
+      EXPECT_EQ(listen(fd_, 16), 0);
+    }
+    EXPECT_EQ(getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len), 0);
+    port_ = ntohs(a.sin_port);
+  }
+  ~Socket() { Close(); }
+  void Close() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+  int port() const { return port_; }
+
+ private:
+  int fd_;
+  int port_ = 0;
+};
+
+TEST(StoreProbe, AListeningPortIsNotRefused) {
+  Socket s(/*listening=*/true);  // never accepts: as a frozen store host, whose kernel still queues connects
+  EXPECT_FALSE(StoreRefuses({"127.0.0.1", s.port()}));
+  EXPECT_FALSE(StoreRefuses({"localhost", s.port()}));  // a name: every address it has must refuse
+  const FailureNote n = StoreUnanswered("rank 0 (the store host)", {"127.0.0.1", s.port()});
+  EXPECT_EQ(n.kind, ErrorKind::kCommTimeout);
+  EXPECT_EQ(n.message, "rank 0 (the store host) did not answer: it is frozen or unreachable");
+}
+
+TEST(StoreProbe, APortNothingListensOnIsRefused) {
+  Socket s(/*listening=*/true);
+  const int port = s.port();
+  s.Close();  // as a store host that died: its port closed with it
+  EXPECT_TRUE(StoreRefuses({"127.0.0.1", port}));
+  const FailureNote n = StoreUnanswered("rank 0 (the store host)", {"127.0.0.1", port});
+  EXPECT_EQ(n.kind, ErrorKind::kComm);
+  EXPECT_EQ(n.message, "rank 0 (the store host) is lost: its connection closed");
+  Socket bound(/*listening=*/false);  // bound, not listening: refused too
+  EXPECT_TRUE(StoreRefuses({"127.0.0.1", bound.port()}));
+}
+
+TEST(StoreProbe, AnAddressNotKnownIsNeverRefused) {
+  EXPECT_FALSE(StoreRefuses({}));
+  EXPECT_FALSE(StoreRefuses({"127.0.0.1", -1}));
+  EXPECT_FALSE(StoreRefuses({"127.0.0.1", 70000}));
+  EXPECT_FALSE(StoreRefuses({"no-such-host.invalid", 29500}));
+  EXPECT_EQ(StoreUnanswered("the process group's store", {}).kind, ErrorKind::kCommTimeout);
+}
+
+}  // namespace
+}  // namespace shardcast
