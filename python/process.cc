@@ -1,6 +1,6 @@
 // python/process: this process's own services, outside any load or save: page-cache prefetch, the test
-// fault points, lazily zeroed tensors, the launcher's environment, the CPU quota, and buffers' locally
-// computed values.
+// fault points, lazily zeroed tensors, the launcher's environment, the CPU quota, buffers' locally
+// computed values, and the probe of a store that stopped answering.
 #include <torch/csrc/utils/pybind.h>
 
 #include <ATen/ops/empty_like.h>
@@ -19,6 +19,7 @@
 #include "python/binding_internal.h"
 #include "runtime/agree/communicator.h"
 #include "runtime/agree/fault.h"
+#include "runtime/comm/store_channel.h"
 #include "runtime/cpu_quota.h"
 #include "runtime/materialize/buffer_init.h"
 
@@ -39,6 +40,12 @@ void BindProcess(py::module_& m) {
       py::arg("path"), py::arg("offset"), py::arg("length"), py::call_guard<py::gil_scoped_release>(),
       "Asks the kernel to read the file's bytes [offset, offset + length) into the page cache, in steps "
       "its read-ahead limit allows; False where the file cannot be opened.");
+  m.def(
+      "store_refuses", [](const std::string& addr, int port) { return StoreRefuses(StoreAddress{addr, port}); },
+      py::arg("addr"), py::arg("port"), py::call_guard<py::gil_scoped_release>(),
+      "Whether a TCP connection to addr:port is refused within 0.5 s on every address the name has: the host is "
+      "up and nothing listens there, so a store served from that port is gone (runtime/comm/store_channel.h, "
+      "StoreRefuses). False where one is accepted or not answered in time (a frozen server), or not known.");
   m.def("fault_point", [](const std::string& point, int rank) { FaultPoint(point.c_str(), rank); }, py::arg("point"),
         py::arg("rank"), py::call_guard<py::gil_scoped_release>(),
         "A named point where a test makes this process fail on purpose (runtime/agree/fault.h: SHARDCAST_FAULT, "

@@ -74,7 +74,7 @@ def _through_store(ch, body: Callable[[Any], Any], timeout_s: float, what: str,
     `wait`, so the store's own timeouts alone would block this rank for ever. The abandoned thread stays
     blocked on that store; the job has lost the rank that serves it anyway, and the load's later exchanges
     fail at once."""
-    from ._shardcast import CommError, CommTimeout
+    from ._shardcast import CommTimeout
     import torch.distributed as dist
     state = ch[3]
     if "stalled" in state:
@@ -99,6 +99,8 @@ def _through_store(ch, body: Callable[[Any], Any], timeout_s: float, what: str,
     waiter.join(timeout_s + _GRACE_S)
     if waiter.is_alive():
         waiter.join(_LAST_LOOK_S)
+    if waiter.is_alive() and _refuses(ch[0]):  # its server is gone: what a rank whose socket saw the close says
+        raise _lost(what, ch)
     if waiter.is_alive():
         state["stalled"] = f"{what} got no answer within {timeout_s:g} s"
         stalled = CommTimeout(f"{what} did not arrive within {timeout_s:g} s through the store of {ch[2]}, and "
@@ -112,9 +114,24 @@ def _through_store(ch, body: Callable[[Any], Any], timeout_s: float, what: str,
         raise e  # not the store's: the body's own (a value JSON cannot carry, say), as it was raised
     if isinstance(e, (TimeoutError, dist.DistStoreError)):  # the store answered: nobody set the keys in time
         raise _late(what, missing, timeout_s, ch, f" ({type(e).__name__}: {_first_line(e)})") from e
-    # a lost store (DistNetworkError: its server is gone)
-    raise CommError(f"{what}: the store of {ch[2]} stopped answering ({type(e).__name__}: "
-                    f"{_first_line(e)})") from e
+    raise _lost(what, ch) from e  # a lost store (DistNetworkError: its server is gone)
+
+
+def _lost(what: str, ch):
+    """The CommError of a store whose server is gone, the same words on every rank whatever its own socket saw
+    (reset, closed, refused: in the chained exception), as runtime/comm/store_channel.h's StoreLost words it."""
+    from ._shardcast import CommError
+    return CommError(f"{what}: the store of {ch[2]} is lost: its connection closed")
+
+
+def _refuses(store) -> bool:
+    """Whether the store's port refuses a connection (its server's process is gone), for a call that got no
+    answer in time: a rank whose call was already waiting when the server died, or came after, would else call
+    it stalled where a rank whose socket saw the close calls it lost. False for a store not served over TCP."""
+    from . import _shardcast
+    from ._group import _store_address
+    host, port = _store_address(store)
+    return bool(host) and _shardcast.store_refuses(host, port)
 
 
 def _absent(store, key: str, world: int) -> Optional[List[int]]:

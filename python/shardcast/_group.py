@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Dict
+from typing import Dict, Tuple
 
 from ._shardcast import InvalidArgument
 
@@ -54,12 +54,18 @@ def operation_store(pg, store):
     return dist.PrefixStore(f"shardcast/op/{n}", store)
 
 
-def _store_host(store) -> str:
-    """Who serves the group's store, for the message every rank raises if it stops answering."""
+def _store_address(store) -> Tuple[str, int]:
+    """Where the group's store listens: a TCPStore's (host, port) under any PrefixStores; ("", -1) for another."""
     base = store
     while base is not None and hasattr(base, "underlying_store"):  # PrefixStore
         base = base.underlying_store
     host, port = getattr(base, "host", None), getattr(base, "port", None)
+    return (host, int(port)) if host and isinstance(port, int) else ("", -1)
+
+
+def _store_host(store) -> str:
+    """Who serves the group's store, for the message every rank raises if it stops answering."""
+    host, port = _store_address(store)
     where = f" at {host}:{port}" if host else ""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         return f"the torchrun agent's store{where}"

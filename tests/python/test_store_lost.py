@@ -1,0 +1,41 @@
+"""A store call that got no answer in time (_exchange._through_store) on a store whose server died meanwhile:
+its port refuses a connection, so the rank calls the store lost, the words a rank whose socket saw the close
+uses, not stalled (the frozen server's words, tests/python/test_agree_faults.py: freeze-0-first). A real
+TCPStore server, stopped by destroying it, and a call held in the exchange's body past the deadline, as a
+rank's call that was already waiting, or came late, when rank 0 died."""
+import datetime
+import gc
+import threading
+
+import pytest
+import torch.distributed as dist
+
+from shardcast import _exchange, _shardcast
+from shardcast._shardcast import CommError
+
+
+def test_a_call_that_got_no_answer_from_a_server_now_gone_is_the_store_lost():
+    servers = [dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10))]
+    port = servers[0].port
+    client = dist.TCPStore("127.0.0.1", port, 1, False, timeout=datetime.timedelta(seconds=10))
+    host = f"rank 0 (the store host at 127.0.0.1:{port})"
+    ch = (client, "group", host, {})
+    release = threading.Event()
+    gone = []
+
+    def held_call(store):
+        store.set("came", b"1")  # the server answers
+        servers.clear()  # and is gone (its last reference) while this call still waits
+        gc.collect()
+        gone.append(_shardcast.store_refuses("127.0.0.1", port))
+        release.wait(30)
+
+    assert not _shardcast.store_refuses("127.0.0.1", port)  # served: a connect is accepted
+    try:
+        with pytest.raises(CommError) as e:
+            _exchange._through_store(ch, held_call, 0.2, "every rank's answer")
+        assert gone == [True], "the destroyed server's port still listens"
+        assert str(e.value) == f"every rank's answer: the store of {host} is lost: its connection closed"
+        assert "stalled" not in ch[3]
+    finally:
+        release.set()
