@@ -19,6 +19,7 @@
 #include "python/binding_internal.h"
 #include "runtime/agree/communicator.h"
 #include "runtime/agree/fault.h"
+#include "runtime/agree/verdict.h"
 #include "runtime/comm/store_channel.h"
 #include "runtime/cpu_quota.h"
 #include "runtime/materialize/buffer_init.h"
@@ -40,6 +41,10 @@ void BindProcess(py::module_& m) {
       py::arg("path"), py::arg("offset"), py::arg("length"), py::call_guard<py::gil_scoped_release>(),
       "Asks the kernel to read the file's bytes [offset, offset + length) into the page cache, in steps "
       "its read-ahead limit allows; False where the file cannot be opened.");
+  m.def("verdict_text", &VerdictText, py::arg("failed"), py::arg("messages"), py::arg("world"),
+        "A verdict's words, as every agreement raises them (runtime/agree/verdict.h): \"failed on rank(s) ... of "
+        "W:\" with the runs of `failed` (ascending) as ranges, then each of the first len(messages) ranks' "
+        "message, then how many more failed unshown.");
   m.def(
       "store_refuses", [](const std::string& addr, int port) { return StoreRefuses(StoreAddress{addr, port}); },
       py::arg("addr"), py::arg("port"), py::call_guard<py::gil_scoped_release>(),

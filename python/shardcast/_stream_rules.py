@@ -141,7 +141,7 @@ class Verdict:
     local_rank, local_world: this rank's place among its node's ranks (in rank order), and their count.
     nodes: how many nodes (hostnames) the ranks are on.
     failed: the first 8 ranks that failed already, in rank order, each (rank, kind, message) as `_problem`
-    gives it (a message over FAILED_MESSAGE_CHARS cut, saying so: `_cut`); failed_count: how many failed in all. Where any did, every rank
+    gives it (a message over FAILED_MESSAGE_CHARS cut, saying so: `_cut`); failed_ranks: every rank that failed. Where any did, every rank
     raises the same error at once (`raise_failed`), none building a model that will not be loaded."""
     stream: bool
     spare_cores: bool
@@ -149,7 +149,7 @@ class Verdict:
     local_world: int
     nodes: int
     failed: Tuple[Tuple[int, str, str], ...] = ()
-    failed_count: int = 0
+    failed_ranks: Tuple[int, ...] = ()
 
 
 FAILED_SHOWN = 8
@@ -167,20 +167,16 @@ def _cut(message: str) -> str:
 
 def raise_failed(verdict: Verdict, world: int, own: Optional[BaseException]) -> None:
     """Raises the first exchange's failure on this rank, the same on every rank: the class of the lowest
-    failing rank's kind, naming every failing rank shown and its problem, as the load's verdict names them;
-    chained to this rank's own exception where it is one of them."""
+    failing rank's kind, naming every failing rank and the problems of the first shown, in the words of the
+    load's verdict (its one formatter, `verdict_text`); chained to this rank's own exception where it is one
+    of them."""
     from . import _shardcast
-    shown = [r for r, _, _ in verdict.failed]
-    more = verdict.failed_count - len(shown)
-    ranks = ", ".join(map(str, shown)) + (f" and {more} more" if more > 0 else "")
-    lines = "".join(f"\n  [rank {r}] {message}" for r, _, message in verdict.failed)
     kind = verdict.failed[0][1]
     cls = getattr(_shardcast, kind, None)
     if not (isinstance(cls, type) and issubclass(cls, _shardcast.ShardcastError)):
         cls = _shardcast.ShardcastError
-    error = cls(f"from_pretrained: failed on rank{'s' if verdict.failed_count > 1 else ''} {ranks} of {world} "
-                f"before the model was built:{lines}")
-    raise error from own
+    words = _shardcast.verdict_text(list(verdict.failed_ranks), [m for _, _, m in verdict.failed], world)
+    raise cls(f"from_pretrained, before the model was built: {words}") from own
 
 
 def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: float,
@@ -208,13 +204,13 @@ def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: f
     return Verdict(stream=not common["why"], spare_cores=own["spare"], local_rank=own["ranks"].index(rank),
                    local_world=len(own["ranks"]), nodes=common["nodes"],
                    failed=tuple((r, kind, message) for r, kind, message in common["failed"]),
-                   failed_count=common["failed_count"])
+                   failed_ranks=tuple(common["failed_ranks"]))
 
 
 def decide(every) -> Dict[str, Any]:
     """What `agree` tells the ranks, from every rank's answer in rank order: {"": {"why": the first 8
     ranks' reasons not to stream ("rank R: ..."), "more": how many more, "nodes": how many nodes, "failed":
-    [rank, kind, message] of the first 8 ranks that failed already, "failed_count": how many}, and for
+    [rank, kind, message] of the first 8 ranks that failed already, "failed_ranks": every one}, and for
     each node ("node " and its `node_id`) {"spare": whether its CPUs are two a rank, "ranks": its ranks in
     rank order}}."""
     masks: Dict[str, int] = {}
@@ -239,7 +235,7 @@ def decide(every) -> Dict[str, Any]:
         if why is not None:
             reasons.append(f"rank {r}: {why}")
     answers: Dict[str, Any] = {"": {"why": reasons[:8], "more": max(0, len(reasons) - 8), "nodes": len(masks),
-                                   "failed": failed[:FAILED_SHOWN], "failed_count": len(failed)}}
+                                   "failed": failed[:FAILED_SHOWN], "failed_ranks": [f[0] for f in failed]}}
     for node in masks:
         answers[f"node {node}"] = {"spare": short[node] is None, "ranks": ranks[node]}
     return answers

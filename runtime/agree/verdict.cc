@@ -67,19 +67,23 @@ void Agree(Communicator& comm, const std::string& phase, const Problem& local) {
     std::memcpy(slot + 1, m.data(), m.size());
   }
   comm.AllReduceSum(slots.data(), slots.size());
-  std::string message;
+  std::vector<std::string> messages;
   for (size_t i = 0; i < shown; ++i) {
-    const int64_t* slot = slots.data() + i * kSlotWords;
-    const char* text = reinterpret_cast<const char*>(slot + 1);
-    message += "\n  [rank " + std::to_string(failed[i]) + "] ";
-    message.append(text, strnlen(text, kVerdictSlotBytes - 8));
+    const char* text = reinterpret_cast<const char*>(slots.data() + i * kSlotWords + 1);
+    messages.emplace_back(text, strnlen(text, kVerdictSlotBytes - 8));
   }
+  throw Error(static_cast<ErrorKind>(slots[0] - 1), phase, VerdictText(failed, messages, world));
+}
+
+std::string VerdictText(const std::vector<int>& failed, const std::vector<std::string>& messages, int world) {
+  std::string text = "failed on rank" + std::string(failed.size() > 1 ? "s " : " ") + RankList(failed) + " of " +
+                     std::to_string(world) + ":";
+  const size_t shown = std::min(messages.size(), failed.size());
+  for (size_t i = 0; i < shown; ++i) text += "\n  [rank " + std::to_string(failed[i]) + "] " + messages[i];
   if (failed.size() > shown) {
-    message += "\n  (the problems of " + std::to_string(failed.size() - shown) + " more ranks are not shown)";
+    text += "\n  (the problems of " + std::to_string(failed.size() - shown) + " more ranks are not shown)";
   }
-  const auto kind = static_cast<ErrorKind>(slots[0] - 1);
-  throw Error(kind, phase, "failed on rank" + std::string(failed.size() > 1 ? "s " : " ") + RankList(failed) +
-                               " of " + std::to_string(world) + ":" + message);
+  return text;
 }
 
 std::vector<std::vector<int64_t>> AllGather(Communicator& comm, const std::vector<int64_t>& values) {

@@ -37,6 +37,10 @@ inline constexpr int kRankListItems = 16;
 std::string RankList(const std::vector<int>& ranks);
 // The same with its noun: "rank 2", "ranks 2, 5", "ranks 0-11"; "" for none.
 std::string RanksText(const std::vector<int>& ranks);
+// A verdict's words: "failed on rank(s) <RankList(failed)> of <world>:", then "\n  [rank r] <message>" for the
+// first messages.size() of `failed` (ascending), then how many more failed unshown. Agree raises it; Python's
+// from_pretrained raises the same words for its first exchange (binding: verdict_text).
+std::string VerdictText(const std::vector<int>& failed, const std::vector<std::string>& messages, int world);
 
 // values: this rank's n values. Returns world_size rows of n values, row r from rank r.
 std::vector<std::vector<int64_t>> AllGather(Communicator& comm, const std::vector<int64_t>& values);

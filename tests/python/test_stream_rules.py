@@ -76,9 +76,24 @@ def test_the_ranks_that_failed_already_are_one_error_on_every_rank(monkeypatch):
         with pytest.raises(CheckpointError) as e:
             _stream_rules.raise_failed(v, 4, None)
         raised.append(str(e.value))
-    assert raised == ["from_pretrained: failed on ranks 1, 3 of 4 before the model was built:\n"
+    assert raised == ["from_pretrained, before the model was built: failed on ranks 1, 3 of 4:\n"
                       "  [rank 1] /ckpt: no such directory\n  [rank 3] SHARDCAST_TARGET: bad"] * 4
     assert [v.failed for v in verdicts(monkeypatch, [a[:7] for a in answers])] == [()] * 4
+
+
+def test_many_failed_ranks_are_named_as_runs_with_the_first_eight_problems(monkeypatch):
+    """Every failing rank is named, in runs, as the load's verdict names them; the first 8 with their problem."""
+    from shardcast import InvalidArgument
+    ok = [None, False, "a", "boot-a", mask(0, 1), "cg", None, None]
+    bad = ["it failed already (InvalidArgument)", False, "a", "boot-a", mask(0, 1), "cg", None,
+           ["InvalidArgument", "SHARDCAST_TARGET: bad"]]
+    answers = [ok] + [bad] * 11 + [ok, bad]  # ranks 1-11 and 13 of 14
+    v = verdicts(monkeypatch, answers)[0]
+    with pytest.raises(InvalidArgument) as e:
+        _stream_rules.raise_failed(v, 14, None)
+    assert str(e.value) == ("from_pretrained, before the model was built: failed on ranks 1-11, 13 of 14:"
+                            + "".join(f"\n  [rank {r}] SHARDCAST_TARGET: bad" for r in range(1, 9))
+                            + "\n  (the problems of 4 more ranks are not shown)")
 
 
 def test_a_long_failure_is_cut_saying_so(monkeypatch):
