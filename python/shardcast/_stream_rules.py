@@ -141,8 +141,9 @@ class Verdict:
     local_rank, local_world: this rank's place among its node's ranks (in rank order), and their count.
     nodes: how many nodes (hostnames) the ranks are on.
     failed: the first 8 ranks that failed already, in rank order, each (rank, kind, message) as `_problem`
-    gives it (a message over FAILED_MESSAGE_CHARS cut, saying so: `_cut`); failed_ranks: every rank that failed. Where any did, every rank
-    raises the same error at once (`raise_failed`), none building a model that will not be loaded."""
+    gives it (a message over FAILED_MESSAGE_CHARS cut, saying so: `_cut`); failed_ranks: every rank that
+    failed. Where any did, every rank raises the same error at once (`raise_failed`), none building a model
+    that will not be loaded."""
     stream: bool
     spare_cores: bool
     local_rank: int
