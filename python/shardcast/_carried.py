@@ -44,8 +44,8 @@ def _comm_kind(e: BaseException) -> Optional[str]:
 def _agreed(problem, call):
     """call() (the agreement and what follows), whose verdict on this rank chains this rank's own exception
     where it had one, so its traceback is not lost at the binding. Where this rank's problem is a store that
-    stopped answering, there is nothing to agree through: it is raised at once, as every rank on that store
-    raises it (the agreement would only wait out the rendezvous deadline, 1.25 x the timeout, first).
+    stopped answering or is lost (`store_stalled`), there is nothing to agree through: it is raised at once, as
+    every rank on that store raises it (the agreement would only wait out the rendezvous deadline, 1.25 x the timeout, first).
     REQUIRES: the operation's store (operation_store) taken before, so that every rank numbers this
     operation alike whichever way it ends."""
     cause = getattr(problem, "cause", None)

@@ -121,7 +121,9 @@ def _lost(what: str, ch):
     """The CommError of a store whose server is gone, the same words on every rank whatever its own socket saw
     (reset, closed, refused: in the chained exception), as runtime/comm/store_channel.h's StoreLost words it."""
     from ._shardcast import CommError
-    return CommError(f"{what}: the store of {ch[2]} is lost: its connection closed")
+    lost = CommError(f"{what}: the store of {ch[2]} is lost: its connection closed")
+    lost.store_stalled = True  # nothing left to agree through either: raised at once (_carried._agreed)
+    return lost
 
 
 def _refuses(store) -> bool:

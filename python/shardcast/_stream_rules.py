@@ -176,7 +176,10 @@ def raise_failed(verdict: Verdict, world: int, own: Optional[BaseException]) -> 
     cls = getattr(_shardcast, kind, None)
     if not (isinstance(cls, type) and issubclass(cls, _shardcast.ShardcastError)):
         cls = _shardcast.ShardcastError
-    words = _shardcast.verdict_text(list(verdict.failed_ranks), [m for _, _, m in verdict.failed], world)
+    # A path decoded with surrogateescape keeps lone surrogates through the exchange's JSON; the binding takes
+    # UTF-8 only, so they travel as their escapes (the same text on every rank).
+    shown = [m.encode("utf-8", "backslashreplace").decode("utf-8") for _, _, m in verdict.failed]
+    words = _shardcast.verdict_text(list(verdict.failed_ranks), shown, world)
     raise cls(f"from_pretrained, before the model was built: {words}") from own
 
 

@@ -90,8 +90,14 @@ int ConnectOutcome(const addrinfo& a, std::chrono::milliseconds wait) {
   if (fd < 0) return errno;
   int err = connect(fd, a.ai_addr, a.ai_addrlen) == 0 ? 0 : errno;
   if (err == EINPROGRESS) {
-    pollfd p{fd, POLLOUT, 0};
-    const int n = poll(&p, 1, static_cast<int>(wait.count()));
+    const auto until = std::chrono::steady_clock::now() + wait;
+    int n = -1;
+    for (;;) {  // a signal on this thread (a handler the program set) is no answer: poll again, for what is left
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      pollfd p{fd, POLLOUT, 0};
+      n = poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+      if (n >= 0 || errno != EINTR) break;
+    }
     socklen_t len = sizeof(err);
     if (n != 1 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = ETIMEDOUT;
   }
@@ -99,22 +105,40 @@ int ConnectOutcome(const addrinfo& a, std::chrono::milliseconds wait) {
   return err;
 }
 
+// An address this machine cannot use at all (an IPv6 ::1 where IPv6 is off, a family not built in): it says
+// nothing of the store's host, so it neither refuses nor answers.
+bool Unusable(int err) {
+  return err == EADDRNOTAVAIL || err == EAFNOSUPPORT || err == ENETUNREACH || err == EPROTONOSUPPORT ||
+         err == EPFNOSUPPORT;
+}
+
 }  // namespace
 
-bool StoreRefuses(const StoreAddress& at, std::chrono::milliseconds wait) {
+bool StoreRefuses(const StoreAddress& at, std::chrono::milliseconds wait) noexcept {
   if (at.addr.empty() || at.port <= 0 || at.port > 65535) return false;
-  std::function<bool()> probe = [at, wait] {
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    addrinfo* found = nullptr;
-    if (getaddrinfo(at.addr.c_str(), std::to_string(at.port).c_str(), &hints, &found) != 0) return false;
-    bool refused = found != nullptr;
-    for (addrinfo* a = found; a != nullptr && refused; a = a->ai_next) refused = ConnectOutcome(*a, wait) == ECONNREFUSED;
-    freeaddrinfo(found);
-    return refused;
-  };
-  return WithDeadline(std::move(probe), wait * 3).value_or(false);  // a name that does not resolve in time: unknown
+  try {
+    std::function<bool()> probe = [at, wait] {
+      addrinfo hints{};
+      hints.ai_socktype = SOCK_STREAM;
+      hints.ai_flags = AI_NUMERICSERV;
+      addrinfo* found = nullptr;
+      if (getaddrinfo(at.addr.c_str(), std::to_string(at.port).c_str(), &hints, &found) != 0) return false;
+      bool refused = false, answered = false;  // refused: one address refused, and none accepted or was silent
+      for (addrinfo* a = found; a != nullptr && !answered; a = a->ai_next) {
+        const int err = ConnectOutcome(*a, wait);
+        if (err == ECONNREFUSED) {
+          refused = true;
+        } else if (!Unusable(err)) {
+          answered = true;
+        }
+      }
+      freeaddrinfo(found);
+      return refused && !answered;
+    };
+    return WithDeadline(std::move(probe), wait * 3).value_or(false);  // a name not resolved in time: unknown
+  } catch (...) {  // no thread for the probe (std::system_error): unknown, never a false "lost"
+    return false;
+  }
 }
 
 FailureNote StoreUnanswered(const std::string& host, const StoreAddress& at) {

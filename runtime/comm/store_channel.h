@@ -120,10 +120,12 @@ std::optional<T> WithDeadline(std::function<T()> op, std::chrono::milliseconds d
 FailureNote StoreSilent(const std::string& host);  // kCommTimeout: frozen or unreachable
 FailureNote StoreLost(const std::string& host);    // kComm: its process or node went away
 
-// Whether a TCP connection to `at` is refused within `wait` (on every address the name has): the host is
-// up and nothing listens on the port, so the store's process is gone. False where one is accepted, or not
-// answered in time, or `at` is not known. Resolving the name is bounded by the same wait.
-bool StoreRefuses(const StoreAddress& at, std::chrono::milliseconds wait = std::chrono::milliseconds(500));
+// Whether a TCP connection to `at` is refused within `wait`: on some address the name has, and no other one
+// accepted or stayed silent (an address this machine cannot use, such as ::1 with IPv6 off, is passed over).
+// Then the host is up and nothing listens on the port: the store's process is gone. False where one is
+// accepted, or not answered in time, or `at` is not known, or the probe itself cannot run. The whole probe,
+// resolving the name included, is bounded by 3 x wait.
+bool StoreRefuses(const StoreAddress& at, std::chrono::milliseconds wait = std::chrono::milliseconds(500)) noexcept;
 
 // The note for a store that did not answer in time: lost where its port refuses a connection, else silent.
 // A late answer alone does not tell a dead host from a frozen one: a rank whose call was already waiting

@@ -36,6 +36,7 @@ def test_a_call_that_got_no_answer_from_a_server_now_gone_is_the_store_lost():
             _exchange._through_store(ch, held_call, 0.2, "every rank's answer")
         assert gone == [True], "the destroyed server's port still listens"
         assert str(e.value) == f"every rank's answer: the store of {host} is lost: its connection closed"
+        assert e.value.store_stalled is True  # nothing left to agree through: raised at once (_carried._agreed)
         assert "stalled" not in ch[3]
     finally:
         release.set()

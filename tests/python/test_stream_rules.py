@@ -96,6 +96,19 @@ def test_many_failed_ranks_are_named_as_runs_with_the_first_eight_problems(monke
                             + "\n  (the problems of 4 more ranks are not shown)")
 
 
+def test_a_failure_whose_path_is_not_utf8_is_raised_as_its_escapes(monkeypatch):
+    """A path decoded with surrogateescape (a byte that is not UTF-8) keeps a lone surrogate through the
+    exchange: every rank still raises the agreed error, the byte written as its escape."""
+    from shardcast import CheckpointError
+    answers = [[None, False, "a", "boot-a", mask(0, 1), "cg", None, None],
+               ["it failed already (CheckpointError)", False, "a", "boot-a", mask(0, 1), "cg", None,
+                ["CheckpointError", "/ckpt/\udcff: no such directory"]]]
+    with pytest.raises(CheckpointError) as e:
+        _stream_rules.raise_failed(verdicts(monkeypatch, answers)[0], 2, None)
+    assert str(e.value) == ("from_pretrained, before the model was built: failed on rank 1 of 2:\n"
+                            "  [rank 1] /ckpt/\\udcff: no such directory")
+
+
 def test_a_long_failure_is_cut_saying_so(monkeypatch):
     """A failed rank's message over 1,024 characters travels cut, and says how much was left out."""
     long = "x" * 1500
