@@ -46,11 +46,21 @@ void BindProcess(py::module_& m) {
         "W:\" with the runs of `failed` (ascending) as ranges, then each of the first len(messages) ranks' "
         "message, then how many more failed unshown.");
   m.def(
-      "store_refuses", [](const std::string& addr, int port) { return StoreRefuses(StoreAddress{addr, port}); },
+      "store_resolve", [](const std::string& addr, int port) { return Resolved(StoreAddress{addr, port, {}}).numeric; },
       py::arg("addr"), py::arg("port"), py::call_guard<py::gil_scoped_release>(),
-      "Whether a TCP connection to addr:port is refused within 0.5 s on every address the name has: the host is "
-      "up and nothing listens there, so a store served from that port is gone (runtime/comm/store_channel.h, "
-      "StoreRefuses). False where one is accepted or not answered in time (a frozen server), or not known.");
+      "addr's numeric addresses (within 1.5 s; [] where it cannot be resolved), resolved once while the store "
+      "answers, for store_refuses (runtime/comm/store_channel.h, Resolved).");
+  m.def(
+      "store_refuses",
+      [](const std::string& addr, int port, std::vector<std::string> numeric) {
+        return StoreRefuses(StoreAddress{addr, port, std::move(numeric)});
+      },
+      py::arg("addr"), py::arg("port"), py::arg("numeric") = std::vector<std::string>{},
+      py::call_guard<py::gil_scoped_release>(),
+      "Whether a TCP connection to addr:port is refused within 0.5 s on every address it has (`numeric`, from "
+      "store_resolve, else the name's): the host is up and nothing listens there, so a store served from that "
+      "port is gone (runtime/comm/store_channel.h, StoreRefuses). False where one is accepted or not answered "
+      "in time (a frozen server), or not known.");
   m.def("fault_point", [](const std::string& point, int rank) { FaultPoint(point.c_str(), rank); }, py::arg("point"),
         py::arg("rank"), py::call_guard<py::gil_scoped_release>(),
         "A named point where a test makes this process fail on purpose (runtime/agree/fault.h: SHARDCAST_FAULT, "

@@ -51,7 +51,7 @@ def channel(pg, store):
         return None
     import torch.distributed as dist
     from ._group import _store_host
-    return store, dist.distributed_c10d._get_process_group_name(pg), _store_host(store), {}
+    return store, dist.distributed_c10d._get_process_group_name(pg), _store_host(store), {"numeric": _resolved(store)}
 
 
 def _next(ch) -> int:
@@ -99,7 +99,7 @@ def _through_store(ch, body: Callable[[Any], Any], timeout_s: float, what: str,
     waiter.join(timeout_s + _GRACE_S)
     if waiter.is_alive():
         waiter.join(_LAST_LOOK_S)
-    if waiter.is_alive() and _refuses(ch[0]):  # its server is gone: what a rank whose socket saw the close says
+    if waiter.is_alive() and _refuses(ch):  # its server is gone: what a rank whose socket saw the close says
         raise _lost(what, ch)
     if waiter.is_alive():
         state["stalled"] = f"{what} got no answer within {timeout_s:g} s"
@@ -121,19 +121,31 @@ def _lost(what: str, ch):
     """The CommError of a store whose server is gone, the same words on every rank whatever its own socket saw
     (reset, closed, refused: in the chained exception), as runtime/comm/store_channel.h's StoreLost words it."""
     from ._shardcast import CommError
-    lost = CommError(f"{what}: the store of {ch[2]} is lost: its connection closed")
+    lost = CommError(f"{what}: the store of {ch[2]} is lost: its connection closed or its port refuses "
+                     "connections")
     lost.store_stalled = True  # nothing left to agree through either: raised at once (_carried._agreed)
     return lost
 
 
-def _refuses(store) -> bool:
-    """Whether the store's port refuses a connection (its server's process is gone), for a call that got no
-    answer in time: a rank whose call was already waiting when the server died, or came after, would else call
-    it stalled where a rank whose socket saw the close calls it lost. False for a store not served over TCP."""
+def _resolved(store) -> List[str]:
+    """The store's numeric addresses, resolved once as a load's channel is made, while the store answers: a late
+    call's probe (_refuses) then asks no name service, whose answer could differ from rank to rank once the
+    store's host is gone. [] for a store not served over TCP, or a name not resolved within 1.5 s."""
     from . import _shardcast
     from ._group import _store_address
     host, port = _store_address(store)
-    return bool(host) and _shardcast.store_refuses(host, port)
+    return _shardcast.store_resolve(host, port) if host else []
+
+
+def _refuses(ch) -> bool:
+    """Whether the channel's store's port refuses a connection (its server's process is gone), for a call that
+    got no answer in time: a rank whose call was already waiting when the server died, or came after, would
+    else call it stalled where a rank whose socket saw the close calls it lost. False for a store not served
+    over TCP. On the addresses channel() resolved (its state's "numeric"), else on the name's."""
+    from . import _shardcast
+    from ._group import _store_address
+    host, port = _store_address(ch[0])
+    return bool(host) and _shardcast.store_refuses(host, port, ch[3].get("numeric") or [])
 
 
 def _absent(store, key: str, world: int) -> Optional[List[int]]:

@@ -45,6 +45,9 @@ Rendezvous RendezvousFromEnvironment();
 struct StoreAddress {
   std::string addr;
   int port = -1;
+  // addr's numeric addresses, resolved once while the store answered (runtime/comm/store_channel.h:
+  // Resolved); the probe then asks no name service. Empty: addr is resolved when probed.
+  std::vector<std::string> numeric;
 };
 
 // A pending send; Wait throws like the collectives do. Destroying it, waited for or not, ends the

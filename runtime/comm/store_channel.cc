@@ -72,14 +72,14 @@ void DeadlineWorker::Submit(std::function<void()> task) {
 
 StoreChannel::StoreChannel(c10::intrusive_ptr<c10d::Store> store, std::string host, StoreAddress at,
                            std::chrono::milliseconds op_deadline)
-    : store_(std::move(store)), host_(std::move(host)), at_(std::move(at)), deadline_(op_deadline) {}
+    : store_(std::move(store)), host_(std::move(host)), at_(Resolved(at)), deadline_(op_deadline) {}
 
 FailureNote StoreSilent(const std::string& host) {
   return FailureNote{ErrorKind::kCommTimeout, host + " did not answer: it is frozen or unreachable"};
 }
 
 FailureNote StoreLost(const std::string& host) {
-  return FailureNote{ErrorKind::kComm, host + " is lost: its connection closed"};
+  return FailureNote{ErrorKind::kComm, host + " is lost: its connection closed or its port refuses connections"};
 }
 
 namespace {
@@ -112,27 +112,63 @@ bool Unusable(int err) {
          err == EPFNOSUPPORT;
 }
 
+bool Known(const StoreAddress& at) { return !at.addr.empty() && at.port > 0 && at.port <= 65535; }
+
+// host's stream addresses on `port`, numeric: asking no name service (host is an address's text); nullptr
+// where none. Freed by the caller (freeaddrinfo).
+addrinfo* Lookup(const std::string& host, int port, bool numeric) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV | (numeric ? AI_NUMERICHOST : 0);
+  addrinfo* found = nullptr;
+  return getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) == 0 ? found : nullptr;
+}
+
 }  // namespace
 
-bool StoreRefuses(const StoreAddress& at, std::chrono::milliseconds wait) noexcept {
-  if (at.addr.empty() || at.port <= 0 || at.port > 65535) return false;
+StoreAddress Resolved(const StoreAddress& at, std::chrono::milliseconds wait) noexcept {
+  if (!Known(at) || !at.numeric.empty()) return at;
   try {
-    std::function<bool()> probe = [at, wait] {
-      addrinfo hints{};
-      hints.ai_socktype = SOCK_STREAM;
-      hints.ai_flags = AI_NUMERICSERV;
-      addrinfo* found = nullptr;
-      if (getaddrinfo(at.addr.c_str(), std::to_string(at.port).c_str(), &hints, &found) != 0) return false;
-      bool refused = false, answered = false;  // refused: one address refused, and none accepted or was silent
-      for (addrinfo* a = found; a != nullptr && !answered; a = a->ai_next) {
-        const int err = ConnectOutcome(*a, wait);
-        if (err == ECONNREFUSED) {
-          refused = true;
-        } else if (!Unusable(err)) {
-          answered = true;
+    std::function<std::vector<std::string>()> resolve = [at] {
+      std::vector<std::string> numeric;
+      addrinfo* found = Lookup(at.addr, at.port, /*numeric=*/false);
+      for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+        char text[NI_MAXHOST];
+        if (getnameinfo(a->ai_addr, a->ai_addrlen, text, sizeof(text), nullptr, 0, NI_NUMERICHOST) == 0 &&
+            std::find(numeric.begin(), numeric.end(), text) == numeric.end()) {
+          numeric.emplace_back(text);
         }
       }
-      freeaddrinfo(found);
+      if (found != nullptr) freeaddrinfo(found);
+      return numeric;
+    };
+    StoreAddress r = at;
+    r.numeric = WithDeadline(std::move(resolve), wait * 3).value_or(std::vector<std::string>{});
+    return r;
+  } catch (...) {  // no thread, no memory: resolved when probed, as before
+    return at;
+  }
+}
+
+bool StoreRefuses(const StoreAddress& at, std::chrono::milliseconds wait) noexcept {
+  if (!Known(at)) return false;
+  try {
+    std::function<bool()> probe = [at, wait] {
+      bool refused = false, answered = false;  // refused: one address refused, and none accepted or was silent
+      const bool numeric = !at.numeric.empty();
+      for (const std::string& host : numeric ? at.numeric : std::vector<std::string>{at.addr}) {
+        addrinfo* found = Lookup(host, at.port, numeric);
+        for (addrinfo* a = found; a != nullptr && !answered; a = a->ai_next) {
+          const int err = ConnectOutcome(*a, wait);
+          if (err == ECONNREFUSED) {
+            refused = true;
+          } else if (!Unusable(err)) {
+            answered = true;
+          }
+        }
+        if (found != nullptr) freeaddrinfo(found);
+        if (answered) break;
+      }
       return refused && !answered;
     };
     return WithDeadline(std::move(probe), wait * 3).value_or(false);  // a name not resolved in time: unknown

@@ -65,7 +65,7 @@ class DeadlineWorker {
 class StoreChannel {
  public:
   // host: who serves the store, for messages ("rank 0 (the store host at 10.0.0.1:29500)"); at: where it
-  // listens, probed when an operation is late (StoreUnanswered).
+  // listens, resolved here (Resolved) and probed when an operation is late (StoreUnanswered).
   StoreChannel(c10::intrusive_ptr<c10d::Store> store, std::string host, StoreAddress at = {},
                std::chrono::milliseconds op_deadline = std::chrono::milliseconds(3000));
   bool usable() const { return static_cast<bool>(store_); }
@@ -120,11 +120,18 @@ std::optional<T> WithDeadline(std::function<T()> op, std::chrono::milliseconds d
 FailureNote StoreSilent(const std::string& host);  // kCommTimeout: frozen or unreachable
 FailureNote StoreLost(const std::string& host);    // kComm: its process or node went away
 
-// Whether a TCP connection to `at` is refused within `wait`: on some address the name has, and no other one
-// accepted or stayed silent (an address this machine cannot use, such as ::1 with IPv6 off, is passed over).
-// Then the host is up and nothing listens on the port: the store's process is gone. False where one is
-// accepted, or not answered in time, or `at` is not known, or the probe itself cannot run. The whole probe,
-// resolving the name included, is bounded by 3 x wait.
+// `at` with its name resolved now to numeric addresses (at.numeric), within 3 x wait; `at` as it was where
+// that fails or is late (its name is then resolved when probed). Made once where the store answers, as a
+// channel is made: a late call's probe then connects to those addresses alone, so that no rank's name
+// service, slow or failing once the store's host is gone, turns its "lost" into "silent", and the ranks of
+// a failing job do not all ask it at once.
+StoreAddress Resolved(const StoreAddress& at, std::chrono::milliseconds wait = std::chrono::milliseconds(500)) noexcept;
+
+// Whether a TCP connection to `at` is refused within `wait`: on some address it has (at.numeric, else the
+// name's), and no other one accepted or stayed silent (an address this machine cannot use, such as ::1 with
+// IPv6 off, is passed over). Then the host is up and nothing listens on the port: the store's process is
+// gone. False where one is accepted, or not answered in time, or `at` is not known, or the probe itself
+// cannot run. The whole probe, resolving the name included, is bounded by 3 x wait.
 bool StoreRefuses(const StoreAddress& at, std::chrono::milliseconds wait = std::chrono::milliseconds(500)) noexcept;
 
 // The note for a store that did not answer in time: lost where its port refuses a connection, else silent.

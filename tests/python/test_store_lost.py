@@ -19,7 +19,8 @@ def test_a_call_that_got_no_answer_from_a_server_now_gone_is_the_store_lost():
     port = servers[0].port
     client = dist.TCPStore("127.0.0.1", port, 1, False, timeout=datetime.timedelta(seconds=10))
     host = f"rank 0 (the store host at 127.0.0.1:{port})"
-    ch = (client, "group", host, {})
+    ch = (client, "group", host, {"numeric": _exchange._resolved(client)})  # as channel() makes it
+    assert ch[3]["numeric"] == ["127.0.0.1"]
     release = threading.Event()
     gone = []
 
@@ -28,14 +29,17 @@ def test_a_call_that_got_no_answer_from_a_server_now_gone_is_the_store_lost():
         servers.clear()  # and is gone (its last reference) while this call still waits
         gc.collect()
         gone.append(_shardcast.store_refuses("127.0.0.1", port))
+        # the kept addresses alone are probed: a name no resolver knows still gives the verdict
+        gone.append(_shardcast.store_refuses("no-such-host.invalid", port, ["127.0.0.1"]))
         release.wait(30)
 
     assert not _shardcast.store_refuses("127.0.0.1", port)  # served: a connect is accepted
     try:
         with pytest.raises(CommError) as e:
             _exchange._through_store(ch, held_call, 0.2, "every rank's answer")
-        assert gone == [True], "the destroyed server's port still listens"
-        assert str(e.value) == f"every rank's answer: the store of {host} is lost: its connection closed"
+        assert gone == [True, True], "the destroyed server's port still listens"
+        assert str(e.value) == (f"every rank's answer: the store of {host} is lost: its connection closed or its "
+                                "port refuses connections")
         assert e.value.store_stalled is True  # nothing left to agree through: raised at once (_carried._agreed)
         assert "stalled" not in ch[3]
     finally:

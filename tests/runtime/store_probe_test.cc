@@ -6,6 +6,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include <gtest/gtest.h>
 
 #include "allocators/error.h"
@@ -58,7 +62,8 @@ TEST(StoreProbe, APortNothingListensOnIsRefused) {
   EXPECT_TRUE(StoreRefuses({"127.0.0.1", port}));
   const FailureNote n = StoreUnanswered("rank 0 (the store host)", {"127.0.0.1", port});
   EXPECT_EQ(n.kind, ErrorKind::kComm);
-  EXPECT_EQ(n.message, "rank 0 (the store host) is lost: its connection closed");
+  EXPECT_EQ(n.message,
+            "rank 0 (the store host) is lost: its connection closed or its port refuses connections");
   Socket bound(/*listening=*/false);  // bound, not listening: refused too
   EXPECT_TRUE(StoreRefuses({"127.0.0.1", bound.port()}));
 }
@@ -69,6 +74,26 @@ TEST(StoreProbe, AnAddressNotKnownIsNeverRefused) {
   EXPECT_FALSE(StoreRefuses({"127.0.0.1", 70000}));
   EXPECT_FALSE(StoreRefuses({"no-such-host.invalid", 29500}));
   EXPECT_EQ(StoreUnanswered("the process group's store", {}).kind, ErrorKind::kCommTimeout);
+}
+
+TEST(StoreProbe, ANameIsResolvedOnceToTheAddressesTheProbeThenUses) {
+  const StoreAddress named = Resolved({"localhost", 29500});
+  EXPECT_EQ(named.addr, "localhost");
+  EXPECT_NE(std::find(named.numeric.begin(), named.numeric.end(), "127.0.0.1"), named.numeric.end());
+  EXPECT_EQ(Resolved({"127.0.0.1", 29500}).numeric, std::vector<std::string>{"127.0.0.1"});
+  EXPECT_TRUE(Resolved({"no-such-host.invalid", 29500}).numeric.empty());  // resolved when probed, as before
+  EXPECT_TRUE(Resolved({"localhost", -1}).numeric.empty());
+
+  // Once resolved, the probe asks no name service: a name none knows, with its addresses kept, still probes.
+  Socket listening(/*listening=*/true);
+  EXPECT_FALSE(StoreRefuses({"no-such-host.invalid", listening.port(), {"127.0.0.1"}}));
+  Socket closed(/*listening=*/true);
+  const int port = closed.port();
+  closed.Close();
+  EXPECT_TRUE(StoreRefuses({"no-such-host.invalid", port, {"127.0.0.1"}}));
+  EXPECT_FALSE(StoreRefuses({"no-such-host.invalid", port}));  // unresolved, the name decides: unknown
+  // Every kept address must refuse: one that listens is a store host that answers.
+  EXPECT_FALSE(StoreRefuses({"localhost", listening.port(), {"127.0.0.2", "127.0.0.1"}}));
 }
 
 }  // namespace
