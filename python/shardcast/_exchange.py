@@ -113,7 +113,7 @@ def _through_store(ch, body: Callable[[Any], Any], timeout_s: float, what: str,
     if not isinstance(e, (TimeoutError, dist.DistError, ConnectionError, OSError)):
         raise e  # not the store's: the body's own (a value JSON cannot carry, say), as it was raised
     if isinstance(e, (TimeoutError, dist.DistStoreError)):  # the store answered: nobody set the keys in time
-        raise _late(what, missing, timeout_s, ch, f" ({type(e).__name__}: {_first_line(e)})") from e
+        raise _late(what, missing, timeout_s, ch) from e  # c10d's own words (its keys, its wait) chained only
     raise _lost(what, ch) from e  # a lost store (DistNetworkError: its server is gone)
 
 
@@ -409,12 +409,13 @@ def decided(ch, rank: int, world: int, value: Any, decide: Callable[[List[Any]],
     raise _late(what, settled[1], settled[2], ch)
 
 
-def _late(what: str, absent: List[int], timeout_s: float, ch, detail: str = ""):
+def _late(what: str, absent: List[int], timeout_s: float, ch):
     """The CommTimeout of an exchange whose keys did not arrive in time, naming the ranks that never came
-    (its `absent_ranks`, which the group's vote acts on at once: python/operation.h)."""
+    (its `absent_ranks`, which the group's vote acts on at once: python/operation.h). The same words on every
+    rank that saw the same ranks missing: nothing of the rank's own store call (which key it waited on)."""
     from ._shardcast import CommTimeout
     late = f" from {_ranks_text(absent)} (died, frozen, or not in the same shardcast operation)" if absent else ""
-    timeout = CommTimeout(f"{what} did not arrive{late} within {timeout_s:g} s through the store of {ch[2]}{detail}")
+    timeout = CommTimeout(f"{what} did not arrive{late} within {timeout_s:g} s through the store of {ch[2]}")
     timeout.absent_ranks = list(absent)
     return timeout
 

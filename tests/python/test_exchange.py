@@ -16,8 +16,25 @@ def test_a_gather_names_the_ranks_whose_values_never_came():
     store, ch = lone_channel("names-missing")
     store.set(_exchange._key(0, 1), "null")
     store.append(_exchange._key(0, "who"), "1 ")
-    with pytest.raises(CommTimeout, match=r"did not arrive from ranks 2, 3 \(died, frozen"):
+    with pytest.raises(CommTimeout, match=r"did not arrive from ranks 2, 3 \(died, frozen") as e:
         _exchange.gathered(ch, 0, 4, {"mine": 1}, 1.0)
+    assert str(e.value).endswith("within 1 s through the store of the test's store"), str(e.value)
+
+
+# A store call of the exchange's body that times out while the store answers (its keys never came) is the
+# exchange's CommTimeout in the same words on every rank: nothing of the rank's own call (the key it waited
+# on, c10d's wait) is in it; c10d's error is chained.
+def test_a_store_wait_that_timed_out_is_late_in_words_no_rank_differs_in():
+    import datetime
+    store, ch = lone_channel("own-wait-timed-out")
+
+    def body(s):
+        s.wait([f"never-set-by-rank-{id(s)}"], datetime.timedelta(milliseconds=200))
+
+    with pytest.raises(CommTimeout) as e:
+        _exchange._through_store(ch, body, 5.0, "every rank's answer")
+    assert str(e.value) == "every rank's answer did not arrive within 5 s through the store of the test's store"
+    assert isinstance(e.value.__cause__, (TimeoutError, dist.DistStoreError))
 
 
 # Every rank came: the gather returns every value in rank order (the names are only for the timeout).
