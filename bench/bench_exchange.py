@@ -2,7 +2,7 @@
 """The store exchanges every from_pretrained makes (whether each rank can stream, whether every plan came out,
 every rank's phases), at W ranks, three ways over one real c10d TCPStore:
 
-    rank0-decides         `shardcast._exchange.decided`, as `_stream_rules.agree` now makes its exchange: each
+    rank0-decides         `shardcast._decided.decided`, as `_stream_rules.agree` now makes its exchange: each
                           rank sets its value, rank 0 reads all W in one multi_get, decides
                           (`_stream_rules.decide`, the real function) and sets the common answer and each
                           node's part in one multi_set; every other rank reads its two: W + 2 (W - 1) values
@@ -66,7 +66,7 @@ def floor(ch, rank, world, value, timeout_s):
 def answer(rank):
     """Rank `rank`'s first-exchange answer, as `_stream_rules.agree` sends it."""
     return [None, True, f"node{rank // 8}", f"boot-{rank // 8:04d}-4c1f-9a2e", format((1 << 64) - 1, "x"),
-            "4026531835", None]
+            "4026531835", None, None]  # ..., the cgroup, its quota, not failed already
 
 
 def every_rank_reads_all(ch, rank, world, value, timeout_s):
@@ -91,7 +91,8 @@ def every_rank_reads_all(ch, rank, world, value, timeout_s):
 
 def rank_thread(method, port, rank, world, exchanges, start, out):
     import torch.distributed as dist
-    from shardcast._exchange import decided, gathered
+    from shardcast._decided import decided
+    from shardcast._exchange import gathered
     from shardcast._stream_rules import decide
     store = dist.TCPStore("127.0.0.1", port, world + 1, False, timeout=timedelta(seconds=600))
     prefix = dist.PrefixStore(f"{method}/{start}", store)

@@ -245,9 +245,10 @@ def _agree_or_raise(pg, store, rank: int, world: int, problem: Optional[BaseExce
                     timeout_s: float) -> Any:
     """Rank 0's `value` (JSON), when no rank has a problem and every rank's value is the same. Otherwise the
     first problem in rank order, else the first value that differs from rank 0's, raised on every rank naming its
-    rank (its own class; on the rank where it arose, chained to it). Rank 0 decides (`_exchange.decided`):
+    rank (its own class; on the rank where it arose, chained to it). Rank 0 decides (`_decided.decided`):
     every rank reads one answer, not every rank's value."""
-    from ._exchange import channel, decided
+    from ._decided import decided
+    from ._exchange import channel
     from ._carried import _problem
     mine = [None if problem is None else list(_problem(problem))[:2], value]  # (kind, message)
     verdict, _ = decided(channel(pg, store), rank, world, mine, _first_problem, timeout_s, "every rank's verdict")

@@ -11,7 +11,7 @@ Three kinds of reason not to stream (each a sentence, said at DEBUG level on the
                    their cgroups' CPU quotas, `cpu_quota`), where the caller left it to the cores
 
 One store exchange (`agree`), which every rank of from_pretrained makes whatever its reasons, turns them
-into one `Verdict`, decided on rank 0 (`decide`, through `_exchange.decided`): whether every rank may
+into one `Verdict`, decided on rank 0 (`decide`, through `_decided.decided`): whether every rank may
 stream, and for this rank's node its ranks and whether their CPUs, their affinity masks together, are two
 a rank. A node is a kernel (its boot id, shared by the containers on one host and by nothing else; the
 hostname where there is none), named by its hostname.
@@ -189,9 +189,9 @@ def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: f
     to the cores (`by_cores`), its hostname, its node (`node_id`), the CPUs it may run on and its CPU cgroup
     and quota (`cpu_quota`). A rank that leaves the choice to the cores has one more reason where its
     node's ranks' CPUs together are fewer than two a rank (`short_of_cores`). Rank 0 decides from every
-    rank's answer (`decide`) and tells each rank the common verdict and its node's part (`_exchange.decided`:
+    rank's answer (`decide`) and tells each rank the common verdict and its node's part (`_decided.decided`:
     W answers through the store, not W^2)."""
-    from . import _exchange
+    from . import _decided, _exchange
     try:
         quota = list(cpu_quota())
     except Exception:  # noqa: BLE001 -- never a reason for this rank to miss the exchange: no bound then
@@ -200,8 +200,8 @@ def agree(pg, store, rank: int, world: int, why_not: Optional[str], timeout_s: f
     mine = [why_not, by_cores, socket.gethostname(), node,
             format(sum(1 << c for c in os.sched_getaffinity(0)), "x"), *quota,
             [failed[0], _cut(failed[1])] if failed else None]
-    common, own = _exchange.decided(_exchange.channel(pg, store), rank, world, mine, decide, timeout_s,
-                                    "every rank's answer whether it can stream", part=f"node {node}")
+    common, own = _decided.decided(_exchange.channel(pg, store), rank, world, mine, decide, timeout_s,
+                                   "every rank's answer whether it can stream", part=f"node {node}")
     if common["why"]:
         more = f"; and {common['more']} ranks more" if common["more"] else ""
         logger.debug("from_pretrained loads after the build, not beside it: %s%s", "; ".join(common["why"]), more)

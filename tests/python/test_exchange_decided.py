@@ -1,10 +1,10 @@
-"""Exchanges decided on rank 0 (_exchange.decided) over a real TCPStore: every rank gets rank 0's common answer
+"""Exchanges decided on rank 0 (_decided.decided) over a real TCPStore: every rank gets rank 0's common answer
 and its own part, or the same error, whatever the order the ranks came in and the deadlines passed in."""
 import time
 
 import pytest
 
-from shardcast import _exchange
+from shardcast import _decided, _exchange
 from shardcast._shardcast import CommTimeout
 from store_ranks import ReadsRecorded, WaitReplaced, lone_channel, run_ranks
 
@@ -24,10 +24,10 @@ def test_rank_0_decides_for_eight_ranks_in_a_row_and_old_answers_are_dropped():
     world = 8
 
     def four(r, ch):
-        return [_exchange.decided(ch, r, world, r, _decide, 20.0, "decided", part=f"node {r % 3}"),
+        return [_decided.decided(ch, r, world, r, _decide, 20.0, "decided", part=f"node {r % 3}"),
                 _exchange.gathered(ch, r, world, r, 20.0),
-                _exchange.decided(ch, r, world, r + 1, _decide, 20.0, "decided", part="node none"),
-                _exchange.decided(ch, r, world, r, _decide, 20.0, "decided")]
+                _decided.decided(ch, r, world, r + 1, _decide, 20.0, "decided", part="node none"),
+                _decided.decided(ch, r, world, r, _decide, 20.0, "decided")]
 
     server, got = run_ranks(world, four)
     for r in range(world):
@@ -48,7 +48,7 @@ def test_only_rank_0_reads_every_rank_s_value():
     def once(r, ch):
         reads[r] = []
         ch = (ReadsRecorded(ch[0], reads[r]), *ch[1:])
-        return _exchange.decided(ch, r, world, r, _decide, 20.0, "decided", part=f"node {r % 3}")
+        return _decided.decided(ch, r, world, r, _decide, 20.0, "decided", part=f"node {r % 3}")
 
     run_ranks(world, once)
     assert sorted(reads[0]) == sorted(_exchange._key(0, r) for r in range(world)), reads[0]
@@ -65,7 +65,7 @@ def test_a_rank_that_never_comes_is_named_by_every_rank_that_waited():
         if r == 3:
             return None
         with pytest.raises(CommTimeout, match=r"did not arrive from rank 3 \(died, frozen") as e:
-            _exchange.decided(ch, r, world, r, _decide, 2.0, "decided")
+            _decided.decided(ch, r, world, r, _decide, 2.0, "decided")
         return e.value.absent_ranks
 
     _, got = run_ranks(world, three_come)
@@ -79,7 +79,7 @@ def test_a_rank_0_that_came_and_never_answered_is_named():
     store.set(_exchange._key(0, 0), "0")
     store.append(_exchange._key(0, "who"), "0 ")
     with pytest.raises(CommTimeout, match=r"did not arrive from rank 0 \(died, frozen") as e:
-        _exchange.decided(ch, 1, 2, 1, _decide, 1.0, "decided")
+        _decided.decided(ch, 1, 2, 1, _decide, 1.0, "decided")
     assert e.value.absent_ranks == [0]
 
 
@@ -94,7 +94,7 @@ def test_a_decision_that_fails_on_rank_0_fails_on_every_rank():
 
     def once(r, ch):
         with pytest.raises(InternalError, match=r"rank 0 could not decide \(ValueError: cannot decide from 3") as e:
-            _exchange.decided(ch, r, world, r, bad, 20.0, "decided")
+            _decided.decided(ch, r, world, r, bad, 20.0, "decided")
         return type(e.value.__cause__).__name__
 
     _, got = run_ranks(world, once)
@@ -114,10 +114,10 @@ def test_a_decision_interrupted_on_rank_0_ends_every_rank_at_once():
         start = time.monotonic()
         if r == 0:
             with pytest.raises(KeyboardInterrupt):
-                _exchange.decided(ch, r, world, r, interrupted, 30.0, "decided")
+                _decided.decided(ch, r, world, r, interrupted, 30.0, "decided")
         else:
             with pytest.raises(InternalError, match=r"rank 0 could not decide \(KeyboardInterrupt: pressed"):
-                _exchange.decided(ch, r, world, r, interrupted, 30.0, "decided")
+                _decided.decided(ch, r, world, r, interrupted, 30.0, "decided")
         return time.monotonic() - start
 
     took = run_ranks(world, once, timeout_s=40)[1]
@@ -138,7 +138,7 @@ def test_no_rank_s_answer_is_dropped_before_it_read_it():
                 time.sleep(1.0)  # rank 0 meanwhile decides, computes and reaches the gather
                 return real(keys, *args)
             ch = (WaitReplaced(ch[0], slow), *ch[1:])
-        return [_exchange.decided(ch, r, world, r, _decide, 20.0, "decided", part=f"node {r % 3}"),
+        return [_decided.decided(ch, r, world, r, _decide, 20.0, "decided", part=f"node {r % 3}"),
                 _exchange.computed_on_rank0(ch, r, world, lambda: "keys", 20.0),
                 _exchange.gathered(ch, r, world, r, 20.0)]
 
@@ -158,7 +158,7 @@ def test_a_decision_later_than_the_deadline_is_the_same_timeout_on_every_rank():
 
     def once(r, ch):
         with pytest.raises(CommTimeout) as e:
-            _exchange.decided(ch, r, world, r, slow, 1.0, "decided")
+            _decided.decided(ch, r, world, r, slow, 1.0, "decided")
         return str(e.value), e.value.absent_ranks
 
     _, got = run_ranks(world, once)
@@ -173,7 +173,7 @@ def test_an_answer_json_cannot_carry_fails_on_every_rank_at_once():
 
     def once(r, ch):
         with pytest.raises(InternalError, match=r"rank 0 could not decide \(TypeError"):
-            _exchange.decided(ch, r, world, r, lambda every: {"": object()}, 20.0, "decided")
+            _decided.decided(ch, r, world, r, lambda every: {"": object()}, 20.0, "decided")
         return True
 
     assert run_ranks(world, once, timeout_s=15)[1] == [True] * world
@@ -186,4 +186,4 @@ def test_a_rank_whose_wait_ended_takes_rank_0_s_answer_where_it_came_first():
     store, ch = lone_channel("answer-after-the-wait")
     store.set(_exchange._key(0, "=node 1"), '"mine"')
     store.set(_exchange._key(0, "="), '["ok", {"sum": 1}]')
-    assert _exchange.decided(ch, 1, 2, 1, _decide, 1.0, "decided", part="node 1") == ({"sum": 1}, "mine")
+    assert _decided.decided(ch, 1, 2, 1, _decide, 1.0, "decided", part="node 1") == ({"sum": 1}, "mine")

@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from shardcast import _exchange, _stream_rules
+from shardcast import _decided, _stream_rules
 from shardcast._stream_rules import agree
 
 
@@ -25,7 +25,7 @@ def verdicts(monkeypatch, answers):
         assert part == f"node {mine[3]}"  # the part a rank asks for is the node it sends
         told = decide(answers)  # rank 0's decision; each rank reads the common answer and its (given) node's part
         return told[""], told[f"node {answers[rank][3]}"]
-    monkeypatch.setattr(_exchange, "decided", decided)
+    monkeypatch.setattr(_decided, "decided", decided)
     return [agree(None, None, r, len(answers), answers[r][0], 5.0, by_cores=answers[r][1], failed=answers[r][7])
             for r in range(len(answers))]
 
@@ -120,7 +120,7 @@ def test_a_long_failure_is_cut_saying_so(monkeypatch):
         seen[rank] = mine[7]
         told = decide([answers[0][:7] + [seen.get(0)], answers[1][:7] + [seen.get(1)]])
         return told[""], told["node boot-a"]
-    monkeypatch.setattr(_exchange, "decided", decided)
+    monkeypatch.setattr(_decided, "decided", decided)
     agree(None, None, 0, 2, None, 5.0)
     v = agree(None, None, 1, 2, "it failed already", 5.0, failed=("CheckpointError", long))
     message = v.failed[0][2]
