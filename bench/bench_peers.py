@@ -31,7 +31,11 @@ shardcast.from_pretrained(distributed_config=...), with and without prefetch. Ea
 the same under both (the CRCs below). Runs are timed on every rank from just after init_process_group (torch
 imported, transformers and the method's library not) to the model ready on every rank (a barrier):
 
-  import  transformers' AutoConfig and AutoModelForCausalLM (modeling_auto), and the method's library
+  import  what the method's own script imports: transformers' AutoModelForCausalLM (modeling_auto) where
+          it names it (transformers, and the flows that build the meta model themselves), transformers'
+          DistributedConfig where it passes one, and the method's library. shardcast.from_pretrained's script
+          imports shardcast alone: the call imports transformers' modeling code itself, once its stream runs
+          (its own report's import phase)
   build   the config and the meta model, transformers importing the model's modeling module included
           (shardcast: and prepare)
   shard   fully_shard of each decoder layer, then of the root
@@ -212,23 +216,24 @@ FOLDED = {"transformers", "shardcast-from-pretrained", "shardcast-from-pretraine
 # folded, but with from_pretrained's own FSDP layout: --layout fsdp only
 OWN_LAYOUT = {"shardcast-from-pretrained-default", "shardcast-from-pretrained-beside",
               "shardcast-from-pretrained-after"}
-# name -> (what its import phase imports besides transformers, how it builds, shards and loads)
+AUTO = "transformers.models.auto.modeling_auto"  # AutoModelForCausalLM
+# name -> (what its script imports, the import phase, how it builds, shards and loads)
 METHODS = {
-    "transformers": (["transformers.distributed"], run_transformers),
+    "transformers": ([AUTO, "transformers.distributed"], run_transformers),
     "shardcast-from-pretrained": (["transformers.distributed", "shardcast"], run_shardcast_from_pretrained()),
     "shardcast-from-pretrained-prefetch": (["transformers.distributed", "shardcast"],
                                            run_shardcast_from_pretrained(prefetch=True)),
-    "shardcast-from-pretrained-default": (["transformers.distributed", "shardcast"], run_shardcast_default_layout()),
-    "shardcast-from-pretrained-beside": (["transformers.distributed", "shardcast"],
+    "shardcast-from-pretrained-default": (["shardcast"], run_shardcast_default_layout()),
+    "shardcast-from-pretrained-beside": (["shardcast"],
                                          run_shardcast_default_layout(beside=True)),
-    "shardcast-from-pretrained-after": (["transformers.distributed", "shardcast"],
+    "shardcast-from-pretrained-after": (["shardcast"],
                                         run_shardcast_default_layout(beside=False)),
     "shardcast-kept-mxfp4": (["transformers.distributed", "shardcast"],
                              run_shardcast_from_pretrained(keep_quantized=True)),
-    "shardcast-each-rank": (["shardcast"], run_shardcast("each-rank")),
-    "shardcast-rank0": (["shardcast"], run_shardcast("rank0")),
-    "accelerate": (["accelerate.utils.fsdp_utils"], run_from_rank0(accelerate_load)),
-    "dcp": (["torch.distributed.checkpoint.state_dict"], run_from_rank0(dcp_load)),
+    "shardcast-each-rank": ([AUTO, "shardcast"], run_shardcast("each-rank")),
+    "shardcast-rank0": ([AUTO, "shardcast"], run_shardcast("rank0")),
+    "accelerate": ([AUTO, "accelerate.utils.fsdp_utils"], run_from_rank0(accelerate_load)),
+    "dcp": ([AUTO, "torch.distributed.checkpoint.state_dict"], run_from_rank0(dcp_load)),
 }
 
 
@@ -254,7 +259,7 @@ def worker(method, ckpt, out, layout):
     clock = Clock()
     cpu = time.process_time()  # this process's CPU time, every thread's
     modules, run = METHODS[method]
-    for name in ["transformers.models.auto.modeling_auto", *modules]:
+    for name in modules:
         importlib.import_module(name)
     clock.lap("import")
     model = run(ckpt, dist.get_world_size(), clock, layout)
