@@ -24,7 +24,9 @@
 # ("ring": the staging ring's tests alone; "cpu-init": the cpu step with the shards written before the load;
 # "cpu-cold": the cpu step with the page cache evicted before each run; "peers": issue 34's whole set-up on
 # this host's cores, bench_peers.py at W=4 CPU ranks (~6 min with the checkpoint's writing: a call of its
-# own, STEPS=peers DEADLINE=580);
+# own, STEPS=peers DEADLINE=580); "imports": bench/import_times.py, what each import before and beside
+# from_pretrained's stream costs, 1 and 4 processes at once and -X importtime's slowest modules, run before
+# the build and needing none of it (~30 s);
 # the build is reused where build-gpu/ is still there); WARM_METHODS and CPU_METHODS replace the warm and cpu
 # runs' lists. Exits 1 when a test failed (the benchmarks run all the same). Results:
 # OUTDIR/*.json, *.txt.
@@ -37,8 +39,9 @@ deadline=${DEADLINE:-540}
 steps=" ${STEPS:-tests warm cold cpu} "
 step() { [[ $steps == *" $1 "* ]]; }
 for s in $steps; do
-  case $s in ring | tests | warm | cold | cpu | cpu-init | cpu-cold | peers) ;;
-    *) echo "STEPS: unknown step '$s' (ring, tests, warm, cold, cpu, cpu-init, cpu-cold, peers; space-separated)"
+  case $s in ring | tests | warm | cold | cpu | cpu-init | cpu-cold | peers | imports) ;;
+    *) echo "STEPS: unknown step '$s' (ring, tests, warm, cold, cpu, cpu-init, cpu-cold, peers, imports;" \
+      "space-separated)"
       exit 2 ;;
   esac
 done
@@ -53,6 +56,13 @@ if [ -n "${SHARDCAST_DEB_DIR:-}" ]; then
   export CMAKE_PREFIX_PATH=$sysroot/usr CPATH=$sysroot/usr/include LIBRARY_PATH=$lib LD_LIBRARY_PATH=$lib
 fi
 { nvidia-smi -L; grep -c ^processor /proc/cpuinfo; python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"; } 2>&1 | tee "$out/machine.txt"
+if step imports; then  # CUDA_VISIBLE_DEVICES= as for the peers step's CPU ranks
+  for n in 1 4; do
+    CUDA_VISIBLE_DEVICES= timeout 200 python3 bench/import_times.py --procs $n --importtime $((n == 1 ? 30 : 0)) \
+      2>&1 | tee -a "$out/imports.txt"
+  done
+  at imports
+fi
 tests=()  # core_test only where a step runs it (the staging ring's tests)
 { step tests || step ring; } && tests=(core_test)
 gen=()  # the generator of a build-gpu/ already there (tools/gpu_check.sh makes one with Unix Makefiles)
