@@ -50,7 +50,12 @@ def main() -> None:
         return child(args.model_type)
     procs = [subprocess.Popen([sys.executable, __file__, "--child", "--model-type", args.model_type],
                               stdout=subprocess.PIPE, text=True) for _ in range(args.procs)]
-    rows = [json.loads(p.communicate(timeout=600)[0].strip().splitlines()[-1]) for p in procs]
+    rows = []
+    for p in procs:
+        out = p.communicate(timeout=600)[0].strip()
+        if p.returncode != 0 or not out:  # its traceback went to stderr, above
+            sys.exit(f"an importing process failed (exit {p.returncode}): --model-type {args.model_type}?")
+        rows.append(json.loads(out.splitlines()[-1]))
     print(f"{args.procs} process(es) at once, seconds per step (each process; the stream could start after "
           f"conversion_mapping):")
     print(f"{'step':<22}" + "".join(f"{'p' + str(i):>8}" for i in range(len(rows))))

@@ -46,7 +46,7 @@ void BindProcess(py::module_& m) {
         "W:\" with the runs of `failed` (ascending) as ranges, then each of the first len(messages) ranks' "
         "message, then how many more failed unshown.");
   m.def(
-      "store_resolve", [](const std::string& addr, int port) { return Resolved(StoreAddress{addr, port, {}}).numeric; },
+      "store_resolve", [](const std::string& addr, int port) { return Resolved(StoreAddress{addr, port}).numeric; },
       py::arg("addr"), py::arg("port"), py::call_guard<py::gil_scoped_release>(),
       "addr's numeric addresses (within 1.5 s; [] where it cannot be resolved), resolved once while the store "
       "answers, for store_refuses (runtime/comm/store_channel.h, Resolved).");

@@ -45,8 +45,9 @@ def _left(deadline: float) -> datetime.timedelta:
 def channel(pg, store):
     """(store, name, who serves the store, this load's state) for the exchanges of a load over `pg`, whose own
     store is `store` (the default store for the default group; c10d keeps one per group). None where
-    torch.distributed is not running. Make one per load: once its store stalled, the load's later
-    exchanges fail at once instead of each waiting out the timeout again."""
+    torch.distributed is not running. Make one per load (from_pretrained: one per step): once its store
+    stalled, the load's later exchanges fail at once instead of each waiting out the timeout again. The
+    store's addresses are resolved as it is made (once a process: _resolved), for the probe of a late call."""
     if pg is None:
         return None
     import torch.distributed as dist

@@ -47,7 +47,7 @@ struct StoreAddress {
   int port = -1;
   // addr's numeric addresses, resolved once while the store answered (runtime/comm/store_channel.h:
   // Resolved); the probe then asks no name service. Empty: addr is resolved when probed.
-  std::vector<std::string> numeric;
+  std::vector<std::string> numeric = {};
 };
 
 // A pending send; Wait throws like the collectives do. Destroying it, waited for or not, ends the
@@ -89,8 +89,9 @@ class Communicator {
   // A side channel for the first failure, through the rendezvous store, so every rank can raise the
   // same error. Every store operation here has a deadline: a store whose host (rank 0, for a store
   // shardcast made) is frozen or gone answers with a note saying so, the same on every rank:
-  //   kCommTimeout "<store host> did not answer within N ms: it is frozen or unreachable"
-  //   kComm        "<store host> is lost: <cause>"
+  //   kCommTimeout "<store host> did not answer: it is frozen or unreachable"
+  //   kComm        "<store host> is lost: its connection closed or its port refuses connections"
+  // (runtime/comm/store_channel.h: StoreSilent, StoreLost, and the probe that picks one, StoreUnanswered)
   // PublishFailure stores `mine` unless a failure is already there and returns the one that stands;
   // FetchFailure waits at most `wait` for one. No store: nullopt from both.
   virtual std::optional<FailureNote> PublishFailure(const FailureNote& mine) { return std::nullopt; }

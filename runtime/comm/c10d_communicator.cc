@@ -42,7 +42,7 @@ std::string StoreHost(const Rendezvous& rv) {
   return "rank 0 (the store host at " + rv.master_addr + ":" + std::to_string(rv.master_port) + ")";
 }
 
-StoreAddress StoreAt(const Rendezvous& rv) { return StoreAddress{rv.master_addr, rv.master_port, {}}; }
+StoreAddress StoreAt(const Rendezvous& rv) { return StoreAddress{rv.master_addr, rv.master_port}; }
 
 namespace {
 
@@ -51,7 +51,7 @@ namespace {
 StoreAddress AddressOf(const c10::intrusive_ptr<c10d::Store>& store) {
   c10::intrusive_ptr<c10d::Store> base = store;
   if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(base.get())) base = prefixed->getUnderlyingNonPrefixStore();
-  if (auto* tcp = dynamic_cast<c10d::TCPStore*>(base.get())) return StoreAddress{tcp->getHost(), tcp->getPort(), {}};
+  if (auto* tcp = dynamic_cast<c10d::TCPStore*>(base.get())) return StoreAddress{tcp->getHost(), tcp->getPort()};
   return {};
 }
 

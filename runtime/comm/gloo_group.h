@@ -61,7 +61,7 @@ inline constexpr GlooConnect kGlooConnect = GlooConnect::kFullMesh;
 
 // The Gloo group over `store`, made on this rank: its address set in `store` (lazy), or every pair connected
 // (full mesh). Not yet ready on every rank: a peer may still be making its own, so the group's first
-// collective must be its barrier, under the failure agreement (C10dCommunicator::Ready, c10d_communicator.cc;
+// collective must be its barrier, under the failure agreement (C10dCommunicator::Ready, c10d_backend.cc;
 // the bench and the tests call Barrier). After that barrier a lazy group's collectives find their pairs
 // connected; a send or receive to another peer connects on its first use, reading the peer's address from
 // `store` within `timeout` (kCommTimeout past it). master_addr: the store host's address; loopback picks the

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <future>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -127,8 +129,26 @@ addrinfo* Lookup(const std::string& host, int port, bool numeric) {
 }  // namespace
 
 StoreAddress Resolved(const StoreAddress& at, std::chrono::milliseconds wait) noexcept {
-  if (!Known(at) || !at.numeric.empty()) return at;
   try {
+    StoreAddress r = at;
+    if (!Known(at) || !at.numeric.empty()) return r;
+    if (addrinfo* literal = Lookup(at.addr, at.port, /*numeric=*/true)) {  // an address already: no lookup
+      freeaddrinfo(literal);
+      r.numeric = {at.addr};
+      return r;
+    }
+    // Once a process, for every channel after it too (an operation makes several; a channel made after the
+    // store's host died asks nothing then). Only names that resolved are kept.
+    static std::mutex mu;
+    static std::map<std::pair<std::string, int>, std::vector<std::string>> known;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      const auto it = known.find({at.addr, at.port});
+      if (it != known.end()) {
+        r.numeric = it->second;
+        return r;
+      }
+    }
     std::function<std::vector<std::string>()> resolve = [at] {
       std::vector<std::string> numeric;
       addrinfo* found = Lookup(at.addr, at.port, /*numeric=*/false);
@@ -142,11 +162,14 @@ StoreAddress Resolved(const StoreAddress& at, std::chrono::milliseconds wait) no
       if (found != nullptr) freeaddrinfo(found);
       return numeric;
     };
-    StoreAddress r = at;
     r.numeric = WithDeadline(std::move(resolve), wait * 3).value_or(std::vector<std::string>{});
+    if (!r.numeric.empty()) {
+      std::lock_guard<std::mutex> l(mu);
+      known.emplace(std::make_pair(at.addr, at.port), r.numeric);
+    }
     return r;
   } catch (...) {  // no thread, no memory: resolved when probed, as before
-    return at;
+    return StoreAddress{};  // not known: never taken as refused
   }
 }
 

@@ -120,11 +120,12 @@ std::optional<T> WithDeadline(std::function<T()> op, std::chrono::milliseconds d
 FailureNote StoreSilent(const std::string& host);  // kCommTimeout: frozen or unreachable
 FailureNote StoreLost(const std::string& host);    // kComm: its process or node went away
 
-// `at` with its name resolved now to numeric addresses (at.numeric), within 3 x wait; `at` as it was where
-// that fails or is late (its name is then resolved when probed). Made once where the store answers, as a
-// channel is made: a late call's probe then connects to those addresses alone, so that no rank's name
-// service, slow or failing once the store's host is gone, turns its "lost" into "silent", and the ranks of
-// a failing job do not all ask it at once.
+// `at` with its name resolved to numeric addresses (at.numeric), within 3 x wait; `at` as it was where that
+// fails or is late (its name is then resolved when probed). An address is its own; a name is looked up once
+// a process (the first channel over it, while the store answers; every later one takes the same addresses).
+// A late call's probe then connects to those addresses alone, so that no rank's name service, slow or
+// failing once the store's host is gone, turns its "lost" into "silent", and the ranks of a failing job do
+// not all ask it at once. Nothing is known (an empty StoreAddress) only where no memory was left.
 StoreAddress Resolved(const StoreAddress& at, std::chrono::milliseconds wait = std::chrono::milliseconds(500)) noexcept;
 
 // Whether a TCP connection to `at` is refused within `wait`: on some address it has (at.numeric, else the

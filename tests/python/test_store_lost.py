@@ -44,3 +44,17 @@ def test_a_call_that_got_no_answer_from_a_server_now_gone_is_the_store_lost():
         assert "stalled" not in ch[3]
     finally:
         release.set()
+
+
+def test_a_late_call_probes_the_addresses_its_channel_resolved(monkeypatch):
+    """_refuses connects to the channel's resolved addresses (channel() keeps them), not to the name again:
+    a name no resolver knows (as once the store's host is gone, for a slow name service) still gives the
+    verdict; without them the name decides, and an unknown one is never taken as lost."""
+    from shardcast import _group
+    servers = [dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10))]
+    port = servers[0].port
+    servers.clear()  # the server is gone: its port refuses
+    gc.collect()
+    monkeypatch.setattr(_group, "_store_address", lambda store: ("no-such-host.invalid", port))
+    assert _exchange._refuses((None, "group", "rank 0", {"numeric": ["127.0.0.1"]}))
+    assert not _exchange._refuses((None, "group", "rank 0", {"numeric": []}))

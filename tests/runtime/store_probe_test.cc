@@ -80,7 +80,8 @@ TEST(StoreProbe, ANameIsResolvedOnceToTheAddressesTheProbeThenUses) {
   const StoreAddress named = Resolved({"localhost", 29500});
   EXPECT_EQ(named.addr, "localhost");
   EXPECT_NE(std::find(named.numeric.begin(), named.numeric.end(), "127.0.0.1"), named.numeric.end());
-  EXPECT_EQ(Resolved({"127.0.0.1", 29500}).numeric, std::vector<std::string>{"127.0.0.1"});
+  EXPECT_EQ(Resolved({"127.0.0.1", 29500}).numeric, std::vector<std::string>{"127.0.0.1"});  // its own
+  EXPECT_EQ(Resolved({"localhost", 29500}).numeric, named.numeric);  // the same, the next channel over it
   EXPECT_TRUE(Resolved({"no-such-host.invalid", 29500}).numeric.empty());  // resolved when probed, as before
   EXPECT_TRUE(Resolved({"localhost", -1}).numeric.empty());
 
@@ -93,7 +94,8 @@ TEST(StoreProbe, ANameIsResolvedOnceToTheAddressesTheProbeThenUses) {
   EXPECT_TRUE(StoreRefuses({"no-such-host.invalid", port, {"127.0.0.1"}}));
   EXPECT_FALSE(StoreRefuses({"no-such-host.invalid", port}));  // unresolved, the name decides: unknown
   // Every kept address must refuse: one that listens is a store host that answers.
-  EXPECT_FALSE(StoreRefuses({"localhost", listening.port(), {"127.0.0.2", "127.0.0.1"}}));
+  EXPECT_FALSE(StoreRefuses({"no-such-host.invalid", listening.port(), {"127.0.0.2", "127.0.0.1"}}));
+  EXPECT_TRUE(StoreRefuses({"no-such-host.invalid", listening.port(), {"127.0.0.2"}}));  // not listening there
 }
 
 }  // namespace
