@@ -168,8 +168,8 @@ StoreAddress Resolved(const StoreAddress& at, std::chrono::milliseconds wait) no
       known.emplace(std::make_pair(at.addr, at.port), r.numeric);
     }
     return r;
-  } catch (...) {  // no thread, no memory: resolved when probed, as before
-    return StoreAddress{};  // not known: never taken as refused
+  } catch (...) {  // no thread or no memory: not known, so never taken as refused
+    return StoreAddress{};
   }
 }
 

@@ -81,7 +81,7 @@ TEST(StoreProbe, ANameIsResolvedOnceToTheAddressesTheProbeThenUses) {
   EXPECT_EQ(named.addr, "localhost");
   EXPECT_NE(std::find(named.numeric.begin(), named.numeric.end(), "127.0.0.1"), named.numeric.end());
   EXPECT_EQ(Resolved({"127.0.0.1", 29500}).numeric, std::vector<std::string>{"127.0.0.1"});  // its own
-  EXPECT_EQ(Resolved({"localhost", 29500}).numeric, named.numeric);  // the same, the next channel over it
+  EXPECT_EQ(Resolved({"localhost", 29500}).numeric, named.numeric);  // the same again (cached or not)
   EXPECT_TRUE(Resolved({"no-such-host.invalid", 29500}).numeric.empty());  // resolved when probed, as before
   EXPECT_TRUE(Resolved({"localhost", -1}).numeric.empty());
 
