@@ -4,12 +4,19 @@ writing a JSON result. Every process has a deadline; nothing is left running.
 Starting a rank costs seconds (it imports torch, often transformers), so a test file runs the scenarios
 that share a world size in one launch (`Scenarios`): the worker runs each in turn (`each_scenario`), a
 scenario that raises is recorded and the next one still runs, and each test reads its own scenario's
-results. Scenarios that kill or freeze a rank keep launches of their own (`run`)."""
+results. Scenarios that kill or freeze a rank keep launches of their own (`run`). And the ranks are forked
+by a server that imported torch and transformers once (zygote.py, one a pytest process for each set of the
+variables those imports read), not started as fresh interpreters: on CI's two cores the imports were most
+of a launch's start-up. SHARDCAST_TEST_FORK=0 starts every rank fresh."""
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -60,10 +67,8 @@ def _launch(script, mode, root, world, out, port, env, timeout, rank_env, faulte
     base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
                 TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1",
                 SHARDCAST_TEST_FAULTS="1", SHARDCAST_STREAM_BESIDE_BUILD="1", **env)
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, script), mode, str(root), str(out)],
-                              env={**base, "RANK": str(r), "LOCAL_RANK": str(r), **(rank_env(r) if rank_env else {})},
-                              stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    envs = [{**base, "RANK": str(r), "LOCAL_RANK": str(r), **(rank_env(r) if rank_env else {})} for r in range(world)]
+    procs = _start(os.path.join(HERE, script), [mode, str(root), str(out)], envs)
     # The survivors first; a faulted rank (killed or frozen on purpose) is given a moment once they are
     # done, then killed: a frozen one never exits by itself, so one found stopped (SIGSTOP) gets no moment.
     logs = [""] * world
@@ -84,6 +89,23 @@ def _launch(script, mode, root, world, out, port, env, timeout, rank_env, faulte
     if any("EADDRINUSE" in log for log in logs):
         raise PortTaken()
     return [p.returncode for p in procs], logs
+
+
+def _start(script, argv, envs):
+    """Starts `python script argv...` once per environment in envs: forked from the fork server where every
+    environment allows it (zygote.py), fresh interpreters otherwise. Returns Popen-like objects."""
+    server = _server(envs)
+    if server is not None:
+        forked = []
+        try:
+            for env in envs:
+                forked.append(server.spawn(script, argv, env))
+            return forked
+        except _ServerGone:
+            for p in forked:  # what it forked before it went: killed, then every rank starts afresh
+                p.kill()
+    return [subprocess.Popen([sys.executable, script, *argv], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) for env in envs]
 
 
 def _stopped(pid):
@@ -207,3 +229,139 @@ def _write(path, result):
     with open(tmp, "w") as f:
         json.dump(result, f)
     os.replace(tmp, path)  # whole or absent: a reader never sees half a file
+
+
+# ---- ranks forked from a server that imported torch and transformers once (zygote.py) ------------------
+
+# What a forked rank's environment may hold apart from its server's: variables read only after the server's
+# imports (the launcher's, shardcast's, the tests' own). Every other variable (HF_HOME, PYTHONPATH, a TORCH_
+# one...) picks the server, which imported with it; a launch whose ranks differ in one starts fresh interpreters.
+_LAUNCHER = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
+             "MASTER_PORT"}
+_TESTS_OWN = {"LAYOUTS", "SOURCES", "SOURCE", "SAVE_ROOT", "SCENARIO_VAR", "PYTEST_CURRENT_TEST"}
+_OWN_PREFIXES = ("SHARDCAST_", "TEST_")
+_FORK_VAR = "SHARDCAST_TEST_FORK"  # "0": every rank a fresh interpreter, as before the fork server
+
+
+def _read_after_imports(key):
+    return key in _LAUNCHER or key in _TESTS_OWN or key.startswith(_OWN_PREFIXES)
+
+
+class _ServerGone(Exception):
+    pass
+
+
+class _Server:
+    """The client of one zygote.py process: spawn() forks a rank there; a thread reads its replies."""
+
+    def __init__(self, env):
+        self.env, self.cond, self.next_id = env, threading.Condition(), 0
+        self.pids, self.codes, self.ready, self.gone = {}, {}, False, False
+        self.errors = tempfile.TemporaryFile()
+        read, write = os.pipe()
+        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "zygote.py"), str(write)], env=env, cwd=HERE,
+                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self.errors,
+                                     pass_fds=(write,))
+        os.close(write)
+        threading.Thread(target=self._read, args=(os.fdopen(read, "rb"),), daemon=True).start()
+
+    def _read(self, replies):
+        for line in replies:
+            reply = json.loads(line)
+            with self.cond:
+                if "ready" in reply:
+                    self.ready = True
+                elif "id" in reply:
+                    self.pids[reply["id"]] = reply["pid"]
+                else:
+                    self.codes[reply["pid"]] = reply["code"]
+                self.cond.notify_all()
+        with self.cond:
+            self.gone = True
+            self.cond.notify_all()
+
+    def wait_ready(self, timeout):
+        with self.cond:
+            self.cond.wait_for(lambda: self.ready or self.gone, timeout)
+            return self.ready and not self.gone
+
+    def spawn(self, script, argv, env):
+        with self.cond:
+            if self.gone:
+                raise _ServerGone()
+            rid, self.next_id = self.next_id, self.next_id + 1
+            logs = tempfile.mkdtemp(prefix="shardcast-rank-")
+            request = {"id": rid, "script": script, "argv": argv, "env": env, "cwd": os.getcwd(),
+                       "log": os.path.join(logs, "log")}
+            try:
+                self.proc.stdin.write((json.dumps(request) + "\n").encode())
+                self.proc.stdin.flush()
+            except OSError:
+                raise _ServerGone() from None
+            if not self.cond.wait_for(lambda: rid in self.pids or self.gone, 60) or self.gone:
+                raise _ServerGone()
+            return _Forked(self, self.pids[rid], logs)
+
+
+class _Forked:
+    """A rank forked by the server, as much of subprocess.Popen as _launch uses: pid, returncode,
+    communicate(timeout) -> (its output, None), kill()."""
+
+    def __init__(self, server, pid, logs):
+        self.server, self.pid, self.logs = server, pid, logs
+
+    @property
+    def returncode(self):
+        with self.server.cond:
+            return self.server.codes.get(self.pid)
+
+    def communicate(self, timeout=None):
+        with self.server.cond:
+            self.server.cond.wait_for(lambda: self.pid in self.server.codes or self.server.gone, timeout)
+            done = self.pid in self.server.codes
+        if not done:
+            if self.server.gone:
+                raise RuntimeError(f"the fork server died; rank pid {self.pid} has no exit status")
+            raise subprocess.TimeoutExpired(f"rank pid {self.pid}", timeout)
+        with open(os.path.join(self.logs, "log"), errors="replace") as f:
+            out = f.read()
+        shutil.rmtree(self.logs, ignore_errors=True)
+        return out, None
+
+    def kill(self):
+        if self.returncode is None:  # not yet reaped: the pid is still this rank's
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+_servers = {}  # the import-time environment -> its server (None: it could not start)
+_MAX_SERVERS = 3  # each holds torch and transformers imported (~0.5 GB); launches past them start fresh
+
+
+def _imports_env(env):
+    return tuple(sorted((k, v) for k, v in env.items() if not _read_after_imports(k)))
+
+
+def _server(envs):
+    """The fork server for these environments, started for the first launch that needs it; None where the
+    ranks' environments differ in what their imports read, where servers are turned off, where enough are
+    running, or where it could not start (then every launch that needs it starts fresh interpreters)."""
+    if os.environ.get(_FORK_VAR) == "0":
+        return None
+    key = _imports_env(envs[0])
+    if any(_imports_env(e) != key for e in envs):
+        return None
+    if key not in _servers:
+        if len(_servers) >= _MAX_SERVERS:
+            return None
+        server = _Server(dict(key))
+        if not server.wait_ready(300):
+            server.proc.kill()
+            server.errors.seek(0)
+            print("ranks: the fork server did not start; ranks start fresh:\n",
+                  server.errors.read().decode(errors="replace")[-2000:], file=sys.stderr)
+            server = None
+        _servers[key] = server
+    return _servers[key]

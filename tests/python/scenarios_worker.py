@@ -1,6 +1,6 @@
 """One rank of test_ranks.py, without torch (it starts in milliseconds): `python scenarios_worker.py MODE ROOT
 OUT` with torchrun's variables. Its scenarios: echo (this rank's view, SCENARIO_VAR included), raise_on_1 (rank 1 raises), die_on_1
-(rank 1 exits mid-launch), sleep (outlives any test's timeout)."""
+(rank 1 exits mid-launch), sleep (outlives any test's timeout), imports (whether it was forked by ranks.py's server)."""
 import os
 import sys
 import time
@@ -17,6 +17,9 @@ def scenario(name, root):
     if name == "die_on_1" and rank == 1:
         print("rank 1 exits on purpose", flush=True)
         os._exit(3)
+    if name == "imports":  # whether this rank was forked by ranks.py's server (which imported torch), and
+        hub = sys.modules.get("huggingface_hub.constants")  # the hub's home as its import read it
+        return {"rank": rank, "forked": "torch" in sys.modules, "hf_home": hub.HF_HOME if hub else None}
     if name == "sleep":
         time.sleep(600)
     return "fine"

@@ -1,14 +1,16 @@
 """ranks.Scenarios, the launcher the multi-rank tests share: one launch runs many scenarios, yet each test
 still gets its own scenario's results, and a scenario that fails, or a rank that dies or hangs, fails only
 the tests of the scenarios it touched, naming the scenario and the rank. Real processes (a worker without
-torch, so each launch takes well under a second)."""
+torch, so a fresh launch takes well under a second). The ranks are forked by a server that imported torch and
+transformers once, only where every rank's variables that those imports read are the server's own."""
 import pytest
 
 import ranks
 
 
-def _launch(tmp_path_factory, by_world, timeout=60):
-    return ranks.Scenarios("scenarios_worker.py", tmp_path_factory, by_world, root="/the/root", timeout=timeout)
+def _launch(tmp_path_factory, by_world, timeout=60, env=None, rank_env=None):
+    return ranks.Scenarios("scenarios_worker.py", tmp_path_factory, by_world, root="/the/root", timeout=timeout,
+                           env=env, rank_env=rank_env)
 
 
 def test_each_scenario_gets_its_own_results_root_and_variables(tmp_path_factory):
@@ -45,3 +47,18 @@ def test_a_launch_past_its_timeout_ends_and_names_it(tmp_path_factory):
     with pytest.raises(AssertionError, match="rank 0 never finished it; the launch ran past its 5 s"):
         run("sleep", 2)
     assert [r["rank"] for r in run("echo", 2)] == [0, 1]
+
+
+def test_ranks_are_forked_by_a_server_that_imported_with_their_variables(tmp_path_factory):
+    # HF_HOME is read when huggingface_hub is imported: the ranks' server imported it with their value
+    for home in ("/hub/one", "/hub/two"):
+        run = _launch(tmp_path_factory, {2: ["imports"]}, env={"HF_HOME": home})
+        assert run("imports", 2) == [{"rank": r, "forked": True, "hf_home": home} for r in range(2)]
+
+
+def test_ranks_that_differ_in_what_their_imports_read_start_fresh(tmp_path_factory, monkeypatch):
+    run = _launch(tmp_path_factory, {2: ["imports"]}, rank_env=lambda rank: {"HF_HOME": f"/hub/{rank}"})
+    assert run("imports", 2) == [{"rank": r, "forked": False, "hf_home": None} for r in range(2)]
+    monkeypatch.setenv("SHARDCAST_TEST_FORK", "0")  # no server at all
+    run = _launch(tmp_path_factory, {2: ["imports"]})
+    assert [r["forked"] for r in run("imports", 2)] == [False, False]
