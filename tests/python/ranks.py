@@ -68,7 +68,7 @@ def _launch(script, mode, root, world, out, port, env, timeout, rank_env, faulte
                 TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1",
                 SHARDCAST_TEST_FAULTS="1", SHARDCAST_STREAM_BESIDE_BUILD="1", **env)
     envs = [{**base, "RANK": str(r), "LOCAL_RANK": str(r), **(rank_env(r) if rank_env else {})} for r in range(world)]
-    procs = _start(os.path.join(HERE, script), [mode, str(root), str(out)], envs)
+    procs = start(os.path.join(HERE, script), [mode, str(root), str(out)], envs)
     # The survivors first; a faulted rank (killed or frozen on purpose) is given a moment once they are
     # done, then killed: a frozen one never exits by itself, so one found stopped (SIGSTOP) gets no moment.
     logs = [""] * world
@@ -91,9 +91,10 @@ def _launch(script, mode, root, world, out, port, env, timeout, rank_env, faulte
     return [p.returncode for p in procs], logs
 
 
-def _start(script, argv, envs):
-    """Starts `python script argv...` once per environment in envs: forked from the fork server where every
-    environment allows it (zygote.py), fresh interpreters otherwise. Returns Popen-like objects."""
+def start(script, argv, envs):
+    """Starts `python script argv...` once per environment in envs (each a whole environment): forked from the
+    fork server where they allow it (zygote.py), fresh interpreters otherwise. Returns Popen-like objects:
+    pid, returncode, communicate(timeout) -> (stdout and stderr together, None), kill()."""
     server = _server(envs)
     if server is not None:
         forked = []
@@ -234,12 +235,12 @@ def _write(path, result):
 # ---- ranks forked from a server that imported torch and transformers once (zygote.py) ------------------
 
 # What a forked rank's environment may hold apart from its server's: variables read only after the server's
-# imports (the launcher's, shardcast's, the tests' own). Every other variable (HF_HOME, PYTHONPATH, a TORCH_
+# imports (the launchers', shardcast's, the tests' own). Every other variable (HF_HOME, PYTHONPATH, a TORCH_
 # one...) picks the server, which imported with it; a launch whose ranks differ in one starts fresh interpreters.
 _LAUNCHER = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
              "MASTER_PORT"}
 _TESTS_OWN = {"LAYOUTS", "SOURCES", "SOURCE", "SAVE_ROOT", "SCENARIO_VAR", "PYTEST_CURRENT_TEST"}
-_OWN_PREFIXES = ("SHARDCAST_", "TEST_")
+_OWN_PREFIXES = ("SHARDCAST_", "TEST_", "SLURM_")
 _FORK_VAR = "SHARDCAST_TEST_FORK"  # "0": every rank a fresh interpreter, as before the fork server
 
 

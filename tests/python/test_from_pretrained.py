@@ -10,8 +10,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
-import sys
 
 import pytest
 
@@ -96,9 +94,8 @@ def run_srun_tasks(root, world, out, master):
     env.update(SLURM_NTASKS=str(world), SLURM_NTASKS_PER_NODE=f"{world}(x1)", TORCH_CPP_LOG_LEVEL="ERROR",
                PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", SHARDCAST_STREAM_BESIDE_BUILD="1",  # as ranks.py
                **({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())} if master else {}))
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "pretrained_worker.py"), "launched", str(root),
-                               str(out)], env=dict(env, SLURM_PROCID=str(r), SLURM_LOCALID=str(r)),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    procs = ranks.start(os.path.join(HERE, "pretrained_worker.py"), ["launched", str(root), str(out)],
+                        [dict(env, SLURM_PROCID=str(r), SLURM_LOCALID=str(r)) for r in range(world)])
     try:
         logs = [p.communicate(timeout=DEADLINE_S)[0] for p in procs]
     finally:
