@@ -10,6 +10,7 @@ variables those imports read), not started as fresh interpreters: on CI's two co
 of a launch's start-up. SHARDCAST_TEST_FORK=0 starts every rank fresh."""
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -26,8 +27,26 @@ class PortTaken(Exception):
     pass
 
 
-def _free_port():
-    with socket.socket() as s:
+def free_port():
+    """A port for rank 0's store, free now, below the kernel's ephemeral range: a port the kernel handed out
+    (bind to 0) could be taken by any connection's own end (Gloo's pairs, a store client) before rank 0 binds
+    it, and the others then wait for a store that is not there until their rendezvous timeout. Below the
+    range only another launch that picked the same port can take it (EADDRINUSE: PortTaken, run again)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()  # seeded afresh: not the sequence of a test that seeded the module's
+    for _ in range(100):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # nothing free below the range: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
@@ -47,7 +66,7 @@ def run(script, mode, root, world, tmp_path, env=None, timeout=300, allow_fail=F
 
 
 def _run_once(script, mode, root, world, tmp_path, env, timeout, allow_fail, rank_env, faulted):
-    port, out = _free_port(), tmp_path / f"{mode}-{world}"
+    port, out = free_port(), tmp_path / f"{mode}-{world}"
     codes, logs = _launch(script, mode, root, world, out, port, env, timeout, rank_env, faulted)
     results = []
     for r in range(world):
@@ -170,7 +189,7 @@ class Scenarios:
             return {**(self.rank_env(rank) if self.rank_env else {}), SCENARIOS_VAR: json.dumps(listed)}
         for attempt in range(3):
             try:
-                codes, logs = _launch(self.script, SCENARIOS, scenarios[0][1], world, tmp / "out", _free_port(),
+                codes, logs = _launch(self.script, SCENARIOS, scenarios[0][1], world, tmp / "out", free_port(),
                                       self.env, self.timeout, rank_env, ())
                 break
             except PortTaken:

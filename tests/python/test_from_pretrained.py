@@ -9,7 +9,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 
 import pytest
 
@@ -31,12 +30,6 @@ def pretrained(tiny_checkpoints):
 def forward_unsupported(r):
     """torch 2.6's FSDP2 cannot run a forward on a CPU mesh (no stream events): logits are then not compared."""
     return r["logits_equal"] is None and "not supported by torch 2.6" in r["note"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +86,7 @@ def run_srun_tasks(root, world, out, master):
                                                              "MASTER_ADDR", "MASTER_PORT")}
     env.update(SLURM_NTASKS=str(world), SLURM_NTASKS_PER_NODE=f"{world}(x1)", TORCH_CPP_LOG_LEVEL="ERROR",
                PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", SHARDCAST_STREAM_BESIDE_BUILD="1",  # as ranks.py
-               **({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())} if master else {}))
+               **({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(ranks.free_port())} if master else {}))
     procs = ranks.start(os.path.join(HERE, "pretrained_worker.py"), ["launched", str(root), str(out)],
                         [dict(env, SLURM_PROCID=str(r), SLURM_LOCALID=str(r)) for r in range(world)])
     try:
