@@ -5,20 +5,19 @@ Starting a rank costs seconds (it imports torch, often transformers), so a test 
 that share a world size in one launch (`Scenarios`): the worker runs each in turn (`each_scenario`), a
 scenario that raises is recorded and the next one still runs, and each test reads its own scenario's
 results. Scenarios that kill or freeze a rank keep launches of their own (`run`). And the ranks are forked
-by a server that imported torch and transformers once (zygote.py, one a pytest process for each set of the
-variables those imports read), not started as fresh interpreters: on CI's two cores the imports were most
-of a launch's start-up. SHARDCAST_TEST_FORK=0 starts every rank fresh."""
+by servers that imported torch and transformers once (forked.py), not started as fresh interpreters: on
+CI's two cores the imports were most of a launch's start-up. fork=False (a launch that measures memory)
+or SHARDCAST_TEST_FORK=0 (every launch) starts fresh interpreters."""
+import fcntl
 import json
 import os
 import random
-import shutil
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
-import threading
 import traceback
+
+from forked import start
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -27,31 +26,45 @@ class PortTaken(Exception):
     pass
 
 
+_ports = {}  # port -> the lock that keeps it this process's, for its life (a port serves one launch)
+
+
 def free_port():
-    """A port for rank 0's store, free now, below the kernel's ephemeral range: a port the kernel handed out
-    (bind to 0) could be taken by any connection's own end (Gloo's pairs, a store client) before rank 0 binds
-    it, and the others then wait for a store that is not there until their rendezvous timeout. Below the
-    range only another launch that picked the same port can take it (EADDRINUSE: PortTaken, run again)."""
+    """A port for rank 0's store, free now, below the kernel's ephemeral range: a port the kernel hands out
+    (bind to 0) can become any connection's own end (Gloo's pairs, a store client) before rank 0 binds it,
+    and the others then wait for a store that is not there until their rendezvous timeout. Below the range,
+    a lock file a port (flock, released when this process ends) keeps two test processes from picking the
+    same one; anything else that takes it is EADDRINUSE on rank 0 (PortTaken: run again)."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             low = int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
+    first = max(1024, low - 12000)
+    locks = os.path.join(tempfile.gettempdir(), "shardcast-test-ports")
+    os.makedirs(locks, exist_ok=True)
     rng = random.Random()  # seeded afresh: not the sequence of a test that seeded the module's
-    for _ in range(100):
-        port = rng.randrange(max(1024, low - 12000), low)
-        with socket.socket() as s:
-            try:
+    for _ in range(100 if first < low else 0):
+        port = rng.randrange(first, low)
+        if port in _ports:
+            continue
+        lock = open(os.path.join(locks, str(port)), "a")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with socket.socket() as s:
                 s.bind(("", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as s:  # nothing free below the range: the kernel's choice
+        except OSError:
+            lock.close()
+            continue
+        _ports[port] = lock
+        return port
+    with socket.socket() as s:  # no room below the range: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def run(script, mode, root, world, tmp_path, env=None, timeout=300, allow_fail=False, rank_env=None, faulted=()):
+def run(script, mode, root, world, tmp_path, env=None, timeout=300, allow_fail=False, rank_env=None, faulted=(),
+        fork=True):
     """Runs `python script mode root out` as `world` ranks (rank_env(r): variables for rank r only;
     faulted: ranks a test kills or freezes, waited for last and killed if still running);
     returns each rank's JSON result (or, with
@@ -59,15 +72,16 @@ def run(script, mode, root, world, tmp_path, env=None, timeout=300, allow_fail=F
     taken by a concurrent test between choosing and binding starts the run over."""
     for attempt in range(3):
         try:
-            return _run_once(script, mode, root, world, tmp_path, env or {}, timeout, allow_fail, rank_env, faulted)
+            return _run_once(script, mode, root, world, tmp_path, env or {}, timeout, allow_fail, rank_env, faulted,
+                             fork)
         except PortTaken:
             if attempt == 2:
                 raise
 
 
-def _run_once(script, mode, root, world, tmp_path, env, timeout, allow_fail, rank_env, faulted):
+def _run_once(script, mode, root, world, tmp_path, env, timeout, allow_fail, rank_env, faulted, fork):
     port, out = free_port(), tmp_path / f"{mode}-{world}"
-    codes, logs = _launch(script, mode, root, world, out, port, env, timeout, rank_env, faulted)
+    codes, logs = _launch(script, mode, root, world, out, port, env, timeout, rank_env, faulted, fork)
     results = []
     for r in range(world):
         path = tmp_path / f"{mode}-{world}.{r}"
@@ -77,7 +91,7 @@ def _run_once(script, mode, root, world, tmp_path, env, timeout, allow_fail, ran
     return results
 
 
-def _launch(script, mode, root, world, out, port, env, timeout, rank_env, faulted):
+def _launch(script, mode, root, world, out, port, env, timeout, rank_env, faulted, fork=True):
     """Runs the ranks to their end: (exit codes, logs). Raises subprocess.TimeoutExpired when a rank not
     in `faulted` outlives the timeout, PortTaken when the port went to someone else."""
     # SHARDCAST_FAULT acts only in tests. SHARDCAST_STREAM_BESIDE_BUILD=1: from_pretrained streams beside the
@@ -87,7 +101,7 @@ def _launch(script, mode, root, world, out, port, env, timeout, rank_env, faulte
                 TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1",
                 SHARDCAST_TEST_FAULTS="1", SHARDCAST_STREAM_BESIDE_BUILD="1", **env)
     envs = [{**base, "RANK": str(r), "LOCAL_RANK": str(r), **(rank_env(r) if rank_env else {})} for r in range(world)]
-    procs = start(os.path.join(HERE, script), [mode, str(root), str(out)], envs)
+    procs = start(os.path.join(HERE, script), [mode, str(root), str(out)], envs, fork=fork)
     # The survivors first; a faulted rank (killed or frozen on purpose) is given a moment once they are
     # done, then killed: a frozen one never exits by itself, so one found stopped (SIGSTOP) gets no moment.
     logs = [""] * world
@@ -108,24 +122,6 @@ def _launch(script, mode, root, world, out, port, env, timeout, rank_env, faulte
     if any("EADDRINUSE" in log for log in logs):
         raise PortTaken()
     return [p.returncode for p in procs], logs
-
-
-def start(script, argv, envs):
-    """Starts `python script argv...` once per environment in envs (each a whole environment): forked from the
-    fork server where they allow it (zygote.py), fresh interpreters otherwise. Returns Popen-like objects:
-    pid, returncode, communicate(timeout) -> (stdout and stderr together, None), kill()."""
-    server = _server(envs)
-    if server is not None:
-        forked = []
-        try:
-            for env in envs:
-                forked.append(server.spawn(script, argv, env))
-            return forked
-        except _ServerGone:
-            for p in forked:  # what it forked before it went: killed, then every rank starts afresh
-                p.kill()
-    return [subprocess.Popen([sys.executable, script, *argv], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True) for env in envs]
 
 
 def _stopped(pid):
@@ -159,9 +155,10 @@ class Scenarios:
     its timeout), fails the test that asks for it, naming the scenario and the rank, with the traceback or
     the rank's log; the others keep their results."""
 
-    def __init__(self, script, tmp_path_factory, by_world, root=None, timeout=600, env=None, rank_env=None):
+    def __init__(self, script, tmp_path_factory, by_world, root=None, timeout=600, env=None, rank_env=None,
+                 fork=True):
         self.script, self.tmp, self.root, self.timeout = script, tmp_path_factory, root, timeout
-        self.env, self.rank_env = env or {}, rank_env
+        self.env, self.rank_env, self.fork = env or {}, rank_env, fork
         self.by_world = {w: [(s, root, {}) if isinstance(s, str) else (tuple(s) + ({},))[:3] for s in names]
                          for w, names in by_world.items()}
         self.launched = {}
@@ -190,7 +187,7 @@ class Scenarios:
         for attempt in range(3):
             try:
                 codes, logs = _launch(self.script, SCENARIOS, scenarios[0][1], world, tmp / "out", free_port(),
-                                      self.env, self.timeout, rank_env, ())
+                                      self.env, self.timeout, rank_env, (), self.fork)
                 break
             except PortTaken:
                 if attempt == 2:
@@ -249,139 +246,3 @@ def _write(path, result):
     with open(tmp, "w") as f:
         json.dump(result, f)
     os.replace(tmp, path)  # whole or absent: a reader never sees half a file
-
-
-# ---- ranks forked from a server that imported torch and transformers once (zygote.py) ------------------
-
-# What a forked rank's environment may hold apart from its server's: variables read only after the server's
-# imports (the launchers', shardcast's, the tests' own). Every other variable (HF_HOME, PYTHONPATH, a TORCH_
-# one...) picks the server, which imported with it; a launch whose ranks differ in one starts fresh interpreters.
-_LAUNCHER = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
-             "MASTER_PORT"}
-_TESTS_OWN = {"LAYOUTS", "SOURCES", "SOURCE", "SAVE_ROOT", "SCENARIO_VAR", "PYTEST_CURRENT_TEST"}
-_OWN_PREFIXES = ("SHARDCAST_", "TEST_", "SLURM_")
-_FORK_VAR = "SHARDCAST_TEST_FORK"  # "0": every rank a fresh interpreter, as before the fork server
-
-
-def _read_after_imports(key):
-    return key in _LAUNCHER or key in _TESTS_OWN or key.startswith(_OWN_PREFIXES)
-
-
-class _ServerGone(Exception):
-    pass
-
-
-class _Server:
-    """The client of one zygote.py process: spawn() forks a rank there; a thread reads its replies."""
-
-    def __init__(self, env):
-        self.env, self.cond, self.next_id = env, threading.Condition(), 0
-        self.pids, self.codes, self.ready, self.gone = {}, {}, False, False
-        self.errors = tempfile.TemporaryFile()
-        read, write = os.pipe()
-        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "zygote.py"), str(write)], env=env, cwd=HERE,
-                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self.errors,
-                                     pass_fds=(write,))
-        os.close(write)
-        threading.Thread(target=self._read, args=(os.fdopen(read, "rb"),), daemon=True).start()
-
-    def _read(self, replies):
-        for line in replies:
-            reply = json.loads(line)
-            with self.cond:
-                if "ready" in reply:
-                    self.ready = True
-                elif "id" in reply:
-                    self.pids[reply["id"]] = reply["pid"]
-                else:
-                    self.codes[reply["pid"]] = reply["code"]
-                self.cond.notify_all()
-        with self.cond:
-            self.gone = True
-            self.cond.notify_all()
-
-    def wait_ready(self, timeout):
-        with self.cond:
-            self.cond.wait_for(lambda: self.ready or self.gone, timeout)
-            return self.ready and not self.gone
-
-    def spawn(self, script, argv, env):
-        with self.cond:
-            if self.gone:
-                raise _ServerGone()
-            rid, self.next_id = self.next_id, self.next_id + 1
-            logs = tempfile.mkdtemp(prefix="shardcast-rank-")
-            request = {"id": rid, "script": script, "argv": argv, "env": env, "cwd": os.getcwd(),
-                       "log": os.path.join(logs, "log")}
-            try:
-                self.proc.stdin.write((json.dumps(request) + "\n").encode())
-                self.proc.stdin.flush()
-            except OSError:
-                raise _ServerGone() from None
-            if not self.cond.wait_for(lambda: rid in self.pids or self.gone, 60) or self.gone:
-                raise _ServerGone()
-            return _Forked(self, self.pids[rid], logs)
-
-
-class _Forked:
-    """A rank forked by the server, as much of subprocess.Popen as _launch uses: pid, returncode,
-    communicate(timeout) -> (its output, None), kill()."""
-
-    def __init__(self, server, pid, logs):
-        self.server, self.pid, self.logs = server, pid, logs
-
-    @property
-    def returncode(self):
-        with self.server.cond:
-            return self.server.codes.get(self.pid)
-
-    def communicate(self, timeout=None):
-        with self.server.cond:
-            self.server.cond.wait_for(lambda: self.pid in self.server.codes or self.server.gone, timeout)
-            done = self.pid in self.server.codes
-        if not done:
-            if self.server.gone:
-                raise RuntimeError(f"the fork server died; rank pid {self.pid} has no exit status")
-            raise subprocess.TimeoutExpired(f"rank pid {self.pid}", timeout)
-        with open(os.path.join(self.logs, "log"), errors="replace") as f:
-            out = f.read()
-        shutil.rmtree(self.logs, ignore_errors=True)
-        return out, None
-
-    def kill(self):
-        if self.returncode is None:  # not yet reaped: the pid is still this rank's
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
-_servers = {}  # the import-time environment -> its server (None: it could not start)
-_MAX_SERVERS = 3  # each holds torch and transformers imported (~0.5 GB); launches past them start fresh
-
-
-def _imports_env(env):
-    return tuple(sorted((k, v) for k, v in env.items() if not _read_after_imports(k)))
-
-
-def _server(envs):
-    """The fork server for these environments, started for the first launch that needs it; None where the
-    ranks' environments differ in what their imports read, where servers are turned off, where enough are
-    running, or where it could not start (then every launch that needs it starts fresh interpreters)."""
-    if os.environ.get(_FORK_VAR) == "0":
-        return None
-    key = _imports_env(envs[0])
-    if any(_imports_env(e) != key for e in envs):
-        return None
-    if key not in _servers:
-        if len(_servers) >= _MAX_SERVERS:
-            return None
-        server = _Server(dict(key))
-        if not server.wait_ready(300):
-            server.proc.kill()
-            server.errors.seek(0)
-            print("ranks: the fork server did not start; ranks start fresh:\n",
-                  server.errors.read().decode(errors="replace")[-2000:], file=sys.stderr)
-            server = None
-        _servers[key] = server
-    return _servers[key]

@@ -19,7 +19,8 @@ def scenario(name, root):
         os._exit(3)
     if name == "imports":  # whether this rank was forked by ranks.py's server (which imported torch), and
         hub = sys.modules.get("huggingface_hub.constants")  # the hub's home as its import read it
-        return {"rank": rank, "forked": "torch" in sys.modules, "hf_home": hub.HF_HOME if hub else None}
+        return {"rank": rank, "forked": hub is not None, "hf_home": hub.HF_HOME if hub else None,
+                "hash": hash("shardcast")}  # Python's string-hash seed, fixed when an interpreter starts
     if name == "sleep":
         time.sleep(600)
     return "fine"

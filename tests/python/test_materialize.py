@@ -41,7 +41,9 @@ def root(tmp_path_factory, tiny_checkpoints):
 @pytest.fixture(scope="module")
 def cpu_run(root, tmp_path_factory):
     """Every CPU scenario, in one launch of WORLD ranks; every rank must exit 0 (the teardown scenario)."""
-    return ranks.run("materialize_worker.py", "cpu", root, WORLD, tmp_path_factory.mktemp("cpu"), timeout=600)
+    # fresh interpreters: a forked rank's heap, shaped by its server's imports, could hide pages committed
+    return ranks.run("materialize_worker.py", "cpu", root, WORLD, tmp_path_factory.mktemp("cpu"), timeout=600,
+                     fork=False)
 
 
 def scenario(results, name):
@@ -92,7 +94,8 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
 
 @pytest.fixture(scope="module")
 def cuda_run(root, tmp_path_factory):
-    return ranks.run("materialize_worker.py", "cuda", root, 1, tmp_path_factory.mktemp("cuda"), timeout=600)
+    return ranks.run("materialize_worker.py", "cuda", root, 1, tmp_path_factory.mktemp("cuda"), timeout=600,
+                     fork=False)
 
 
 @needs_cuda
