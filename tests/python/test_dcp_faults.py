@@ -83,7 +83,7 @@ def test_a_rank_file_that_shrinks_after_it_was_opened_is_an_error_not_a_crash(ro
     between the two (another job rewriting the directory) must raise CheckpointError naming it: a mapping
     would have killed the process with SIGBUS."""
     from shardcast import CheckpointError
-    from shardcast.dcp._state import _copy_box, _RankFile
+    from shardcast.dcp._state_files import _copy_box, _RankFile
     path = root / "state" / "__0_0.safetensors"
     f = _RankFile(str(path), 1 << 20)
     try:

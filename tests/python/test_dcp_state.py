@@ -20,7 +20,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 import shardcast
 from shardcast import CheckpointError
-from shardcast.dcp._state import StorageReader, StorageWriter, _RankFile, decode_metadata, decode_value, encode_value
+from shardcast.dcp._state import StorageReader, StorageWriter
+from shardcast.dcp._state_codec import decode_metadata, decode_value, encode_value
+from shardcast.dcp._state_files import _RankFile
 
 
 @pytest.fixture(scope="module")

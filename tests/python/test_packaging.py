@@ -64,7 +64,7 @@ def test_a_bare_import_loads_no_torch_and_every_public_name_and_submodule_resolv
         assert [n for n in shardcast.__all__ if not hasattr(shardcast, n)] == []
         assert set(shardcast.__all__) <= set(dir(shardcast))
         assert shardcast._pretrained.from_pretrained is shardcast.from_pretrained  # submodules on first access
-        assert shardcast.dcp.StorageReader.__module__ == "shardcast.dcp._state"
+        assert shardcast.dcp.StorageReader.__module__ == "shardcast.dcp._state_reader"
         try:
             shardcast.no_such_name
         except AttributeError as e:
