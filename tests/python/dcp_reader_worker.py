@@ -36,7 +36,6 @@ MODE "truncated": this rank's own copy of the checkpoint (ROOT/copy-<rank>/llama
 import os
 import sys
 import traceback
-import zlib
 
 import torch
 import torch.distributed as dist
@@ -44,72 +43,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import HuggingFaceStorageReader as TorchReader
 from torch.distributed.checkpoint.quantized_hf_storage import QuantizedHuggingFaceStorageReader as TorchQReader
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import distribute_tensor
 
 import ranks
 import shardcast.dcp as sdcp
-
-
-def crc(t: torch.Tensor) -> int:
-    t = t.detach().contiguous()
-    return zlib.crc32(t.view(torch.uint8).numpy().tobytes()) if t.numel() else 0
-
-
-def layouts(world):
-    one = init_device_mesh("cpu", (world,))
-    out = [(one, [Shard(0)]), (one, [Shard(1)]), (one, [Replicate()])]
-    if world == 4:
-        two = init_device_mesh("cpu", (2, 2))
-        out += [(two, [Replicate(), Shard(0)]), (two, [Shard(0), Shard(1)]), (two, [Shard(1), Shard(0)])]
-    return out
-
-
-def sentinel_like(shape, dtype, mesh, placements):
-    full = torch.full(shape, -7, dtype=dtype) if dtype.is_floating_point else torch.full(shape, 7, dtype=dtype)
-    return distribute_tensor(full, mesh, placements)
-
-
-def state_dict(keys, world, dtype_of=None, shift=0):
-    """{key: DTensor of the key's shape filled with a sentinel}, the layouts cycling over the keys (from the
-    shift-th layout on)."""
-    ls = layouts(world)
-    sd = {}
-    for i, (key, (shape, dtype)) in enumerate(sorted(keys.items())):
-        if dtype_of is not None:
-            dtype = dtype_of(key, dtype)
-        mesh, placements = ls[(i + shift) % len(ls)]
-        if len(shape) < 2:
-            placements = [p if not isinstance(p, Shard) else Shard(0) for p in placements]
-        sd[key] = sentinel_like(shape, dtype, mesh, placements)
-    return sd
-
-
-def compare(a, b, what, problems):
-    checked = 0
-    for key in a:
-        la = a[key].to_local() if isinstance(a[key], DTensor) else a[key]
-        lb = b[key].to_local() if isinstance(b[key], DTensor) else b[key]
-        if la.dtype != lb.dtype or la.shape != lb.shape or crc(la) != crc(lb):
-            problems.append(f"{what}: {key} differs ({la.dtype} {tuple(la.shape)} vs {lb.dtype} {tuple(lb.shape)})")
-        checked += 1
-    return checked
-
-
-def checkpoint_keys(path):
-    from safetensors import safe_open
-    keys = {}
-    for name in sorted(os.listdir(path)):
-        if name.endswith(".safetensors"):
-            with safe_open(os.path.join(path, name), framework="pt") as f:
-                for k in f.keys():
-                    s = f.get_slice(k)
-                    keys[k] = (tuple(s.get_shape()), _dtype(s.get_dtype()))
-    return keys
-
-
-def _dtype(name):
-    return {"BF16": torch.bfloat16, "F32": torch.float32, "F16": torch.float16, "F8_E4M3": torch.float8_e4m3fn,
-            "U8": torch.uint8, "I64": torch.int64}[name]
+from dcp_reader_common import _read_all, checkpoint_keys, compare, layouts, sentinel_like, state_dict
 
 
 def boxes(root, world, problems):
@@ -365,15 +303,6 @@ def groups(root, world, problems):
         compare(theirs, ours, "groups: a collective load after them", problems)
     dist.barrier()
     return seconds
-
-
-def _read_all(path):
-    from safetensors.torch import load_file
-    out = {}
-    for name in sorted(os.listdir(path)):
-        if name.endswith(".safetensors"):
-            out.update(load_file(os.path.join(path, name)))
-    return out
 
 
 def run(mode, root, rank, world):
