@@ -6,7 +6,8 @@ AdamW after two real steps, a LambdaLR scheduler, and extra byte items (a datalo
 tuples, int-keyed dicts, bytes, a bf16 tensor) is the state.
 
 save4 (W=4): FSDP over 4 ranks, trained, saved with shardcast's StorageWriter (ROOT/sc) and torch's
-             FileSystemWriter (ROOT/fs); then loaded back from both into identical fresh states at FSDP 4,
+             FileSystemWriter (ROOT/fs), and through dcp.async_save on a thread and in a process
+             (ROOT/sc-async-thread, ROOT/sc-async-process); then loaded back from both into identical fresh states at FSDP 4,
              HSDP 2x2 and TP x FSDP 2x2 (Colwise/Rowwise on the MLPs); then the failures: a truncated
              rank file, a missing rank file, a missing metadata, a dtype the file does not hold, a
              value that is not plain data, and a disk full on rank 1 while overwriting a checkpoint.
@@ -158,6 +159,12 @@ def save(root):
     state = state_of(model, optim, sched, extra_state(4))
     dcp.save(state, storage_writer=StorageWriter(os.path.join(root, "sc")))
     dcp.save(state, storage_writer=dcp.FileSystemWriter(os.path.join(root, "fs")))
+    # dcp.async_save, as torchtitan's async checkpointing calls it: on a thread of the rank's own (staged
+    # first), and in a process of its own, which receives the writer pickled and makes a group of its own
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+    for kind in ("thread", "process"):
+        dcp.async_save(state, storage_writer=StorageWriter(os.path.join(root, f"sc-async-{kind}")),
+                       async_checkpointer_type=AsyncCheckpointerType[kind.upper()]).result(timeout=120)
     return {"full": {k: full(v) for k, v in leaves(state)}}
 
 

@@ -62,6 +62,26 @@ def test_reshard_load_at_three_ranks_equals_torch_round_trip(saved, loaded3):
         assert r["load_fsdp"]["full"] == want
 
 
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_async_save_writes_what_the_blocking_save_writes(saved, kind):
+    """dcp.async_save with shardcast's StorageWriter (torchtitan's async checkpointing): on a thread, and in
+    a background process that gets the writer pickled: every rank file byte for byte the blocking save's,
+    and the metadata the same but for the save's own id and path."""
+    root = saved[0]
+    sync, other = root / "sc", root / f"sc-async-{kind}"
+    assert sorted(os.listdir(other)) == sorted(os.listdir(sync))
+    for name in os.listdir(sync):
+        if name.endswith(".safetensors"):
+            assert (other / name).read_bytes() == (sync / name).read_bytes(), name
+
+    def meta(path):
+        doc = json.loads((path / ".metadata.json").read_text())
+        ids = doc["storage_meta"]
+        assert ids.pop("checkpoint_id") == str(path) and len(ids.pop("save_id")) == 32
+        return doc
+    assert meta(other) == meta(sync)
+
+
 def test_nothing_on_disk_is_a_pickle(saved):
     from safetensors import safe_open
     sc = saved[0] / "sc"
