@@ -159,11 +159,13 @@ def save(root):
     state = state_of(model, optim, sched, extra_state(4))
     dcp.save(state, storage_writer=StorageWriter(os.path.join(root, "sc")))
     dcp.save(state, storage_writer=dcp.FileSystemWriter(os.path.join(root, "fs")))
-    # dcp.async_save, as torchtitan's async checkpointing calls it: on a thread of the rank's own (staged
-    # first), and in a process of its own, which receives the writer pickled and makes a group of its own
+    # dcp.async_save as torchtitan's async checkpointing calls it (CheckpointManager.dcp_save: a Gloo group of
+    # its own): on a thread of the rank's (staged first), and in a process of its own, which receives the
+    # writer pickled and makes its own group
     from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+    pg = dist.new_group(backend="gloo")
     for kind in ("thread", "process"):
-        dcp.async_save(state, storage_writer=StorageWriter(os.path.join(root, f"sc-async-{kind}")),
+        dcp.async_save(state, storage_writer=StorageWriter(os.path.join(root, f"sc-async-{kind}")), process_group=pg,
                        async_checkpointer_type=AsyncCheckpointerType[kind.upper()]).result(timeout=120)
     return {"full": {k: full(v) for k, v in leaves(state)}}
 

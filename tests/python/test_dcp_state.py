@@ -64,9 +64,10 @@ def test_reshard_load_at_three_ranks_equals_torch_round_trip(saved, loaded3):
 
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_async_save_writes_what_the_blocking_save_writes(saved, kind):
-    """dcp.async_save with shardcast's StorageWriter (torchtitan's async checkpointing): on a thread, and in
-    a background process that gets the writer pickled: every rank file byte for byte the blocking save's,
-    and the metadata the same but for the save's own id and path."""
+    """dcp.async_save with shardcast's StorageWriter as torchtitan's async checkpointing calls it (over a
+    Gloo group of its own): on a thread, and in a background process that gets the writer pickled: every
+    rank file byte for byte the blocking save's, and the metadata the same but for the save's own id and
+    path."""
     root = saved[0]
     sync, other = root / "sc", root / f"sc-async-{kind}"
     assert sorted(os.listdir(other)) == sorted(os.listdir(sync))
