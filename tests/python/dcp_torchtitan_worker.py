@@ -13,6 +13,8 @@ MODE write:    (one rank) for every scenario, a tiny torchtitan model built and 
                torchtitan's names (fp32; the fp8 weights dequantized block by block).
 MODE fsdp:     world 4, FSDP over all 4 ranks.
 MODE tp2fsdp2: world 4, TP 2 x FSDP 2.
+MODE state:    world 4, the training state through torchtitan's CheckpointManager and shardcast's
+               (training_state).
 MODE scenarios: layouts in turn, in these processes (ranks.each_scenario).
                For every scenario and reader (torch, then shardcast when importable): a fresh model on the
                meta device, torchtitan's parallelize_fn, to_empty + init_weights, then torchtitan's
@@ -170,7 +172,7 @@ def _readers():
 
 
 def _crc(t):
-    t = t.detach().contiguous()
+    t = t.detach().contiguous().reshape(-1)
     return zlib.crc32(t.view(torch.uint8).numpy().tobytes()) if t.numel() else 0
 
 
@@ -187,43 +189,56 @@ def _trainer_or_stub():
         sys.modules["torchtitan.trainer"] = stub
 
 
-def load_all(root, rank, world, layout):
+def _titan_setup():
+    """torchtitan's shims for a CPU mesh without its training stack (TORCHTITAN.md's limits)."""
     import torchtitan.distributed.parallel_dims as tt_parallel_dims
-    from safetensors.torch import load_file
-    from torchtitan.components.checkpoint import MODEL, CheckpointManager, ModelWrapper
-    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
-    from torchtitan.distributed import ParallelDims
-
     # torchtitan.tools.utils.device_type is "cuda" whenever no accelerator is present; its mesh helper
     # would ask for a CUDA mesh on a CPU-only machine.
     tt_parallel_dims.device_type = "cpu"
     _trainer_or_stub()
+
+
+def _built(name, layout, world, nan=True):
+    """(model, config, adapter class, from_quantized): scenario `name` built on the meta device, laid out by
+    torchtitan's parallelize_fn in `layout`, then to_empty + init_weights, and with `nan` every parameter
+    then NaN (nothing of the init may survive a load unnoticed)."""
+    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+    from torchtitan.distributed import ParallelDims
     # torchtitan 0.3.0's default spmd_backend ("spmd_types") and "full_dtensor" stop in fully_shard here
     # (torch 2.15, CPU mesh): "Expected param's DTensor mesh to be the same mesh passed to fully_shard, but
     # got different mesh objects". "partial_dtensor" is its DTensor-for-TP-only path that works.
     parallelism = ParallelismConfig(tensor_parallel_degree={"fsdp": 1, "tp2fsdp2": 2}[layout], data_parallel_shard_degree=-1,
                                     spmd_backend=SPMD_BACKEND)
+    config, parallelize_fn, adapter_cls, quantized = _spec(name)
+    config.update_from_config(config=types.SimpleNamespace(parallelism=parallelism))
+    parallel_dims = ParallelDims.from_config(parallelism, world)
+    parallel_dims.build_mesh()
+    with torch.device("meta"):
+        model = config.build()
+    model = parallelize_fn(model, parallel_dims=parallel_dims, training=TrainingConfig(),
+                           parallelism=parallelism, compile_config=CompileConfig(), ac_config=None,
+                           dump_folder="")
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+        for p in model.parameters() if nan else ():
+            (p.to_local() if hasattr(p, "to_local") else p).fill_(float("nan"))
+    return model, config, adapter_cls, quantized
+
+
+def load_all(root, rank, world, layout):
+    from safetensors.torch import load_file
+    from torchtitan.components.checkpoint import MODEL, CheckpointManager, ModelWrapper
+
+    _titan_setup()
     readers, no_shardcast = _readers()
     out = {"readers": [n for n, _ in readers], "no_shardcast": no_shardcast, "scenarios": {}}
     for name in LAYOUT_SCENARIOS[layout]:
         expected = load_file(os.path.join(root, f"{name}.expected.safetensors"))
         res = {}
         for reader_name, make_reader in readers:
-            config, parallelize_fn, adapter_cls, quantized = _spec(name)
             used = []
-            config.update_from_config(config=types.SimpleNamespace(parallelism=parallelism))
-            parallel_dims = ParallelDims.from_config(parallelism, world)
-            parallel_dims.build_mesh()
-            with torch.device("meta"):
-                model = config.build()
-            model = parallelize_fn(model, parallel_dims=parallel_dims, training=TrainingConfig(),
-                                   parallelism=parallelism, compile_config=CompileConfig(), ac_config=None,
-                                   dump_folder="")
-            model.to_empty(device="cpu")
-            with torch.no_grad():
-                model.init_weights(buffer_device=None)
-                for p in model.parameters():  # nothing of the init may survive the load unnoticed
-                    (p.to_local() if hasattr(p, "to_local") else p).fill_(float("nan"))
+            model, config, adapter_cls, quantized = _built(name, layout, world)
 
             class Adapter(adapter_cls):
                 def get_hf_storage_reader(self, path, from_quantized=False):
@@ -251,6 +266,119 @@ def load_all(root, rank, world, layout):
     return out
 
 
+STATE_MODEL = "qwen3_moe"
+
+
+class _Loader:
+    """A dataloader's state as torchtitan's ParallelAwareDataloader keeps it: this rank's own position,
+    pickled, under "dp_rank_<r>", and the data-parallel world size."""
+
+    def __init__(self, rank, world, position):
+        self.rank, self.world, self.position = rank, world, position
+
+    def state_dict(self):
+        import pickle
+        return {f"dp_rank_{self.rank}": pickle.dumps({"position": self.position}), "world_size": self.world}
+
+    def load_state_dict(self, state):
+        import pickle
+        assert state["world_size"] == self.world, state
+        self.position = pickle.loads(state[f"dp_rank_{self.rank}"])["position"]
+
+
+def _training(world, layout, rank, steps):
+    """torchtitan's own model, OptimizersContainer (AdamW) and LRSchedulersContainer (warm-up) in `layout`,
+    after `steps` optimizer steps on gradients made from the weights (no forward: the same on every run)."""
+    from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer
+    from torchtitan.components.optimizer.optimizer import ParamGroupConfig
+    torch.manual_seed(0)
+    model, config, adapter_cls, _ = _built(STATE_MODEL, layout, world, nan=steps == 0)
+    optimizers = OptimizersContainer.Config(
+        param_groups=[ParamGroupConfig(pattern=".*", optimizer_name="AdamW",
+                                       optimizer_kwargs={"lr": 1e-2, "weight_decay": 0.1})],
+        implementation="for-loop").build(model_parts=[model])
+    schedulers = LRSchedulersContainer.Config(warmup_steps=3).build(optimizers=optimizers, training_steps=10)
+    for _ in range(steps):
+        for p in model.parameters():
+            p.grad = p.detach() * 0.5 + 0.25
+        optimizers.step()
+        schedulers.step()
+        optimizers.zero_grad()
+    return model, config, adapter_cls, optimizers, schedulers, _Loader(rank, world, 100 * steps + rank)
+
+
+def _manager(cls, root, folder, trained, **config):
+    model, model_config, adapter_cls, optimizers, schedulers, loader = trained
+    # hf_assets_path: the adapter reads the HF checkpoint's file for each key (fqn_to_index_mapping) from it
+    adapter = adapter_cls(model_config, os.path.join(root, STATE_MODEL))
+    return cls.Config(enable=True, folder=folder, interval=1, keep_latest_k=0, **config).build(
+        dataloader=loader, model_parts=[model], optimizers=optimizers, lr_schedulers=schedulers, states={},
+        sd_adapter=adapter, base_folder=root)
+
+
+def _state_crcs(model, optimizers, schedulers, loader):
+    """({key: CRC of this rank's local piece}, {key: CRC of the whole value}) of every tensor a resume
+    restores (DTensors gathered: a collective, in the same order on every rank), and the other values'
+    reprs in both."""
+    local, whole = {}, {}
+    tensors = {**{f"model.{k}": v for k, v in model.state_dict().items()},
+               **{f"optim.{k}": v for k, v in optimizers.state_dict().items()}}
+    for key, v in tensors.items():
+        if not isinstance(v, torch.Tensor):
+            local[key] = whole[key] = repr(v)
+            continue
+        local[key] = _crc(v.to_local() if hasattr(v, "to_local") else v)
+        whole[key] = _crc(v.full_tensor() if hasattr(v, "full_tensor") else v)
+    local["lr_scheduler"] = whole["lr_scheduler"] = repr(schedulers.state_dict())
+    local["dataloader"] = whole["dataloader"] = repr(loader.position)
+    return local, whole
+
+
+def training_state(root, rank, world):
+    """torchtitan's CheckpointManager, its own and shardcast's (shardcast.integrations.torchtitan), over
+    torchtitan's model, optimizers and schedulers at FSDP 4 after two steps: each saves the training state
+    at step 2 (shardcast's also through async_save at step 3), then a fresh TP 2 x FSDP 2 job resumes from
+    each folder's latest step (shardcast's manager from torchtitan's folder too); then each writes the last
+    step in HF format (last_save_in_hf)."""
+    from torchtitan.components.checkpointer.dcp import CheckpointManager as TitanManager
+    from shardcast.integrations.torchtitan import CheckpointManager as ShardcastManager
+    _titan_setup()
+    managers = {"torch": TitanManager, "shardcast": ShardcastManager}
+    trained = _training(world, "fsdp", rank, steps=2)
+    out = {"saved": _state_crcs(trained[0], *trained[3:])[1], "local": {}, "whole": {}, "steps": {}, "files": {},
+           "hf": {}}
+    for name, cls in managers.items():
+        _manager(cls, root, f"state-{name}", trained).save(curr_step=2)
+    step3 = _manager(ShardcastManager, root, "state-shardcast-async", trained, async_mode="async")
+    step3.save(curr_step=3)
+    step3.maybe_wait_for_saving()
+    step3.close()
+    # shardcast-on-torch: shardcast's manager resuming a step torchtitan's own wrote (torch's format)
+    for name, folder in (("torch", "state-torch"), ("shardcast", "state-shardcast"),
+                         ("shardcast-async", "state-shardcast-async"), ("shardcast-on-torch", "state-torch")):
+        fresh = _training(world, "tp2fsdp2", rank, steps=0)
+        manager = _manager(managers[name.split("-")[0]], root, folder, fresh)
+        out["steps"][name] = manager._find_load_step()
+        assert manager.load(), folder
+        out["local"][name], out["whole"][name] = _state_crcs(fresh[0], *fresh[3:])
+        out["files"][name] = sorted(os.listdir(os.path.join(root, folder, f"step-{out['steps'][name]}")))
+    for name, cls in managers.items():
+        folder = f"hf-{name}"
+        _manager(cls, root, folder, trained, last_save_in_hf=True, export_dtype="bfloat16").save(
+            curr_step=4, last_step=True)
+        dist.barrier()
+        step = os.path.join(root, folder, "step-4")
+        if rank == 0:
+            from safetensors import safe_open
+            tensors = {}
+            for f in sorted(os.listdir(step)):
+                if f.endswith(".safetensors"):
+                    with safe_open(os.path.join(step, f), "pt") as st:
+                        tensors.update({k: [f, _crc(st.get_tensor(k))] for k in st.keys()})
+            out["hf"][name] = {"tensors": tensors, "listing": sorted(os.listdir(step))}
+    return out
+
+
 def main():
     mode, root, out = sys.argv[1], sys.argv[2], sys.argv[3]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -259,8 +387,11 @@ def main():
         result = write(root)
     else:
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
-        try:  # MODE scenarios: both layouts in turn, in these processes
-            ranks.each_scenario(mode, root, lambda layout, where: load_all(where, rank, world, layout), f"{out}.{rank}")
+        def scenario(layout, where):
+            return training_state(where, rank, world) if layout == "state" else load_all(where, rank, world, layout)
+
+        try:  # MODE scenarios: both layouts and the training state in turn, in these processes
+            ranks.each_scenario(mode, root, scenario, f"{out}.{rank}")
         finally:
             dist.destroy_process_group()
         return

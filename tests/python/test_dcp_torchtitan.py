@@ -6,7 +6,13 @@ DeepSeek-V3 one through its QuantizedHuggingFaceStorageReader, called the way to
 it) and once through shardcast.dcp's, into identical fresh sharded models; every local shard of every
 rank must be bit-identical, and torch's must equal the checkpoint (dequantized block by block for fp8).
 
-This process writes the checkpoints; one rank launch runs every scenario with both readers in each layout.
+Then the training state through torchtitan's own CheckpointManager and shardcast's subclass of it
+(shardcast.integrations.torchtitan): torchtitan's model, OptimizersContainer (AdamW) and
+LRSchedulersContainer saved at FSDP 4, resumed at TP 2 x FSDP 2, bit for bit as torchtitan's own round
+trip; and its last step in HF format.
+
+This process writes the checkpoints; one rank launch runs every scenario with both readers in each layout,
+then the training state.
 Skips when torchtitan (with spmd_types and tyro, its model code's imports) is not installed.
 """
 import pytest
@@ -37,8 +43,9 @@ def checkpoints(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def loaded(checkpoints, tmp_path_factory):
-    """layout -> every rank's result; one launch of 4 ranks for both layouts, shared by the tests below."""
-    launch = ranks.Scenarios("dcp_torchtitan_worker.py", tmp_path_factory, {4: LAYOUTS}, root=checkpoints)
+    """layout -> every rank's result; one launch of 4 ranks for both layouts and the training state, shared by
+    the tests below."""
+    launch = ranks.Scenarios("dcp_torchtitan_worker.py", tmp_path_factory, {4: LAYOUTS + ["state"]}, root=checkpoints)
     return lambda layout: launch(layout, 4)
 
 
@@ -72,3 +79,34 @@ def test_shardcast_reader_gives_every_local_shard_bit_identical_to_torchs(loaded
             assert set(ours["crc"]) == set(theirs["crc"]), (layout, rank, name)
             differ = sorted(k for k in theirs["crc"] if ours["crc"][k] != theirs["crc"][k])
             assert differ == [], f"{layout} rank {rank} {name}: local shards differ from torch's reader: {differ}"
+
+
+def test_training_state_through_shardcast_resumes_bit_exact_in_another_layout(loaded):
+    """shardcast.integrations.torchtitan.CheckpointManager saves the state (sync at step 2, async_save at
+    step 3) as safetensors + JSON; a fresh TP 2 x FSDP 2 job's load() finds the latest step and restores
+    model, AdamW's moments and steps, the scheduler and the dataloader's pickled position exactly as
+    torchtitan's own manager restores its own save. shardcast's manager also resumes torchtitan's own
+    format (a step saved before the switch)."""
+    for rank, result in enumerate(loaded("state")):
+        assert result["steps"] == {"torch": 2, "shardcast": 2, "shardcast-async": 3, "shardcast-on-torch": 2}
+        saved = result["saved"]
+        assert any(k.endswith("exp_avg_sq") for k in saved) and "lr_scheduler" in saved and len(saved) > 100
+        for name in ("torch", "shardcast", "shardcast-async", "shardcast-on-torch"):
+            wrong = sorted(k for k in saved if result["whole"][name].get(k) != saved[k])
+            assert wrong == [], f"rank {rank}, {name}'s resume: {wrong[:5]}"
+            differ = sorted(k for k, v in result["local"]["torch"].items() if result["local"][name].get(k) != v)
+            assert differ == [], f"rank {rank}, {name}'s local pieces differ from torch's round trip: {differ[:5]}"
+        for name in ("shardcast", "shardcast-async"):
+            files = result["files"][name]
+            assert files == [".metadata.json"] + [f"__{r}_0.safetensors" for r in range(4)], files
+
+
+def test_last_save_in_hf_is_the_finished_checkpoint_in_one_pass(loaded):
+    """last_save_in_hf through shardcast's manager: the same tensors in the same files as torchtitan's
+    (its adapter's fqn_to_index_mapping), with no per-rank 'sharded' copy beside them."""
+    hf = loaded("state")[0]["hf"]
+    ours, theirs = hf["shardcast"], hf["torch"]
+    assert ours["tensors"] == theirs["tensors"] and len(ours["tensors"]) > 20
+    assert ours["listing"] == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                               "model.safetensors.index.json"], ours["listing"]
+    assert "sharded" in theirs["listing"], theirs["listing"]

@@ -1,0 +1,117 @@
+"""shardcast as torchtitan's checkpoint storage: one config line.
+
+    from shardcast.integrations.torchtitan import CheckpointManager
+    config.checkpoint = CheckpointManager.Config(enable=True, folder="checkpoint", interval=500, ...)
+
+`CheckpointManager` is torchtitan's own (`torchtitan.components.checkpointer.CheckpointManager`: its
+config fields, its save interval, async modes, retention, resume and initial-load logic, unchanged), with
+shardcast under its three storage steps:
+
+    step              torchtitan's                                     this one's
+    training state    dcp.save(checkpoint_id=...): torch's              shardcast.dcp.StorageWriter: safetensors +
+      (interval)      FileSystemWriter, a pickled .metadata             .metadata.json, no pickle on disk
+    resume            dcp.load(checkpoint_id=...): FileSystemReader     shardcast.dcp.StorageReader, at any world
+                                                                        size and layout (torch's format still
+                                                                        read, so older steps resume)
+    initial HF load   the adapter's get_hf_storage_reader (torch's)     shardcast.dcp's reader of the same class,
+                                                                        built from its arguments
+    last HF save      torch's HF writer, per-rank files, then a         shardcast.dcp.HuggingFaceStorageWriter:
+                      consolidation pass re-reading every byte          the finished checkpoint in one pass
+
+The async modes call `dcp.async_save` as torchtitan does (over its Gloo group; "async_with_pinned_mem"
+in a process of its own with its pinned stager), with shardcast's writer. A step folder counts as a
+checkpoint when it holds `.metadata.json` (shardcast's), `.metadata` (torch's) or an HF index.
+
+Tested with torchtitan 0.3.0's own Qwen3-MoE, OptimizersContainer, LRSchedulersContainer and
+CheckpointManager at 4 ranks over Gloo (tests/python/test_dcp_torchtitan.py). It overrides
+CheckpointManager's `dcp_save`, `dcp_load` and `_find_load_step`, which are torchtitan's internals:
+another torchtitan version may need this module changed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Dict
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import HuggingFaceStorageReader as _TorchHFReader
+from torch.distributed.checkpoint.quantized_hf_storage import (
+    QuantizedHuggingFaceStorageReader as _TorchQuantizedReader)
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+from torchtitan.components.checkpointer.dcp import MODEL, AsyncMode
+from torchtitan.components.checkpointer.dcp import CheckpointManager as _TitanManager
+from torchtitan.tools import filesystem
+from torchtitan.tools.utils import GarbageCollection
+
+from .. import dcp as _sdcp
+from ..dcp._state_codec import METADATA_NAME
+
+__all__ = ["CheckpointManager", "shardcast_reader"]
+
+
+def shardcast_reader(reader):
+    """shardcast.dcp's reader for a reader a torchtitan adapter made: torch's HuggingFaceStorageReader or
+    QuantizedHuggingFaceStorageReader become shardcast's of the same class and arguments (path,
+    thread_count; target_dtype and block_size); any other reader (shardcast's already, or one of the
+    user's own) is returned as it is."""
+    if type(reader) is _TorchQuantizedReader:
+        return _sdcp.QuantizedHuggingFaceStorageReader(reader.path, thread_count=reader.thread_count,
+                                                       target_dtype=reader.target_dtype, block_size=reader.block_size)
+    if type(reader) is _TorchHFReader:
+        return _sdcp.HuggingFaceStorageReader(reader.path, thread_count=reader.thread_count)
+    return reader
+
+
+class CheckpointManager(_TitanManager):
+    """torchtitan's CheckpointManager, storing through shardcast.dcp (module docstring). Built as torchtitan
+    builds its own: `CheckpointManager.Config(...)` in the trainer's config (`config.checkpoint`)."""
+
+    @dataclasses.dataclass(kw_only=True, slots=True)
+    class Config(_TitanManager.Config):
+        """torchtitan's checkpoint config, field for field."""
+
+    @torch.no_grad()
+    def dcp_save(self, state_dict: Dict[str, Any], checkpoint_id: str, async_mode: AsyncMode,
+                 enable_garbage_collection: bool = False, to_hf: bool = False):
+        if to_hf:
+            assert self.sd_adapter is not None, "sd_adapter is required for to_hf=True"
+            state_dict = self.sd_adapter.to_hf(state_dict)
+            writer = _sdcp.HuggingFaceStorageWriter(checkpoint_id,
+                                                    fqn_to_index_mapping=self.sd_adapter.fqn_to_index_mapping)
+        else:
+            writer = _sdcp.StorageWriter(checkpoint_id)
+        if async_mode == AsyncMode.ASYNC:
+            ret = dcp.async_save(state_dict, storage_writer=writer, process_group=self.pg)
+        elif async_mode == AsyncMode.ASYNC_WITH_PINNED_MEM:
+            ret = dcp.async_save(state_dict, storage_writer=writer, process_group=self.pg,
+                                 async_checkpointer_type=AsyncCheckpointerType.PROCESS, async_stager=self.stager)
+        else:
+            ret = dcp.save(state_dict, storage_writer=writer)
+        if enable_garbage_collection:
+            GarbageCollection.collect("GC collection invoked by checkpointer.")
+        return ret
+
+    def dcp_load(self, state_dict: Dict[str, Any], checkpoint_id: str, from_hf: bool, from_quantized: bool) -> None:
+        if from_hf:
+            assert self.sd_adapter is not None, ("trying to load checkpoint in HF safetensors format, but sd_adapter "
+                                                 "is not provided.")
+            hf_state_dict = self.sd_adapter.to_hf(state_dict)
+            reader = shardcast_reader(self.sd_adapter.get_hf_storage_reader(checkpoint_id, from_quantized))
+            dcp.load(hf_state_dict, storage_reader=reader)
+            self.states[MODEL].load_state_dict(self.sd_adapter.from_hf(hf_state_dict))
+        elif _sdcp.StorageReader.validate_checkpoint_id(checkpoint_id):
+            dcp.load(state_dict, storage_reader=_sdcp.StorageReader(checkpoint_id))
+            if MODEL in self.states:  # as torchtitan's: the model's states are flattened into state_dict
+                self.states[MODEL].load_state_dict(state_dict)
+        else:  # torch's own format: a step saved before shardcast was the storage
+            super().dcp_load(state_dict, checkpoint_id, from_hf=False, from_quantized=False)
+
+    def _find_load_step(self, folder: str = "") -> int:
+        step = super()._find_load_step(folder)
+        folder = folder or self.folder
+        if not filesystem.isdir(folder):
+            return step
+        ours = [int(m.group(1)) for name in filesystem.listdir(folder) if (m := re.search(r"step-(\d+)", name))
+                and filesystem.isfile(filesystem.join(filesystem.join(folder, name), METADATA_NAME))]
+        return max([step, *ours])
