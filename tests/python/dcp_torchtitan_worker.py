@@ -338,8 +338,9 @@ def training_state(root, rank, world):
     """torchtitan's CheckpointManager, its own and shardcast's (shardcast.integrations.torchtitan), over
     torchtitan's model, optimizers and schedulers at FSDP 4 after two steps: each saves the training state
     at step 2 (shardcast's also through async_save at step 3), then a fresh TP 2 x FSDP 2 job resumes from
-    each folder's latest step (shardcast's manager from torchtitan's folder too); then each writes the last
-    step in HF format (last_save_in_hf)."""
+    each folder's latest step (shardcast's manager from torchtitan's folder too); a fresh FSDP 4 job's
+    initial_load_in_hf through shardcast's manager; then each writes the last step in HF format
+    (last_save_in_hf)."""
     from torchtitan.components.checkpointer.dcp import CheckpointManager as TitanManager
     from shardcast.integrations.torchtitan import CheckpointManager as ShardcastManager
     _titan_setup()
@@ -362,6 +363,17 @@ def training_state(root, rank, world):
         assert manager.load(), folder
         out["local"][name], out["whole"][name] = _state_crcs(fresh[0], *fresh[3:])
         out["files"][name] = sorted(os.listdir(os.path.join(root, folder, f"step-{out['steps'][name]}")))
+    # initial_load_in_hf through shardcast's manager: a fresh FSDP 4 job with an empty folder loads the HF
+    # checkpoint (the adapter's torch reader swapped for shardcast's)
+    from safetensors.torch import load_file
+    fresh = _training(world, "fsdp", rank, steps=0)
+    assert _manager(ShardcastManager, root, "initial-hf", fresh, initial_load_path=os.path.join(root, STATE_MODEL),
+                    initial_load_in_hf=True).load()
+    expected = load_file(os.path.join(root, f"{STATE_MODEL}.expected.safetensors"))
+    whole = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in fresh[0].state_dict().items()}
+    out["initial_hf"] = {"checked": sorted(set(whole) & set(expected)),
+                         "wrong": sorted(k for k in set(whole) & set(expected)
+                                         if not torch.equal(whole[k].view(torch.uint8), expected[k].view(torch.uint8)))}
     for name, cls in managers.items():
         folder = f"hf-{name}"
         _manager(cls, root, folder, trained, last_save_in_hf=True, export_dtype="bfloat16").save(

@@ -110,3 +110,27 @@ def test_last_save_in_hf_is_the_finished_checkpoint_in_one_pass(loaded):
     assert ours["listing"] == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
                                "model.safetensors.index.json"], ours["listing"]
     assert "sharded" in theirs["listing"], theirs["listing"]
+
+
+def test_initial_load_in_hf_through_shardcasts_manager_gives_the_checkpoint(loaded):
+    """initial_load_in_hf with shardcast's manager and torchtitan's own adapter (no subclass): every
+    parameter of a fresh FSDP 4 model equals the checkpoint."""
+    for rank, result in enumerate(loaded("state")):
+        r = result["initial_hf"]
+        assert r["wrong"] == [] and len(r["checked"]) > 20, (rank, r["wrong"])
+
+
+def test_a_torch_hf_reader_becomes_shardcasts_with_its_arguments(tmp_path):
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from torch.distributed.checkpoint.quantized_hf_storage import QuantizedHuggingFaceStorageReader
+    import shardcast.dcp
+    from shardcast.integrations.torchtitan import shardcast_reader
+    q = shardcast_reader(QuantizedHuggingFaceStorageReader(str(tmp_path), thread_count=3, target_dtype=torch.bfloat16,
+                                                           block_size=64))
+    assert type(q) is shardcast.dcp.QuantizedHuggingFaceStorageReader
+    assert (str(q.path), q.thread_count, q.target_dtype, q.block_size) == (str(tmp_path), 3, torch.bfloat16, 64)
+    plain = shardcast_reader(HuggingFaceStorageReader(str(tmp_path), thread_count=2))
+    assert type(plain) is shardcast.dcp.HuggingFaceStorageReader
+    assert (str(plain.path), plain.thread_count) == (str(tmp_path), 2)
+    own = shardcast.dcp.HuggingFaceStorageReader(str(tmp_path))
+    assert shardcast_reader(own) is own
