@@ -47,8 +47,8 @@ from ._phases import PhaseClock, with_phases
 from ._shardcast import CheckpointError, InvalidArgument
 # The ranks and their layout (_world.py); shard_units is public here, _fully_shard and _pretrained_target
 # are taken from here by tests.
-from ._world import (_default_mesh, _dist_ready, _distributed_config, _fully_shard, _parallelize,  # noqa: F401
-                     _pretrained_target, shard_units)
+from ._world import (_default_mesh, _dist_ready, _distributed_config, _fully_shard, _load_keywords,  # noqa: F401
+                     _model_dtype, _parallelize, _pretrained_target, shard_units)
 
 __all__ = ["from_pretrained", "resolve_checkpoint", "shard_units"]
 
@@ -230,7 +230,7 @@ def _without_cyclic_gc(fn):
 
 @_without_cyclic_gc
 def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None,
-                    dtype: Optional[torch.dtype] = torch.bfloat16, shard: Sequence[str] = ("layers",),
+                    dtype: Union[torch.dtype, str, None] = torch.bfloat16, shard: Sequence[str] = ("layers",),
                     fsdp_kwargs: Optional[Dict[str, Any]] = None, source: Optional[str] = None,
                     target: Optional[str] = None, distributed_config=None, tp_size: Optional[int] = None,
                     ep_size: Optional[int] = None, fsdp_size: Optional[int] = None,
@@ -254,7 +254,8 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
         (tp_size, ep_size, fsdp_size, dp_replicate_size): the model is laid out with transformers' own
         TP, EP and FSDP2 plans and meshes instead of `mesh`/`shard`/`fsdp_kwargs`, then loaded.
     dtype: the model's parameter dtype; checkpoint tensors are converted while streamed (fp8, MXFP4 and
-        NVFP4 weights dequantized with their scales).
+        NVFP4 weights dequantized with their scales). "auto", as transformers reads it: the config's dtype,
+        else the checkpoint's first floating tensor's; None: the model class's own.
     keep_quantized: for an fp8 checkpoint (DeepSeek-V3, MiniMax-M2, FineGrainedFP8) or an MXFP4 one
         (gpt-oss), build transformers' quantized layout instead (FP8Linear/FP8Experts: fp8 weights and
         their `*_scale_inv` block scales, experts fused; Mxfp4GptOssExperts: the packed uint8 blocks,
@@ -311,14 +312,20 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
                 raise InvalidArgument("pass either mesh or distributed_config: transformers' plans make their own "
                                       "meshes")
             target = _pretrained_target(_target(target), mesh)
+            _load_keywords(load_kwargs)
             path = resolve_checkpoint(path_or_local_repo_id, revision=revision)
             beside = _stream_rules.beside_wanted(stream_beside_build)
             config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+            dtype = _model_dtype(dtype, config, path)
         except Exception as e:  # noqa: BLE001 -- carried into the agreement below
             failed = e
         dc_given = distributed_config is not None or any(v is not None for v in sizes.values())
-        why = "stream_beside_build=False" if stream_beside_build is False else _stream_rules.unpredictable(
-            mesh, dc_given, dc, keep_quantized, model_cls, shard, fsdp_kwargs, dtype, load_kwargs)
+        try:
+            why = "stream_beside_build=False" if stream_beside_build is False else _stream_rules.unpredictable(
+                mesh, dc_given, dc, keep_quantized, model_cls, shard, fsdp_kwargs, dtype, load_kwargs)
+        except Exception as e:  # noqa: BLE001 -- an argument it cannot read: no stream, and the failure is agreed
+            why = f"{type(e).__name__}: {e}"
+            failed = failed or e
         group, verdict, failed = _agree_first(failed, why, mesh, target, dc, beside, load_kwargs)
         if verdict is not None and verdict.failed:  # every rank at once: no model built for nothing
             _stream_rules.raise_failed(verdict, group[2], failed)

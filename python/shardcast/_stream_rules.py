@@ -75,7 +75,7 @@ def _unpredictable_call(keep_quantized: bool, model_cls, dtype, load_kwargs: Dic
         return "keep_quantized"
     if model_cls is not None:
         return "model_cls"
-    if dtype is None or not torch.empty((), dtype=dtype).is_floating_point():
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         return f"dtype={dtype}"
     if other := sorted(set(load_kwargs) - set(_OPTIONS)):
         return f"load options {', '.join(other)}"

@@ -131,6 +131,48 @@ def _model_class(config, trust_remote_code: bool):
                               ) from None
 
 
+_CHECKPOINT_FLOATS = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def _model_dtype(dtype, config, path: str) -> Optional[torch.dtype]:
+    """from_pretrained's dtype: a floating torch.dtype, None (the model class's own, as built), or "auto"
+    as transformers reads it: the config's dtype (`dtype`, or `torch_dtype` in older configs), else the
+    checkpoint's first floating tensor's. Anything else is an InvalidArgument, which from_pretrained
+    carries into its first agreement (every rank raises it, none waits)."""
+    if isinstance(dtype, str) and dtype == "auto":
+        named = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        if isinstance(named, str):
+            named = getattr(torch, named, None)
+        if isinstance(named, torch.dtype) and named.is_floating_point:
+            return named
+        from ._shardcast import checkpoint_tensors
+        first = next((dt for _, dt, _, _ in checkpoint_tensors(path) if dt in _CHECKPOINT_FLOATS), None)
+        if first is None:
+            raise InvalidArgument(f"dtype='auto': neither {path}/config.json nor the checkpoint's tensors name a "
+                                  "floating dtype; pass one (torch.bfloat16)")
+        return _CHECKPOINT_FLOATS[first]
+    if dtype is None:
+        return None
+    if not isinstance(dtype, torch.dtype):
+        raise InvalidArgument(f"dtype={dtype!r}: a torch.dtype (torch.bfloat16), 'auto' (the checkpoint's) or None")
+    if not dtype.is_floating_point:
+        raise InvalidArgument(f"dtype={dtype}: the model's parameters need a floating dtype (torch.bfloat16, "
+                              "torch.float32, ...)")
+    return dtype
+
+
+def _load_keywords(load_kwargs: Dict[str, object]) -> None:
+    """An InvalidArgument for a keyword shardcast.load does not take, raised before anything is agreed (so
+    every rank raises it at once where one rank alone passed it, not a TypeError on that rank after the
+    others went on)."""
+    import inspect
+    from ._load import load
+    taken = set(inspect.signature(load).parameters) - {"model", "path", "source", "target", "config", "buffer_init"}
+    if unknown := sorted(set(load_kwargs) - taken):
+        raise InvalidArgument(f"from_pretrained got unexpected keyword argument(s) {', '.join(unknown)}: it takes "
+                              f"its own and shardcast.load's ({', '.join(sorted(taken))})")
+
+
 def _distributed_config(distributed_config, sizes: Dict[str, Optional[int]]):
     """transformers' DistributedConfig from the argument or the size keywords; None when neither is given."""
     given = {k: v for k, v in sizes.items() if v is not None}

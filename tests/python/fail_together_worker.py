@@ -115,7 +115,8 @@ def options(root, rank, world):
 
 def pretrained(root, rank, world):
     """from_pretrained failing on one rank before its load: a bad SHARDCAST_TARGET (rank 2), a checkpoint
-    this rank cannot see (rank 0), and where torch sees no GPU, SHARDCAST_TARGET=cuda (rank 1)."""
+    this rank cannot see (rank 0), a dtype that is not one (rank 1), a keyword load does not take (rank 2),
+    and where torch sees no GPU, SHARDCAST_TARGET=cuda (rank 1)."""
     no_gpu = [] if torch.cuda.is_available() else [
         ("from_pretrained: SHARDCAST_TARGET=cuda, no GPU", 1,
          lambda f: _with_env(f, SHARDCAST_TARGET="cuda")(
@@ -127,6 +128,12 @@ def pretrained(root, rank, world):
         ("from_pretrained: a path this rank lacks", 0,
          lambda f: shardcast.from_pretrained(os.path.join(root, "llama" + ("-missing" if f else "")),
                                              dtype=torch.float32, timeout=TIMEOUT)),
+        ("from_pretrained: a dtype that is not one", 1,
+         lambda f: shardcast.from_pretrained(os.path.join(root, "llama"), dtype="float16" if f else torch.float32,
+                                             timeout=TIMEOUT)),
+        ("from_pretrained: a keyword load does not take", 2,
+         lambda f: shardcast.from_pretrained(os.path.join(root, "llama"), dtype=torch.float32, timeout=TIMEOUT,
+                                             **({"strict_key": True} if f else {}))),
     ] + no_gpu
     # Whether a rank built a model in a call that failed: the first exchange names the failed rank, so none
     # should (each once imported the modeling code and built the model, to fail at the load's verdict).

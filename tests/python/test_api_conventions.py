@@ -120,3 +120,24 @@ def test_the_binding_turns_a_wrongly_typed_argument_into_an_invalid_argument(che
         args.update(override)
         with pytest.raises(shardcast.InvalidArgument, match="rank 0"):
             _shardcast.load_entries(**args)
+
+
+def test_from_pretrained_reads_dtype_auto_as_transformers_does(tmp_path):
+    """dtype="auto" (transformers' idiom): the config's dtype, else the checkpoint's first floating tensor's;
+    anything that is not a floating torch.dtype, "auto" or None is an InvalidArgument naming it."""
+    from types import SimpleNamespace
+    from shardcast._world import _model_dtype
+    save_file({"a.idx": torch.zeros(2, dtype=torch.int32), "b.weight": torch.zeros(2, dtype=torch.float16)},
+              str(tmp_path / "model.safetensors"))
+    assert _model_dtype("auto", SimpleNamespace(dtype="bfloat16"), str(tmp_path)) == torch.bfloat16
+    assert _model_dtype("auto", SimpleNamespace(torch_dtype=torch.float32), str(tmp_path)) == torch.float32
+    assert _model_dtype("auto", SimpleNamespace(dtype=None), str(tmp_path)) == torch.float16
+    assert _model_dtype(None, None, str(tmp_path)) is None
+    for bad, words in (("float16", "dtype='float16'"), (torch.int8, "floating dtype"), (16, "dtype=16")):
+        with pytest.raises(shardcast.InvalidArgument, match=words):
+            _model_dtype(bad, SimpleNamespace(dtype="bfloat16"), str(tmp_path))
+
+
+def test_from_pretrained_names_a_keyword_load_does_not_take(tmp_path):
+    with pytest.raises(shardcast.InvalidArgument, match="strict_key.*takes"):
+        shardcast.from_pretrained(str(tmp_path), strict_key=True)
