@@ -143,6 +143,7 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::FromDescriptor(int fd, const s
   std::string json(n, '\0');
   f->ReadBytes(8, n, json.data(), "header");
   f->header_digest_ = HeaderDigest(prefix, json);
+  f->data_offset_ = 8 + n;
   if (options.known_header_digest == 0 || f->header_digest_ != options.known_header_digest) {
     f->header_ = ParseHeader(display_path, json, f->file_size_);
   }
@@ -155,6 +156,25 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::FromDescriptor(int fd, const s
   }
   if (options.sequential_hint) posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   return f;
+}
+
+uint64_t SafetensorsFile::SampleDigest() const {
+  const uint64_t begin = std::min(data_offset_, file_size_);
+  const uint64_t bytes = file_size_ - begin;
+  std::vector<unsigned char> sample;
+  auto take = [&](uint64_t offset, uint64_t n) {
+    const size_t at = sample.size();
+    sample.resize(at + n);
+    ReadBytes(offset, n, sample.data() + at, "data sample");
+  };
+  if (bytes <= 3 * kSampleBytes) {
+    take(begin, bytes);
+  } else {
+    take(begin, kSampleBytes);
+    take(begin + (bytes - kSampleBytes) / 2, kSampleBytes);
+    take(file_size_ - kSampleBytes, kSampleBytes);
+  }
+  return XXH3_64bits(sample.data(), sample.size());
 }
 
 SafetensorsFile::~SafetensorsFile() {

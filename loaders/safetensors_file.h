@@ -77,6 +77,12 @@ class SafetensorsFile {
   // XXH3-64 of the 8-byte length prefix and the header JSON, computed once at open: with path() and
   // file_size() it is what ranks compare to agree they hold the same file before any read.
   uint64_t header_digest() const { return header_digest_; }
+  // XXH3-64 of three samples of the data area (the bytes after the header): its first, middle and last
+  // kSampleBytes, or all of it where it is smaller. With header_digest() it tells apart two files with the
+  // same tensors but other values (another step of the same run, a copy with other weights), which the
+  // header alone does not. Reads them (ReadBytes: a file that shrank throws kCheckpoint); not cached.
+  static constexpr uint64_t kSampleBytes = 4096;
+  uint64_t SampleDigest() const;
 
   // By key, never by position. Find returns nullptr if absent; Get throws naming the file and key.
   const TensorInfo* Find(std::string_view key) const { return header_.Find(key); }
@@ -117,6 +123,7 @@ class SafetensorsFile {
   uint64_t file_size_ = 0;
   dev_t dev_ = 0;  // the device it lives on: its read-ahead limit
   uint64_t header_digest_ = 0;
+  uint64_t data_offset_ = 0;  // 8 + the header's length, known without parsing the header
   ReadMode mode_ = ReadMode::kMmap;
   Header header_;
 };

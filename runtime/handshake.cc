@@ -55,7 +55,7 @@ StreamParams DecideParams(const LoadOptions& options, const std::vector<int64_t>
   return p;
 }
 
-// This rank's files, matched to rank 0's by name, size and header digest; "" or the difference.
+// This rank's files, matched to rank 0's by name, size, header digest and data samples; "" or the difference.
 std::string MatchFiles(const Manifest& m, const Checkpoint& ckpt, const std::string& root, int rank, FileTable* out) {
   std::unordered_map<std::string, size_t> mine;
   for (size_t i = 0; i < ckpt.num_files(); ++i) mine.emplace(RelativeName(ckpt, i), i);
@@ -75,6 +75,11 @@ std::string MatchFiles(const Manifest& m, const Checkpoint& ckpt, const std::str
     if (FileDigest(file) != f.digest) {
       return "file '" + f.name + "' in " + root + ": its header differs between rank 0 and " + who +
              " (same size, other tensors or offsets)";
+    }
+    if (f.sample != 0 && file.SampleDigest() != f.sample) {
+      return "file '" + f.name + "' in " + root + ": its data differs between rank 0 and " + who +
+             " (the same tensors with other values: another checkpoint, such as another step of the run; ranks "
+             "must load the same checkpoint)";
     }
     out->push_back(&file);
   }

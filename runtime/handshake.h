@@ -7,7 +7,8 @@
 //   2. rank 0 broadcasts the manifest (as nothing, if it failed, so every rank runs the same steps)
 //   3. every rank checks it against its own plan and options; a rank the route has read opens the
 //      manifest's files itself (Checkpoint::OpenKnown: no index, no header parsed again) and matches
-//      every file by name, size and header digest
+//      every file by name, size, header digest and a digest of samples of its data (its first, middle
+//      and last 4 KiB: another checkpoint with the same tensors differs there)
 //   4. one verdict: every rank goes on, or every rank raises the same error naming key, file, rank
 //
 // Thread safety: one thread per rank. Failure: shardcast::Error from the verdict, the same on every

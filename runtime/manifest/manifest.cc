@@ -229,7 +229,7 @@ Manifest Resolve(const Plan& plan, const Checkpoint& ckpt, const KeyMapping& map
   m.layouts = plan.layouts();
   for (size_t i = 0; i < ckpt.num_files(); ++i) {
     const SafetensorsFile& f = ckpt.file(i);
-    m.files.push_back(ManifestFile{RelativeName(ckpt, i), f.file_size(), FileDigest(f)});
+    m.files.push_back(ManifestFile{RelativeName(ckpt, i), f.file_size(), FileDigest(f), f.SampleDigest()});
   }
   Resolver resolver(&m, ckpt, mapping, block);
   m.entries.reserve(plan.entries().size());

@@ -48,14 +48,15 @@ struct StreamParams {
 };
 StreamParams StreamParamsFrom(const LoadOptions& options);
 
-// The manifest's files as this rank opened them, by manifest file index (agreed by name, size and
-// header digest in the handshake): what a part's `file` indexes on a reading rank.
+// The manifest's files as this rank opened them, by manifest file index (agreed by name, size, header
+// digest and data samples in the handshake): what a part's `file` indexes on a reading rank.
 using FileTable = std::vector<const SafetensorsFile*>;
 
 struct ManifestFile {
   std::string name;        // relative to the checkpoint directory (the file name for a single file)
   uint64_t size = 0;       // bytes, as fstat saw them
   uint64_t digest = 0;     // of the header (see FileDigest)
+  uint64_t sample = 0;     // of samples of its data (SafetensorsFile::SampleDigest); 0 where not taken
 };
 
 // The block scales of an fp8 part, read beside its rows and applied by the reader (loaders/quant/dequant.h):

@@ -1,7 +1,7 @@
 // The manifest on the wire: little-endian, length-prefixed, versioned. One encoder, one decoder; a
 // blob of another version or one cut short is a kComm error, never a misread.
 //
-//   "shardcast-manifest-7" | world | params | files[name, size, digest]
+//   "shardcast-manifest-8" | world | params | files[name, size, digest, sample]
 //   | layouts[mesh shape, ranks, placements[kind, dim, split factor], boxes[offset, size]] | entries[...] | skipped
 //   entry: key | dtype | role | layout index | shape | parts[key ("" = the entry's), dtype, file, offset,
 //          numel, shape, dequantize, (scale key, dtype, file, offset, grid rows, cols, block rows, cols,
@@ -15,7 +15,7 @@
 namespace shardcast {
 namespace {
 
-constexpr const char* kVersion = "shardcast-manifest-7";
+constexpr const char* kVersion = "shardcast-manifest-8";
 
 class Writer {
  public:
@@ -107,6 +107,7 @@ std::string EncodeManifest(const Manifest& m) {
     w.Str(f.name);
     w.U64(f.size);
     w.U64(f.digest);
+    w.U64(f.sample);
   }
   w.U64(m.layouts.size());
   for (const Layout& l : m.layouts) {
@@ -194,11 +195,12 @@ Manifest DecodeManifest(const std::string& bytes) {
   p.staging_slots = static_cast<uint32_t>(r.U64());
   p.verify = r.U64() != 0;
   p.strict_keys = r.U64() != 0;
-  m.files.resize(r.Count(24));
+  m.files.resize(r.Count(32));
   for (ManifestFile& f : m.files) {
     f.name = r.Str();
     f.size = r.U64();
     f.digest = r.U64();
+    f.sample = r.U64();
   }
   m.layouts.resize(r.Count(24));
   for (Layout& l : m.layouts) {

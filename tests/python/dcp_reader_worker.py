@@ -30,11 +30,13 @@ MODE "groups" (world 3): loads over another group than the default one, with the
   timeout, 10 minutes by default)
 MODE "truncated": this rank's own copy of the checkpoint (ROOT/copy-<rank>/llama, read as "llama" from
   ROOT/copy-<rank>: one path on every rank, as a checkpoint copied to each node's disk) is read; the test truncated
-  rank 1's. MODE "kill": SHARDCAST_FAULT kills a rank mid-stream. Both write the exception each survivor
+  rank 1's. MODE "other_values": each rank reads its own copy by its own path (ROOT/values-<rank>/llama); the
+  test changed values in rank 1's, its headers kept. MODE "kill": SHARDCAST_FAULT kills a rank mid-stream. Both write the exception each survivor
   raised. MODE "scenarios": several modes in turn, in these processes (ranks.each_scenario).
 """
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -321,11 +323,14 @@ def run(mode, root, rank, world):
             problems = []
             result["seconds"] = groups(root, world, problems)
             result["problems"] = problems
-        elif mode in ("truncated", "kill"):
+        elif mode in ("truncated", "kill", "other_values"):
             path = os.path.join(root, "llama")
             if mode == "truncated":
                 os.chdir(os.path.join(root, f"copy-{rank}"))
                 path = "llama"
+            if mode == "other_values":  # each rank its own copy, named by a path of its own
+                path = os.path.join(root, f"values-{rank}", "llama")
+            start = time.monotonic()
             keys = checkpoint_keys(os.path.join(root, "llama"))
             sd = state_dict(keys, world)
             try:
@@ -335,6 +340,7 @@ def run(mode, root, rank, world):
                 result["error"] = f"{type(e).__name__}: {e}"
                 failures = getattr(e, "failures", None) or {rank: (e, None)}  # CheckpointException: per rank
                 result["shardcast"] = sorted({f"{type(x[0]).__name__}: {x[0]}" for x in failures.values()})
+            result["seconds"] = time.monotonic() - start
     except Exception:  # noqa: BLE001
         result["crash"] = traceback.format_exc()
     return result

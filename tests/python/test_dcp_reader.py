@@ -85,9 +85,23 @@ def truncated(root):
 
 
 @pytest.fixture(scope="module")
-def run(root, truncated, tmp_path_factory):
+def other_values(root):
+    """ROOT/values-<rank>/llama for 3 ranks, rank 1's first file with its last 64 bytes changed (its header
+    kept): the file."""
+    for r in range(3):
+        shutil.copytree(root / "llama", root / f"values-{r}" / "llama", dirs_exist_ok=True)
+    victim = sorted(p for p in (root / "values-1" / "llama").iterdir() if p.suffix == ".safetensors")[0]
+    data = bytearray(victim.read_bytes())
+    data[-64:] = bytes(b ^ 0xFF for b in data[-64:])
+    victim.write_bytes(bytes(data))
+    return victim
+
+
+@pytest.fixture(scope="module")
+def run(root, truncated, other_values, tmp_path_factory):
     """run(scenario, world): its per-rank results, one launch per world size (rank start-up dominates)."""
-    return ranks.Scenarios(WORKER, tmp_path_factory, {3: ["compare", "truncated", "groups"], 4: ["compare"]}, root=root)
+    return ranks.Scenarios(WORKER, tmp_path_factory, {3: ["compare", "truncated", "other_values", "groups"],
+                                                      4: ["compare"]}, root=root)
 
 
 @pytest.mark.parametrize("world", [3, 4])
@@ -110,6 +124,18 @@ def test_truncated_copy_on_one_rank_fails_every_rank(run, truncated):
     agreed = [r["shardcast"] for r in results]
     assert agreed[0] and all(a == agreed[0] for a in agreed), agreed
     assert any(victim.name in line and "rank 1" in line for line in agreed[0]), agreed[0]
+
+
+def test_a_rank_given_another_checkpoint_with_the_same_headers_fails_every_rank(run, other_values):
+    """Each rank names its own copy by a path of its own; rank 1's holds other values under the same headers
+    (another step of the run). It once loaded a mix of both (each-rank), or, its path not rank 0's, waited
+    for rank 0's headers under its own path until the timeout; now the same error on every rank, at once."""
+    results = run("other_values", 3)
+    assert all(r.get("error") for r in results), results
+    agreed = [r["shardcast"] for r in results]
+    assert agreed[0] and all(a == agreed[0] for a in agreed), agreed
+    assert any(other_values.name in line and "data differs between rank 0 and rank 1" in line for line in agreed[0])
+    assert all(r["seconds"] < 15 for r in results), [r["seconds"] for r in results]
 
 
 def test_no_dist_and_subgroup_loads_need_no_reader_told_the_group(run):

@@ -335,6 +335,22 @@ TEST_F(LoadTest, EachRankMatchesFilesByNameNeverByNumber) {
   ASSERT_FALSE(victim.empty());
   ExpectSameError(Run(3, "own_view", "qwen", "qwen", "each-rank"), "ManifestMismatch",
                   {"[rank 1]", ("file '" + victim + "'").c_str(), "header differs between rank 0 and rank 1"});
+  // The same header with other values (another step of the same run, a copy with other weights): found by
+  // the data samples (here its last bytes), before any read. It once loaded a mix of both checkpoints.
+  fs::remove_all(copy);
+  fs::copy(Path("qwen"), copy);
+  victim.clear();
+  for (const auto& f : fs::directory_iterator(copy)) {
+    if (f.path().extension() != ".safetensors") continue;
+    std::string bytes = testing::ReadFile(f.path());
+    for (size_t i = bytes.size() - 64; i < bytes.size(); ++i) bytes[i] = static_cast<char>(~bytes[i]);
+    testing::WriteFile(f.path(), bytes);
+    victim = f.path().filename();
+    break;
+  }
+  ASSERT_FALSE(victim.empty());
+  ExpectSameError(Run(3, "own_view", "qwen", "qwen", "each-rank"), "ManifestMismatch",
+                  {"[rank 1]", ("file '" + victim + "'").c_str(), "data differs between rank 0 and rank 1"});
   fs::remove_all(copy);
 }
 

@@ -6,15 +6,13 @@ headers and the others wait for the result on the group's store with the operati
 that hears nothing raises CommTimeout naming the store's host, and a lost store CommError; it never waits
 for ever, not even on a frozen rank 0 (shardcast._exchange._through_store).
 
-Callers also ask rank 0 alone: transformers' consolidate_distributed_checkpoint calls read_metadata on one
-rank. (`dcp.load(..., no_dist=True)` does not ask: its rank reads for itself, see dcp_run.) So an exchange
-is not numbered per group, where such a call would put rank 0 one number ahead of the others for good (and
-hand them the answer to another question). It is numbered per topic (the checkpoint's path as the ranks
-name it, one string on every rank whatever each node's copy holds): rank 0 publishes its n-th answer on a
-topic as that topic's latest and marks generation n done; a rank making its n-th call on the topic waits for
-generation n and takes the latest answer. After a solo call by rank 0 the others are handed its newer
-answer on the same topic, never an answer on another. (A call outside DCP on another rank than 0 does not
-ask: it reads for itself, _hf_reader.py.)
+Only calls inside a dcp.load over the group come here, on every rank of it at once: a call outside DCP
+(transformers' consolidate_distributed_checkpoint asks rank 0 alone; a script may ask any rank) and a
+`dcp.load(..., no_dist=True)` read for themselves (_hf_reader.py), so the exchanges are numbered per group
+and every rank's n-th is rank 0's n-th, whatever path each rank names the checkpoint by (each node's copy
+may have its own). A rank given other files than rank 0's is found by read_data's agreement, which matches
+every rank's files with rank 0's (their names, sizes, headers and first data bytes); numbered by path, as it
+once was, such a rank waited for an answer under its own path until the timeout.
 """
 from __future__ import annotations
 
@@ -28,7 +26,7 @@ from .. import _shardcast
 from .._exchange import _left, _through_store, channel
 from .._group import _group
 
-_CALLS: Dict[Tuple[str, str], int] = {}  # (group, topic) -> this process's calls on it so far
+_CALLS: Dict[str, int] = {}  # group -> this process's exchanges over it so far
 _PREFIX = "shardcast/dcp/agree/"
 
 
@@ -39,18 +37,18 @@ def _raise(kind: str, message: str):
     raise cls(message)
 
 
-def on_rank0(process_group, compute: Callable[[], Any], timeout_s: float, what: str, topic: str) -> Any:
+def on_rank0(process_group, compute: Callable[[], Any], timeout_s: float, what: str) -> Any:
     """compute() on rank 0 of `process_group` (the default group when None; this process alone where
-    torch.distributed is not running), its JSON result on every rank. When compute() raises on rank 0,
-    every rank raises the same ShardcastError subclass with the same message (another exception type
-    becomes InternalError naming it). `topic`: what is asked (the checkpoint's path)."""
+    torch.distributed is not running), its JSON result on every rank; every rank of the group calls it
+    together. When compute() raises on rank 0, every rank raises the same ShardcastError subclass with the
+    same message (another exception type becomes InternalError naming it)."""
     pg, rank, world, store = _group(process_group)
     if world == 1 or store is None:
         return compute()
     import torch.distributed as dist
     name = dist.distributed_c10d._get_process_group_name(pg)
-    n = _CALLS[(name, topic)] = _CALLS.get((name, topic), 0) + 1
-    base = f"{_PREFIX}{hashlib.sha256(topic.encode()).hexdigest()[:32]}"
+    n = _CALLS[name] = _CALLS.get(name, 0) + 1
+    key = f"{_PREFIX}{hashlib.sha256(name.encode()).hexdigest()[:32]}/{n}"
     if rank == 0:
         error = None
         try:
@@ -62,13 +60,9 @@ def on_rank0(process_group, compute: Callable[[], Any], timeout_s: float, what: 
             reply = ["failed", "InternalError", f"{what} on rank 0: {type(e).__name__}: {e}"]
             error = _shardcast.InternalError(reply[2])
             error.__cause__ = e
-
-        def publish(s):  # the answer first, then its generation; under a deadline, as every store call here
-            s.set(f"{base}/latest", json.dumps(reply))
-            s.set(f"{base}/done/{n}", "1")
-
-        try:
-            _through_store(channel(pg, store), publish, timeout_s, f"rank 0: {what}, told to the others")
+        try:  # under a deadline, as every store call here
+            _through_store(channel(pg, store), lambda s: s.set(key, json.dumps(reply)), timeout_s,
+                           f"rank 0: {what}, told to the others")
         except _shardcast.ShardcastError as lost:
             if error is not None:  # rank 0's own failure is the cause; the others hear of it by their timeout
                 raise error from lost
@@ -79,8 +73,8 @@ def on_rank0(process_group, compute: Callable[[], Any], timeout_s: float, what: 
     deadline = time.monotonic() + timeout_s
 
     def fetch(s):
-        s.wait([f"{base}/done/{n}"], _left(deadline))
-        return json.loads(s.get(f"{base}/latest"))
+        s.wait([key], _left(deadline))
+        return json.loads(s.get(key))
 
     reply = _through_store(channel(pg, store), fetch, timeout_s, f"rank {rank}: {what} from rank 0")
     if reply[0] == "ok":

@@ -139,16 +139,14 @@ class HuggingFaceStorageReader(_TorchReader):
 
     def _tensors(self) -> List[list]:
         run = dcp_run()
-        if run is not None and not run[0]:  # dcp.load(no_dist=True): no other rank reads with this one
+        if run is None or not run[0]:
+            # dcp.load(no_dist=True), or a call outside DCP (transformers' consolidation asks rank 0 alone; a
+            # script inspecting the keys, as torch's reader allows, any rank): no other rank reads with this
+            # one, so it reads for itself.
             return self._scan()
-        if run is None and _group(self._group_arg())[1] != 0:
-            # Called outside DCP on a rank other than 0 (a script inspecting the keys, as torch's reader
-            # allows): rank 0 does not answer a call it does not make, so this rank reads for itself.
-            return self._scan()
-        # the topic is the path as given: every rank names the checkpoint by the same path, whatever each
-        # node's copy holds there (the agreement in read_data catches a copy that differs)
-        return on_rank0(self._group_arg(), self._scan, self._timeout_s(), "the checkpoint's headers",
-                        os.fspath(self.path))
+        # rank 0's reading, whatever path each rank names its copy by: read_data's agreement catches a copy
+        # that differs
+        return on_rank0(self._group_arg(), self._scan, self._timeout_s(), "the checkpoint's headers")
 
     def read_metadata(self) -> Metadata:
         """The Metadata torch's reader builds (one whole-tensor chunk per key, the file's dtype and shape),
