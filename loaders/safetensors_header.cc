@@ -267,7 +267,7 @@ void CheckCoverage(std::string_view file, const Header& h) {
     prev = t;
   }
   if (expected != h.data_bytes) {
-    Fail(file, "tensors cover data bytes " + ByteRangeText(0, expected) + " but the data area is " +
+    Fail(file, "tensors cover data " + ByteRangeText(0, expected) + " but the data area is " +
                    ByteRangeText(0, h.data_bytes) +
                    (expected < h.data_bytes ? " (trailing bytes after the last tensor)"
                                             : " (the file is truncated)"));

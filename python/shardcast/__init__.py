@@ -61,5 +61,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def __dir__():
-    return sorted(set(globals()) | set(_PUBLIC))
+def __dir__():  # the package's names, not the tools of this file (annotations, importlib, TYPE_CHECKING)
+    return sorted((set(globals()) - {"annotations", "importlib", "TYPE_CHECKING"}) | set(_PUBLIC))

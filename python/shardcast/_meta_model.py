@@ -5,6 +5,7 @@ experts) in place of the plain ones, so both hold the same tensors with the same
 """
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 from typing import Any, Dict, List, Optional
 
@@ -42,8 +43,26 @@ def _keep_in_fp32(model, dtype: Optional[torch.dtype]) -> None:
                 module._buffers[leaf] = b.to(torch.float32)
 
 
-def _build_meta(config, dtype: Optional[torch.dtype], trust_remote_code: bool, model_cls=None):
-    """The model on meta: model_cls (default AutoModelForCausalLM) built from `config` in `dtype`."""
+def _untied():
+    """transformers' own context for building a model whose tied weights stay apart (its from_pretrained
+    builds under it, lays the model out with distributed_config's plans, loads, then ties): a TP plan names
+    lm_head.weight, which a tied model does not hold as a parameter of its own. A null context where
+    transformers has none."""
+    try:
+        from transformers import initialization
+        return initialization.no_tie_weights()
+    except (ImportError, AttributeError):
+        return contextlib.nullcontext()
+
+
+def _build_meta(config, dtype: Optional[torch.dtype], trust_remote_code: bool, model_cls=None, untied: bool = False):
+    """The model on meta: model_cls (default AutoModelForCausalLM) built from `config` in `dtype`; with
+    `untied`, its tied weights left apart, as transformers builds a model it lays out by distributed_config."""
+    with _untied() if untied else contextlib.nullcontext():
+        return _build_meta_tied(config, dtype, trust_remote_code, model_cls)
+
+
+def _build_meta_tied(config, dtype: Optional[torch.dtype], trust_remote_code: bool, model_cls=None):
     from transformers import AutoModelForCausalLM
     if model_cls is not None and model_cls is not AutoModelForCausalLM:
         return _build_meta_with(model_cls, config, dtype, trust_remote_code)

@@ -64,6 +64,9 @@ def resolve_checkpoint(path_or_repo_id: Union[str, os.PathLike], revision: Optio
         return name
     if os.path.exists(name):
         raise InvalidArgument(f"'{name}' is a file: pass the checkpoint's directory (config.json and *.safetensors)")
+    if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:  # a path, never a repo id ("org/name")
+        raise CheckpointError(f"'{name}': no such directory (a checkpoint directory holds config.json and "
+                              "*.safetensors)")
     try:
         from huggingface_hub import snapshot_download
         from huggingface_hub import constants
@@ -342,7 +345,7 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
                 raise failed
             _import_modeling(config, model_cls)
             clock.lap("import")
-            model = _build_meta(config, dtype, trust_remote_code, model_cls)
+            model = _build_meta(config, dtype, trust_remote_code, model_cls, untied=dc is not None)
             if keep_quantized:
                 _quantized_layout(model, config, path, dtype)
             prepare(model, config=config, target=target or "cpu", buffer_init=buffer_init)

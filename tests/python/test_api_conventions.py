@@ -141,3 +141,9 @@ def test_from_pretrained_reads_dtype_auto_as_transformers_does(tmp_path):
 def test_from_pretrained_names_a_keyword_load_does_not_take(tmp_path):
     with pytest.raises(shardcast.InvalidArgument, match="strict_key.*takes"):
         shardcast.from_pretrained(str(tmp_path), strict_key=True)
+
+
+def test_dir_lists_the_package_names_not_its_implementation_tools():
+    names = set(dir(shardcast))
+    assert {"from_pretrained", "load", "save", "prepare", "LoadReport", "ShardcastError", "__version__"} <= names
+    assert not names & {"annotations", "importlib", "TYPE_CHECKING"}, sorted(names)

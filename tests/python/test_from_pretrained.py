@@ -133,6 +133,11 @@ def test_repo_id_not_in_cache_is_a_checkpoint_error(tmp_path, monkeypatch):
     f.write_bytes(b"")
     with pytest.raises(shardcast.InvalidArgument):
         shardcast._pretrained.resolve_checkpoint(f)
+    # a path that is not there is not looked up as a repo id (the cache's advice would be noise)
+    for missing in (str(tmp_path / "nonexistent"), "./nonexistent", "runs/step-100/hf"):
+        with pytest.raises(shardcast.CheckpointError, match="no such directory") as e:
+            shardcast._pretrained.resolve_checkpoint(missing)
+        assert "hf download" not in str(e.value)
 
 
 def test_shard_units_follow_no_split_modules():
