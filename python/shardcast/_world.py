@@ -195,7 +195,16 @@ def _parallelize(model, config, dc, trust_remote_code: bool):
     """Lays out the meta model with transformers' own plans (TP, EP, then FSDP2/HSDP), as its
     from_pretrained(distributed_config=...) does between building the model and loading weights."""
     cls = type(model) if hasattr(type(model), "maybe_distribute_model") else _model_class(config, trust_remote_code)
-    dc, _, mesh_manager = cls.prepare_distribute_model(dc, device_map=None)
-    if mesh_manager is None:  # every size 1: nothing to lay out
-        return model
-    return cls.maybe_distribute_model(model, dc, mesh_manager)
+    try:
+        dc, _, mesh_manager = cls.prepare_distribute_model(dc, device_map=None)
+        if mesh_manager is None:  # every size 1: nothing to lay out
+            return model
+        return cls.maybe_distribute_model(model, dc, mesh_manager)
+    except ValueError as e:  # transformers' word for a layout its plans cannot make: the caller's sizes
+        raise InvalidArgument(f"distributed_config {_sizes(dc)}: {e}") from e
+
+
+def _sizes(dc) -> str:
+    """The sizes a DistributedConfig sets, as text ("tp_size=2, fsdp_size=2")."""
+    names = ("tp_size", "ep_size", "fsdp_size", "dp_replicate_size", "pp_size")
+    return ", ".join(f"{n}={getattr(dc, n)}" for n in names if getattr(dc, n, None) not in (None, 1)) or "(every size 1)"

@@ -307,13 +307,26 @@ def _training(world, layout, rank, steps):
     return model, config, adapter_cls, optimizers, schedulers, _Loader(rank, world, 100 * steps + rank)
 
 
-def _manager(cls, root, folder, trained, **config):
+class _Custom:
+    """A state of the user's own (CheckpointManager's `states`) holding a value that is not plain data."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def state_dict(self):
+        return {"value": self.value}
+
+    def load_state_dict(self, state):
+        self.value = state["value"]
+
+
+def _manager(cls, root, folder, trained, states=None, **config):
     model, model_config, adapter_cls, optimizers, schedulers, loader = trained
     # hf_assets_path: the adapter reads the HF checkpoint's file for each key (fqn_to_index_mapping) from it
     adapter = adapter_cls(model_config, os.path.join(root, STATE_MODEL))
     return cls.Config(enable=True, folder=folder, interval=1, keep_latest_k=0, **config).build(
-        dataloader=loader, model_parts=[model], optimizers=optimizers, lr_schedulers=schedulers, states={},
-        sd_adapter=adapter, base_folder=root)
+        dataloader=loader, model_parts=[model], optimizers=optimizers, lr_schedulers=schedulers,
+        states=states or {}, sd_adapter=adapter, base_folder=root)
 
 
 def _state_crcs(model, optimizers, schedulers, loader):
@@ -363,6 +376,16 @@ def training_state(root, rank, world):
         assert manager.load(), folder
         out["local"][name], out["whole"][name] = _state_crcs(fresh[0], *fresh[3:])
         out["files"][name] = sorted(os.listdir(os.path.join(root, folder, f"step-{out['steps'][name]}")))
+    # a state of the user's with a value that is not plain data: kept as torch.save bytes where the manager's
+    # config allows pickles
+    from fractions import Fraction
+    custom = _Custom(Fraction(1, 3))  # one value for every rank: DCP keeps one copy of a key's bytes
+    _manager(ShardcastManager, root, "state-pickled", trained, states={"custom": custom}, allow_pickle=True).save(
+        curr_step=2)
+    custom.value = None
+    fresh = _training(world, "fsdp", rank, steps=0)
+    assert _manager(ShardcastManager, root, "state-pickled", fresh, states={"custom": custom}, allow_pickle=True).load()
+    out["pickled"] = {"value": repr(custom.value), "model": _state_crcs(fresh[0], *fresh[3:])[1] == out["saved"]}
     # initial_load_in_hf through shardcast's manager: a fresh FSDP 4 job with an empty folder loads the HF
     # checkpoint (the adapter's torch reader swapped for shardcast's)
     from safetensors.torch import load_file

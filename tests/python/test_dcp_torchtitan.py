@@ -134,3 +134,10 @@ def test_a_torch_hf_reader_becomes_shardcasts_with_its_arguments(tmp_path):
     assert (str(plain.path), plain.thread_count) == (str(tmp_path), 2)
     own = shardcast.dcp.HuggingFaceStorageReader(str(tmp_path))
     assert shardcast_reader(own) is own
+
+
+def test_a_state_that_is_not_plain_data_round_trips_where_the_config_allows_pickles(loaded):
+    """CheckpointManager.Config(allow_pickle=True): a user's state holding a Fraction (not plain data, which
+    shardcast's writer refuses by default) comes back, beside the whole training state."""
+    for rank, result in enumerate(loaded("state")):
+        assert result["pickled"] == {"value": "Fraction(1, 3)", "model": True}, (rank, result["pickled"])

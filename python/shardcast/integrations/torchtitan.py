@@ -69,7 +69,17 @@ class CheckpointManager(_TitanManager):
 
     @dataclasses.dataclass(kw_only=True, slots=True)
     class Config(_TitanManager.Config):
-        """torchtitan's checkpoint config, field for field."""
+        """torchtitan's checkpoint config, field for field, and shardcast's own below."""
+
+        allow_pickle: bool = False
+        """Values in the training state that are not plain data (an Enum, a set, a class of the user's in a
+        state_dict()) kept as torch.save bytes (shardcast.dcp.StorageWriter/StorageReader's allow_pickle),
+        where by default such a value fails the save on every rank, naming its key. torchtitan's own states
+        (model, optimizers, LR schedulers, dataloader, train_state) are plain data."""
+
+    def __init__(self, config: Config, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        self.allow_pickle = getattr(config, "allow_pickle", False)
 
     @torch.no_grad()
     def dcp_save(self, state_dict: Dict[str, Any], checkpoint_id: str, async_mode: AsyncMode,
@@ -80,7 +90,7 @@ class CheckpointManager(_TitanManager):
             writer = _sdcp.HuggingFaceStorageWriter(checkpoint_id,
                                                     fqn_to_index_mapping=self.sd_adapter.fqn_to_index_mapping)
         else:
-            writer = _sdcp.StorageWriter(checkpoint_id)
+            writer = _sdcp.StorageWriter(checkpoint_id, allow_pickle=self.allow_pickle)
         if async_mode == AsyncMode.ASYNC:
             ret = dcp.async_save(state_dict, storage_writer=writer, process_group=self.pg)
         elif async_mode == AsyncMode.ASYNC_WITH_PINNED_MEM:
@@ -101,7 +111,7 @@ class CheckpointManager(_TitanManager):
             dcp.load(hf_state_dict, storage_reader=reader)
             self.states[MODEL].load_state_dict(self.sd_adapter.from_hf(hf_state_dict))
         elif _sdcp.StorageReader.validate_checkpoint_id(checkpoint_id):
-            dcp.load(state_dict, storage_reader=_sdcp.StorageReader(checkpoint_id))
+            dcp.load(state_dict, storage_reader=_sdcp.StorageReader(checkpoint_id, allow_pickle=self.allow_pickle))
             if MODEL in self.states:  # as torchtitan's: the model's states are flattened into state_dict
                 self.states[MODEL].load_state_dict(state_dict)
         else:  # torch's own format: a step saved before shardcast was the storage
