@@ -100,6 +100,9 @@ def _launch(script, mode, root, world, out, port, env, timeout, rank_env, faulte
     base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
                 TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1",
                 SHARDCAST_TEST_FAULTS="1", SHARDCAST_STREAM_BESIDE_BUILD="1", **env)
+    if base.get("PYTHONPATH"):  # the ranks run elsewhere than this process: a relative entry would not resolve
+        base["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else p
+                                             for p in base["PYTHONPATH"].split(os.pathsep))
     envs = [{**base, "RANK": str(r), "LOCAL_RANK": str(r), **(rank_env(r) if rank_env else {})} for r in range(world)]
     procs = start(os.path.join(HERE, script), [mode, str(root), str(out)], envs, fork=fork)
     # The survivors first; a faulted rank (killed or frozen on purpose) is given a moment once they are
