@@ -10,6 +10,7 @@
 
 #include "allocators/error.h"
 #include "runtime/agree/failure.h"
+#include "runtime/agree/verdict.h"
 #include "runtime/comm/c10d_backend.h"
 #include "runtime/comm/gloo_group.h"
 #include "runtime/comm/gloo_groups.h"
@@ -98,6 +99,15 @@ struct AgreedGroup {
   bool reused = false;  // a kept group, ready since the operation that made it
 };
 
+// A timed-out wait for gloo's addresses names the ranks that never published theirs (c10d names only keys).
+std::string WithAbsentRanks(const std::string& m, int world_size) {
+  if (!LooksLikeTimeout(m)) return m;
+  const std::vector<int> ranks = RanksOfTimedOutKeys(m, world_size);
+  if (ranks.empty()) return m;
+  return m + " (no address from " + (ranks.size() == 1 ? "rank " : "ranks ") + RankList(ranks) +
+         ": died, frozen, or not in the same shardcast operation)";
+}
+
 }  // namespace
 
 std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c10d::Store> store, int rank,
@@ -123,11 +133,11 @@ std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c
   } catch (const Error& e) {
     throw Error(e.kind(), where, e.what());
   } catch (const c10::Error& e) {
-    const std::string m = CleanC10dMessage(e.what_without_backtrace());
-    throw Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, m);
+    throw Error(LooksLikeTimeout(e.what_without_backtrace()) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where,
+                WithAbsentRanks(CleanC10dMessage(e.what_without_backtrace()), world_size));
   } catch (const std::exception& e) {
-    const std::string m = CleanC10dMessage(e.what());
-    throw Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, m);
+    throw Error(LooksLikeTimeout(e.what()) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where,
+                WithAbsentRanks(CleanC10dMessage(e.what()), world_size));
   }
   if (!agreed) {
     throw Error(ErrorKind::kCommTimeout, where,

@@ -2,6 +2,7 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -19,6 +20,28 @@ bool LooksLikeTimeout(const std::string& what) {
     if (what.find(s) != std::string::npos) return true;
   }
   return false;
+}
+
+std::vector<int> RanksOfTimedOutKeys(const std::string& what, int world_size) {
+  const size_t at = what.find("keys: ");
+  if (at == std::string::npos) return {};
+  std::vector<int> ranks;
+  size_t begin = at + 6;
+  while (begin < what.size()) {
+    size_t end = what.find_first_of(", )\n", begin);
+    if (end == std::string::npos) end = what.size();
+    const std::string key = what.substr(begin, end - begin);
+    const size_t slash = key.find_last_of('/');
+    const std::string last = slash == std::string::npos ? key : key.substr(slash + 1);
+    if (last.empty() || last.size() > 9 || last.find_first_not_of("0123456789") != std::string::npos) return {};
+    const int rank = std::stoi(last);
+    if (rank >= world_size) return {};
+    if (std::find(ranks.begin(), ranks.end(), rank) == ranks.end()) ranks.push_back(rank);
+    begin = what.find_first_not_of(", ", end);
+    if (begin == std::string::npos || what[begin] == ')' || what[begin] == '\n') break;
+  }
+  std::sort(ranks.begin(), ranks.end());
+  return ranks;
 }
 
 namespace {

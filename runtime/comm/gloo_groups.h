@@ -62,4 +62,9 @@ std::string AgreeOnGroup(c10d::Store& store, const std::string& mine, int rank, 
 // c10d's and gloo's timeouts, told by their messages (everything else is a comm failure).
 bool LooksLikeTimeout(const std::string& what);
 
+// The ranks whose addresses a timed-out store wait was for, read from c10d's message ("... keys:
+// /default_pg/0//shardcast/op/0/0/1, ..."): gloo's rendezvous keys each end in the rank that sets it. Empty
+// where the message names no keys, or a key that does not end in a rank of [0, world_size).
+std::vector<int> RanksOfTimedOutKeys(const std::string& what, int world_size);
+
 }  // namespace shardcast

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -13,6 +14,7 @@
 #include "allocators/error.h"
 #include "runtime/comm/c10d_communicator.h"
 #include "runtime/comm/gloo_group.h"
+#include "runtime/comm/gloo_groups.h"
 
 namespace shardcast {
 namespace {
@@ -116,6 +118,29 @@ TEST(LazyGlooGroupFaults, AFirstContactWithAFrozenStoreEndsWithinTheTimeout) {
     EXPECT_LT(seconds[r], 2 * timeout.count() / 1000.0 + 1) << "rank " << r;
   }
   std::this_thread::sleep_for(milliseconds(100));
+}
+
+// Regression (an outside trial): a rank that agreed on the group and died before publishing its address
+// left the others a CommTimeout naming a store key, not the rank.
+TEST(GlooGroupMessages, ATimedOutWaitForAddressesNamesTheRanksThatNeverPublishedOne) {
+  c10d::TCPStoreOptions so;
+  so.port = 0;
+  so.isServer = true;
+  so.numWorkers = 1;
+  so.timeout = milliseconds(2000);
+  auto tcp = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+  c10d::PrefixStore store("/default_pg/0//shardcast/op/0/0", tcp);
+  std::string message;
+  try {
+    store.wait({"1", "3"}, milliseconds(50));
+  } catch (const c10::Error& e) {
+    message = e.what_without_backtrace();
+  }
+  ASSERT_TRUE(LooksLikeTimeout(message)) << message;  // c10d's own words, whatever they become
+  EXPECT_EQ(RanksOfTimedOutKeys(message, 4), (std::vector<int>{1, 3})) << message;
+  EXPECT_TRUE(RanksOfTimedOutKeys(message, 2).empty()) << "a key past the world is no rank of it";
+  EXPECT_TRUE(RanksOfTimedOutKeys("wait timeout after 50ms, keys: /op/0/ready", 4).empty());
+  EXPECT_TRUE(RanksOfTimedOutKeys("Connection reset by peer", 4).empty());
 }
 
 }  // namespace
