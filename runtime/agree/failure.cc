@@ -5,9 +5,6 @@
 namespace shardcast {
 namespace {
 
-constexpr std::chrono::milliseconds kFetchWait{3000};
-constexpr std::chrono::milliseconds kAckWait{3000};
-
 FailureNote NoteOf(const std::exception& e) {
   if (auto* se = dynamic_cast<const Error*>(&e)) return FailureNote{se->kind(), se->what()};
   return FailureNote{ErrorKind::kInternal, e.what()};
@@ -30,11 +27,11 @@ void FailTogether(Communicator& comm, const std::exception& e, const char* phase
   const bool comm_failure = IsCommFailure(e);
   if (!comm_failure) mine.message = "rank " + std::to_string(comm.rank()) + ": " + mine.message;
   std::optional<FailureNote> agreed;
-  if (comm.rank() != 0 && comm_failure) agreed = comm.FetchFailure(kFetchWait);
+  if (comm.rank() != 0 && comm_failure) agreed = comm.FetchFailure(kFailureFetchWait);
   if (!agreed) agreed = comm.PublishFailure(mine);
   const FailureNote final = agreed.value_or(mine);
   comm.Abort();  // peers blocked on us fail now, and fetch the message
-  if (comm.rank() == 0) comm.AwaitFailureAcks(comm.world_size() - 1, kAckWait);
+  if (comm.rank() == 0) comm.AwaitFailureAcks(comm.world_size() - 1, kFailureAckWait);
   throw Error(final.kind, phase, final.message);
 }
 

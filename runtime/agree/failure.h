@@ -9,6 +9,7 @@
 // without a deadline.
 #pragma once
 
+#include <chrono>
 #include <exception>
 
 #include "allocators/error.h"
@@ -16,6 +17,10 @@
 #include "runtime/agree/verdict.h"
 
 namespace shardcast {
+
+// How long a rank whose collective failed waits for a published cause, and rank 0 for the others to take it.
+inline constexpr std::chrono::milliseconds kFailureFetchWait{3000};
+inline constexpr std::chrono::milliseconds kFailureAckWait{3000};
 
 // Always throws shardcast::Error, context "load" (or `phase`), with the agreed kind and message.
 [[noreturn]] void FailTogether(Communicator& comm, const std::exception& e, const char* phase = "load");

@@ -14,8 +14,8 @@
 namespace shardcast {
 namespace {
 
-constexpr const char* kPoints[] = {"group",      "handshake",   "allocate", "stream", "verify",
-                                   "save-write", "save-commit", "metadata"};
+constexpr const char* kPoints[] = {"make",   "group",      "handshake",   "allocate", "stream",
+                                   "verify", "save-write", "save-commit", "metadata"};
 constexpr const char* kActions[] = {"kill", "stop", "term", "exit", "enomem"};
 
 template <size_t N>
@@ -84,7 +84,7 @@ FaultSpec ParseFaultSpec(const char* value, const char* test_switch) {
   if (!rank) bad("rank \"" + parts[0] + "\" is not a rank number");
   if (!OneOf(parts[1], kPoints)) {
     bad("point \"" + parts[1] +
-        "\" is not group, handshake, allocate, stream, verify, save-write, save-commit or metadata");
+        "\" is not make, group, handshake, allocate, stream, verify, save-write, save-commit or metadata");
   }
   if (!OneOf(parts[2], kActions)) bad("action \"" + parts[2] + "\" is not kill, stop, term, exit or enomem");
   const std::optional<long> nth = parts.size() == 4 ? Number(parts[3], 1, 1L << 30) : std::optional<long>(1);

@@ -5,7 +5,8 @@
 //   SHARDCAST_FAULT="RANK:POINT:ACTION[:N]"   at the N-th time (default 1) rank RANK passes POINT
 //   SHARDCAST_TEST_FAULTS=1                   required: without it a fault is never injected
 //
-// Points: group (this rank's Gloo group made, before the barrier that readies it on every rank),
+// Points: make (the store reached, before this rank makes its Gloo group), group (this rank's Gloo group
+// made, before the barrier that readies it on every rank),
 // handshake (before the manifest broadcast), allocate (before shard storage), stream (each
 // message this rank takes part in), verify (before the digest exchange), save-write, save-commit,
 // metadata (rank 0, before it reads the checkpoint's headers for shardcast.dcp's read_metadata).

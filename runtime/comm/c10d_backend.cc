@@ -133,8 +133,9 @@ void C10dCommunicator::BarrierAs(const std::string& what) {
 }
 
 // Readies a group just made (MakeGlooGroup) on every rank with its first collective, a barrier: no rank
-// goes on while a peer still makes its own group, so a fast rank's later failure cannot hit a peer that
-// is still making it. But a barrier tells a rank only that every rank entered it, not that every rank
+// goes on while a peer still makes its own group, so a fast rank's failure in the operation cannot hit a
+// peer that is still making it. (A rank that dies or freezes between its group and the barrier can: the
+// peer's making fails, and agrees with the others, FailMakingTogether in c10d_communicator.cc.) But a barrier tells a rank only that every rank entered it, not that every rank
 // left: a fast rank may leave, go on and die or freeze (or fail and abort its pairs) while a slow one
 // still waits in the barrier for its last message, or, in a lazy group, for a pair the barrier connects.
 // So the barrier is the operation's first step, under the failure agreement of `phase` like every later
@@ -154,18 +155,19 @@ void C10dCommunicator::BarrierAs(const std::string& what) {
 // 2 log2(W) pairs a rank at most, where a full mesh makes W - 1 (at W <= 4 they are the same pairs).
 //
 // A barrier that fails says nothing of who is missing, so every rank adds itself to the store's list of
-// those that entered it first, and rank 0 (whose failure note every rank raises, as it hosts the store)
-// names the ranks not on the list: they died or froze before it. One append a rank on the way in, one read
-// only on failure.
+// those that came to the group (kArrivedStep) first, and rank 0 (whose failure note every rank raises, as it
+// hosts the store) names the ranks not on the list: they died or froze before it. One append a rank on the
+// way in, one read only on failure. A rank whose making of the group failed (a peer died as it connected)
+// adds itself too, and agrees on the same note (c10d_communicator.cc, FailMakingTogether).
 void C10dCommunicator::Ready(const char* phase) {
   readying_ = true;
   try {
     FaultPoint("group", rank_);
-    channel_.Reach("ready", rank_);
+    channel_.Reach(kArrivedStep, rank_);
     try {
       BarrierAs("the barrier that readies this operation's Gloo group (" + std::to_string(size_) + " ranks)");
     } catch (const Error& e) {
-      throw WithMissing(e);
+      throw WithAbsentFromGroup(channel_, e, rank_, size_);
     }
   } catch (const std::exception& e) {
     FailTogether(*this, e, phase);
@@ -202,19 +204,16 @@ void C10dCommunicator::Abort() {
   }
 }
 
-// The ready barrier's failure, on rank 0 with the ranks that had not entered it where the store can say.
-// A peer killed before it fails the barrier at once (its pairs close), maybe before a live peer appended
-// itself: so a list with ranks on it is read again a moment later.
-Error C10dCommunicator::WithMissing(const Error& e) {
-  if (rank_ != 0) return e;
-  std::optional<std::vector<int>> missing = channel_.NotReached("ready", size_);
+Error WithAbsentFromGroup(StoreChannel& channel, const Error& e, int rank, int world_size) {
+  if (rank != 0) return e;
+  std::optional<std::vector<int>> missing = channel.NotReached(kArrivedStep, world_size);
   if (missing && !missing->empty()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
-    missing = channel_.NotReached("ready", size_);
+    missing = channel.NotReached(kArrivedStep, world_size);
   }
   if (!missing || missing->empty()) return e;
   return Error(e.kind(), "", std::string(e.what()) + " (" + RanksText(*missing) +
-                                 " had not entered it: died, froze or came late)");
+                                 " never came to the group: died, froze or came late)");
 }
 
 at::Tensor C10dCommunicator::Wrap(void* data, uint64_t bytes) {

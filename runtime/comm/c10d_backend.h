@@ -28,6 +28,15 @@ namespace shardcast {
 // The first line of a c10d/gloo message, without gloo's advice and source location.
 std::string CleanC10dMessage(const std::string& m);
 
+// The store's list of the ranks that came to an operation's Gloo group alive: each appends itself as its group
+// is made (before the barrier that readies it) or as making it fails. A rank not on it died or froze before.
+inline constexpr const char* kArrivedStep = "ready";
+
+// `e` on rank 0, with the ranks not on kArrivedStep's list added where the store can say; `e` elsewhere. A peer
+// killed just before fails the others at once (its pairs close), maybe before a live peer appended itself: so
+// a list with ranks on it is read again a moment later.
+Error WithAbsentFromGroup(StoreChannel& channel, const Error& e, int rank, int world_size);
+
 class C10dCommunicator : public Communicator {
  public:
   // store_host: who serves `store`, for the messages of a store that stops answering; store_at: where it
@@ -71,7 +80,6 @@ class C10dCommunicator : public Communicator {
  private:
   struct Pending;
 
-  Error WithMissing(const Error& e);
   at::Tensor Wrap(void* data, uint64_t bytes);
   void Wait(const c10::intrusive_ptr<c10d::Work>& work);
   // Runs one operation; any failure finishes the communicator and is re-raised in our terms.

@@ -7,9 +7,11 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 
 #include "allocators/error.h"
 #include "runtime/agree/failure.h"
+#include "runtime/agree/fault.h"
 #include "runtime/agree/verdict.h"
 #include "runtime/comm/c10d_backend.h"
 #include "runtime/comm/gloo_group.h"
@@ -96,7 +98,8 @@ namespace {
 struct AgreedGroup {
   c10::intrusive_ptr<c10d::Backend> backend;
   std::string token;
-  bool reused = false;  // a kept group, ready since the operation that made it
+  bool reused = false;        // a kept group, ready since the operation that made it
+  std::exception_ptr failed;  // the making of the group threw this (backend null): FailMakingTogether
 };
 
 // A timed-out wait for gloo's addresses names the ranks that never published theirs (c10d names only keys).
@@ -106,6 +109,44 @@ std::string WithAbsentRanks(const std::string& m, int world_size) {
   if (ranks.empty()) return m;
   return m + " (no address from " + (ranks.size() == 1 ? "rank " : "ranks ") + RankList(ranks) +
          ": died, frozen, or not in the same shardcast operation)";
+}
+
+// A group whose making failed on this rank while the store answers: a peer died or froze just after its
+// own group was made, before the barrier that readies it (FaultPoint "group"), or failed its own making,
+// and this rank's connects to it failed. Peers that made theirs fail in that barrier under FailTogether;
+// this rank joins the same agreement on the same store, so every survivor raises one error, rank 0's
+// (naming the ranks that never came to the group) or the store's loss. As FailTogether: rank 0
+// publishes, every other rank takes what is published within kFailureFetchWait, else publishes its own.
+[[noreturn]] void FailMakingTogether(const c10::intrusive_ptr<c10d::Store>& store, std::string store_host,
+                                     StoreAddress store_at, int rank, int world_size, const Error& e,
+                                     const char* phase) {
+  StoreChannel channel(store, std::move(store_host), std::move(store_at));
+  channel.Reach(kArrivedStep, rank);  // alive: not one of the ranks rank 0 names
+  const Error named = WithAbsentFromGroup(channel, e, rank, world_size);
+  const FailureNote mine{named.kind(), named.what()};
+  std::optional<FailureNote> agreed;
+  if (rank != 0) agreed = channel.Fetch(kFailureFetchWait);
+  if (!agreed) agreed = channel.Publish(mine);
+  if (rank == 0) channel.AwaitAcks(world_size - 1, kFailureAckWait);
+  const FailureNote final = agreed.value_or(mine);
+  throw Error(final.kind, phase, final.message);
+}
+
+// What the making of a group threw, as a communication error of ours.
+Error MakingError(const std::exception_ptr& failed, const std::string& where, int world_size) {
+  try {
+    std::rethrow_exception(failed);
+  } catch (const Error& e) {
+    return Error(e.kind(), where, e.what());
+  } catch (const c10::Error& e) {
+    const std::string m = CleanC10dMessage(e.what_without_backtrace());
+    return Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, WithAbsentRanks(m, world_size));
+  } catch (const std::exception& e) {
+    const std::string m = CleanC10dMessage(e.what());
+    return Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, WithAbsentRanks(m, world_size));
+  } catch (...) {
+    return Error(ErrorKind::kInternal, where, "the Gloo group threw a non-exception");
+  }
 }
 
 }  // namespace
@@ -120,9 +161,14 @@ std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c
   std::optional<KeptGroup> kept = TakeKept(store, rank, world_size, timeout);
   std::function<AgreedGroup()> make = [store, rank, world_size, timeout, master_addr, kept, absent]() -> AgreedGroup {
     const std::string decided = AgreeOnGroup(*store, kept ? kept->token : "", rank, world_size, timeout, absent);
-    if (decided.rfind("reuse ", 0) == 0) return {kept->backend, kept->token, /*reused=*/true};
-    return {MakeGlooGroup(store, rank, world_size, timeout, master_addr, kGlooConnect),
-            decided.substr(decided.find(' ') + 1)};
+    if (decided.rfind("reuse ", 0) == 0) return {kept->backend, kept->token, /*reused=*/true, nullptr};
+    const std::string token = decided.substr(decided.find(' ') + 1);
+    try {
+      FaultPoint("make", rank);
+      return {MakeGlooGroup(store, rank, world_size, timeout, master_addr, kGlooConnect), token, false, nullptr};
+    } catch (...) {
+      return {nullptr, token, false, std::current_exception()};
+    }
   };
   kept.reset();  // the lambda holds the only reference: a group not reused is torn down with it
   const std::string where = "rank " + std::to_string(rank) + ": this operation's Gloo group (" +
@@ -145,6 +191,10 @@ std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c
                     " ms: the store does not answer (the rank that hosts it died or is frozen), or a rank died "
                     "or froze while the group was made");
   }
+  if (agreed->failed) {
+    FailMakingTogether(store, std::move(store_host), AddressOf(store), rank, world_size,
+                       MakingError(agreed->failed, where, world_size), phase);
+  }
   auto comm = std::make_unique<C10dCommunicator>(std::move(agreed->backend), store, std::move(store_host), timeout,
                                                  c10::Device(c10::kCPU), /*owns=*/true, AddressOf(store));
   comm->token = agreed->token;
@@ -166,7 +216,11 @@ void ForgetGlooGroups() { ForgetKept(); }
 std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::chrono::milliseconds timeout,
                                                      const char* phase) {
   IgnoreBrokenPipes();
-  using Made = std::pair<c10::intrusive_ptr<c10d::Backend>, c10::intrusive_ptr<c10d::Store>>;
+  struct Made {
+    c10::intrusive_ptr<c10d::Backend> backend;
+    c10::intrusive_ptr<c10d::Store> store;
+    std::exception_ptr failed;  // the making of the group threw this, the store up: FailMakingTogether
+  };
   // The TCPStore client and gloo's rendezvous read the store with no deadline of their own: against a
   // frozen rank 0 they would wait forever. So the whole rendezvous runs under one deadline.
   std::function<Made()> make = [rv, timeout]() -> Made {
@@ -179,7 +233,12 @@ std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::
     if (rv.rank == 0 && rv.listen_fd >= 0) so.masterListenFd = rv.listen_fd;  // bound by the launcher: no port race
     auto store = c10::make_intrusive<c10d::TCPStore>(rv.master_addr, so);
     c10::intrusive_ptr<c10d::Store> prefixed = c10::make_intrusive<c10d::PrefixStore>("shardcast", store);
-    return {MakeGlooGroup(prefixed, rv.rank, rv.world_size, timeout, rv.master_addr, kGlooConnect), prefixed};
+    try {
+      FaultPoint("make", rv.rank);
+      return {MakeGlooGroup(prefixed, rv.rank, rv.world_size, timeout, rv.master_addr, kGlooConnect), prefixed, nullptr};
+    } catch (...) {
+      return {nullptr, prefixed, std::current_exception()};
+    }
   };
   std::optional<Made> made;
   try {
@@ -195,7 +254,19 @@ std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::
     throw Error(ErrorKind::kCommTimeout, "rank 0 rendezvous at " + rv.master_addr + ":" + std::to_string(rv.master_port),
                 "did not complete within " + std::to_string(RendezvousDeadline(timeout).count()) + " ms");
   }
-  auto comm = std::make_unique<C10dCommunicator>(std::move(made->first), made->second, StoreHost(rv), timeout,
+  if (made->failed) {
+    const Error mine = [&] {
+      try {
+        std::rethrow_exception(made->failed);
+      } catch (const std::exception& e) {
+        return RendezvousError(rv, "", e);  // the phase is FailMakingTogether's to add
+      } catch (...) {
+        return Error(ErrorKind::kInternal, "rank " + std::to_string(rv.rank), "the Gloo group threw a non-exception");
+      }
+    }();
+    FailMakingTogether(made->store, StoreHost(rv), StoreAt(rv), rv.rank, rv.world_size, mine, phase);
+  }
+  auto comm = std::make_unique<C10dCommunicator>(std::move(made->backend), made->store, StoreHost(rv), timeout,
                                                  c10::Device(c10::kCPU), /*owns=*/true, StoreAt(rv));
   comm->Ready(phase);
   return comm;
