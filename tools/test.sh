@@ -4,11 +4,14 @@
 # Environment: SHARDCAST_FUZZ_SECONDS (default 100: the total, split over the fuzz targets).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+SECONDS=0
 tools/setup.sh >/dev/null
+echo "== set-up checked (${SECONDS} s)"
 jobs=${SHARDCAST_JOBS:-$(nproc)}
 # ccache hits across build dirs at the same depth (build/, build-install/ of the install test) and clones.
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 
+phase_start=$SECONDS
 echo "== sanitizer build (clang, ASan+UBSan) of loaders, allocators and the planning core (no libtorch), with the fuzzer"
 CC=clang CXX=clang++ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDCAST_SANITIZE=ON \
   -DSHARDCAST_FUZZ=ON -DSHARDCAST_BUILD_RUNTIME=OFF -DSHARDCAST_BUILD_BENCH=OFF >/dev/null
@@ -25,6 +28,8 @@ fuzz_targets=(header_fuzzer index_fuzzer checkpoint_fuzzer read_fuzzer manifest_
 fuzz_seconds=${SHARDCAST_FUZZ_SECONDS:-100}
 per_target=$(( fuzz_seconds / ${#fuzz_targets[@]} ))
 (( per_target >= 1 )) || per_target=1
+echo "== sanitizer build and tests: $(( SECONDS - phase_start )) s"
+phase_start=$SECONDS
 echo "== fuzzing ${#fuzz_targets[@]} targets, ${per_target} s each, ${jobs} at a time"
 mkdir -p build-asan/fuzz-corpus/header_fuzzer
 SHARDCAST_CORPUS_DIR=build-asan/fuzz-corpus/header_fuzzer build-asan/tests/loaders_test --gtest_filter='Corpus/*' >/dev/null
@@ -59,6 +64,11 @@ for t in "${fuzz_targets[@]}"; do
 done
 (( failed == 0 )) || exit 1
 
+echo "== fuzzing: $(( SECONDS - phase_start )) s"
+phase_start=$SECONDS
 echo "== full build (build/, shared with the set-up's pip install), then unit, multi-process, Python and install tests"
 tools/build.sh
+echo "== full build: $(( SECONDS - phase_start )) s"
+phase_start=$SECONDS
 ctest --test-dir build --output-on-failure -j"$jobs"
+echo "== ctest: $(( SECONDS - phase_start )) s; tools/test.sh in all: ${SECONDS} s"
