@@ -218,6 +218,13 @@ def faults(root):
                          ("retyped", retype)):
         path = damaged(root, name, damage)
         res[name] = caught(lambda: loaded_state("fsdp", StorageReader(path)))
+    # rank 1 given another save's folder (the async save of the same state: other bytes of nothing but
+    # its id), and a copy holding one rank file of that save
+    other = os.path.join(root, "sc-async-thread")
+    path = os.path.join(root, "sc") if dist.get_rank() != 1 else other
+    res["other_save"] = caught(lambda: loaded_state("fsdp", StorageReader(path)))
+    path = damaged(root, "file_of_other_save", lambda p: shutil.copy(os.path.join(other, "__1_0.safetensors"), p))
+    res["file_of_other_save"] = caught(lambda: loaded_state("fsdp", StorageReader(path)))
     model, optim, sched = build("fsdp", 3)
     state = state_of(model, optim, sched, extra_state(2))
     state["dataloader"]["sampler"] = Opaque()

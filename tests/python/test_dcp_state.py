@@ -71,16 +71,19 @@ def test_async_save_writes_what_the_blocking_save_writes(saved, kind):
     root = saved[0]
     sync, other = root / "sc", root / f"sc-async-{kind}"
     assert sorted(os.listdir(other)) == sorted(os.listdir(sync))
-    for name in os.listdir(sync):
-        if name.endswith(".safetensors"):
-            assert (other / name).read_bytes() == (sync / name).read_bytes(), name
 
     def meta(path):
         doc = json.loads((path / ".metadata.json").read_text())
         ids = doc["storage_meta"]
-        assert ids.pop("checkpoint_id") == str(path) and len(ids.pop("save_id")) == 32
-        return doc
-    assert meta(other) == meta(sync)
+        assert ids.pop("checkpoint_id") == str(path) and len(ids["save_id"]) == 32
+        return doc, ids.pop("save_id")
+    (ours, our_id), (theirs, their_id) = meta(other), meta(sync)
+    assert ours == theirs and our_id != their_id
+    for name in os.listdir(sync):
+        if name.endswith(".safetensors"):  # each names its own save in its header, where the ids differ alone
+            mine = (other / name).read_bytes().replace(our_id.encode(), their_id.encode(), 1)
+            assert our_id.encode() in (other / name).read_bytes()[:4096]
+            assert mine == (sync / name).read_bytes(), name
 
 
 def test_nothing_on_disk_is_a_pickle(saved):
@@ -138,6 +141,17 @@ def test_missing_rank_file_and_missing_metadata_fail_on_every_rank(saved):
 def test_dtype_the_file_does_not_hold_fails_naming_key_and_file(saved):
     for r in saved[1]:
         _failures_name(r["faults"]["retyped"], "model.head.weight@", "torch.float32", "torch.int32", "__")
+
+
+# Regression (fault campaign): ranks given two saves of one run (rank 1 another step's folder, or a copy with one
+# rank file of another step in it) loaded a mix of both without a word. Every rank file names its save; the
+# coordinator matches every rank's metadata; one CheckpointError on every rank.
+def test_another_save_on_one_rank_or_in_one_file_fails_on_every_rank(saved):
+    for r in saved[1]:
+        _failures_name(r["faults"]["other_save"], "rank 1 read the metadata of save", "sc-async-thread",
+                       "every rank must load the same checkpoint")
+        _failures_name(r["faults"]["file_of_other_save"], "__1_0.safetensors", "written by save",
+                       "rank file of another save")
 
 
 def test_value_that_is_not_plain_data_is_refused_and_leaves_no_checkpoint(saved):
@@ -267,8 +281,14 @@ def test_pickled_values_need_allow_pickle_on_both_sides(tmp_path):
     assert back["obj"] == _Custom()
 
 
+def _row(doc, fqn):
+    return next(r for r in doc["storage_data"] if r["fqn"] == fqn)
+
+
 @pytest.mark.parametrize("edit,words", [
     (lambda d: d["storage_data"][0].update(file="../../etc/passwd"), "not a rank file name"),
+    # a row pointing at another item's bytes of the same length (fault campaign: loaded them silently)
+    (lambda d: _row(d, "w").update(key="x"), "stored under key 'x', not its own 'w@0,0'"),
     (lambda d: d["storage_data"][0].update(length=d["storage_data"][0]["length"] + 4), "matches no chunk"),
     (lambda d: d["state_dict_metadata"]["w"]["properties"].update(dtype="float128"), "unknown dtype"),
     (lambda d: d["state_dict_metadata"]["w"]["chunks"][0].update(sizes=[4, 4]), "outside the tensor"),
@@ -302,3 +322,43 @@ def test_hostile_rank_file_header_is_refused(tmp_path):
     (tmp_path / "overlap").write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
     with pytest.raises(CheckpointError, match=r"tensor 'w@0,0': F32 \[3, 4\] needs 48 bytes but data_offsets"):
         _RankFile(str(tmp_path / "overlap"), 1 << 20)
+
+
+# Regression (fault campaign): a FIFO as the metadata or a rank file blocked every rank in open() past any
+# timeout; /dev/zero as the metadata was read without end (two ranks killed by the kernel for memory); a
+# directory in place of a rank file raised a bare IsADirectoryError naming no file or rank.
+@pytest.mark.parametrize("what,words", [("dir", "a directory"), ("fifo", "a FIFO"), ("devzero", "a device")])
+@pytest.mark.parametrize("target", [".metadata.json", "__0_0.safetensors"])
+def test_a_metadata_or_rank_file_that_is_not_a_regular_file_is_refused_at_once(tmp_path, what, words, target):
+    import signal
+    dcp.save({"w": torch.ones(3, 4)}, storage_writer=StorageWriter(tmp_path), no_dist=True)
+    p = tmp_path / target
+    p.unlink()
+    {"dir": p.mkdir, "fifo": lambda: os.mkfifo(p), "devzero": lambda: p.symlink_to("/dev/zero")}[what]()
+
+    def late(*_):
+        raise TimeoutError(f"{target} as {what}: the load blocked")
+    old = signal.signal(signal.SIGALRM, late)
+    signal.alarm(30)
+    try:
+        with pytest.raises(CheckpointException, match=f"{target}.*: {words}, not a regular file"):
+            dcp.load({"w": torch.zeros(3, 4)}, storage_reader=StorageReader(tmp_path), no_dist=True)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_a_rank_file_of_another_save_is_refused(tmp_path):
+    dcp.save({"w": torch.full((4,), 1.0)}, storage_writer=StorageWriter(tmp_path / "a"), no_dist=True)
+    dcp.save({"w": torch.full((4,), 2.0)}, storage_writer=StorageWriter(tmp_path / "b"), no_dist=True)
+    (tmp_path / "a" / "__0_0.safetensors").write_bytes((tmp_path / "b" / "__0_0.safetensors").read_bytes())
+    with pytest.raises(CheckpointException, match="__0_0.safetensors: written by save [0-9a-f]{32}, the metadata is"):
+        dcp.load({"w": torch.zeros(4)}, storage_reader=StorageReader(tmp_path / "a"), no_dist=True)
+
+
+# Regression (fault campaign): a save with use_collectives=False succeeded and wrote rank-local metadata that
+# every later load refused (its chunks cover only the saving rank's pieces); it is refused at the save now.
+def test_a_save_without_collectives_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(shardcast.Unsupported, match="use_collectives=True"):  # raised as is: DCP runs no collective
+        dcp.save({"w": torch.ones(4)}, storage_writer=StorageWriter(tmp_path / "nc"), no_dist=True, use_collectives=False)
+    assert not any(n.endswith(".safetensors") or n.endswith(".json") for n in os.listdir(tmp_path / "nc"))

@@ -383,6 +383,7 @@ def _decode_storage(rows: Any, sdm: Dict[str, Any], where: str) -> Dict[Metadata
             if r.get("offset") is not None or r.get("encoding") not in ("json", "torch.save"):
                 raise CheckpointError(f"{w}: a byte item stored as {r.get('encoding')!r} at offset {r.get('offset')}")
             index = MetadataIndex(fqn, None, hint)
+            key = fqn
         else:
             offsets = tuple(_dims(r.get("offset"), w, "offset"))
             want = chunk_bytes.get((fqn, offsets))
@@ -390,6 +391,9 @@ def _decode_storage(rows: Any, sdm: Dict[str, Any], where: str) -> Dict[Metadata
                 raise CheckpointError(f"{w}: stored chunk at {list(offsets)} ({r['length']} bytes, "
                                       f"{r.get('encoding')!r}) matches no chunk of its metadata")
             index = MetadataIndex(fqn, offsets, hint)
+            key = f"{fqn}@{','.join(map(str, offsets))}"
+        if r["key"] != key:  # else a row could point at another chunk's bytes of the same size
+            raise CheckpointError(f"{w}: stored under key {r['key'][:200]!r}, not its own {key!r}")
         if index in out:
             raise CheckpointError(f"{w}: stored twice at offset {r.get('offset')}")
         out[index] = StoredItem(r["file"], r["key"], r["byte_offset"], r["length"], r["encoding"])

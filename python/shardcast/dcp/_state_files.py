@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -63,43 +64,69 @@ def _bins(sizes: List[int], n: int) -> List[List[int]]:
     return [sorted(b) for b in bins if b]
 
 
+def open_regular(path: str, cannot: str) -> int:
+    """A read-only descriptor of `path`, which must be a regular file: a FIFO would block the open (and
+    every rank with it) until some writer came, a device such as /dev/zero reads without end, and a
+    directory opens but fails every read. Opened without blocking, then checked through the descriptor.
+    `cannot`: the error's words before the reason (a CheckpointError)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise CheckpointError(f"{cannot}: {e.strerror or e}") from e
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+                    "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+                    else "not a file")
+            raise CheckpointError(f"{cannot}: {kind}, not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class _RankFile:
     """One rank file opened for reading: its header validated, its bytes read with pread (not mapped: a
     file that shrinks after its header was validated is then a CheckpointError naming it, where a mapping
     would kill the process with SIGBUS). The header is hostile: capped here, then parsed and checked by
     the loader's reader (_parse)."""
 
-    def __init__(self, path: str, max_header_bytes: int) -> None:
+    def __init__(self, path: str, max_header_bytes: int, save_id: Optional[str] = None) -> None:
         self.path, self.rank = path, _rank()
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as e:
-            raise CheckpointError(f"rank {self.rank}: cannot open rank file {path}: {e.strerror or e}") from e
-        self.fd = fd
+        self.fd = open_regular(path, f"rank {self.rank}: cannot open rank file {path}")
+        fd = self.fd
         try:
             size = os.fstat(fd).st_size
-            head = os.pread(fd, 8, 0)
+            head = self.read_bytes(0, 8, "the header's length") if size >= 8 else b""
             if len(head) < 8:
                 raise CheckpointError(f"rank {self.rank}: {path} is {size} bytes, shorter than a safetensors header")
             n = int.from_bytes(head, "little")
             if n > max_header_bytes or 8 + n > size:
                 raise CheckpointError(f"rank {self.rank}: {path}: header of {n} bytes exceeds the cap of "
                                       f"{max_header_bytes} or the file's {size} bytes (truncated?)")
-            self.entries = self._parse(fd)
+            self.entries = self._parse(fd, save_id)
             self.data_start, self.size = 8 + n, size
         except BaseException:
             self.close()
             raise
 
-    def _parse(self, fd: int) -> Dict[str, Tuple[torch.dtype, List[int], int, int]]:
+    def _parse(self, fd: int, save_id: Optional[str]) -> Dict[str, Tuple[torch.dtype, List[int], int, int]]:
         """{key: (dtype, shape, begin, end)}, by the loader's fuzzed reader (the one every checkpoint goes
         through): every dtype known, every byte range exactly numel * itemsize, the ranges tiling the
-        data area with no gap, overlap or tail."""
+        data area with no gap, overlap or tail. A file that names the save it belongs to must name
+        `save_id` (the metadata's), where that is known: a rank file of another save (another step's,
+        copied or left beside this one) holds other values under the same keys and offsets."""
         where = f"rank {self.rank}: {self.path}"
         try:
-            _, tensors = _shardcast.safetensors_header_of(fd, self.path)
+            meta, tensors = _shardcast.safetensors_header_of(fd, self.path)
         except _shardcast.ShardcastError as e:
             raise CheckpointError(f"rank {self.rank}: {e}") from None
+        written_by = meta.get("save_id")
+        if save_id and written_by and written_by != save_id:
+            raise CheckpointError(f"{where}: written by save {written_by}, the metadata is save {save_id}'s: a "
+                                  f"rank file of another save (another step's?) in this checkpoint's place")
         entries = {}
         for key, code, shape, begin, end in tensors:
             if code not in _BY_CODE:

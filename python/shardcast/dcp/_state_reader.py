@@ -1,6 +1,7 @@
 """StorageReader: a training state StorageWriter wrote, behind dcp.load (the format: _state)."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -16,7 +17,7 @@ from torch.futures import Future
 from .._shardcast import CheckpointError, InvalidArgument
 from ._state_codec import (DEFAULT_BLOCK_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_METADATA_BYTES, METADATA_NAME,
                            StoredItem, _rank, decode_metadata, decode_value)
-from ._state_files import _copy_box, _RankFile
+from ._state_files import _copy_box, _RankFile, open_regular
 
 
 class StorageReader(_TorchStorageReader):
@@ -57,6 +58,7 @@ class StorageReader(_TorchStorageReader):
         self.storage_data: Dict[MetadataIndex, StoredItem] = {}
         self._chunks: Dict[Tuple[str, Tuple[int, ...]], Tuple[torch.dtype, List[int]]] = {}
         self.rank: Optional[int] = None
+        self.save_id: Optional[str] = None
 
     def reset(self, checkpoint_id: Union[str, os.PathLike, None] = None) -> None:
         self.storage_data = {}
@@ -64,19 +66,26 @@ class StorageReader(_TorchStorageReader):
             self.path = os.fspath(checkpoint_id)
         self.load_id = uuid.uuid4().hex
 
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        rank = kwargs.get("rank")  # DCP's fallback to rank-local metadata (a save without collectives)
-        path = os.path.join(self.path, METADATA_NAME if rank is None else f"__{rank}{METADATA_NAME}")
+    def read_metadata(self, *args: Any) -> Metadata:
+        # No **kwargs: DCP then never falls back to rank-local metadata (read_metadata(rank=r), for a save
+        # without collectives, which StorageWriter refuses), where a rank that fails its read raises alone
+        # while the others wait in DCP's closing barrier.
+        path = os.path.join(self.path, METADATA_NAME)
         where = f"rank {_rank()}: {path}"
+        fd = open_regular(path, f"{where}: cannot read the checkpoint's metadata (a directory without it is not a "
+                                f"finished checkpoint)")
         try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size > self.max_metadata_bytes:
-                    raise CheckpointError(f"{where}: {size} bytes, over the cap of {self.max_metadata_bytes}")
-                text = f.read()
+            size = os.fstat(fd).st_size
+            if size > self.max_metadata_bytes:
+                raise CheckpointError(f"{where}: {size} bytes, over the cap of {self.max_metadata_bytes}")
+            with os.fdopen(os.dup(fd), "rb") as f:
+                text = f.read(self.max_metadata_bytes + 1)  # a file that grows after fstat is still capped
         except OSError as e:
-            raise CheckpointError(f"{where}: cannot read the checkpoint's metadata ({e.strerror or e}); "
-                                  f"a directory without it is not a finished checkpoint") from e
+            raise CheckpointError(f"{where}: cannot read the checkpoint's metadata ({e.strerror or e})") from e
+        finally:
+            os.close(fd)
+        if len(text) > self.max_metadata_bytes:
+            raise CheckpointError(f"{where}: over the cap of {self.max_metadata_bytes} bytes (it grew as it was read)")
         md = decode_metadata(text, where)
         md.storage_meta.load_id = self.load_id
         return md
@@ -87,15 +96,27 @@ class StorageReader(_TorchStorageReader):
                 isinstance(v, StoredItem) for v in metadata.storage_data.values()):
             raise CheckpointError(f"rank {self.rank}: {self.path}: the metadata's storage_data is not shardcast's")
         self.storage_data = metadata.storage_data
+        self.save_id = metadata.storage_meta.save_id if metadata.storage_meta else None
         self._chunks = {(fqn, tuple(c.offsets)): (e.properties.dtype, list(c.sizes))
                         for fqn, e in metadata.state_dict_metadata.items() if isinstance(e, TensorStorageMetadata)
                         for c in e.chunks}
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        return plan
+        # which save this rank's metadata is, for the coordinator to match (prepare_global_plan)
+        return dataclasses.replace(plan, storage_data=(self.save_id, self.path))
 
     def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
-        return plans
+        """On the coordinator, with every rank's plan: every rank read the metadata of one save. Ranks may
+        name their copies by their own paths, but a rank given another save (another step's folder) would
+        load other values beside this rank's, silently: DCP raises this on every rank."""
+        mine = (self.save_id, self.path)
+        for r, p in enumerate(plans):
+            theirs = p.storage_data if isinstance(p.storage_data, tuple) and len(p.storage_data) == 2 else (None, "?")
+            if theirs[0] != mine[0]:
+                raise CheckpointError(f"rank {r} read the metadata of save {theirs[0]} in {theirs[1]}, rank "
+                                      f"{self.rank} of save {mine[0]} in {mine[1]}: every rank must load the same "
+                                      f"checkpoint")
+        return [dataclasses.replace(p, storage_data=None) for p in plans]
 
     def _by_file(self, plan: LoadPlan) -> Dict[str, List[Tuple[ReadItem, StoredItem]]]:
         per_file: Dict[str, List[Tuple[ReadItem, StoredItem]]] = {}
@@ -111,7 +132,7 @@ class StorageReader(_TorchStorageReader):
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         for name, reqs in self._by_file(plan).items():
-            f = _RankFile(os.path.join(self.path, name), self.max_header_bytes)
+            f = _RankFile(os.path.join(self.path, name), self.max_header_bytes, self.save_id)
             try:
                 for req, item in reqs:
                     if req.type == LoadItemType.BYTE_IO:

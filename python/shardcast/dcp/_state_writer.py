@@ -43,12 +43,13 @@ class StorageWriter(_TorchStorageWriter):
     `allow_pickle` (False: see the module's doc), `block_bytes`.
 
     Each rank writes one file, __<rank>_0.safetensors: its header first (every item's dtype, shape and
-    offsets come from the plan), then each item at its offset (pwrite) as the planner resolves it, one at a
-    time per thread. The
-    coordinator writes .metadata.json in finish(), last and atomically, and removes rank files of an
+    offsets come from the plan, and the save's id, which the reader matches against the metadata's), then
+    each item at its offset (pwrite) as the planner resolves it, one at a time per thread. The coordinator
+    writes .metadata.json in finish(), last and atomically, and removes rank files of an
     earlier save in `path` that the new metadata does not name. A checkpoint torch's FileSystemWriter
     wrote in `path` (.metadata, __<r>_<n>.distcp) is replaced as one of shardcast's is: refused with
     overwrite=False, else its metadata removed before any rank writes and its rank files after.
+    `dcp.save(..., use_collectives=False)` (torch's experimental rank-local metadata) is Unsupported.
     """
 
     def __init__(self, path: Union[str, os.PathLike], single_file_per_rank: bool = True, sync_files: bool = True,
@@ -81,8 +82,7 @@ class StorageWriter(_TorchStorageWriter):
         self.use_collectives = kwargs.get("use_collectives", True)
 
     def _metadata_path(self) -> str:
-        name = METADATA_NAME if self.use_collectives else f"__{self.rank}{METADATA_NAME}"
-        return os.path.join(self.path, name)
+        return os.path.join(self.path, METADATA_NAME)
 
     def _metadata_paths(self) -> List[str]:
         """This save's metadata file, and torch's FileSystemWriter's in its place (".metadata"): a checkpoint
@@ -100,9 +100,12 @@ class StorageWriter(_TorchStorageWriter):
         if held and not self.overwrite:
             raise CheckpointError(f"rank {self.rank}: {self.path} already holds a checkpoint ({held[0]}) and "
                                   "overwrite=False")
-        if not self.use_collectives:  # every rank plans alone: it names its own file
-            plan = dataclasses.replace(plan, storage_data=f"__{self.rank}_")
-            self._forget_metadata()
+        if not self.use_collectives:
+            # Every rank would plan alone and write metadata of its own pieces only: a checkpoint that no
+            # other layout can read, and whose load DCP runs without the collectives that carry one rank's
+            # failure to the others (it fails alone while they wait in DCP's closing barrier).
+            raise Unsupported(f"rank {self.rank}: StorageWriter needs DCP's collectives (one plan, one metadata "
+                              "for the whole state): save with use_collectives=True, the default")
         return plan
 
     def _forget_metadata(self) -> None:
@@ -115,8 +118,9 @@ class StorageWriter(_TorchStorageWriter):
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
         # Before any rank writes (write_data follows this step), so an overwrite cut short looks unfinished.
         self._forget_metadata()
-        return [dataclasses.replace(p, storage_data=f"__{i}_") if p.storage_data is None else p
-                for i, p in enumerate(plans)]
+        # each rank's file prefix, and the save every rank file names (its header's __metadata__ save_id,
+        # the metadata's storage_meta.save_id): the reader refuses a rank file of another save
+        return [dataclasses.replace(p, storage_data=(f"__{i}_", self.save_id)) for i, p in enumerate(plans)]
 
     def _byte_item(self, item: WriteItem, planner: SavePlanner) -> Tuple[bytes, str]:
         data = planner.resolve_data(item)
@@ -139,7 +143,8 @@ class StorageWriter(_TorchStorageWriter):
             raise
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
-        name = f"{plan.storage_data}0.safetensors"
+        prefix, save_id = plan.storage_data
+        name = f"{prefix}0.safetensors"
         path = os.path.join(self.path, name)
         # Byte items are small and their length is known only once encoded: first. Tensors stream after.
         blobs = {id(it): self._byte_item(it, planner) for it in plan.items if it.type == WriteItemType.BYTE_IO}
@@ -158,7 +163,8 @@ class StorageWriter(_TorchStorageWriter):
                                math.prod(shape) * td.properties.dtype.itemsize))
         if len({k for _, k, _, _, _ in layout}) != len(layout):
             raise InternalError(f"rank {self.rank}: two items of the plan have the same key in {path}")
-        header = _header_bytes([(k, c, s, n) for _, k, c, s, n in layout], {"format": "pt", "writer": FORMAT})
+        meta = {"format": "pt", "writer": FORMAT, "save_id": save_id}
+        header = _header_bytes([(k, c, s, n) for _, k, c, s, n in layout], meta)
         results, at = [], 8 + len(header)
         for it, key, code, shape, length in layout:
             encoding = blobs[id(it)][1] if it.type == WriteItemType.BYTE_IO else "tensor"
@@ -226,8 +232,7 @@ class StorageWriter(_TorchStorageWriter):
                 _fsync_dir(self.path)
         except OSError as e:
             raise IoError(f"rank {self.rank}: cannot write the metadata {final}: {e.strerror or e}") from e
-        if self.use_collectives:
-            self._remove_stale({s.file for s in metadata.storage_data.values()})
+        self._remove_stale({s.file for s in metadata.storage_data.values()})
 
     def _remove_stale(self, named: set) -> None:
         """Rank files of an earlier save in `path` that the new metadata does not name: shardcast's, and
