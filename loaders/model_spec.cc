@@ -229,6 +229,53 @@ ModelSpec BuildModelSpecFromJson(std::string_view source, std::string_view confi
   return spec;
 }
 
+bool HasBuilderFor(std::string_view config_json) {
+  const nlohmann::json j = nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("model_type") || !j["model_type"].is_string()) return false;
+  return Registry().count(j["model_type"].get<std::string>()) != 0;
+}
+
+namespace {
+
+// N where `key` has ".layers.N." (or starts "layers.N."), else -1.
+int LayerOfKey(std::string_view key) {
+  for (size_t at = key.find("layers."); at != std::string_view::npos; at = key.find("layers.", at + 1)) {
+    if (at != 0 && key[at - 1] != '.') continue;
+    size_t i = at + 7, end = i;
+    while (end < key.size() && end - i < 9 && key[end] >= '0' && key[end] <= '9') ++end;
+    if (end > i && end < key.size() && key[end] == '.') return std::stoi(std::string(key.substr(i, end - i)));
+  }
+  return -1;
+}
+
+}  // namespace
+
+ModelSpec SpecFromCheckpoint(const Checkpoint& checkpoint, std::string source, std::string model_type,
+                             const SpecOptions& options) {
+  if (checkpoint.num_keys() == 0) throw Error(ErrorKind::kCheckpoint, checkpoint.root(), "holds no tensor");
+  ModelSpec spec;
+  spec.source = std::move(source);
+  spec.model_type = std::move(model_type);
+  spec.config_json = "{}";  // no init rule reads it: the spec has no computed buffers
+  int layers = 0;
+  for (size_t i = 0; i < checkpoint.num_keys(); ++i) layers = std::max(layers, LayerOfKey(checkpoint.key(i)) + 1);
+  spec.total_layers = layers;
+  spec.num_layers = options.layers < 0 ? layers : std::min(options.layers, layers);
+  for (size_t i = 0; i < checkpoint.num_keys(); ++i) {
+    const TensorInfo& t = *checkpoint.Get(checkpoint.key(i)).info;
+    const int layer = LayerOfKey(t.key);
+    if (layer >= spec.num_layers) continue;
+    SpecEntry e;
+    e.key = t.key;
+    e.shape = t.shape;
+    e.dtype = t.dtype;
+    e.role = Role::kParameter;
+    e.layer = layer;
+    spec.entries.push_back(std::move(e));
+  }
+  return spec;
+}
+
 namespace {
 
 // Read like a checkpoint's files (posix_file.h): `node` was opened once without blocking on a FIFO;

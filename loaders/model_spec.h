@@ -68,6 +68,20 @@ ModelSpec BuildModelSpecFromJson(std::string_view source, std::string_view confi
                                  const SpecOptions& options = {});
 ModelSpec BuildModelSpec(const std::string& config_path, const SpecOptions& options = {});
 
+class Checkpoint;  // loaders/checkpoint.h
+
+// Every tensor `checkpoint` holds, as it holds it (key, shape, dtype), each a parameter of layer N where its
+// key has ".layers.N.": the spec of an architecture with no builder (a model_type KnownModelTypes lacks).
+// It knows no computed buffers, no persistent-buffer roles and no quantization sidecars (an fp8 checkpoint
+// loads as stored). options.layers keeps the entries of no layer and those of layers below it. `source`
+// and `model_type` name it in messages. Throws kCheckpoint for a checkpoint that holds no tensor.
+ModelSpec SpecFromCheckpoint(const Checkpoint& checkpoint, std::string source, std::string model_type,
+                             const SpecOptions& options = {});
+
+// Whether a config's model_type has a registered builder: false for a config that is not a JSON object or
+// names none (BuildModelSpecFromJson then says why).
+bool HasBuilderFor(std::string_view config_json);
+
 // A config file's text, read like a checkpoint's files (opened once without blocking on a FIFO, a
 // regular file of at most 64 MiB, checked through its descriptor). Throws kConfig naming the path.
 std::string ReadConfigFile(const std::string& config_path);

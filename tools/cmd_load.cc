@@ -5,11 +5,13 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <cstdio>
 #include <map>
 #include <optional>
 
 #include "allocators/error.h"
+#include "loaders/checkpoint.h"
 #include "loaders/model_spec.h"
 #include "loaders/synth.h"
 #include "runtime/layout/parallel_plan.h"
@@ -80,12 +82,28 @@ class ProgressPrinter {
 
 // --config as given (the user named it), else the checkpoint's own config.json, resolved beneath the
 // checkpoint's root like its other files (a hub snapshot's is a symlink into blobs/; one out of the root
-// is a CheckpointError).
-ModelSpec SpecFor(const LoadArgs& a) {
+// is a CheckpointError). A checkpoint's config whose model_type has no builder (qwen2, gemma2, phi3, ...):
+// the checkpoint's own tensors as stored (SpecFromCheckpoint), said once on rank 0.
+ModelSpec SpecFor(const LoadArgs& a, int rank) {
   if (!a.config.empty()) return BuildModelSpec(a.config, SpecOptions{a.layers});
   std::optional<std::string> json = ReadCheckpointConfig(a.checkpoint);
   if (!json) throw Error(ErrorKind::kInvalidArgument, "--config", "not given, and " + a.checkpoint + "/config.json does not exist");
-  return BuildModelSpecFromJson(a.checkpoint + "/config.json", *json, SpecOptions{a.layers});
+  const std::string source = a.checkpoint + "/config.json";
+  if (HasBuilderFor(*json)) return BuildModelSpecFromJson(source, *json, SpecOptions{a.layers});
+  const nlohmann::json j = nlohmann::json::parse(*json, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("model_type") || !j["model_type"].is_string()) {
+    return BuildModelSpecFromJson(source, *json, SpecOptions{a.layers});  // its error names the field
+  }
+  const std::string type = j["model_type"].get<std::string>();
+  ModelSpec spec = SpecFromCheckpoint(*Checkpoint::Open(a.checkpoint), source, type, SpecOptions{a.layers});
+  spec.config_json = *json;
+  if (rank == 0 && !a.quiet) {
+    std::fprintf(stderr,
+                 "load: model_type \"%s\" has no shardcast builder: its %zu tensors as the checkpoint stores "
+                 "them (no computed buffers; an fp8 checkpoint loads as stored)\n",
+                 type.c_str(), spec.entries.size());
+  }
+  return spec;
 }
 
 void PrintReport(const LoadReport& r) {
@@ -168,7 +186,7 @@ int RunRank(const LoadArgs& a) {
   std::unique_ptr<RankState> state;
   try {
     if (bad_options) throw *bad_options;
-    ModelSpec spec = SpecFor(a);
+    ModelSpec spec = SpecFor(a, rv.rank);
     if (!a.dtype.empty()) spec = DequantizedSpec(spec, ParseFloatDType(a.dtype, "--dtype"));
     // FSDP2's Shard(0), HSDP's (Replicate(), Shard(0)) on (R, W / R), and with --tp the TP x FSDP layouts.
     const PlanOptions plan_options = ParallelPlan(spec, rv.world_size, ParallelSizes{a.replicas, a.tp});

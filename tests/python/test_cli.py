@@ -367,3 +367,33 @@ def test_plan_forecasts_each_targets_own_staging(shardcast_bin):
     given = rows(SHARDCAST_CHUNK_BYTES="16M", SHARDCAST_STAGING_SLOTS="2")
     assert given["rank0 -> cuda"] == (2 * 16 + 64) * mib, given
     assert rows(SHARDCAST_TARGET="cuda") == base  # the variable does not move either set of rows
+
+
+# Regression (a newcomer's first try): `shardcast load --checkpoint` refused every architecture without a
+# builder ("unknown model_type \"qwen2\" (known: deepseek_v3, llama, ...)"). Now the checkpoint's own
+# tensors are the spec: transformers' save_pretrained checkpoints of three of them load and verify, at
+# FSDP 3 (no dim divides) and at TP 2 x FSDP 2 (the TP rules go by key names).
+def test_load_an_architecture_without_a_builder_from_its_own_tensors(shardcast_bin, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import architectures
+    configs = architectures.configs()
+    torch.manual_seed(0)
+    for name, nproc, extra in (("gemma2", 3, ["--replicas", "3"]), ("qwen2_moe", 4, ["--tp", "2"]), ("qwen2", 3, [])):
+        AutoModelForCausalLM.from_config(configs[name]).save_pretrained(tmp_path / name, max_shard_size="40KB")
+        report = tmp_path / f"{name}.json"
+        r = sc(shardcast_bin, "load", "--checkpoint", tmp_path / name, "--nproc", nproc, "--verify", "--json", report,
+               *extra)
+        assert r.returncode == 0, (name, r.stderr[-2000:])
+        assert f'model_type "{configs[name].model_type}" has no shardcast builder' in r.stderr, (name, r.stderr[-2000:])
+        j = json.loads(report.read_text())
+        assert [x["verify"] for x in j["ranks"]] == ["ok"] * nproc, (name, j["ranks"])
+        with open(tmp_path / name / "model.safetensors.index.json") as f:
+            keys = list(json.load(f)["weight_map"])
+        assert j["entries"] == len(keys), name
+    # --layers 1 keeps what is in no layer and layer 0
+    r = sc(shardcast_bin, "load", "--checkpoint", tmp_path / "qwen2", "--nproc", 2, "--layers", 1, "--quiet", "--json",
+           tmp_path / "l1.json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "l1.json").read_text())["entries"] == len([k for k in keys if ".layers.1." not in k])
