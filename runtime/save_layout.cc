@@ -20,6 +20,7 @@ namespace shardcast {
 namespace {
 
 std::string Absolute(const std::string& path) {
+  if (path.empty()) throw Error(ErrorKind::kInvalidArgument, "out_dir", "'' is not a directory to save into");
   std::filesystem::path p = std::filesystem::absolute(path).lexically_normal();
   if (p.filename().empty()) p = p.parent_path();  // "dir/" -> "dir"
   // A symlink to the output directory (cluster storage often is one) is followed: the new tree is built

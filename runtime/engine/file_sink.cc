@@ -329,9 +329,13 @@ void LinkTree(const std::filesystem::path& from, const std::filesystem::path& to
     if (fs::symlink_status(dest, ec).type() != fs::file_type::not_found) continue;  // written by this save
     const fs::file_status st = e.symlink_status(ec);
     // The old model's files are replaced, not kept: its index and its model.safetensors or
-    // model-NNNNN-of-NNNNN.safetensors (a stale shard of another count would linger). Any other
-    // safetensors file (an adapter, a training state's rank files) is the user's and stays.
-    if (top && fs::is_regular_file(st) && (name == "model.safetensors.index.json" || IsModelFileName(name))) continue;
+    // model-NNNNN-of-NNNNN.safetensors (a stale shard of another count would linger), files or symlinks
+    // (a hub cache's snapshot links into blobs/). Any other safetensors file (an adapter, a training
+    // state's rank files) is the user's and stays, as torch's writers leave it.
+    if (top && (fs::is_regular_file(st) || fs::is_symlink(st)) &&
+        (name == "model.safetensors.index.json" || IsModelFileName(name))) {
+      continue;
+    }
     if (fs::is_symlink(st)) {
       fs::copy_symlink(e.path(), dest, ec);
     } else if (fs::is_directory(st)) {

@@ -181,6 +181,16 @@ def errors(saved, rank, world):
         def resolve_data(self, item):
             raise RuntimeError("this rank's planner cannot resolve its data")
 
+    # rank 1 alone with another mapping (regression, fault campaign: rank 0's governed, unseen), then with a
+    # file number as text (it raised a bare ValueError on rank 1 alone, outside the save's agreement, and the
+    # group failed every later save); then every rank with a float (truncated into file 1, silently)
+    two = {"model.w": 1, "model.v": 1}
+    res["mapping_differs"] = outcome(lambda: dcp.save(sd, storage_writer=HuggingFaceStorageWriter(
+        os.path.join(saved, "err-mapping"), two if rank != 1 else {"model.w": 1, "model.v": 2}, timeout=30)))
+    res["mapping_text"] = outcome(lambda: dcp.save(sd, storage_writer=HuggingFaceStorageWriter(
+        os.path.join(saved, "err-mapping"), two if rank != 1 else {"model.w": 1, "model.v": "x"}, timeout=30)))
+    res["mapping_float"] = outcome(lambda: dcp.save(sd, storage_writer=HuggingFaceStorageWriter(
+        os.path.join(saved, "err-mapping"), {"model.w": 1, "model.v": 1.7}, timeout=30)))
     res["one_rank_fails"] = outcome(lambda: dcp.save(
         sd, planner=Failing() if rank == 1 else DefaultSavePlanner(),
         storage_writer=HuggingFaceStorageWriter(os.path.join(saved, "err-one"), timeout=30)))

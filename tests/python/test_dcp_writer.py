@@ -141,6 +141,10 @@ def test_placements_are_the_real_2d_ones(run):
 
 @pytest.mark.parametrize("case,words", [("bytes_io", ["InvalidArgument", "optimizer.step_blob", "not a tensor"]),
                                         ("unmapped", ["InvalidArgument", "model.v", "no file number"]),
+                                        ("mapping_differs", ["InvalidArgument", "rank 1's fqn_to_index_mapping",
+                                                             "every rank must pass the same one"]),
+                                        ("mapping_text", ["InvalidArgument", "rank 1's fqn_to_index_mapping"]),
+                                        ("mapping_float", ["InvalidArgument", "fqn_to_index_mapping['model.v'] = 1.7"]),
                                         ("one_rank_fails", ["cannot resolve its data", "rank 1"]),
                                         ("no_collectives", ["use_collectives=False", "err-nocoll", "no_dist=True"])])
 def test_a_failure_is_raised_on_every_rank(run, case, words):
@@ -248,3 +252,27 @@ def test_two_saves_into_one_path_at_once_both_finish(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-2000:] for log in logs)
     assert sorted(os.listdir(tmp_path)) == ["hf", "ready"]  # no build left beside it
     assert sorted(tensors(tmp_path / "hf")) == sorted(f"w{i}" for i in range(16))
+
+
+# Regression (fault campaign): an older checkpoint's shards that were symlinks (a hub cache's snapshot) stayed
+# beside the new ones after a save of fewer files (a loader globbing *.safetensors found keys twice); an empty
+# path was an InternalError ("filesystem error: cannot make absolute path").
+def test_old_shards_that_are_symlinks_are_replaced_and_an_empty_path_is_bad_input(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from shardcast.dcp import HuggingFaceStorageWriter
+    out, blobs = tmp_path / "hf", tmp_path / "blobs"
+    out.mkdir()
+    blobs.mkdir()
+    for i in range(1, 4):
+        save_file({f"old{i}": torch.ones(2)}, str(blobs / f"b{i}"))
+        (out / f"model-0000{i}-of-00003.safetensors").symlink_to(blobs / f"b{i}")
+    (out / "adapter.safetensors").symlink_to(blobs / "b1")  # the user's: kept
+    sd = {"a": torch.arange(3.0), "b": torch.ones(2)}
+    dcp.save(sd, storage_writer=HuggingFaceStorageWriter(out, {"a": 1, "b": 2}), no_dist=True)
+    assert sorted(os.listdir(out)) == ["adapter.safetensors", "model-00001-of-00002.safetensors",
+                                       "model-00002-of-00002.safetensors", "model.safetensors.index.json"]
+    with pytest.raises(CheckpointException, match="'' is not a directory to save into"):
+        dcp.save(sd, storage_writer=HuggingFaceStorageWriter(""), no_dist=True)

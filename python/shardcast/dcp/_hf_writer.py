@@ -144,7 +144,8 @@ class HuggingFaceStorageWriter(StorageWriter):
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         if self._per_rank_files is not None:
             return self._per_rank_files.prepare_local_plan(plan)
-        return plan
+        # this rank's mapping, for the coordinator to match (rank 0's would govern the files unseen)
+        return dataclasses.replace(plan, storage_data=("mapping", _mapping_digest(self.fqn_to_index_mapping)))
 
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
         if self._per_rank_files is not None:
@@ -154,6 +155,14 @@ class HuggingFaceStorageWriter(StorageWriter):
         if not all(p.usable for p in plans):
             raise Unsupported("a save plan cached on some ranks only (DefaultSavePlanner(enable_plan_caching=True) "
                               "after the state dict changed): save without plan caching")
+        mine = _mapping_digest(self.fqn_to_index_mapping)
+        for r, p in enumerate(plans):
+            theirs = p.storage_data[1] if isinstance(p.storage_data, tuple) and p.storage_data[:1] == ("mapping",) \
+                else None
+            if theirs is not None and theirs != mine:
+                raise InvalidArgument(f"{self.path}: rank {r}'s fqn_to_index_mapping ({theirs[0]} keys, digest "
+                                      f"{theirs[1]}) differs from the coordinator's ({mine[0]} keys, digest {mine[1]}): "
+                                      "every rank must pass the same one")
         group = run_group(self.process_group)
         world = _group(group)[2]
         if not self._use_collectives and world > 1:
@@ -196,12 +205,12 @@ class HuggingFaceStorageWriter(StorageWriter):
             if not isinstance(layout, _SaveLayout):
                 raise InvalidArgument(f"this rank's save plan carries {type(layout).__name__}, not shardcast's layout: "
                                       f"HuggingFaceStorageWriter.prepare_global_plan did not run on the coordinator")
+            numbers = _file_numbers(self.fqn_to_index_mapping)
             entries, table = _local_entries(layout, plan.items, planner, rank), layout.layouts
         except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
             kind = type(e).__name__ if isinstance(e, ShardcastError) else "InternalError"
             problem = (kind, str(e) if isinstance(e, ShardcastError) else f"{type(e).__name__}: {e}")
-            entries, table = [], []
-        numbers = {str(k): int(v) for k, v in (self.fqn_to_index_mapping or {}).items()}
+            entries, table, numbers = [], [], {}
         self.report = _shardcast.save_entries(
             entries, table, self.path, options, None, str(self.max_shard_size), True, "", "",
             operation_store(pg, store), rank, world, progress, problem,
@@ -223,6 +232,33 @@ class HuggingFaceStorageWriter(StorageWriter):
         if self._per_rank_files is not None:
             return self._per_rank_files.metadata_path
         return "model.safetensors.index.json"
+
+
+def _file_numbers(mapping: Optional[Dict[str, int]]) -> Dict[str, int]:
+    """fqn_to_index_mapping as {key: file number}, each a whole number (InvalidArgument naming the key: a
+    float or text was truncated or raised a bare ValueError on one rank, outside the save's agreement)."""
+    if mapping is None:
+        return {}
+    if not isinstance(mapping, dict):
+        raise InvalidArgument(f"fqn_to_index_mapping must be a dict of key -> file number, not {type(mapping).__name__}")
+    import operator
+    out = {}
+    for k, v in mapping.items():
+        try:
+            if not isinstance(k, str) or isinstance(v, bool):
+                raise TypeError
+            out[k] = operator.index(v)  # an int, or a numpy integer; never a float or text
+        except TypeError:
+            raise InvalidArgument(f"fqn_to_index_mapping[{k!r}] = {v!r}: each key must be a str and each file "
+                                  "number an int") from None
+    return out
+
+
+def _mapping_digest(mapping: Optional[Dict[str, int]]) -> Tuple[int, str]:
+    """(keys, digest) of a rank's fqn_to_index_mapping, for the coordinator to match every rank's."""
+    import hashlib
+    items = sorted((repr(k), repr(v)) for k, v in (mapping or {}).items()) if isinstance(mapping, dict) else [repr(mapping)]
+    return len(items), hashlib.sha256(repr(items).encode()).hexdigest()[:16]
 
 
 def _nbytes(item: WriteItem) -> int:
