@@ -79,6 +79,9 @@ std::chrono::milliseconds RendezvousDeadline(std::chrono::milliseconds timeout) 
 }
 
 Error RendezvousError(const Rendezvous& rv, const char* phase, const std::exception& e) {
+  const std::string where = "rank " + std::to_string(rv.rank) + " rendezvous at " + rv.master_addr + ":" +
+                            std::to_string(rv.master_port);
+  if (auto* se = dynamic_cast<const Error*>(&e)) return Error(se->kind(), where, se->what());  // ours: its kind
   std::string m = CleanC10dMessage(e.what());
   if (auto* c = dynamic_cast<const c10::Error*>(&e)) m = CleanC10dMessage(c->what_without_backtrace());
   // A worker whose connection to the store broke, or never came up, has lost rank 0: the same
@@ -87,10 +90,7 @@ Error RendezvousError(const Rendezvous& rv, const char* phase, const std::except
     const FailureNote n = LooksLikeTimeout(m) ? StoreUnanswered(StoreHost(rv), StoreAt(rv)) : StoreLost(StoreHost(rv));
     return Error(n.kind, phase, n.message);
   }
-  return Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm,
-               "rank " + std::to_string(rv.rank) + " rendezvous at " + rv.master_addr + ":" +
-                   std::to_string(rv.master_port),
-               m);
+  return Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, m);
 }
 
 namespace {
@@ -117,13 +117,12 @@ std::string WithAbsentRanks(const std::string& m, int world_size) {
 // this rank joins the same agreement on the same store, so every survivor raises one error, rank 0's
 // (naming the ranks that never came to the group) or the store's loss. As FailTogether: rank 0
 // publishes, every other rank takes what is published within kFailureFetchWait, else publishes its own.
+// names_absent: `e` already names the ranks that never came (WithAbsentRanks, from gloo's keys).
 [[noreturn]] void FailMakingTogether(const c10::intrusive_ptr<c10d::Store>& store, std::string store_host,
                                      StoreAddress store_at, int rank, int world_size, const Error& e,
-                                     const char* phase) {
+                                     bool names_absent, const char* phase) {
   StoreChannel channel(store, std::move(store_host), std::move(store_at));
   channel.Reach(kArrivedStep, rank);  // alive: not one of the ranks rank 0 names
-  // A timed-out wait for gloo's addresses already names the ranks that never published theirs.
-  const bool names_absent = std::string(e.what()).find(" (no address from rank") != std::string::npos;
   const Error named = names_absent ? e : WithAbsentFromGroup(channel, e, rank, world_size);
   const FailureNote mine{named.kind(), named.what()};
   std::optional<FailureNote> agreed;
@@ -134,18 +133,23 @@ std::string WithAbsentRanks(const std::string& m, int world_size) {
   throw Error(final.kind, phase, final.message);
 }
 
-// What the making of a group threw, as a communication error of ours.
-Error MakingError(const std::exception_ptr& failed, const std::string& where, int world_size) {
+// What the making of a group threw, as a communication error of ours; *names_absent: whether its message
+// names the ranks that never published their addresses.
+Error MakingError(const std::exception_ptr& failed, const std::string& where, int world_size, bool* names_absent) {
+  *names_absent = false;
+  auto named = [&](const std::string& m) {
+    const std::string out = WithAbsentRanks(m, world_size);
+    *names_absent = out != m;
+    return Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, out);
+  };
   try {
     std::rethrow_exception(failed);
   } catch (const Error& e) {
     return Error(e.kind(), where, e.what());
   } catch (const c10::Error& e) {
-    const std::string m = CleanC10dMessage(e.what_without_backtrace());
-    return Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, WithAbsentRanks(m, world_size));
+    return named(CleanC10dMessage(e.what_without_backtrace()));
   } catch (const std::exception& e) {
-    const std::string m = CleanC10dMessage(e.what());
-    return Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, WithAbsentRanks(m, world_size));
+    return named(CleanC10dMessage(e.what()));
   } catch (...) {
     return Error(ErrorKind::kInternal, where, "the Gloo group threw a non-exception");
   }
@@ -194,8 +198,9 @@ std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c
                     "or froze while the group was made");
   }
   if (agreed->failed) {
-    FailMakingTogether(store, std::move(store_host), AddressOf(store), rank, world_size,
-                       MakingError(agreed->failed, where, world_size), phase);
+    bool names_absent = false;
+    const Error e = MakingError(agreed->failed, where, world_size, &names_absent);
+    FailMakingTogether(store, std::move(store_host), AddressOf(store), rank, world_size, e, names_absent, phase);
   }
   auto comm = std::make_unique<C10dCommunicator>(std::move(agreed->backend), store, std::move(store_host), timeout,
                                                  c10::Device(c10::kCPU), /*owns=*/true, AddressOf(store));
@@ -266,7 +271,7 @@ std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::
         return Error(ErrorKind::kInternal, "rank " + std::to_string(rv.rank), "the Gloo group threw a non-exception");
       }
     }();
-    FailMakingTogether(made->store, StoreHost(rv), StoreAt(rv), rv.rank, rv.world_size, mine, phase);
+    FailMakingTogether(made->store, StoreHost(rv), StoreAt(rv), rv.rank, rv.world_size, mine, false, phase);
   }
   auto comm = std::make_unique<C10dCommunicator>(std::move(made->backend), made->store, StoreHost(rv), timeout,
                                                  c10::Device(c10::kCPU), /*owns=*/true, StoreAt(rv));

@@ -362,3 +362,15 @@ def test_a_save_without_collectives_is_refused_before_anything_is_written(tmp_pa
     with pytest.raises(shardcast.Unsupported, match="use_collectives=True"):  # raised as is: DCP runs no collective
         dcp.save({"w": torch.ones(4)}, storage_writer=StorageWriter(tmp_path / "nc"), no_dist=True, use_collectives=False)
     assert not any(n.endswith(".safetensors") or n.endswith(".json") for n in os.listdir(tmp_path / "nc"))
+
+
+# Regression (review): with DCP's plan cache the rank files of every later save named the first save's id (the
+# cached final plans carry it) while the metadata named the new save: every such checkpoint failed to load.
+def test_saves_with_plan_caching_load(tmp_path):
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+    for step in range(3):
+        dcp.save({"w": torch.full((3, 4), float(step)), "n": step}, no_dist=True,
+                 storage_writer=StorageWriter(tmp_path / "c"), planner=DefaultSavePlanner(enable_plan_caching=True))
+        back = {"w": torch.zeros(3, 4), "n": -1}
+        dcp.load(back, storage_reader=StorageReader(tmp_path / "c"), no_dist=True)
+        assert torch.equal(back["w"], torch.full((3, 4), float(step))) and back["n"] == step, step

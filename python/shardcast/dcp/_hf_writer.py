@@ -257,7 +257,14 @@ def _file_numbers(mapping: Optional[Dict[str, int]]) -> Dict[str, int]:
 def _mapping_digest(mapping: Optional[Dict[str, int]]) -> Tuple[int, str]:
     """(keys, digest) of a rank's fqn_to_index_mapping, for the coordinator to match every rank's."""
     import hashlib
-    items = sorted((repr(k), repr(v)) for k, v in (mapping or {}).items()) if isinstance(mapping, dict) else [repr(mapping)]
+    import operator
+
+    def number(v):  # 1 and numpy's int64(1) alike; anything else as written (_file_numbers refuses it)
+        try:
+            return repr(operator.index(v)) if not isinstance(v, bool) else repr(v)
+        except TypeError:
+            return repr(v)
+    items = sorted((repr(k), number(v)) for k, v in (mapping or {}).items()) if isinstance(mapping, dict) else [repr(mapping)]
     return len(items), hashlib.sha256(repr(items).encode()).hexdigest()[:16]
 
 

@@ -36,10 +36,13 @@ class StorageReader(_TorchStorageReader):
     no_dist, or one rank inspecting a checkpoint on its own), and a wait on a rank that is not loading is a
     hang until the timeout; a rank whose read fails raises in DCP's plan step, which reports it on every
     rank. The JSON is hostile input: sizes, chunk boxes, dtypes, file names (no path leaves the
-    directory), and every chunk stored exactly once with its exact byte length.
+    directory), every chunk stored exactly once with its exact byte length under its own key. Each rank's
+    plan carries the save its metadata is (storage_meta.save_id): the coordinator refuses ranks that read
+    different saves (a rank pointed at another step's folder), on every rank through DCP.
 
-    read_data maps each rank file it needs once, validates its header (capped, every entry inside the
-    file, the entries tiling the data), checks each item against it (key, offsets, dtype, shape), and
+    read_data opens each rank file it needs once (a regular file, never waiting on a FIFO), validates its
+    header (capped, every entry inside the file, the entries tiling the data, the save it names the
+    metadata's), checks each item against it (key, offsets, dtype, shape), and
     copies the requested box straight from the mapped bytes into planner.resolve_tensor(item), block by
     block, dropping each block's pages (madvise DONTNEED) once copied. A destination of another dtype is
     converted by copy_, as torch's reader converts.

@@ -70,11 +70,13 @@ class StorageWriter(_TorchStorageWriter):
         self.rank: Optional[int] = None
         self.is_coordinator = False
         self.use_collectives = True
+        self._written_save_id: Optional[str] = None  # the id this rank's file names (its final plan's)
 
     def reset(self, checkpoint_id: Union[str, os.PathLike, None] = None) -> None:
         if checkpoint_id:
             self.path = os.fspath(checkpoint_id)
         self.save_id = uuid.uuid4().hex
+        self._written_save_id = None
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.is_coordinator = is_coordinator
@@ -118,6 +120,15 @@ class StorageWriter(_TorchStorageWriter):
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
         # Before any rank writes (write_data follows this step), so an overwrite cut short looks unfinished.
         self._forget_metadata()
+        if not any(getattr(p, "usable", True) for p in plans):
+            # DCP's plan cache (DefaultSavePlanner(enable_plan_caching=True), the state's structure unchanged):
+            # every rank writes by its cached final plan, the first cached save's prefix and id, and finish()
+            # writes the id the coordinator's plan carried
+            return plans
+        if not all(getattr(p, "usable", True) for p in plans):
+            raise Unsupported("a save plan cached on some ranks only (DefaultSavePlanner(enable_plan_caching=True) "
+                              "after the state's structure changed on some ranks): their rank files would name "
+                              "another save than the others'; save without plan caching")
         # each rank's file prefix, and the save every rank file names (its header's __metadata__ save_id,
         # the metadata's storage_meta.save_id): the reader refuses a rank file of another save
         return [dataclasses.replace(p, storage_data=(f"__{i}_", self.save_id)) for i, p in enumerate(plans)]
@@ -144,6 +155,7 @@ class StorageWriter(_TorchStorageWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
         prefix, save_id = plan.storage_data
+        self._written_save_id = save_id  # the coordinator's finish() names it in the metadata
         name = f"{prefix}0.safetensors"
         path = os.path.join(self.path, name)
         # Byte items are small and their length is known only once encoded: first. Tensors stream after.
@@ -217,7 +229,7 @@ class StorageWriter(_TorchStorageWriter):
         from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
         metadata.version = CURRENT_DCP_VERSION
         metadata.storage_data = {wr.index: wr.storage_data for rank_results in results for wr in rank_results}
-        metadata.storage_meta = self.storage_meta()
+        metadata.storage_meta = StorageMeta(checkpoint_id=self.path, save_id=self._written_save_id or self.save_id)
         text = encode_metadata(metadata)
         final = self._metadata_path()
         tmp = f"{final}.tmp-{self.save_id}"
