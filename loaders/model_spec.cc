@@ -237,15 +237,26 @@ bool HasBuilderFor(std::string_view config_json) {
 
 namespace {
 
-// N where `key` has ".layers.N." (or starts "layers.N."), else -1.
+// N where `key` has a stack's ".<name>.N." (or starts "<name>.N."), the names transformers' models give their
+// blocks: layers (llama and most), h (gpt2, falcon), layer (bert), block and blocks (t5, mpt); else -1.
+// The first such name in the key is its stack: t5's "encoder.block.2.layer.0." is block 2.
 int LayerOfKey(std::string_view key) {
-  for (size_t at = key.find("layers."); at != std::string_view::npos; at = key.find("layers.", at + 1)) {
-    if (at != 0 && key[at - 1] != '.') continue;
-    size_t i = at + 7, end = i;
-    while (end < key.size() && end - i < 9 && key[end] >= '0' && key[end] <= '9') ++end;
-    if (end > i && end < key.size() && key[end] == '.') return std::stoi(std::string(key.substr(i, end - i)));
+  size_t best = std::string_view::npos;
+  int layer = -1;
+  for (std::string_view name : {"layers.", "h.", "layer.", "block.", "blocks."}) {
+    for (size_t at = key.find(name); at != std::string_view::npos && at < best; at = key.find(name, at + 1)) {
+      if (at != 0 && key[at - 1] != '.') continue;
+      const size_t i = at + name.size();
+      size_t end = i;
+      while (end < key.size() && end - i < 9 && key[end] >= '0' && key[end] <= '9') ++end;
+      if (end > i && end < key.size() && key[end] == '.') {
+        best = at;
+        layer = std::stoi(std::string(key.substr(i, end - i)));
+        break;
+      }
+    }
   }
-  return -1;
+  return layer;
 }
 
 }  // namespace

@@ -71,7 +71,8 @@ ModelSpec BuildModelSpec(const std::string& config_path, const SpecOptions& opti
 class Checkpoint;  // loaders/checkpoint.h
 
 // Every tensor `checkpoint` holds, as it holds it (key, shape, dtype), each a parameter of layer N where its
-// key has ".layers.N.": the spec of an architecture with no builder (a model_type KnownModelTypes lacks).
+// key has a stack's ".layers.N." (or ".h.N.", ".layer.N.", ".block.N.", ".blocks.N."; the stacks of an
+// encoder-decoder share their numbers): the spec of an architecture with no builder (a model_type KnownModelTypes lacks).
 // It knows no computed buffers, no persistent-buffer roles and no quantization sidecars (an fp8 checkpoint
 // loads as stored). options.layers keeps the entries of no layer and those of layers below it. `source`
 // and `model_type` name it in messages. Throws kCheckpoint for a checkpoint that holds no tensor.

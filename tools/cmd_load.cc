@@ -102,6 +102,12 @@ ModelSpec SpecFor(const LoadArgs& a, int rank) {
                  "load: model_type \"%s\" has no shardcast builder: its %zu tensors as the checkpoint stores "
                  "them (no computed buffers; an fp8 checkpoint loads as stored)\n",
                  type.c_str(), spec.entries.size());
+    if (a.layers >= 0 && spec.total_layers == 0) {
+      std::fprintf(stderr, "load: --layers %d keeps every tensor: no key names a layer (layers.N., h.N., layer.N., "
+                           "block.N., blocks.N.)\n", a.layers);
+    }
+    if (!a.dtype.empty()) std::fprintf(stderr, "load: --dtype %s changes nothing here: it dequantizes the fp8 "
+                                                "weights a builder knows\n", a.dtype.c_str());
   }
   return spec;
 }

@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <tuple>
 
+#include "loaders/checkpoint.h"
+#include "loaders/writer.h"
 #include "tests/loaders/test_util.h"
 
 namespace shardcast {
@@ -134,4 +136,39 @@ TEST(ModelSpec, TiedEmbeddingsHaveNoLmHead) {
 }
 
 }  // namespace
+// An architecture with no builder: the checkpoint's own tensors, each in the layer its key names, whatever
+// the model calls its stack; --layers keeps what is in no layer and the layers below N.
+TEST(ModelSpec, FromCheckpointTakesEveryTensorAsStoredWithItsLayer) {
+  testing::TempDir dir;
+  const std::vector<std::pair<std::string, int>> keys = {
+      {"model.embed_tokens.weight", -1}, {"model.layers.0.mlp.up_proj.weight", 0},
+      {"model.layers.11.self_attn.q_proj.weight", 11}, {"transformer.h.3.attn.c_attn.weight", 3},
+      {"encoder.block.2.layer.0.SelfAttention.q.weight", 2}, {"layers.5.w", 5}, {"model.norm.weight", -1},
+      {"model.layers.7", -1}, {"model.mylayers.4.w", -1}, {"model.layers.x.w", -1}};
+  std::vector<WriteEntry> entries;
+  for (const auto& [k, _] : keys) entries.push_back({k, DType::kBF16, {2, 3}});
+  SafetensorsWriter w(dir / "model.safetensors", entries);
+  for (size_t i = 0; i < keys.size(); ++i) w.Append(std::string(12, 'x').data(), 12);
+  w.Commit();
+  const auto ckpt = Checkpoint::Open(dir.path());
+  const ModelSpec spec = SpecFromCheckpoint(*ckpt, "cfg", "gemma9");
+  EXPECT_EQ(spec.model_type, "gemma9");
+  EXPECT_EQ(spec.total_layers, 12);
+  ASSERT_EQ(spec.entries.size(), keys.size());
+  for (const auto& [k, layer] : keys) {
+    const SpecEntry* e = spec.Find(k);
+    ASSERT_NE(e, nullptr) << k;
+    EXPECT_EQ(e->layer, layer) << k;
+    EXPECT_EQ(e->role, Role::kParameter) << k;
+    EXPECT_EQ(e->dtype, DType::kBF16) << k;
+    EXPECT_EQ(e->shape, (std::vector<uint64_t>{2, 3})) << k;
+  }
+  const ModelSpec first3 = SpecFromCheckpoint(*ckpt, "cfg", "gemma9", SpecOptions{3});
+  EXPECT_EQ(first3.num_layers, 3);
+  for (const auto& [k, layer] : keys) EXPECT_EQ(first3.Find(k) != nullptr, layer < 3) << k;
+  EXPECT_FALSE(HasBuilderFor(R"({"model_type": "gemma9"})"));
+  EXPECT_TRUE(HasBuilderFor(R"({"model_type": "llama"})"));
+  EXPECT_FALSE(HasBuilderFor("not json"));
+}
+
 }  // namespace shardcast
