@@ -79,7 +79,8 @@ py::dict SaveEntries(py::object entries, py::object layouts, py::object out_dir,
       const int64_t n = Cast<int64_t>(v, "key '" + key + "'", "a file number (int)");
       if (n < 1 || n > UINT32_MAX) {
         throw Error(ErrorKind::kInvalidArgument, "key '" + key + "'",
-                    "file number " + std::to_string(n) + " (fqn_to_index_mapping's numbers start at 1)");
+                    "file number " + std::to_string(n) + " is outside 1.." + std::to_string(UINT32_MAX) +
+                        " (fqn_to_index_mapping's numbers start at 1)");
       }
       rq.file_numbers[key] = static_cast<uint32_t>(n);
     }
