@@ -21,7 +21,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 import shardcast
 from shardcast import CheckpointError
 from shardcast.dcp._state import StorageReader, StorageWriter
-from shardcast.dcp._state_codec import decode_metadata, decode_value, encode_value
+from shardcast.dcp._state_codec import decode_metadata
+from shardcast.dcp._state_values import decode_value, encode_value
 from shardcast.dcp._state_files import _RankFile
 
 

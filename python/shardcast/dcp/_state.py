@@ -32,8 +32,8 @@ Unsupported for a value JSON cannot hold) naming the file, key and rank. DCP gat
 in its plan, write and read steps and raises its CheckpointException on every rank; these classes run no
 collective of their own, so nothing here can leave a rank waiting.
 
-Here the format; the writer is in _state_writer, the reader in _state_reader, the JSON (byte values, the
-metadata) in _state_codec, the rank files' layout, writes and reads in _state_files.
+Here the format; the writer is in _state_writer, the reader in _state_reader, the metadata's JSON in
+_state_codec, the byte items' values as tagged JSON in _state_values, the rank files' layout, writes and reads in _state_files.
 """
 from ._state_reader import StorageReader  # noqa: F401
 from ._state_writer import StorageWriter  # noqa: F401

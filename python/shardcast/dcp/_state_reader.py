@@ -16,8 +16,9 @@ from torch.futures import Future
 
 from .._shardcast import CheckpointError, InvalidArgument
 from ._state_codec import (DEFAULT_BLOCK_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_METADATA_BYTES, METADATA_NAME,
-                           StoredItem, _rank, decode_metadata, decode_value)
+                           StoredItem, _rank, decode_metadata)
 from ._state_files import _copy_box, _RankFile, open_regular
+from ._state_values import decode_value
 
 
 class StorageReader(_TorchStorageReader):

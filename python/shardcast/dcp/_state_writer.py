@@ -19,8 +19,9 @@ from torch.futures import Future
 
 from .._shardcast import CheckpointError, InternalError, InvalidArgument, IoError, Unsupported, fault_point
 from ._state_codec import (_CODE_OF, _FILE_RE, DEFAULT_BLOCK_BYTES, FORMAT, METADATA_NAME, StoredItem, _fsync_dir,
-                           _name_of, _rank, _weights_only_load, encode_metadata, encode_value)
+                           _name_of, _rank, chunk_key, encode_metadata)
 from ._state_files import _bins, _header_bytes, _write_all, _write_tensor
+from ._state_values import _weights_only_load, encode_value
 
 _TORCH_FILE_RE = re.compile(r"^__[0-9]{1,9}_[0-9]{1,9}\.distcp$")  # torch's FileSystemWriter's rank files
 
@@ -170,7 +171,7 @@ class StorageWriter(_TorchStorageWriter):
                 where = f"rank {self.rank}: '{it.index.fqn}'"
                 _name_of(td.properties.dtype, where)
                 shape = list(td.chunk.sizes)
-                key = f"{it.index.fqn}@{','.join(map(str, td.chunk.offsets))}"
+                key = chunk_key(it.index.fqn, td.chunk.offsets)
                 layout.append((it, key, _CODE_OF[td.properties.dtype], shape,
                                math.prod(shape) * td.properties.dtype.itemsize))
         if len({k for _, k, _, _, _ in layout}) != len(layout):
