@@ -126,6 +126,21 @@ addrinfo* Lookup(const std::string& host, int port, bool numeric) {
   return getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) == 0 ? found : nullptr;
 }
 
+// The names this process resolved (Resolved), with their numeric addresses.
+std::mutex& KeptMutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::map<std::pair<std::string, int>, std::vector<std::string>>& Kept() {
+  static std::map<std::pair<std::string, int>, std::vector<std::string>> kept;
+  return kept;
+}
+std::vector<std::string> KeptAddresses(const StoreAddress& at) {
+  std::lock_guard<std::mutex> l(KeptMutex());
+  const auto it = Kept().find({at.addr, at.port});
+  return it == Kept().end() ? std::vector<std::string>{} : it->second;
+}
+
 }  // namespace
 
 StoreAddress Resolved(const StoreAddress& at, std::chrono::milliseconds wait) noexcept {
@@ -139,16 +154,8 @@ StoreAddress Resolved(const StoreAddress& at, std::chrono::milliseconds wait) no
     }
     // Once a process, for every channel after it too (an operation makes several; a channel made after the
     // store's host died asks nothing then). Only names that resolved are kept.
-    static std::mutex mu;
-    static std::map<std::pair<std::string, int>, std::vector<std::string>> known;
-    {
-      std::lock_guard<std::mutex> l(mu);
-      const auto it = known.find({at.addr, at.port});
-      if (it != known.end()) {
-        r.numeric = it->second;
-        return r;
-      }
-    }
+    r.numeric = KeptAddresses(at);
+    if (!r.numeric.empty()) return r;
     std::function<std::vector<std::string>()> resolve = [at] {
       std::vector<std::string> numeric;
       addrinfo* found = Lookup(at.addr, at.port, /*numeric=*/false);
@@ -164,8 +171,8 @@ StoreAddress Resolved(const StoreAddress& at, std::chrono::milliseconds wait) no
     };
     r.numeric = WithDeadline(std::move(resolve), wait * 3).value_or(std::vector<std::string>{});
     if (!r.numeric.empty()) {
-      std::lock_guard<std::mutex> l(mu);
-      known.emplace(std::make_pair(at.addr, at.port), r.numeric);
+      std::lock_guard<std::mutex> l(KeptMutex());
+      Kept().emplace(std::make_pair(at.addr, at.port), r.numeric);
     }
     return r;
   } catch (...) {  // no thread or no memory: not known, so never taken as refused
@@ -176,7 +183,9 @@ StoreAddress Resolved(const StoreAddress& at, std::chrono::milliseconds wait) no
 bool StoreRefuses(const StoreAddress& at, std::chrono::milliseconds wait) noexcept {
   if (!Known(at)) return false;
   try {
-    std::function<bool()> probe = [at, wait] {
+    StoreAddress to = at;  // a name this process resolved before (a rendezvous that failed late): its addresses
+    if (to.numeric.empty()) to.numeric = KeptAddresses(at);
+    std::function<bool()> probe = [at = std::move(to), wait] {
       bool refused = false, answered = false;  // refused: one address refused, and none accepted or was silent
       const bool numeric = !at.numeric.empty();
       for (const std::string& host : numeric ? at.numeric : std::vector<std::string>{at.addr}) {

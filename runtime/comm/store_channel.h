@@ -129,8 +129,8 @@ FailureNote StoreLost(const std::string& host);    // kComm: its process or node
 StoreAddress Resolved(const StoreAddress& at, std::chrono::milliseconds wait = std::chrono::milliseconds(500)) noexcept;
 
 // Whether a TCP connection to `at` is refused within `wait`: on some address it has (at.numeric, else the
-// name's), and no other one accepted or stayed silent (an address this machine cannot use, such as ::1 with
-// IPv6 off, is passed over). Then the host is up and nothing listens on the port: the store's process is
+// addresses this process resolved the name to before, else the name's), and no other one accepted or stayed
+// silent (an address this machine cannot use, such as ::1 with IPv6 off, is passed over). Then the host is up and nothing listens on the port: the store's process is
 // gone. False where one is accepted, or not answered in time, or `at` is not known, or the probe itself
 // cannot run. The whole probe, resolving the name included, is bounded by 3 x wait.
 bool StoreRefuses(const StoreAddress& at, std::chrono::milliseconds wait = std::chrono::milliseconds(500)) noexcept;
