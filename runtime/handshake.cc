@@ -97,16 +97,48 @@ std::vector<std::string> Adopted(const StreamParams& reader, const LoadOptions& 
   return out;
 }
 
+std::string BlockText(const BlockSize& b) { return std::to_string(b.rows) + "x" + std::to_string(b.cols); }
+
 // How the checkpoint was quantized: its own config.json says (quantization_config.weight_block_size),
-// else the model's config, else 128 x 128. Decided by rank 0 and carried in the manifest. A
-// quant_method shardcast does not read is a kCheckpoint error (loaders/quantization.h).
-BlockSize WeightBlock(const std::string& checkpoint, const ModelSpec& spec) {
+// else the model's config, else the caller's weight_block_size, else 128 x 128. A caller's block that
+// a config contradicts is a kInvalidArgument naming both (its scales were made in the config's). Decided
+// by rank 0 and carried in the manifest. A quant_method shardcast does not read is a kCheckpoint error
+// (loaders/quantization.h).
+BlockSize WeightBlock(const std::string& checkpoint, const ModelSpec& spec, const std::optional<BlockSize>& asked) {
+  std::optional<BlockSize> b;
+  std::string source;
   if (auto config = ReadCheckpointConfig(checkpoint)) {
-    CheckQuantMethod(checkpoint + "/config.json", *config);
-    if (auto b = ConfigWeightBlockSize(checkpoint + "/config.json", *config)) return *b;
+    source = checkpoint + "/config.json";
+    CheckQuantMethod(source, *config);
+    b = ConfigWeightBlockSize(source, *config);
   }
-  if (auto b = ConfigWeightBlockSize(spec.source, spec.config_json)) return *b;
-  return BlockSize{};
+  if (!b) {
+    source = spec.source;
+    b = ConfigWeightBlockSize(spec.source, spec.config_json);
+  }
+  if (b && asked && (b->rows != asked->rows || b->cols != asked->cols)) {
+    throw Error(ErrorKind::kInvalidArgument, "weight_block_size",
+                BlockText(*asked) + " was asked for, but " + source + " says quantization_config.weight_block_size "
+                "is [" + std::to_string(b->rows) + ", " + std::to_string(b->cols) +
+                "]: the checkpoint's scales are in its blocks");
+  }
+  return b ? *b : asked.value_or(BlockSize{});
+}
+
+// A block this rank asked for that rank 0's manifest dequantizes in no part: "" where they agree.
+std::string CheckBlock(const Manifest& m, const std::optional<BlockSize>& asked, int rank) {
+  if (!asked) return {};
+  for (const ManifestEntry& e : m.entries) {
+    for (const ManifestPart& p : e.parts) {
+      if (!p.dequantize || !p.scale || p.packing != Packing::kNone) continue;  // fp8 only
+      const BlockSize& b = p.scale->block;
+      if (b.rows != asked->rows || b.cols != asked->cols) {
+        return "weight_block_size is " + BlockText(b) + " on rank 0 (key '" + std::string(e.key) + "') but " +
+               BlockText(*asked) + " on rank " + std::to_string(rank) + " (every rank must ask for the same)";
+      }
+    }
+  }
+  return {};
 }
 
 }  // namespace
@@ -121,7 +153,7 @@ Agreement Handshake(Communicator& comm, const Plan& plan, const HandshakeRequest
     a.nodes = Nodes(hello);
     a.ckpt = Checkpoint::Open(rq.checkpoint, FileOptions(rq));
     a.manifest = Resolve(plan, *a.ckpt, rq.mapping, DecideParams(rq.options, Probes(hello), a.nodes, plan),
-                         WeightBlock(rq.checkpoint, plan.spec()));
+                         WeightBlock(rq.checkpoint, plan.spec(), rq.options.weight_block));
     return EncodeManifest(a.manifest);
   };
   d.check = [&](const std::string& blob, const Facts& hello) {
@@ -130,6 +162,7 @@ Agreement Handshake(Communicator& comm, const Plan& plan, const HandshakeRequest
     if (me != 0) a.manifest = DecodeManifest(blob);
     std::string diff = CheckManifest(a.manifest, plan, me, comm.world_size());
     if (diff.empty()) diff = CheckParams(a.manifest.params, rq.options, me);
+    if (diff.empty()) diff = CheckBlock(a.manifest, rq.options.weight_block, me);
     if (!diff.empty()) throw Error(ErrorKind::kManifestMismatch, "", diff);
     const auto route = Route::Make(a.manifest.params.source, a.manifest.world_size, a.nodes);
     if (route->Reads(me, a.manifest.params.verify)) {

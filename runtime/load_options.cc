@@ -21,6 +21,17 @@ std::chrono::milliseconds ParseTimeout(const std::string& text, const std::strin
   return timeout;
 }
 
+// "N" (N x N) or "RxC": fp8 scale blocks of R rows and C columns, each 1 to 2^20.
+BlockSize ParseBlock(const std::string& text, const std::string& origin) {
+  const size_t x = text.find_first_of("xX");
+  const std::string rows = x == std::string::npos ? text : text.substr(0, x);
+  const std::string cols = x == std::string::npos ? text : text.substr(x + 1);
+  if (rows.empty() || cols.empty()) Bad(origin, text, "is not a block size: N or RxC, such as 128 or 128x128");
+  const BlockSize b{ParseCount(rows, origin, 1u << 20), ParseCount(cols, origin, 1u << 20)};
+  if (b.rows == 0 || b.cols == 0) Bad(origin, text, "is not a block size: each side must be at least 1");
+  return b;
+}
+
 }  // namespace
 
 const char* SourceName(Source source) {
@@ -55,6 +66,8 @@ const std::vector<OptionInfo>& OptionTable() {
        "xxHash every entry on every rank and compare with the sender"},
       {Option::kStrictKeys, "strict_keys", "--strict-keys", "SHARDCAST_STRICT_KEYS", true, "0",
        "fail on checkpoint keys the model does not own"},
+      {Option::kWeightBlockSize, "weight_block_size", "--weight-block-size", "SHARDCAST_WEIGHT_BLOCK_SIZE", false,
+       "the config's, else 128", "fp8 scale blocks, N or RxC; a config.json that names another is an error"},
       {Option::kPread, "", "", "SHARDCAST_PREAD", false, "1",
        "pread each piece into its shard; 0: read through an mmap of each file"},
   };
@@ -130,6 +143,7 @@ LoadOptions LoadOptionsBuilder::Build() const {
       case Option::kTimeoutMs: o.timeout = ParseTimeout(t, v.origin); break;
       case Option::kVerify: o.verify = ParseFlag(t, v.origin); break;
       case Option::kStrictKeys: o.strict_keys = ParseFlag(t, v.origin); break;
+      case Option::kWeightBlockSize: o.weight_block = ParseBlock(t, v.origin); break;
       case Option::kPread: o.pread = ParseFlag(t, v.origin); break;
     }
   }

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "loaders/quant/dequant.h"
 #include "runtime/layout/target.h"
 
 namespace shardcast {
@@ -54,6 +55,10 @@ struct LoadOptions {
   bool strict_keys = false;                           // default false: skip extra keys    (SHARDCAST_STRICT_KEYS)
   bool pread = true;                                  // default true: pread; false: mmap   (SHARDCAST_PREAD)
   bool release_pages = true;                          // default true: give consumed file pages back
+  // The fp8 scale blocks the caller says the checkpoint was quantized in (SHARDCAST_WEIGHT_BLOCK_SIZE: "128"
+  // or "128x64", rows x cols). Unset: the checkpoint's config.json decides, else 128 x 128. Where the config
+  // names another block, the load fails (WeightBlock in runtime/handshake.cc).
+  std::optional<BlockSize> weight_block;
 
   uint64_t staging_bytes() const { return chunk_bytes * static_cast<uint64_t>(staging_slots); }
 };
@@ -98,7 +103,8 @@ inline constexpr uint64_t kMaxReadaheadBytes = 64ull << 30;
 inline constexpr int64_t kMaxTimeoutMs = 7ll * 24 * 3600 * 1000;
 
 enum class Option {
-  kSource, kTarget, kChunkBytes, kStagingSlots, kReadaheadBytes, kReadThreads, kTimeoutMs, kVerify, kStrictKeys, kPread,
+  kSource, kTarget, kChunkBytes, kStagingSlots, kReadaheadBytes, kReadThreads, kTimeoutMs, kVerify, kStrictKeys,
+  kWeightBlockSize, kPread,
 };
 
 // The one table of load options: every name an option goes by, its default and what it does. The builder

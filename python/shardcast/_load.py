@@ -137,7 +137,7 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
          chunk_bytes: Optional[Union[int, str]] = None, staging_slots: Optional[int] = None,
          timeout: Optional[float] = None, strict: Optional[bool] = None, progress=None,
          readahead_bytes: Optional[Union[int, str]] = None, strict_keys: Optional[bool] = None,
-         read_threads: Optional[int] = None) -> LoadReport:
+         read_threads: Optional[int] = None, weight_block_size: Optional[Union[int, str]] = None) -> LoadReport:
     """The call after `fully_shard`: every rank receives only its own rows of every parameter.
 
     `model` is a module whose parameters are DTensors in any layout (FSDP2, HSDP, TP, EP, 2-D and 3-D
@@ -170,7 +170,9 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
     verify (False); strict (False); readahead_bytes (256M a node, split over its reading ranks: 64M each for
     each-rank at 4 ranks a node); read_threads (threads reading this rank's bytes, each a whole chunk at a
     time: the rank's share of the CPUs, its own where the launcher binds it, else the node's over its
-    reading ranks, within a cgroup quota; 1 to 4 (8 for a CUDA target) and at most staging_slots).
+    reading ranks, within a cgroup quota; 1 to 4 (8 for a CUDA target) and at most staging_slots);
+    weight_block_size (an fp8 checkpoint's scale blocks, 128 or "128x64": for a checkpoint whose config.json
+    does not say; one that names another block is an InvalidArgument).
     `shardcast options` prints the table of them all, with their SHARDCAST_* variables. Rank 0's chunk_bytes, staging_slots and source are used by every
     rank; verify and strict must match on every rank. progress: True for a progress line on rank 0
     (tqdm where installed), False for none, or a callable(done_bytes, total_bytes) called on this rank;
@@ -206,7 +208,7 @@ def load(model: Union[torch.nn.Module, Mapping[str, tuple]], path: Union[str, os
         options = _options(source=source, target=target if target not in (None, "pinned") else None, verify=verify,
                            strict_keys=strict, chunk_bytes=chunk_bytes, staging_slots=staging_slots,
                            readahead_bytes=readahead_bytes, read_threads=read_threads,
-                           timeout_ms=_timeout_ms(timeout))
+                           weight_block_size=weight_block_size, timeout_ms=_timeout_ms(timeout))
         progress = _progress(progress, rank)
     except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
         return _fail_load(pg, rank, world, store, _problem(e), mapping, timeout)

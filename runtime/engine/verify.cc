@@ -35,7 +35,16 @@ void VerifyDigests(Communicator& comm, const Manifest& m, const StreamResult& r)
     char buf[200];
     std::snprintf(buf, sizeof(buf), "checksum %016llx on rank %d, but its verifier's is %016llx",
                   static_cast<unsigned long long>(got), me, static_cast<unsigned long long>(want));
-    local = Problem{ErrorKind::kComm, "key '" + std::string(m.entries[i].key) + "': " + buf};
+    const std::string key = "key '" + std::string(m.entries[i].key) + "': ";
+    // each-rank: this rank and its verifier read the same bytes from their own views of the files, nothing
+    // was sent between them, so their copies of the checkpoint differ (the handshake samples each file's
+    // data, not all of it). Otherwise the bytes travelled from their reader: the transfer is at fault.
+    if (m.params.source == Source::kEachRank) {
+      local = Problem{ErrorKind::kCheckpoint, key + buf + ", reading the same bytes from its own view of the "
+                      "checkpoint: the ranks' copies of it differ (ranks must load the same checkpoint)"};
+    } else {
+      local = Problem{ErrorKind::kComm, key + buf};
+    }
     break;
   }
   Agree(comm, "verify", local);

@@ -31,8 +31,13 @@ MODE "groups" (world 3): loads over another group than the default one, with the
 MODE "truncated": this rank's own copy of the checkpoint (ROOT/copy-<rank>/llama, read as "llama" from
   ROOT/copy-<rank>: one path on every rank, as a checkpoint copied to each node's disk) is read; the test truncated
   rank 1's. MODE "other_values": each rank reads its own copy by its own path (ROOT/values-<rank>/llama); the
-  test changed values in rank 1's, its headers kept. MODE "kill": SHARDCAST_FAULT kills a rank mid-stream. Both write the exception each survivor
-  raised. MODE "scenarios": several modes in turn, in these processes (ranks.each_scenario).
+  test changed values in rank 1's, its headers kept. MODE "copies_verify": the same with rank 1's copy changed
+  where the handshake's samples do not look (ROOT/unsampled-<rank>/llama), read with verify=True. MODE "kill":
+  SHARDCAST_FAULT kills a rank mid-stream. These write the exception each survivor raised.
+MODE "block_size": an fp8 checkpoint quantized in 120 x 120 blocks with no config.json (ROOT/blocks120),
+  through both quantized readers given block_size=120, compared bit for bit; then each rank giving another
+  block_size, which must be one error on every rank. MODE "scenarios": several modes in turn, in these
+  processes (ranks.each_scenario).
 """
 import os
 import sys
@@ -323,18 +328,39 @@ def run(mode, root, rank, world):
             problems = []
             result["seconds"] = groups(root, world, problems)
             result["problems"] = problems
-        elif mode in ("truncated", "kill", "other_values"):
+        elif mode == "block_size":
+            problems = []
+            path = os.path.join(root, "blocks120")
+            keys = checkpoint_keys(path)
+            weights = {k: (shape, torch.float32) for k, (shape, dtype) in keys.items() if dtype == torch.float8_e4m3fn}
+            theirs, ours = state_dict(weights, world), state_dict(weights, world)
+            dcp.load(theirs, storage_reader=TorchQReader(path, block_size=120))
+            dcp.load(ours, storage_reader=sdcp.QuantizedHuggingFaceStorageReader(path, block_size=120))
+            result["checked"] = compare(theirs, ours, "block_size=120", problems)
+            result["problems"] = problems
+            try:
+                dcp.load(state_dict(weights, world),
+                         storage_reader=sdcp.QuantizedHuggingFaceStorageReader(path, block_size=120 + 8 * rank))
+                result["error"] = None
+            except BaseException as e:  # noqa: BLE001 -- DCP's CheckpointException is a BaseException
+                failures = getattr(e, "failures", None) or {rank: (e, None)}
+                result["shardcast"] = sorted({f"{type(x[0]).__name__}: {x[0]}" for x in failures.values()})
+            dist.barrier()
+        elif mode in ("truncated", "kill", "other_values", "copies_verify"):
             path = os.path.join(root, "llama")
             if mode == "truncated":
                 os.chdir(os.path.join(root, f"copy-{rank}"))
                 path = "llama"
             if mode == "other_values":  # each rank its own copy, named by a path of its own
                 path = os.path.join(root, f"values-{rank}", "llama")
+            if mode == "copies_verify":
+                path = os.path.join(root, f"unsampled-{rank}", "llama")
             start = time.monotonic()
             keys = checkpoint_keys(os.path.join(root, "llama"))
             sd = state_dict(keys, world)
             try:
-                dcp.load(sd, storage_reader=sdcp.HuggingFaceStorageReader(path, source="each-rank", timeout=20))
+                dcp.load(sd, storage_reader=sdcp.HuggingFaceStorageReader(path, source="each-rank", timeout=20,
+                                                                           verify=mode == "copies_verify"))
                 result["error"] = None
             except BaseException as e:  # noqa: BLE001 -- DCP's CheckpointException is a BaseException
                 result["error"] = f"{type(e).__name__}: {e}"

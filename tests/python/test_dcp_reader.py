@@ -7,6 +7,7 @@ per-rank files of save_distributed=True), each
 rank comparing its local shards bit for bit; at world 3 it then reads a copy truncated on one rank, which
 must end every rank with the same error. A rank killed mid-stream has a launch of its own.
 """
+import json
 import os
 import shutil
 
@@ -98,9 +99,47 @@ def other_values(root):
 
 
 @pytest.fixture(scope="module")
-def run(root, truncated, other_values, tmp_path_factory):
+def unsampled(root):
+    """ROOT/unsampled-<rank>/llama for 3 ranks, rank 1's largest file with every byte of one tensor changed (so
+    rank 1 reads some of them in any layout), a tensor lying where the handshake's samples (the data's first,
+    middle and last 4 KiB) do not look: the file."""
+    for r in range(3):
+        shutil.copytree(root / "llama", root / f"unsampled-{r}" / "llama", dirs_exist_ok=True)
+    victim = max((p for p in (root / "unsampled-1" / "llama").iterdir() if p.suffix == ".safetensors"),
+                 key=os.path.getsize)
+    data = bytearray(victim.read_bytes())
+    n = int.from_bytes(data[:8], "little")
+    start, size = 8 + n, len(data) - 8 - n
+    sampled = [(0, 4096), ((size - 4096) // 2, (size + 4096) // 2), (size - 4096, size)]
+    spans = [tuple(t["data_offsets"]) for k, t in json.loads(data[8:start]).items() if k != "__metadata__"]
+    free = [(b, e) for b, e in spans if e > b and all(e <= sb or b >= se for sb, se in sampled)]
+    assert free, "no tensor of the file lies outside the samples"
+    b, e = free[0]
+    data[start + b:start + e] = bytes(x ^ 0xFF for x in data[start + b:start + e])
+    victim.write_bytes(bytes(data))
+    return victim
+
+
+@pytest.fixture(scope="module")
+def blocks120(root):
+    """ROOT/blocks120: one fp8 weight (300 x 300, cut by 120-blocks both ways) quantized in 120 x 120 blocks,
+    its scale grid [3, 3] as 128-blocks would also need, and no config.json to say which."""
+    from safetensors.torch import save_file
+    w = torch.randn(300, 300, generator=torch.Generator().manual_seed(5))
+    q, s = _fp8_blocks(w, block=120)
+    os.makedirs(root / "blocks120", exist_ok=True)
+    name = "model-00001-of-00001.safetensors"  # and an index: torch's quantized reader reads it
+    save_file({"w.weight": q, "w.weight_scale_inv": s}, str(root / "blocks120" / name))
+    (root / "blocks120" / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": {"w.weight": name, "w.weight_scale_inv": name}}))
+    return root / "blocks120"
+
+
+@pytest.fixture(scope="module")
+def run(root, truncated, other_values, unsampled, blocks120, tmp_path_factory):
     """run(scenario, world): its per-rank results, one launch per world size (rank start-up dominates)."""
-    return ranks.Scenarios(WORKER, tmp_path_factory, {3: ["compare", "truncated", "other_values", "groups"],
+    return ranks.Scenarios(WORKER, tmp_path_factory, {3: ["compare", "truncated", "other_values", "groups",
+                                                          "block_size", "copies_verify"],
                                                       4: ["compare"]}, root=root)
 
 
@@ -136,6 +175,31 @@ def test_a_rank_given_another_checkpoint_with_the_same_headers_fails_every_rank(
     assert agreed[0] and all(a == agreed[0] for a in agreed), agreed
     assert any(other_values.name in line and "data differs between rank 0 and rank 1" in line for line in agreed[0])
     assert all(r["seconds"] < 15 for r in results), [r["seconds"] for r in results]
+
+
+def test_copies_that_differ_where_no_sample_looks_fail_verify_as_a_checkpoint_error(run, unsampled):
+    """Rank 1's copy differs a quarter into one file, which the handshake's samples pass: verify=True (each
+    rank hashing what it read, its neighbour reading the same bytes from its own copy) finds it, one
+    CheckpointError on every rank saying the copies differ (it was a CommError about checksums)."""
+    results = run("copies_verify", 3)
+    assert all(r.get("error") for r in results), results
+    agreed = [r["shardcast"] for r in results]
+    assert agreed[0] and all(a == agreed[0] for a in agreed), agreed
+    assert all(line.startswith("CheckpointError") and "copies of it differ" in line for line in agreed[0]), agreed
+
+
+def test_block_size_is_the_checkpoints_where_no_config_says_and_every_rank_gives_the_same(run):
+    """A checkpoint quantized in 120-blocks with no config.json: block_size=120 was ignored (128 used, 13,824
+    of 90,000 values wrong, no error); it now equals torch's reader bit for bit. A block_size that differs
+    between ranks is one ManifestMismatch on every rank naming both."""
+    results = run("block_size", 3)
+    for r in results:
+        assert "crash" not in r, r["crash"]
+        assert r["checked"] == 1 and r["problems"] == [], r
+    agreed = [r["shardcast"] for r in results]
+    assert agreed[0] and all(a == agreed[0] for a in agreed), agreed
+    assert any("weight_block_size is 120x120 on rank 0" in line and "128x128 on rank 1" in line
+               for line in agreed[0]), agreed
 
 
 def test_no_dist_and_subgroup_loads_need_no_reader_told_the_group(run):

@@ -149,6 +149,23 @@ TEST(LoadOptionsBuilder, BoundsAreErrorsNamingTheOriginNeverSilentlyIgnored) {
   fails(Option::kChunkBytes, "5G", "--chunk-bytes", "exceeds the limit");
   fails(Option::kSource, "rank1", "--source", "rank0, each-rank, node-leader or striped");
   fails(Option::kVerify, "maybe", "verify=", "not a boolean");
+  fails(Option::kWeightBlockSize, "0", "weight_block_size=", "at least 1");
+  fails(Option::kWeightBlockSize, "128x0", "weight_block_size=", "at least 1");
+  fails(Option::kWeightBlockSize, "x128", "weight_block_size=", "N or RxC");
+  fails(Option::kWeightBlockSize, "128x", "weight_block_size=", "N or RxC");
+  fails(Option::kWeightBlockSize, "12y", "weight_block_size=", "not a non-negative integer");
+  fails(Option::kWeightBlockSize, "2000000", "weight_block_size=", "exceeds the limit");
+}
+
+TEST(LoadOptionsBuilder, AWeightBlockIsNOrRowsByColumnsAndUnsetByDefault) {
+  EXPECT_FALSE(LoadOptionsBuilder().Build().weight_block.has_value());
+  const LoadOptions square = LoadOptionsBuilder().Set(Option::kWeightBlockSize, "120", "t").Build();
+  ASSERT_TRUE(square.weight_block.has_value());
+  EXPECT_EQ(square.weight_block->rows, 120u);
+  EXPECT_EQ(square.weight_block->cols, 120u);
+  const LoadOptions oblong = LoadOptionsBuilder().Set(Option::kWeightBlockSize, "128x64", "t").Build();
+  EXPECT_EQ(oblong.weight_block->rows, 128u);
+  EXPECT_EQ(oblong.weight_block->cols, 64u);
 }
 
 TEST(ParseBytes, OneGrammarForEveryOrigin) {

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 import torch
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata, TensorStorageMetadata
@@ -13,6 +13,11 @@ from torch.distributed.checkpoint.quantized_hf_storage import \
 from .. import _shardcast
 from .._mapping import quantized_keys
 from ._hf_reader import HuggingFaceStorageReader, _swapped
+
+
+_KERNEL_TARGETS = (torch.float32, torch.bfloat16, torch.float16)  # what the stream's kernels dequantize to
+_ROUNDED_TARGETS = (torch.float8_e4m3fn, torch.float8_e5m2)  # dequantized to float32, then rounded
+_TARGETS = _KERNEL_TARGETS + _ROUNDED_TARGETS
 
 
 class QuantizedHuggingFaceStorageReader(HuggingFaceStorageReader, _TorchQuantizedReader):
@@ -25,15 +30,31 @@ class QuantizedHuggingFaceStorageReader(HuggingFaceStorageReader, _TorchQuantize
     MiniMax-M2), MXFP4 "_blocks"/"_scales" pairs, and NVFP4 (ModelOpt's "<m>.weight" packed E2M1 with
     "<m>.weight_scale" and "<m>.weight_scale_2", which torch's reader does not read: its key reports the
     dequantized [out, in] here). Any box works: one that cuts a scale block,
-    and a weight whose scale sits in another file. `block_size` is checked against the checkpoint's scale
-    grid, which decides.
+    and a weight whose scale sits in another file.
+
+    target_dtype: float32 (default), bfloat16 or float16, or an fp8 dtype (dequantized to float32, then
+    rounded to it, as torch's reader does); float64 and the rest are Unsupported. block_size: the fp8 scale blocks (N x N). Not given (None), the checkpoint's
+    config.json decides (quantization_config.weight_block_size), else 128, as torch's default; given, it
+    is used where the config says nothing, and a config that names another block is an InvalidArgument on
+    every rank (torch's reader would use the argument against the checkpoint's scales). Every rank must
+    give the same.
     """
 
     def __init__(self, path: Union[str, os.PathLike], thread_count: int = 1, target_dtype: torch.dtype = torch.float32,
-                 block_size: int = 128, **options: Any) -> None:
+                 block_size: Optional[int] = None, **options: Any) -> None:
+        if target_dtype not in _TARGETS:
+            raise _shardcast.Unsupported(
+                f"target_dtype={target_dtype}: the quantized reader dequantizes to "
+                f"{', '.join(str(d) for d in _TARGETS)}")
+        if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int)
+                                       or block_size < 1):
+            raise _shardcast.InvalidArgument(f"block_size={block_size!r}: expected a positive int (or None: the "
+                                             "checkpoint's config.json decides, else 128)")
         HuggingFaceStorageReader.__init__(self, path, thread_count, **options)
+        if block_size is not None:
+            self._shardcast_options["weight_block_size"] = str(block_size)
         self.target_dtype = target_dtype
-        self.block_size = block_size
+        self.block_size = 128 if block_size is None else block_size  # torch's attribute; the engine's block is agreed
         self._quantized: set = set()
 
     def _adjust_metadata(self, metadata: Metadata) -> None:
@@ -50,6 +71,14 @@ class QuantizedHuggingFaceStorageReader(HuggingFaceStorageReader, _TorchQuantize
         for fqn, q in quantized_keys(tensors).quant.items():
             if q["piece"] != "data" or not q["complete"]:
                 continue
+            if q["format"] in ("nvfp4", "mxfp4") and not q["model_shape"]:
+                continue  # not the format's rank (an MXFP4 "_blocks" of 2 dims): as stored, as torch's reader reads it
+            if q["format"] == "mxfp4" and fqn[: -len("_blocks")] in keys:
+                plain = fqn[: -len("_blocks")]
+                raise _shardcast.CheckpointError(
+                    f"{self.path}: key '{fqn}' (MXFP4 blocks of the model's '{plain}', in "
+                    f"{_file_of(metadata, fqn)}) and a tensor '{plain}' (in {_file_of(metadata, plain)}) are both "
+                    "in the checkpoint: which one is the model's weight is ambiguous")
             self._quantized.add(fqn)
             md = keys[fqn]
             if q["format"] == "nvfp4":
@@ -68,7 +97,11 @@ class QuantizedHuggingFaceStorageReader(HuggingFaceStorageReader, _TorchQuantize
             md.chunks = [ChunkStorageMetadata(offsets=torch.Size([0] * len(md.size)), sizes=md.size)]
 
     def _delivered_dtype(self, key: str, stored: torch.dtype) -> torch.dtype:
-        return self.target_dtype if key in self._quantized else stored
+        """What the engine delivers: target_dtype for a quantized key, float32 for an fp8 target (the item is
+        then staged and rounded into its destination by copy_, as any other dtype is converted)."""
+        if key not in self._quantized:
+            return stored
+        return torch.float32 if self.target_dtype in _ROUNDED_TARGETS else self.target_dtype
 
     def _engine_key(self, fqn: str) -> Tuple[str, bool]:
         """An MXFP4 "<name>_blocks" key is resolved by its model name "<name>", which the engine dequantizes
@@ -76,3 +109,11 @@ class QuantizedHuggingFaceStorageReader(HuggingFaceStorageReader, _TorchQuantize
         if fqn in self._quantized and fqn.endswith("_blocks"):
             return fqn[: -len("_blocks")], True
         return fqn, False
+
+
+def _file_of(metadata: Metadata, fqn: str) -> str:
+    """The file holding key `fqn`'s (first) chunk, as read_metadata recorded it."""
+    for index, info in (metadata.storage_data or {}).items():
+        if index.fqn == fqn:
+            return str(getattr(info, "relative_path", info))
+    return "?"
