@@ -129,6 +129,7 @@ def training_state(root, rank, world):
     fresh = _training(world, "fsdp", rank, steps=0)
     assert _manager(ShardcastManager, root, "state-pickled", fresh, states={"custom": custom}, allow_pickle=True).load()
     out["pickled"] = {"value": repr(custom.value), "model": _state_crcs(fresh[0], *fresh[3:])[1] == out["saved"]}
+    out["odd_folders"] = _odd_folders(root, rank, world, trained, managers)
     # initial_load_in_hf through shardcast's manager: a fresh FSDP 4 job with an empty folder loads the HF
     # checkpoint (the adapter's torch reader swapped for shardcast's)
     from safetensors.torch import load_file
@@ -154,4 +155,49 @@ def training_state(root, rank, world):
                     with safe_open(os.path.join(step, f), "pt") as st:
                         tensors.update({k: [f, _crc(st.get_tensor(k))] for k in st.keys()})
             out["hf"][name] = {"tensors": tensors, "listing": sorted(os.listdir(step))}
+    return out
+
+
+def _failure(call):
+    """The text of what call() raised ("" where it returned)."""
+    try:
+        call()
+    except BaseException as e:  # noqa: BLE001 -- DCP's CheckpointException is a BaseException
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
+def _odd_folders(root, rank, world, trained, managers):
+    """Folders a user's run can leave (found by an outside trial of shardcast's manager): a remote URL as the
+    folder (it was written to a local directory named "file:"), a step holding both managers' saves (the
+    stale shardcast one resumed), and load_step naming an unfinished step (torch's words about a .metadata
+    the user never had)."""
+    import warnings
+    shardcast_cls = managers["shardcast"]
+    out = {}
+    remote = os.path.join(root, "state-remote")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _manager(shardcast_cls, root, "file://" + remote, trained).save(curr_step=2)
+    dist.barrier()
+    out["remote_files"] = sorted(os.listdir(os.path.join(remote, "step-2"))) if os.path.isdir(remote) else []
+    out["remote_warned"] = any("remote URL" in str(w.message) for w in caught)
+    out["remote_local_dir"] = os.path.exists(os.path.join(os.getcwd(), "file:"))
+    fresh = _training(world, "fsdp", rank, steps=0)
+    out["remote_resumed"] = _manager(shardcast_cls, root, "file://" + remote, fresh).load()
+    out["remote_equal"] = _state_crcs(fresh[0], *fresh[3:])[1] == _state_crcs(trained[0], *trained[3:])[1]
+    # torchtitan's own manager saves step 2 over shardcast's step 2
+    _manager(shardcast_cls, root, "state-mixed", trained).save(curr_step=2)
+    _manager(managers["torch"], root, "state-mixed", trained).save(curr_step=2)
+    dist.barrier()
+    fresh = _training(world, "fsdp", rank, steps=0)
+    out["mixed"] = _failure(lambda: _manager(shardcast_cls, root, "state-mixed", fresh).load())
+    # a save killed before its metadata: step 2 without .metadata.json, asked for by load_step
+    _manager(shardcast_cls, root, "state-partial", trained).save(curr_step=2)
+    dist.barrier()
+    if rank == 0:
+        os.remove(os.path.join(root, "state-partial", "step-2", ".metadata.json"))
+    dist.barrier()
+    out["partial"] = _failure(lambda: _manager(shardcast_cls, root, "state-partial", fresh).load(step=2))
+    dist.barrier()
     return out

@@ -375,3 +375,40 @@ def test_saves_with_plan_caching_load(tmp_path):
         back = {"w": torch.zeros(3, 4), "n": -1}
         dcp.load(back, storage_reader=StorageReader(tmp_path / "c"), no_dist=True)
         assert torch.equal(back["w"], torch.full((3, 4), float(step))) and back["n"] == step, step
+
+
+def test_subclasses_of_plain_types_are_not_stored_as_their_base():
+    """numpy.float64 (a float) came back as a float, an IntEnum as an int: numpy's scalars keep their type,
+    and a subclass of the user's is not plain data (allow_pickle keeps it)."""
+    import enum
+    import numpy as np
+
+    class Level(enum.IntEnum):
+        LOW = 1
+
+    for v in (np.float64(1.5), np.int64(-3), np.bool_(True)):
+        back = decode_value(json.loads(json.dumps(encode_value(v, "v"))), "v")
+        assert type(back) is type(v) and back == v, (type(v), type(back))
+    with pytest.raises(shardcast.Unsupported, match="Level is not plain data"):
+        encode_value(Level.LOW, "v")
+
+
+def test_metadata_is_read_within_an_address_space_limit(tmp_path):
+    """read_metadata asked for a buffer of its whole cap (4 GiB + 1 byte) to read a file of some hundred
+    bytes: under an address-space limit (ulimit -v, as batch schedulers set it) every resume failed with a
+    MemoryError. A process limited to what it maps now plus 1 GiB reads it."""
+    import subprocess
+    import sys
+    dcp.save({"w": torch.arange(4.0)}, storage_writer=StorageWriter(str(tmp_path)), no_dist=True)
+    code = (
+        "import resource, sys, torch, torch.distributed.checkpoint as dcp\n"
+        "from shardcast.dcp import StorageReader\n"
+        "size = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (size + (1 << 30), resource.RLIM_INFINITY))\n"
+        "out = {'w': torch.zeros(4)}\n"
+        "dcp.load(out, storage_reader=StorageReader(sys.argv[1]), no_dist=True)\n"
+        "print(out['w'].tolist())\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[0.0, 1.0, 2.0, 3.0]", done.stdout

@@ -120,6 +120,22 @@ def test_initial_load_in_hf_through_shardcasts_manager_gives_the_checkpoint(load
         assert r["wrong"] == [] and len(r["checked"]) > 20, (rank, r["wrong"])
 
 
+def test_folders_a_run_can_leave_are_saved_resumed_or_refused_by_name(loaded):
+    """A remote folder ("file://..."), which shardcast's manager wrote to a local directory named "file:",
+    is stored by torchtitan's own steps (torch's format) with a warning and resumes bit for bit; a step both
+    managers saved is refused naming both metadata files (the stale shardcast save was resumed); load_step
+    naming a step without its metadata gets shardcast's words (it got torch's, about a ".metadata")."""
+    messages = []
+    for rank, result in enumerate(loaded("state")):
+        r = result["odd_folders"]
+        assert ".metadata" in r["remote_files"] and not r["remote_local_dir"], (rank, r)
+        assert r["remote_warned"] and r["remote_resumed"] and r["remote_equal"], (rank, r)
+        assert "CheckpointError" in r["mixed"] and ".metadata.json" in r["mixed"] and "two saves" in r["mixed"], r
+        assert "not a finished checkpoint" in r["partial"], (rank, r["partial"])
+        messages.append(r["mixed"])
+    assert len(set(messages)) == 1, messages
+
+
 def test_a_torch_hf_reader_becomes_shardcasts_with_its_arguments(tmp_path):
     from torch.distributed.checkpoint import HuggingFaceStorageReader
     from torch.distributed.checkpoint.quantized_hf_storage import QuantizedHuggingFaceStorageReader

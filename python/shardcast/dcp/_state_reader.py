@@ -83,13 +83,15 @@ class StorageReader(_TorchStorageReader):
             if size > self.max_metadata_bytes:
                 raise CheckpointError(f"{where}: {size} bytes, over the cap of {self.max_metadata_bytes}")
             with os.fdopen(os.dup(fd), "rb") as f:
-                text = f.read(self.max_metadata_bytes + 1)  # a file that grows after fstat is still capped
+                # its size and one byte more: a read of the whole cap would allocate it (4 GiB, refused under an
+                # address-space limit), and a file that grows after fstat is still caught
+                text = f.read(size + 1)
         except OSError as e:
             raise CheckpointError(f"{where}: cannot read the checkpoint's metadata ({e.strerror or e})") from e
         finally:
             os.close(fd)
-        if len(text) > self.max_metadata_bytes:
-            raise CheckpointError(f"{where}: over the cap of {self.max_metadata_bytes} bytes (it grew as it was read)")
+        if len(text) > size:
+            raise CheckpointError(f"{where}: it grew from {size} bytes as it was read (a save still writing it?)")
         md = decode_metadata(text, where)
         md.storage_meta.load_id = self.load_id
         return md

@@ -71,11 +71,11 @@ def _tensor_bytes(t: torch.Tensor) -> bytes:
 
 def encode_value(v: Any, where: str) -> Any:
     """v as JSON-ready data; Unsupported (naming `where`) for anything that is not plain data."""
-    if v is None or isinstance(v, (bool, str)):
+    # The exact types: a subclass (numpy.float64 of float, an IntEnum of int, a StrEnum of str) would come
+    # back as its base; numpy's scalars go to their own encoding below, any other is not plain data.
+    if v is None or type(v) in (bool, str, int):
         return v
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float):
+    if type(v) is float:
         return v if math.isfinite(v) else {"float": repr(v)}
     if isinstance(v, list):
         return [encode_value(x, where) for x in v]

@@ -20,7 +20,11 @@ shardcast under its three storage steps:
 
 The async modes call `dcp.async_save` as torchtitan does (over its Gloo group; "async_with_pinned_mem"
 in a process of its own with its pinned stager), with shardcast's writer. A step folder counts as a
-checkpoint when it holds `.metadata.json` (shardcast's), `.metadata` (torch's) or an HF index.
+checkpoint when it holds `.metadata.json` (shardcast's), `.metadata` (torch's) or an HF index; one that
+holds both metadata files (torch's manager saved over a shardcast step) is refused on resume, naming both,
+rather than guessing which save is the newer. shardcast writes and reads local (or mounted) folders: a
+remote `folder` or path ("gs://", "s3://", any "://" fsspec URL) is saved and loaded by torchtitan's own
+steps (torch's format), with one warning saying so.
 
 Tested with torchtitan 0.3.0's own Qwen3-MoE, OptimizersContainer, LRSchedulersContainer and
 CheckpointManager at 4 ranks over Gloo (tests/python/test_dcp_torchtitan.py). It overrides
@@ -30,7 +34,9 @@ another torchtitan version may need this module changed.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import warnings
 from typing import Any, Dict
 
 import torch
@@ -45,7 +51,10 @@ from torchtitan.tools import filesystem
 from torchtitan.tools.utils import GarbageCollection
 
 from .. import dcp as _sdcp
+from .._shardcast import CheckpointError
 from ..dcp._state_codec import METADATA_NAME
+
+_TORCH_METADATA = ".metadata"  # torch's FileSystemWriter's
 
 __all__ = ["CheckpointManager", "shardcast_reader"]
 
@@ -81,9 +90,22 @@ class CheckpointManager(_TitanManager):
         super().__init__(config, **kwargs)
         self.allow_pickle = getattr(config, "allow_pickle", False)
 
+    def _remote(self, checkpoint_id: str) -> bool:
+        """Whether `checkpoint_id` is a remote URL, which torchtitan's own steps store (warned once)."""
+        if not filesystem.is_remote(checkpoint_id):
+            return False
+        if not getattr(self, "_warned_remote", False):
+            self._warned_remote = True
+            warnings.warn(f"shardcast: {checkpoint_id} is a remote URL; shardcast writes and reads local or "
+                          "mounted folders, so torchtitan's own storage (torch's format) saves and loads it",
+                          stacklevel=3)
+        return True
+
     @torch.no_grad()
     def dcp_save(self, state_dict: Dict[str, Any], checkpoint_id: str, async_mode: AsyncMode,
                  enable_garbage_collection: bool = False, to_hf: bool = False):
+        if self._remote(checkpoint_id):
+            return super().dcp_save(state_dict, checkpoint_id, async_mode, enable_garbage_collection, to_hf)
         if to_hf:
             assert self.sd_adapter is not None, "sd_adapter is required for to_hf=True"
             state_dict = self.sd_adapter.to_hf(state_dict)
@@ -103,6 +125,15 @@ class CheckpointManager(_TitanManager):
         return ret
 
     def dcp_load(self, state_dict: Dict[str, Any], checkpoint_id: str, from_hf: bool, from_quantized: bool) -> None:
+        if self._remote(checkpoint_id):
+            return super().dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
+        ours = os.path.join(checkpoint_id, METADATA_NAME)
+        torchs = os.path.join(checkpoint_id, _TORCH_METADATA)
+        if not from_hf and os.path.isfile(ours) and os.path.isfile(torchs):
+            raise CheckpointError(
+                f"{checkpoint_id} holds two saves: shardcast's {METADATA_NAME} (written "
+                f"{_mtime(ours)}) and torch's {_TORCH_METADATA} (written {_mtime(torchs)}), each with its own "
+                "files; remove the stale one's metadata (or the folder) and resume again")
         if from_hf:
             assert self.sd_adapter is not None, ("trying to load checkpoint in HF safetensors format, but sd_adapter "
                                                  "is not provided.")
@@ -114,8 +145,10 @@ class CheckpointManager(_TitanManager):
             dcp.load(state_dict, storage_reader=_sdcp.StorageReader(checkpoint_id, allow_pickle=self.allow_pickle))
             if MODEL in self.states:  # as torchtitan's: the model's states are flattened into state_dict
                 self.states[MODEL].load_state_dict(state_dict)
-        else:  # torch's own format: a step saved before shardcast was the storage
+        elif os.path.isfile(torchs):  # torch's own format: a step saved before shardcast was the storage
             super().dcp_load(state_dict, checkpoint_id, from_hf=False, from_quantized=False)
+        else:  # neither metadata (an unfinished save, load_step naming it): shardcast's reader says so
+            dcp.load(state_dict, storage_reader=_sdcp.StorageReader(checkpoint_id, allow_pickle=self.allow_pickle))
 
     def _find_load_step(self, folder: str = "") -> int:
         step = super()._find_load_step(folder)
@@ -125,3 +158,9 @@ class CheckpointManager(_TitanManager):
         ours = [int(m.group(1)) for name in filesystem.listdir(folder) if (m := re.search(r"step-(\d+)", name))
                 and filesystem.isfile(filesystem.join(filesystem.join(folder, name), METADATA_NAME))]
         return max([step, *ours])
+
+
+def _mtime(path: str) -> str:
+    """When `path` was last written, as local time to the second."""
+    import time
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.path.getmtime(path)))
