@@ -28,6 +28,7 @@ set(SHARDCAST_PUBLIC_HEADERS
   loaders/model_spec.h
   loaders/key_index.h
   loaders/quant/dequant.h
+  loaders/quant/block_size.h
   loaders/dtype.h
   allocators/error.h
   allocators/memory_probe.h

@@ -100,45 +100,60 @@ std::vector<std::string> Adopted(const StreamParams& reader, const LoadOptions& 
 std::string BlockText(const BlockSize& b) { return std::to_string(b.rows) + "x" + std::to_string(b.cols); }
 
 // How the checkpoint was quantized: its own config.json says (quantization_config.weight_block_size),
-// else the model's config, else the caller's weight_block_size, else 128 x 128. A caller's block that
-// a config contradicts is a kInvalidArgument naming both (its scales were made in the config's). Decided
-// by rank 0 and carried in the manifest. A quant_method shardcast does not read is a kCheckpoint error
+// else the model's config, else the caller's weight_block_size, else 128 x 128. Decided by rank 0 and
+// carried in the manifest. A quant_method shardcast does not read is a kCheckpoint error
 // (loaders/quantization.h).
-BlockSize WeightBlock(const std::string& checkpoint, const ModelSpec& spec, const std::optional<BlockSize>& asked) {
-  std::optional<BlockSize> b;
-  std::string source;
+struct DecidedBlock {
+  BlockSize block;
+  std::string config;  // the config.json that named it; "" where none did
+};
+DecidedBlock WeightBlock(const std::string& checkpoint, const ModelSpec& spec, const std::optional<BlockSize>& asked) {
   if (auto config = ReadCheckpointConfig(checkpoint)) {
-    source = checkpoint + "/config.json";
+    const std::string source = checkpoint + "/config.json";
     CheckQuantMethod(source, *config);
-    b = ConfigWeightBlockSize(source, *config);
+    if (auto b = ConfigWeightBlockSize(source, *config)) return {*b, source};
   }
-  if (!b) {
-    source = spec.source;
-    b = ConfigWeightBlockSize(spec.source, spec.config_json);
-  }
-  if (b && asked && (b->rows != asked->rows || b->cols != asked->cols)) {
-    throw Error(ErrorKind::kInvalidArgument, "weight_block_size",
-                BlockText(*asked) + " was asked for, but " + source + " says quantization_config.weight_block_size "
-                "is [" + std::to_string(b->rows) + ", " + std::to_string(b->cols) +
-                "]: the checkpoint's scales are in its blocks");
-  }
-  return b ? *b : asked.value_or(BlockSize{});
+  if (auto b = ConfigWeightBlockSize(spec.source, spec.config_json)) return {*b, spec.source};
+  return {asked.value_or(BlockSize{}), ""};
 }
 
-// A block this rank asked for that rank 0's manifest dequantizes in no part: "" where they agree.
-std::string CheckBlock(const Manifest& m, const std::optional<BlockSize>& asked, int rank) {
-  if (!asked) return {};
+bool SameBlock(const BlockSize& a, const BlockSize& b) { return a.rows == b.rows && a.cols == b.cols; }
+
+// The first fp8 part the manifest dequantizes (the only parts a weight block shapes), with its key.
+const ManifestPart* FirstFp8Dequantized(const Manifest& m, std::string_view* key) {
   for (const ManifestEntry& e : m.entries) {
     for (const ManifestPart& p : e.parts) {
-      if (!p.dequantize || !p.scale || p.packing != Packing::kNone) continue;  // fp8 only
-      const BlockSize& b = p.scale->block;
-      if (b.rows != asked->rows || b.cols != asked->cols) {
-        return "weight_block_size is " + BlockText(b) + " on rank 0 (key '" + std::string(e.key) + "') but " +
-               BlockText(*asked) + " on rank " + std::to_string(rank) + " (every rank must ask for the same)";
+      if (p.dequantize && p.scale && p.packing == Packing::kNone) {
+        *key = e.key;
+        return &p;
       }
     }
   }
-  return {};
+  return nullptr;
+}
+
+// Rank 0: a block the caller asked for that the config contradicts, where an fp8 part is dequantized (its
+// scales were made in the config's blocks): kInvalidArgument naming both. A load that dequantizes no fp8
+// part is not shaped by the block, so nothing is asked of it.
+void CheckAskedBlock(const Manifest& m, const DecidedBlock& decided, const std::optional<BlockSize>& asked) {
+  std::string_view key;
+  if (!asked || decided.config.empty() || SameBlock(*asked, decided.block) || !FirstFp8Dequantized(m, &key)) return;
+  throw Error(ErrorKind::kInvalidArgument, "weight_block_size",
+              BlockText(*asked) + " was asked for, but " + decided.config +
+                  " says quantization_config.weight_block_size is [" + std::to_string(decided.block.rows) + ", " +
+                  std::to_string(decided.block.cols) + "]: the checkpoint's scales (key '" + std::string(key) +
+                  "') are in its blocks");
+}
+
+// A block this rank asked for that is not the one rank 0's manifest dequantizes fp8 parts in: "" where
+// they agree, or where no fp8 part is dequantized.
+std::string CheckBlock(const Manifest& m, const std::optional<BlockSize>& asked, int rank) {
+  std::string_view key;
+  const ManifestPart* p = asked ? FirstFp8Dequantized(m, &key) : nullptr;
+  if (p == nullptr || SameBlock(p->scale->block, *asked)) return {};
+  return "the agreed fp8 block is " + BlockText(p->scale->block) + " (key '" + std::string(key) +
+         "': rank 0's config.json or weight_block_size) but rank " + std::to_string(rank) + " asked for " +
+         BlockText(*asked) + " (every rank must ask for the same)";
 }
 
 }  // namespace
@@ -152,8 +167,10 @@ Agreement Handshake(Communicator& comm, const Plan& plan, const HandshakeRequest
   d.decide = [&](const Facts& hello) {
     a.nodes = Nodes(hello);
     a.ckpt = Checkpoint::Open(rq.checkpoint, FileOptions(rq));
+    const DecidedBlock block = WeightBlock(rq.checkpoint, plan.spec(), rq.options.weight_block);
     a.manifest = Resolve(plan, *a.ckpt, rq.mapping, DecideParams(rq.options, Probes(hello), a.nodes, plan),
-                         WeightBlock(rq.checkpoint, plan.spec(), rq.options.weight_block));
+                         block.block);
+    CheckAskedBlock(a.manifest, block, rq.options.weight_block);
     return EncodeManifest(a.manifest);
   };
   d.check = [&](const std::string& blob, const Facts& hello) {

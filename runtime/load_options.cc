@@ -67,7 +67,7 @@ const std::vector<OptionInfo>& OptionTable() {
       {Option::kStrictKeys, "strict_keys", "--strict-keys", "SHARDCAST_STRICT_KEYS", true, "0",
        "fail on checkpoint keys the model does not own"},
       {Option::kWeightBlockSize, "weight_block_size", "--weight-block-size", "SHARDCAST_WEIGHT_BLOCK_SIZE", false,
-       "the config's, else 128", "fp8 scale blocks, N or RxC; a config.json that names another is an error"},
+       "the config's, else 128", "fp8 scale blocks, N or RxC, for a checkpoint whose config.json names none"},
       {Option::kPread, "", "", "SHARDCAST_PREAD", false, "1",
        "pread each piece into its shard; 0: read through an mmap of each file"},
   };

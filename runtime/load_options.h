@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-#include "loaders/quant/dequant.h"
+#include "loaders/quant/block_size.h"
 #include "runtime/layout/target.h"
 
 namespace shardcast {

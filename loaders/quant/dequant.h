@@ -55,13 +55,9 @@
 #include <vector>
 
 #include "loaders/dtype.h"
+#include "loaders/quant/block_size.h"
 
 namespace shardcast {
-
-struct BlockSize {
-  uint64_t rows = 128;  // default 128: weight rows per scale row (bh)
-  uint64_t cols = 128;  // default 128: weight columns per scale column (bw)
-};
 
 struct ScaleGrid {
   uint64_t rows = 0, cols = 0;

@@ -117,14 +117,15 @@ std::string WithAbsentRanks(const std::string& m, int world_size) {
 // this rank joins the same agreement on the same store, so every survivor raises one error, rank 0's
 // (naming the ranks that never came to the group) or the store's loss. As FailTogether: rank 0
 // publishes, every other rank takes what is published within kFailureFetchWait, else publishes its own.
-// names_absent: `e` already names the ranks that never came (WithAbsentRanks, from gloo's keys).
+// named: `e` needs no ranks named: it names those that never came already (WithAbsentRanks, from gloo's
+// keys), or it is this rank's own failure (a shardcast Error it raised), which no absent peer caused.
 [[noreturn]] void FailMakingTogether(const c10::intrusive_ptr<c10d::Store>& store, std::string store_host,
                                      StoreAddress store_at, int rank, int world_size, const Error& e,
-                                     bool names_absent, const char* phase) {
+                                     bool named, const char* phase) {
   StoreChannel channel(store, std::move(store_host), std::move(store_at));
   channel.Reach(kArrivedStep, rank);  // alive: not one of the ranks rank 0 names
-  const Error named = names_absent ? e : WithAbsentFromGroup(channel, e, rank, world_size);
-  const FailureNote mine{named.kind(), named.what()};
+  const Error full = named ? e : WithAbsentFromGroup(channel, e, rank, world_size);
+  const FailureNote mine{full.kind(), full.what()};
   std::optional<FailureNote> agreed;
   if (rank != 0) agreed = channel.Fetch(kFailureFetchWait);
   if (!agreed) agreed = channel.Publish(mine);
@@ -133,23 +134,25 @@ std::string WithAbsentRanks(const std::string& m, int world_size) {
   throw Error(final.kind, phase, final.message);
 }
 
-// What the making of a group threw, as a communication error of ours; *names_absent: whether its message
-// names the ranks that never published their addresses.
-Error MakingError(const std::exception_ptr& failed, const std::string& where, int world_size, bool* names_absent) {
-  *names_absent = false;
-  auto named = [&](const std::string& m) {
+// What the making of a group threw, as a communication error of ours; *named: whether it needs no ranks
+// named (FailMakingTogether): its message names the ranks that never published their addresses, or it is
+// a shardcast Error this rank raised itself (an allocation refused; gloo raises none of ours).
+Error MakingError(const std::exception_ptr& failed, const std::string& where, int world_size, bool* named) {
+  *named = false;
+  auto comm = [&](const std::string& m) {
     const std::string out = WithAbsentRanks(m, world_size);
-    *names_absent = out != m;
+    *named = out != m;
     return Error(LooksLikeTimeout(m) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where, out);
   };
   try {
     std::rethrow_exception(failed);
   } catch (const Error& e) {
+    *named = true;
     return Error(e.kind(), where, e.what());
   } catch (const c10::Error& e) {
-    return named(CleanC10dMessage(e.what_without_backtrace()));
+    return comm(CleanC10dMessage(e.what_without_backtrace()));
   } catch (const std::exception& e) {
-    return named(CleanC10dMessage(e.what()));
+    return comm(CleanC10dMessage(e.what()));
   } catch (...) {
     return Error(ErrorKind::kInternal, where, "the Gloo group threw a non-exception");
   }
@@ -198,9 +201,9 @@ std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c
                     "or froze while the group was made");
   }
   if (agreed->failed) {
-    bool names_absent = false;
-    const Error e = MakingError(agreed->failed, where, world_size, &names_absent);
-    FailMakingTogether(store, std::move(store_host), AddressOf(store), rank, world_size, e, names_absent, phase);
+    bool named = false;
+    const Error e = MakingError(agreed->failed, where, world_size, &named);
+    FailMakingTogether(store, std::move(store_host), AddressOf(store), rank, world_size, e, named, phase);
   }
   auto comm = std::make_unique<C10dCommunicator>(std::move(agreed->backend), store, std::move(store_host), timeout,
                                                  c10::Device(c10::kCPU), /*owns=*/true, AddressOf(store));
@@ -262,16 +265,20 @@ std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::
                 "did not complete within " + std::to_string(RendezvousDeadline(timeout).count()) + " ms");
   }
   if (made->failed) {
+    bool own = false;  // this rank's own failure (a shardcast Error): no absent peer to name
     const Error mine = [&] {
       try {
         std::rethrow_exception(made->failed);
-      } catch (const std::exception& e) {
+      } catch (const Error& e) {
+        own = true;
         return RendezvousError(rv, "", e);  // the phase is FailMakingTogether's to add
+      } catch (const std::exception& e) {
+        return RendezvousError(rv, "", e);
       } catch (...) {
         return Error(ErrorKind::kInternal, "rank " + std::to_string(rv.rank), "the Gloo group threw a non-exception");
       }
     }();
-    FailMakingTogether(made->store, StoreHost(rv), StoreAt(rv), rv.rank, rv.world_size, mine, false, phase);
+    FailMakingTogether(made->store, StoreHost(rv), StoreAt(rv), rv.rank, rv.world_size, mine, own, phase);
   }
   auto comm = std::make_unique<C10dCommunicator>(std::move(made->backend), made->store, StoreHost(rv), timeout,
                                                  c10::Device(c10::kCPU), /*owns=*/true, StoreAt(rv));

@@ -256,6 +256,11 @@ std::optional<FailureNote> StoreChannel::Fetch(std::chrono::milliseconds wait) {
   return DecodeFailure(std::string(value->begin(), value->end()));
 }
 
+bool StoreChannel::Published() {
+  if (!store_) return false;
+  return Call<bool>([](c10d::Store& s) { return s.check({kFailureKey}); }).value_or(false);
+}
+
 void StoreChannel::AwaitAcks(int n, std::chrono::milliseconds wait) {
   const auto until = std::chrono::steady_clock::now() + wait;
   while (std::chrono::steady_clock::now() < until) {

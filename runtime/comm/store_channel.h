@@ -14,6 +14,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -75,6 +76,8 @@ class StoreChannel {
   std::optional<FailureNote> Publish(const FailureNote& mine);
   // The published failure within `wait`, the store's loss, or nullopt when nothing came in time.
   std::optional<FailureNote> Fetch(std::chrono::milliseconds wait);
+  // Whether a failure is published (one check, taking nothing); false where the store cannot say.
+  bool Published();
   // Waits until `n` ranks fetched, or `wait` passed, or the store is gone.
   void AwaitAcks(int n, std::chrono::milliseconds wait);
 
@@ -115,6 +118,30 @@ std::optional<T> WithDeadline(std::function<T()> op, std::chrono::milliseconds d
   return done.get();
 }
 
+// WithDeadline, asking `stop` every `every` while `op` runs: nullopt at once where it says yes (`*stopped`
+// set; `op`'s thread is abandoned as a late one is). `stop` must bound its own wait.
+template <typename T>
+std::optional<T> WithDeadlineUnless(std::function<T()> op, std::chrono::milliseconds deadline,
+                                    const std::function<bool()>& stop, std::chrono::milliseconds every,
+                                    bool* stopped) {
+  *stopped = false;
+  auto task = std::make_shared<std::packaged_task<T()>>(std::move(op));
+  std::future<T> done = task->get_future();
+  std::thread([task] { (*task)(); }).detach();
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (done.wait_for(std::max(std::chrono::milliseconds(0), std::min(left, every))) == std::future_status::ready) {
+      return done.get();
+    }
+    if (std::chrono::steady_clock::now() >= until) return std::nullopt;
+    if (stop()) {
+      *stopped = true;
+      return std::nullopt;
+    }
+  }
+}
+
 // The two ways a store host fails, worded once so every survivor raises the same kind and message
 // whatever its own socket saw (a reset, a closed connection, a late reply).
 FailureNote StoreSilent(const std::string& host);  // kCommTimeout: frozen or unreachable
@@ -130,9 +157,10 @@ StoreAddress Resolved(const StoreAddress& at, std::chrono::milliseconds wait = s
 
 // Whether a TCP connection to `at` is refused within `wait`: on some address it has (at.numeric, else the
 // addresses this process resolved the name to before, else the name's), and no other one accepted or stayed
-// silent (an address this machine cannot use, such as ::1 with IPv6 off, is passed over). Then the host is up and nothing listens on the port: the store's process is
-// gone. False where one is accepted, or not answered in time, or `at` is not known, or the probe itself
-// cannot run. The whole probe, resolving the name included, is bounded by 3 x wait.
+// silent (an address this machine cannot use, such as ::1 with IPv6 off, is passed over). Then the host is up
+// and nothing listens on the port: the store's process is gone. False where one is accepted, or not answered
+// in time, or `at` is not known, or the probe itself cannot run. The whole probe, resolving the name
+// included, is bounded by 3 x wait.
 bool StoreRefuses(const StoreAddress& at, std::chrono::milliseconds wait = std::chrono::milliseconds(500)) noexcept;
 
 // The note for a store that did not answer in time: lost where its port refuses a connection, else silent.

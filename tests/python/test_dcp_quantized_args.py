@@ -81,6 +81,17 @@ def test_a_block_size_the_config_contradicts_is_refused_naming_both(fp8_120, tmp
         _load(sdcp.QuantizedHuggingFaceStorageReader(path, block_size=given), {"w.weight": torch.zeros(300, 300)})
 
 
+def test_a_block_the_config_contradicts_does_not_matter_where_nothing_is_dequantized(tmp_path):
+    """A bf16 checkpoint whose config names a block, loaded with another weight_block_size: no fp8 weight
+    is dequantized, so the block shapes nothing and the load goes on (it was refused on rank 0 alone)."""
+    w = torch.randn(6, 4).to(torch.bfloat16)
+    path = _write(tmp_path / "bf16", {"w.weight": w},
+                  {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}})
+    out = torch.zeros(6, 4, dtype=torch.bfloat16)
+    shardcast.load({"w.weight": (out, [0, 0])}, path, weight_block_size=64)
+    assert torch.equal(out, w)
+
+
 @pytest.mark.parametrize("bad", [0, -128, True, "128", 1.5])
 def test_block_size_must_be_a_positive_int(fp8_120, bad):
     with pytest.raises(shardcast.InvalidArgument, match="block_size="):
@@ -88,14 +99,17 @@ def test_block_size_must_be_a_positive_int(fp8_120, bad):
 
 
 @pytest.mark.parametrize("target", [torch.float8_e4m3fn, torch.float8_e5m2])
-def test_an_fp8_target_is_dequantized_then_rounded_as_torch_does(fp8_120, target):
+@pytest.mark.parametrize("into", ["fp8", torch.float32, torch.bfloat16])
+def test_an_fp8_target_is_dequantized_then_rounded_as_torch_does(fp8_120, target, into):
+    """Into a destination of the target's dtype, or of another (torch rounds to the target, then copies)."""
     path, q, s = fp8_120
+    dest = target if into == "fp8" else into
     theirs = _load(TorchQReader(path, target_dtype=target, block_size=120),
-                   {"w.weight": torch.zeros(300, 300, dtype=target)})["w.weight"]
+                   {"w.weight": torch.zeros(300, 300, dtype=dest)})["w.weight"]
     ours = _load(sdcp.QuantizedHuggingFaceStorageReader(path, target_dtype=target, block_size=120),
-                 {"w.weight": torch.zeros(300, 300, dtype=target)})["w.weight"]
+                 {"w.weight": torch.zeros(300, 300, dtype=dest)})["w.weight"]
     assert torch.equal(ours.view(torch.uint8), theirs.view(torch.uint8))
-    assert not torch.equal(ours.view(torch.uint8), q.to(target).view(torch.uint8))  # not the stored bytes
+    assert not torch.equal(ours.to(target).view(torch.uint8), q.to(target).view(torch.uint8))  # not the stored bytes
 
 
 def test_a_float64_target_is_unsupported_at_once(fp8_120):

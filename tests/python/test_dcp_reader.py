@@ -198,7 +198,7 @@ def test_block_size_is_the_checkpoints_where_no_config_says_and_every_rank_gives
         assert r["checked"] == 1 and r["problems"] == [], r
     agreed = [r["shardcast"] for r in results]
     assert agreed[0] and all(a == agreed[0] for a in agreed), agreed
-    assert any("weight_block_size is 120x120 on rank 0" in line and "128x128 on rank 1" in line
+    assert any("the agreed fp8 block is 120x120" in line and "rank 1 asked for 128x128" in line
                for line in agreed[0]), agreed
 
 

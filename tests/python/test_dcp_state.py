@@ -392,6 +392,12 @@ def test_subclasses_of_plain_types_are_not_stored_as_their_base():
     with pytest.raises(shardcast.Unsupported, match="Level is not plain data"):
         encode_value(Level.LOW, "v")
 
+    class Rows(list):
+        pass
+
+    with pytest.raises(shardcast.Unsupported, match="Rows is not plain data"):
+        encode_value(Rows([1]), "v")
+
 
 def test_metadata_is_read_within_an_address_space_limit(tmp_path):
     """read_metadata asked for a buffer of its whole cap (4 GiB + 1 byte) to read a file of some hundred

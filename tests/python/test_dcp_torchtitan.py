@@ -145,6 +145,9 @@ def test_a_torch_hf_reader_becomes_shardcasts_with_its_arguments(tmp_path):
                                                            block_size=64))
     assert type(q) is shardcast.dcp.QuantizedHuggingFaceStorageReader
     assert (str(q.path), q.thread_count, q.target_dtype, q.block_size) == (str(tmp_path), 3, torch.bfloat16, 64)
+    # torch's default block (which torchtitan's adapters pass) leaves the checkpoint's config to decide
+    assert shardcast_reader(QuantizedHuggingFaceStorageReader(str(tmp_path))).block_size == 128
+    assert "weight_block_size" not in shardcast_reader(QuantizedHuggingFaceStorageReader(str(tmp_path)))._shardcast_options
     plain = shardcast_reader(HuggingFaceStorageReader(str(tmp_path), thread_count=2))
     assert type(plain) is shardcast.dcp.HuggingFaceStorageReader
     assert (str(plain.path), plain.thread_count) == (str(tmp_path), 2)

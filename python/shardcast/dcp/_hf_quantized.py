@@ -29,15 +29,18 @@ class QuantizedHuggingFaceStorageReader(HuggingFaceStorageReader, _TorchQuantize
     float8_e4m3fn weights with their "<name>.weight_scale_inv" block scales (fp32 or E8M0; DeepSeek-V3,
     MiniMax-M2), MXFP4 "_blocks"/"_scales" pairs, and NVFP4 (ModelOpt's "<m>.weight" packed E2M1 with
     "<m>.weight_scale" and "<m>.weight_scale_2", which torch's reader does not read: its key reports the
-    dequantized [out, in] here). Any box works: one that cuts a scale block,
-    and a weight whose scale sits in another file.
+    dequantized [out, in] here). Any box works: one that cuts a scale block, and a weight whose scale sits
+    in another file.
 
     target_dtype: float32 (default), bfloat16 or float16, or an fp8 dtype (dequantized to float32, then
-    rounded to it, as torch's reader does); float64 and the rest are Unsupported. block_size: the fp8 scale blocks (N x N). Not given (None), the checkpoint's
-    config.json decides (quantization_config.weight_block_size), else 128, as torch's default; given, it
-    is used where the config says nothing, and a config that names another block is an InvalidArgument on
-    every rank (torch's reader would use the argument against the checkpoint's scales). Every rank must
-    give the same.
+    rounded to it, as torch's reader does); float64 and the rest are Unsupported. block_size: the fp8 scale
+    blocks (N x N). Not given (None), the checkpoint's config.json decides
+    (quantization_config.weight_block_size), else 128, as torch's default; given, it is used where the config
+    says nothing, and a config that names another block is an InvalidArgument on every rank where an fp8
+    weight is dequantized (torch's reader would use the argument against the checkpoint's scales). A
+    block_size that differs between ranks is a ManifestMismatch on every rank. An fp8 target stages each
+    quantized box in float32 before rounding it: 4 bytes an element of this rank's boxes of a round (the whole
+    checkpoint's, for an HF checkpoint read whole) at once, beside the destinations.
     """
 
     def __init__(self, path: Union[str, os.PathLike], thread_count: int = 1, target_dtype: torch.dtype = torch.float32,
@@ -102,6 +105,13 @@ class QuantizedHuggingFaceStorageReader(HuggingFaceStorageReader, _TorchQuantize
         if key not in self._quantized:
             return stored
         return torch.float32 if self.target_dtype in _ROUNDED_TARGETS else self.target_dtype
+
+    def _delivered(self, fqn: str, staged: torch.Tensor) -> torch.Tensor:
+        """An fp8 target's box, dequantized to float32 by the engine, rounded to it (then copied into a
+        destination of any dtype, as torch's reader copies its target_dtype tensor)."""
+        if fqn in self._quantized and self.target_dtype in _ROUNDED_TARGETS:
+            return staged.to(self.target_dtype)
+        return staged
 
     def _engine_key(self, fqn: str) -> Tuple[str, bool]:
         """An MXFP4 "<name>_blocks" key is resolved by its model name "<name>", which the engine dequantizes

@@ -310,9 +310,19 @@ class HuggingFaceStorageReader(_TorchReader):
                                          _store_host(store) if store is not None else "")
         for item, dest, staged, swap in copies:
             if staged is not None:
+                staged = self._delivered(item.storage_index.fqn, staged)
                 dest.copy_(staged.transpose(-1, -2) if swap else staged)
+            else:  # written in place: as delivered there too
+                delivered = self._delivered(item.storage_index.fqn, dest)
+                if delivered is not dest:
+                    dest.copy_(delivered)
             planner.commit_tensor(item, dest)
         return report
+
+    def _delivered(self, fqn: str, staged: torch.Tensor) -> torch.Tensor:
+        """A box as the reader delivers it (staged, before it is copied into its destination, or written in
+        place): as read."""
+        return staged
 
     def _piece_shape(self, fqn: str, file: str) -> Tuple[int, ...]:
         shape = self._pieces.get((fqn, file))

@@ -77,7 +77,7 @@ def encode_value(v: Any, where: str) -> Any:
         return v
     if type(v) is float:
         return v if math.isfinite(v) else {"float": repr(v)}
-    if isinstance(v, list):
+    if type(v) is list:
         return [encode_value(x, where) for x in v]
     if isinstance(v, tuple) and type(v) is tuple:
         return {"tuple": [encode_value(x, where) for x in v]}
@@ -86,9 +86,9 @@ def encode_value(v: Any, where: str) -> Any:
     if type(v) in (dict, collections.OrderedDict):
         tag = "dict" if type(v) is dict else "odict"
         return {tag: [[encode_value(k, where), encode_value(x, where)] for k, x in v.items()]}
-    if isinstance(v, (bytes, bytearray)):
+    if type(v) in (bytes, bytearray):
         return {"bytes": base64.b64encode(bytes(v)).decode("ascii")}
-    if isinstance(v, io.BytesIO):
+    if type(v) is io.BytesIO:
         return {"bytesio": base64.b64encode(v.getvalue()).decode("ascii"), "pos": v.tell()}
     if isinstance(v, torch.dtype) and v in _NAME_OF:
         return {"dtype": _NAME_OF[v]}

@@ -36,10 +36,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import time
 import warnings
 from typing import Any, Dict
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import HuggingFaceStorageReader as _TorchHFReader
 from torch.distributed.checkpoint.quantized_hf_storage import (
@@ -65,8 +67,11 @@ def shardcast_reader(reader):
     thread_count; target_dtype and block_size); any other reader (shardcast's already, or one of the
     user's own) is returned as it is."""
     if type(reader) is _TorchQuantizedReader:
+        # 128 is torch's default, which its adapters pass whatever the checkpoint says: the checkpoint's
+        # config then decides here (another block, given, is asked for and checked against it)
+        block = None if reader.block_size == 128 else reader.block_size
         return _sdcp.QuantizedHuggingFaceStorageReader(reader.path, thread_count=reader.thread_count,
-                                                       target_dtype=reader.target_dtype, block_size=reader.block_size)
+                                                       target_dtype=reader.target_dtype, block_size=block)
     if type(reader) is _TorchHFReader:
         return _sdcp.HuggingFaceStorageReader(reader.path, thread_count=reader.thread_count)
     return reader
@@ -127,13 +132,9 @@ class CheckpointManager(_TitanManager):
     def dcp_load(self, state_dict: Dict[str, Any], checkpoint_id: str, from_hf: bool, from_quantized: bool) -> None:
         if self._remote(checkpoint_id):
             return super().dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
-        ours = os.path.join(checkpoint_id, METADATA_NAME)
-        torchs = os.path.join(checkpoint_id, _TORCH_METADATA)
-        if not from_hf and os.path.isfile(ours) and os.path.isfile(torchs):
-            raise CheckpointError(
-                f"{checkpoint_id} holds two saves: shardcast's {METADATA_NAME} (written "
-                f"{_mtime(ours)}) and torch's {_TORCH_METADATA} (written {_mtime(torchs)}), each with its own "
-                "files; remove the stale one's metadata (or the folder) and resume again")
+        kind = "hf" if from_hf else self._folder_kind(checkpoint_id)
+        if kind.startswith("mixed"):
+            raise CheckpointError(kind[len("mixed "):])
         if from_hf:
             assert self.sd_adapter is not None, ("trying to load checkpoint in HF safetensors format, but sd_adapter "
                                                  "is not provided.")
@@ -141,26 +142,50 @@ class CheckpointManager(_TitanManager):
             reader = shardcast_reader(self.sd_adapter.get_hf_storage_reader(checkpoint_id, from_quantized))
             dcp.load(hf_state_dict, storage_reader=reader)
             self.states[MODEL].load_state_dict(self.sd_adapter.from_hf(hf_state_dict))
-        elif _sdcp.StorageReader.validate_checkpoint_id(checkpoint_id):
+        elif kind == "torch":  # torch's own format: a step saved before shardcast was the storage
+            super().dcp_load(state_dict, checkpoint_id, from_hf=False, from_quantized=False)
+        else:  # shardcast's, or neither metadata (an unfinished save, load(step=N) naming it): its reader says so
             dcp.load(state_dict, storage_reader=_sdcp.StorageReader(checkpoint_id, allow_pickle=self.allow_pickle))
             if MODEL in self.states:  # as torchtitan's: the model's states are flattened into state_dict
                 self.states[MODEL].load_state_dict(state_dict)
-        elif os.path.isfile(torchs):  # torch's own format: a step saved before shardcast was the storage
-            super().dcp_load(state_dict, checkpoint_id, from_hf=False, from_quantized=False)
-        else:  # neither metadata (an unfinished save, load_step naming it): shardcast's reader says so
-            dcp.load(state_dict, storage_reader=_sdcp.StorageReader(checkpoint_id, allow_pickle=self.allow_pickle))
+
+    def _folder_kind(self, checkpoint_id: str) -> str:
+        """Which save a step folder holds, as rank 0 sees it (one answer for every rank, so no rank takes
+        another reader, or raises alone, on a shared file system whose ranks see it late): "ours", "torch",
+        "none" (neither metadata), or "mixed <the error's words>"."""
+        kind = [None]
+        if not dist.is_initialized() or dist.get_rank(self.pg) == 0:
+            kind[0] = _folder_kind(checkpoint_id)
+        if dist.is_initialized():
+            dist.broadcast_object_list(kind, group=self.pg, group_src=0)
+        return kind[0]
 
     def _find_load_step(self, folder: str = "") -> int:
         step = super()._find_load_step(folder)
         folder = folder or self.folder
-        if not filesystem.isdir(folder):
+        if filesystem.is_remote(folder) or not filesystem.isdir(folder):  # remote: torchtitan's own steps
             return step
         ours = [int(m.group(1)) for name in filesystem.listdir(folder) if (m := re.search(r"step-(\d+)", name))
                 and filesystem.isfile(filesystem.join(filesystem.join(folder, name), METADATA_NAME))]
         return max([step, *ours])
 
 
+def _folder_kind(checkpoint_id: str) -> str:
+    """What _folder_kind (the method) answers, read here."""
+    ours = os.path.join(checkpoint_id, METADATA_NAME)
+    torchs = os.path.join(checkpoint_id, _TORCH_METADATA)
+    if os.path.isfile(ours) and os.path.isfile(torchs):
+        return (f"mixed {checkpoint_id} holds two saves: shardcast's {METADATA_NAME} (written {_mtime(ours)}) "
+                f"and torch's {_TORCH_METADATA} (written {_mtime(torchs)}), each with its own files; remove the "
+                "stale one's metadata (or the folder) and resume again")
+    if os.path.isfile(ours):
+        return "ours"
+    return "torch" if os.path.isfile(torchs) else "none"
+
+
 def _mtime(path: str) -> str:
-    """When `path` was last written, as local time to the second."""
-    import time
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.path.getmtime(path)))
+    """When `path` was last written, as local time to the second ("?" where it is gone)."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.path.getmtime(path)))
+    except OSError:
+        return "?"
