@@ -199,9 +199,17 @@ void FailHandshake(Communicator& comm, ErrorKind kind, const std::string& proble
 }
 
 SourceChoice ChooseSource(const std::vector<int64_t>& probes, const NodeMap& nodes, double copies) {
-  std::vector<int> blind;
+  std::vector<int> blind, other;
   for (size_t r = 0; r < probes.size(); ++r) {
-    if (probes[r] < 0 || probes[r] != probes[0]) blind.push_back(static_cast<int>(r));
+    if (probes[r] < 0) blind.push_back(static_cast<int>(r));
+    else if (probes[r] != probes[0]) other.push_back(static_cast<int>(r));
+  }
+  if (!other.empty() && probes[0] >= 0) {
+    throw Error(ErrorKind::kManifestMismatch, "",
+                "rank(s) " + RankList(other) + " see another checkpoint than rank 0 at the path they were given (" +
+                    "its index or only file is " + std::to_string(probes[other[0]]) + " bytes on rank " +
+                    std::to_string(other[0]) + ", " + std::to_string(probes[0]) +
+                    " on rank 0): ranks must load the same checkpoint (source=rank0 serves rank 0's to every rank)");
   }
   const int n = nodes.nodes();
   if (blind.empty()) {

@@ -32,7 +32,9 @@ MODE "truncated": this rank's own copy of the checkpoint (ROOT/copy-<rank>/llama
   ROOT/copy-<rank>: one path on every rank, as a checkpoint copied to each node's disk) is read; the test truncated
   rank 1's. MODE "other_values": each rank reads its own copy by its own path (ROOT/values-<rank>/llama); the
   test changed values in rank 1's, its headers kept. MODE "copies_verify": the same with rank 1's copy changed
-  where the handshake's samples do not look (ROOT/unsampled-<rank>/llama), read with verify=True. MODE "kill":
+  where the handshake's samples do not look (ROOT/unsampled-<rank>/llama), read with verify=True. MODE
+  "other_size": source auto, rank 1's copy another checkpoint (its weights in float32: every file and the
+  index of other sizes; ROOT/resized-<rank>/llama). MODE "kill":
   SHARDCAST_FAULT kills a rank mid-stream. These write the exception each survivor raised.
 MODE "block_size": an fp8 checkpoint quantized in 120 x 120 blocks with no config.json (ROOT/blocks120),
   through both quantized readers given block_size=120, compared bit for bit; then each rank giving another
@@ -346,7 +348,7 @@ def run(mode, root, rank, world):
                 failures = getattr(e, "failures", None) or {rank: (e, None)}
                 result["shardcast"] = sorted({f"{type(x[0]).__name__}: {x[0]}" for x in failures.values()})
             dist.barrier()
-        elif mode in ("truncated", "kill", "other_values", "copies_verify"):
+        elif mode in ("truncated", "kill", "other_values", "copies_verify", "other_size"):
             path = os.path.join(root, "llama")
             if mode == "truncated":
                 os.chdir(os.path.join(root, f"copy-{rank}"))
@@ -355,11 +357,14 @@ def run(mode, root, rank, world):
                 path = os.path.join(root, f"values-{rank}", "llama")
             if mode == "copies_verify":
                 path = os.path.join(root, f"unsampled-{rank}", "llama")
+            if mode == "other_size":  # source auto: a rank seeing another checkpoint was served rank 0's
+                path = os.path.join(root, f"resized-{rank}", "llama")
             start = time.monotonic()
             keys = checkpoint_keys(os.path.join(root, "llama"))
             sd = state_dict(keys, world)
             try:
-                dcp.load(sd, storage_reader=sdcp.HuggingFaceStorageReader(path, source="each-rank", timeout=20,
+                source = None if mode == "other_size" else "each-rank"
+                dcp.load(sd, storage_reader=sdcp.HuggingFaceStorageReader(path, source=source, timeout=20,
                                                                            verify=mode == "copies_verify"))
                 result["error"] = None
             except BaseException as e:  # noqa: BLE001 -- DCP's CheckpointException is a BaseException

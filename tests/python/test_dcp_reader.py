@@ -121,6 +121,25 @@ def unsampled(root):
 
 
 @pytest.fixture(scope="module")
+def resized(root):
+    """ROOT/resized-<rank>/llama for 3 ranks, rank 1's the same keys in float32 (files and index of other
+    sizes): its directory."""
+    from safetensors.torch import load_file, save_file
+    for r in range(3):
+        shutil.copytree(root / "llama", root / f"resized-{r}" / "llama", dirs_exist_ok=True)
+    victim = root / "resized-1" / "llama"
+    for f in victim.iterdir():
+        if f.suffix == ".safetensors":
+            save_file({k: v.float() if v.is_floating_point() else v for k, v in load_file(str(f)).items()}, str(f))
+    index = victim / "model.safetensors.index.json"
+    meta = json.loads(index.read_text())
+    meta.setdefault("metadata", {})["total_size"] = sum(f.stat().st_size for f in victim.iterdir()
+                                                        if f.suffix == ".safetensors")
+    index.write_text(json.dumps(meta, indent=4))
+    return victim
+
+
+@pytest.fixture(scope="module")
 def blocks120(root):
     """ROOT/blocks120: one fp8 weight (300 x 300, cut by 120-blocks both ways) quantized in 120 x 120 blocks,
     its scale grid [3, 3] as 128-blocks would also need, and no config.json to say which."""
@@ -136,10 +155,10 @@ def blocks120(root):
 
 
 @pytest.fixture(scope="module")
-def run(root, truncated, other_values, unsampled, blocks120, tmp_path_factory):
+def run(root, truncated, other_values, unsampled, resized, blocks120, tmp_path_factory):
     """run(scenario, world): its per-rank results, one launch per world size (rank start-up dominates)."""
     return ranks.Scenarios(WORKER, tmp_path_factory, {3: ["compare", "truncated", "other_values", "groups",
-                                                          "block_size", "copies_verify"],
+                                                          "block_size", "copies_verify", "other_size"],
                                                       4: ["compare"]}, root=root)
 
 
@@ -175,6 +194,18 @@ def test_a_rank_given_another_checkpoint_with_the_same_headers_fails_every_rank(
     assert agreed[0] and all(a == agreed[0] for a in agreed), agreed
     assert any(other_values.name in line and "data differs between rank 0 and rank 1" in line for line in agreed[0])
     assert all(r["seconds"] < 15 for r in results), [r["seconds"] for r in results]
+
+
+def test_a_rank_seeing_another_checkpoint_of_other_sizes_fails_every_rank(run, resized):
+    """source auto, rank 1's path holding another checkpoint (float32 weights: its files and index of other
+    sizes): it was taken as a rank that does not see the checkpoint and served rank 0's values, unseen; now
+    one ManifestMismatch on every rank naming it (source=rank0, asked for, still serves rank 0's)."""
+    results = run("other_size", 3)
+    assert all(r.get("error") for r in results), results
+    agreed = [r["shardcast"] for r in results]
+    assert agreed[0] and all(a == agreed[0] for a in agreed), agreed
+    assert any(line.startswith("ManifestMismatch") and "rank(s) 1 see another checkpoint than rank 0" in line
+               for line in agreed[0]), agreed
 
 
 def test_copies_that_differ_where_no_sample_looks_fail_verify_as_a_checkpoint_error(run, unsampled):

@@ -125,10 +125,13 @@ TEST(ChooseSource, FollowsWhoSeesTheFilesTheNodesAndTheCopies) {
   EXPECT_EQ(ChooseSource({10, 10, 10, 10}, one, 1.0).source, Source::kEachRank);
   EXPECT_EQ(ChooseSource({10, 10, 10, 10}, two, 1.0).source, Source::kNodeLeader);
   EXPECT_EQ(ChooseSource({10, 10, 10, 10}, two, 2.0).source, Source::kStriped);
-  // Another size is another checkpoint: that rank does not see rank 0's.
-  const SourceChoice c = ChooseSource({10, 10, 11, -1}, one, 1.0);
+  const SourceChoice c = ChooseSource({10, 10, -1, -1}, one, 1.0);
   EXPECT_EQ(c.source, Source::kRank0);
   EXPECT_EQ(c.reason, "rank(s) 2, 3 do not see it as rank 0 does");
+  // Another size is another checkpoint: those ranks asked for other values than rank 0's (it was served
+  // rank 0's, unseen).
+  EXPECT_SC_ERROR(ChooseSource({10, 10, 11, -1}, one, 1.0), ErrorKind::kManifestMismatch,
+                  "rank(s) 2 see another checkpoint than rank 0", "11 bytes on rank 2, 10 on rank 0");
   EXPECT_EQ(ChooseSource({10, -1, 10, -1}, two, 1.0).source, Source::kNodeLeader);
   EXPECT_EQ(ChooseSource({10, -1, -1, 10}, two, 1.0).source, Source::kRank0);
   EXPECT_EQ(ChooseSource({10}, NodeMapFromKeys({3}), 1.0).source, Source::kEachRank);
