@@ -126,7 +126,7 @@ int64_t ProbeCheckpoint(const std::string& path) {
   if (stat(path.c_str(), &st) != 0) return -1;
   if (S_ISREG(st.st_mode)) return st.st_size;
   if (!S_ISDIR(st.st_mode)) return -1;
-  for (const char* name : {kIndexFileName, kSingleFileName}) {
+  for (const char* name : {kSingleFileName, kIndexFileName}) {  // the file Open reads first
     if (stat((path + "/" + name).c_str(), &st) == 0 && S_ISREG(st.st_mode)) return st.st_size;
   }
   return -1;
@@ -150,8 +150,12 @@ std::unique_ptr<Checkpoint> Checkpoint::Open(const std::string& path, const Open
     return ckpt;
   }
   const NameRoot& root = *top.dir;
-  if (const std::string index = path + "/" + kIndexFileName;
-      std::optional<OpenNode> index_node = OpenBeneath(root, path, kIndexFileName)) {
+  // model.safetensors first, then the index, as transformers chooses: a directory holding both (a repo
+  // whose weights were re-saved in one file, an output written over) loads what transformers loads.
+  if (std::optional<OpenNode> single_node = OpenBeneath(root, path, kSingleFileName)) {
+    ckpt->AddFile(SafetensorsFile::FromDescriptor(single_node->fd.release(), path + "/" + kSingleFileName, options));
+  } else if (const std::string index = path + "/" + kIndexFileName;
+             std::optional<OpenNode> index_node = OpenBeneath(root, path, kIndexFileName)) {
     const weight_map::Table weight_map = weight_map::ParseIndex(index, ReadIndex(*index_node, index));
     index_node.reset();
     // Each name is opened once, in the order the sorted keys first name it (the first key that names
@@ -166,8 +170,6 @@ std::unique_ptr<Checkpoint> Checkpoint::Open(const std::string& path, const Open
       by_name[name] = ckpt->files_.back().get();
     }
     if (ckpt->IndexPairs(index, weight_map, by_name)) return ckpt;
-  } else if (std::optional<OpenNode> single_node = OpenBeneath(root, path, kSingleFileName)) {
-    ckpt->AddFile(SafetensorsFile::FromDescriptor(single_node->fd.release(), path + "/" + kSingleFileName, options));
   } else {
     Fail(path, std::string("holds neither ") + kIndexFileName + " nor " + kSingleFileName);
   }

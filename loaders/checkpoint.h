@@ -1,8 +1,8 @@
 // loaders/checkpoint: a checkpoint directory (or one file), with every tensor looked up by key.
 //
-// Accepts, in this order: a path to one .safetensors file; a directory holding
-// model.safetensors.index.json (its "weight_map" names the files); a directory holding
-// model.safetensors. Every file named by the index must exist and be a regular file, and its name
+// Accepts, in this order (transformers' order): a path to one .safetensors file; a directory holding
+// model.safetensors; a directory holding model.safetensors.index.json (its "weight_map" names the
+// files). Every file named by the index must exist and be a regular file, and its name
 // must be a plain relative path (not empty, no NUL, not absolute, no ".." component). Every name in
 // the directory (the index and model.safetensors too) resolves beneath a root, race-free
 // (posix_file.h's OpenNodeBeneath): symlinks are followed only while they stay beneath it. The root is
@@ -114,7 +114,7 @@ std::vector<std::pair<std::string, std::string>> ParseWeightMapDiagnosing(std::s
                                                                           std::string_view json);
 
 // What a process can tell about a checkpoint without opening it (ranks compare it to decide who reads):
-// the size of the file Open reads first (the index, else model.safetensors, else `path` itself when it
+// the size of the file Open reads first (model.safetensors, else the index, else `path` itself when it
 // is a file), or -1 when this process does not see one.
 int64_t ProbeCheckpoint(const std::string& path);
 

@@ -110,11 +110,18 @@ int RunConvert(const ConvertArgs& a) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   std::error_code ec;
+  if (fs::exists(a.dst, ec) && fs::exists(a.src, ec) && fs::equivalent(a.src, a.dst, ec)) {
+    throw Error(ErrorKind::kInvalidArgument, a.dst,
+                "is SRC itself: convert writes a new checkpoint beside its input (--overwrite would replace the "
+                "input with it); give another directory");
+  }
   if (fs::exists(a.dst, ec) && !a.overwrite) {
     throw Error(ErrorKind::kInvalidArgument, a.dst, "exists; pass --overwrite to replace it");
   }
-  const fs::path parent = fs::absolute(a.dst).parent_path();
-  const std::string base = fs::path(a.dst).filename();
+  fs::path dst = fs::absolute(a.dst).lexically_normal();
+  if (!dst.has_filename()) dst = dst.parent_path();  // "out/": the directory out
+  const fs::path parent = dst.parent_path();
+  const std::string base = dst.filename();
   for (const std::string& left : output_dir::Leftovers((parent / base).string())) {
     if (!a.overwrite) {
       throw Error(ErrorKind::kInvalidArgument, left,
@@ -147,7 +154,8 @@ int RunConvert(const ConvertArgs& a) {
                    HumanBytes(Above(peaks.rss_anon, base.rss_anon)).c_str(),
                    HumanBytes(Above(peaks.rss_file, base.rss_file)).c_str());
     }
-    if (plan.files.size() > 1) WriteCheckpointIndex(tmp, plan.files);
+    // Every numbered file needs its index (one file of "model-00001-of-00001" too); model.safetensors none.
+    if (plan.files.size() > 1 || plan.files.front().name != kSingleFileName) WriteCheckpointIndex(tmp, plan.files);
     WriteSmallFileAtomically(tmp + "/config.json", ConvertedConfig(config, o.target));
     CopySideFiles(a.src, tmp);
     output_dir::Commit(tmp, (parent / base).string());  // save's commit: atomic, the parent fsynced
@@ -170,7 +178,8 @@ void AddConvert(CLI::App& app, Runner* run) {
   cmd->add_option("src", args->src, "input checkpoint directory")->required();
   cmd->add_option("dst", args->dst, "output directory (appears only when complete)")->required();
   cmd->add_option("--dtype", args->dtype, "bf16 (default), f16 or f32");
-  cmd->add_option("--nproc", args->nproc, "N local processes, each writing its share of the files");
+  cmd->add_option("--nproc", args->nproc, "N local processes, each writing its share of the files (1-1024)")
+      ->check(CLI::Range(1, 1024));
   cmd->add_option("--max-shard-size", args->max_shard, "largest output file, e.g. 5GB (default)");
   cmd->add_flag("--overwrite", args->overwrite, "replace DST (and leftovers of an unfinished convert)");
   cmd->add_option("--worker-dir", args->worker_dir)->group("");  // internal: one process's share

@@ -31,7 +31,11 @@ std::string JsonText(const nlohmann::ordered_json& j) {
 }
 
 int Inspect(const InspectArgs& a) {
-  auto ckpt = Checkpoint::Open(a.path);
+  // Headers only, read with pread: a map of every file would need address space for the whole checkpoint
+  // (refused under ulimit -v at 8B-scale files, where load, which preads, went through).
+  OpenOptions headers_only;
+  headers_only.mode = ReadMode::kPread;
+  auto ckpt = Checkpoint::Open(a.path, headers_only);
   const std::vector<std::string> keys = ckpt->keys();  // sorted; a copy, made once
   uint64_t total = 0;
   if (a.json) {

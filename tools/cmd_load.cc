@@ -82,13 +82,19 @@ class ProgressPrinter {
 
 // --config as given (the user named it), else the checkpoint's own config.json, resolved beneath the
 // checkpoint's root like its other files (a hub snapshot's is a symlink into blobs/; one out of the root
-// is a CheckpointError). A checkpoint's config whose model_type has no builder (qwen2, gemma2, phi3, ...):
-// the checkpoint's own tensors as stored (SpecFromCheckpoint), said once on rank 0.
+// is a CheckpointError). A config whose model_type has no builder (qwen2, gemma2, phi3, ...): the
+// checkpoint's own tensors as stored (SpecFromCheckpoint), said once on rank 0.
 ModelSpec SpecFor(const LoadArgs& a, int rank) {
-  if (!a.config.empty()) return BuildModelSpec(a.config, SpecOptions{a.layers});
-  std::optional<std::string> json = ReadCheckpointConfig(a.checkpoint);
+  std::optional<std::string> json;
+  std::string source;
+  if (!a.config.empty()) {  // the file the user named, read as it is: any model_type, as the checkpoint's own
+    json = ReadConfigFile(a.config);
+    source = a.config;
+  } else {
+    json = ReadCheckpointConfig(a.checkpoint);
+    source = a.checkpoint + "/config.json";
+  }
   if (!json) throw Error(ErrorKind::kInvalidArgument, "--config", "not given, and " + a.checkpoint + "/config.json does not exist");
-  const std::string source = a.checkpoint + "/config.json";
   if (HasBuilderFor(*json)) return BuildModelSpecFromJson(source, *json, SpecOptions{a.layers});
   const nlohmann::json j = nlohmann::json::parse(*json, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("model_type") || !j["model_type"].is_string()) {
@@ -244,7 +250,8 @@ void AddLoad(CLI::App& app, Runner* run, const std::vector<std::string>& argv,
   auto* cmd = app.add_subcommand("load", "Load a checkpoint into this rank's shard (every rank receives only its rows)");
   cmd->add_option("--checkpoint", args->checkpoint, "checkpoint directory or .safetensors file")->required();
   cmd->add_option("--config", args->config, "HF config.json (default: DIR/config.json)");
-  cmd->add_option("--nproc", args->nproc, "launch N local ranks (like torchrun --standalone)");
+  cmd->add_option("--nproc", args->nproc, "launch N local ranks (like torchrun --standalone), 1-1024")
+      ->check(CLI::Range(1, 1024));
   cmd->add_option("--dtype", args->dtype,
                   "bf16, f16 or f32: load block-quantized fp8 weights in this dtype, dequantized in the stream "
                   "(default: as the config declares them)");

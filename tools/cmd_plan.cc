@@ -176,7 +176,9 @@ int RunSchedule(const PlanArgs& a) {
   PlanOptions po = a.tp > 1 ? ParallelPlan(spec, world, ParallelSizes{a.replicas, a.tp}) : PlanOptions{a.replicas, {}, {}};
   Plan plan = Plan::Build(std::move(spec), world, po);
   step("plan");
-  auto ckpt = Checkpoint::Open(ckpt_dir);
+  OpenOptions headers_only;  // pread: no map of every file (the address space of the whole checkpoint)
+  headers_only.mode = ReadMode::kPread;
+  auto ckpt = Checkpoint::Open(ckpt_dir, headers_only);
   LoadOptions lo = LoadOptionsFromEnvironment();
   lo.source = source;
   Manifest m = Resolve(plan, *ckpt, KeyMapping{}, StreamParamsFrom(lo), block);

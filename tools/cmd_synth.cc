@@ -2,9 +2,11 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
+#include "loaders/checkpoint.h"
 #include "loaders/synth.h"
 #include "allocators/units.h"
 #include "tools/cli_util.h"
@@ -12,6 +14,8 @@
 
 namespace shardcast::tools {
 namespace {
+
+namespace fs = std::filesystem;
 
 struct SynthArgs {
   std::string config, out, max_shard = "0";
@@ -21,6 +25,53 @@ struct SynthArgs {
   bool bf16_twin = false;
 };
 
+// The checkpoint's bytes (the entries a checkpoint stores), as a long double: a config of absurd sizes
+// overflows no integer here.
+long double CheckpointBytes(const ModelSpec& spec) {
+  long double total = 0;
+  for (const SpecEntry& e : spec.entries) {
+    if (e.role == Role::kNonPersistentBuffer) continue;
+    long double n = DTypeSize(e.dtype);
+    for (uint64_t d : e.shape) n *= static_cast<long double>(d);
+    total += n;
+  }
+  return total;
+}
+
+// A checkpoint that cannot fit where it is written is refused before a byte is written (a config of
+// absurd sizes filled the disk), unless --sparse, whose data area is a hole.
+void CheckRoom(const ModelSpec& spec, const std::string& out, bool sparse) {
+  if (sparse) return;
+  const long double need = CheckpointBytes(spec);
+  std::error_code ec;
+  fs::path at = fs::absolute(out, ec);
+  while (!at.empty() && !fs::exists(at, ec) && at != at.parent_path()) at = at.parent_path();
+  const fs::space_info room = fs::space(at, ec);
+  if (ec) return;  // the file system cannot say: the write says what fails
+  if (need > static_cast<long double>(room.available)) {
+    throw Error(ErrorKind::kInvalidArgument, out,
+                "the checkpoint of " + spec.source + " needs " +
+                    (need < 1e18L ? HumanBytes(static_cast<uint64_t>(need)) : std::string("more than an exabyte")) +
+                    ", and its file system has " + HumanBytes(room.available) +
+                    " free (--layers N writes fewer layers; --sparse writes a hole)");
+  }
+}
+
+// The files of an earlier checkpoint in `out` (*.safetensors and the index), removed so that the directory
+// holds exactly the one written now: beside an older index and shards, a new model.safetensors was read
+// by transformers and the index by any reader preferring it. Returns how many.
+size_t RemoveEarlierCheckpoint(const std::string& out) {
+  std::error_code ec;
+  if (!fs::is_directory(out, ec)) return 0;
+  size_t n = 0;
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    const std::string name = e.path().filename();
+    const bool weights = name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0;
+    if ((weights || name == kIndexFileName) && e.is_regular_file(ec) && fs::remove(e.path(), ec)) ++n;
+  }
+  return n;
+}
+
 int Synth(const SynthArgs& a) {
   ModelSpec spec = BuildModelSpec(a.config, SpecOptions{a.layers});
   SynthOptions opt;
@@ -28,6 +79,10 @@ int Synth(const SynthArgs& a) {
   opt.max_shard_bytes = ParseBytes(a.max_shard, "--max-shard-size");
   opt.sparse = a.sparse;
   opt.bf16_twin = a.bf16_twin;
+  CheckRoom(spec, a.out, a.sparse);
+  if (const size_t n = RemoveEarlierCheckpoint(a.out)) {
+    std::printf("synth: removed %zu file(s) of an earlier checkpoint in %s\n", n, a.out.c_str());
+  }
   auto t0 = std::chrono::steady_clock::now();
   WrittenCheckpoint w = WriteSynthCheckpoint(spec, a.out, opt);
   // The config beside the weights, as HF checkpoints ship it (layers as written), so `load` finds it.

@@ -26,6 +26,18 @@ TEST(Checkpoint, OpensSingleFileDirAndPlainFile) {
   EXPECT_EQ(Checkpoint::Open(dir / "model.safetensors")->num_files(), 1u);
 }
 
+// A directory holding both model.safetensors and an index (an output written over, a repo re-saved in one
+// file) loads model.safetensors, as transformers does: shardcast read the index's files, other weights.
+TEST(Checkpoint, ModelSafetensorsWinsOverAnIndexBesideIt) {
+  testing::TempDir dir;
+  Small(dir / "model.safetensors", {"fresh"});
+  Small(dir / "model-00001-of-00001.safetensors", {"stale"});
+  testing::WriteFile(dir / kIndexFileName, R"({"weight_map":{"stale":"model-00001-of-00001.safetensors"}})");
+  const auto c = Checkpoint::Open(dir.path());
+  EXPECT_EQ(c->keys(), (std::vector<std::string>{"fresh"}));
+  EXPECT_EQ(ProbeCheckpoint(dir.path()), static_cast<int64_t>(std::filesystem::file_size(dir / "model.safetensors")));
+}
+
 // A second rank's setup: the files rank 0 named, no index read, and no header parsed again when its
 // digest is the one rank 0 validated; any other header is parsed (and so validated) in full.
 TEST(Checkpoint, OpenKnownParsesOnlyHeadersItDoesNotKnow) {

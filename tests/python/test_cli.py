@@ -397,3 +397,91 @@ def test_load_an_architecture_without_a_builder_from_its_own_tensors(shardcast_b
            tmp_path / "l1.json")
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((tmp_path / "l1.json").read_text())["entries"] == len([k for k in keys if ".layers.1." not in k])
+    # --config naming the same file: the same (it was "unknown model_type")
+    r = sc(shardcast_bin, "load", "--checkpoint", tmp_path / "qwen2", "--config", tmp_path / "qwen2" / "config.json",
+           "--nproc", 2, "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_convert_writes_a_checkpoint_every_reader_opens_and_never_over_its_input(shardcast_bin, tmp_path):
+    """One output file was "model-00001-of-00001" with no index: no reader (shardcast, transformers) opened
+    it. SRC as DST with --overwrite replaced the input with that; "DST/" failed to move aside."""
+    src = tmp_path / "src"
+    assert sc(shardcast_bin, "synth", "--config", ROOT / "configs" / "tiny-moe.json", "--out", src, "--layers", "1",
+              "--max-shard-size", "16M").returncode == 0
+    before = sorted(p.name for p in src.iterdir())
+    r = sc(shardcast_bin, "convert", src, src, "--overwrite")
+    assert r.returncode == 2 and "is SRC itself" in r.stderr, r.stderr
+    assert sorted(p.name for p in src.iterdir()) == before
+    out = tmp_path / "out"
+    r = sc(shardcast_bin, "convert", src, f"{out}/")
+    assert r.returncode == 0, r.stderr
+    assert {"model-00001-of-00001.safetensors", "model.safetensors.index.json"} <= {p.name for p in out.iterdir()}
+    assert sc(shardcast_bin, "inspect", out).returncode == 0
+    r = sc(shardcast_bin, "convert", src, f"{out}/", "--overwrite")
+    assert r.returncode == 0, r.stderr
+
+
+def test_synth_into_an_earlier_checkpoint_leaves_only_the_new_one(shardcast_bin, tmp_path):
+    """A second synth (one file) beside an earlier one's index and shards: shardcast read the old index,
+    transformers the new model.safetensors. The old files are removed, and a directory holding both (left
+    by another tool) loads model.safetensors, as transformers does."""
+    out = tmp_path / "ckpt"
+    tiny = ROOT / "configs" / "tiny-moe.json"
+    assert sc(shardcast_bin, "synth", "--config", tiny, "--out", out, "--layers", "1", "--max-shard-size", "16M",
+              "--seed", "1").returncode == 0
+    r = sc(shardcast_bin, "synth", "--config", tiny, "--out", out, "--layers", "1", "--seed", "7")
+    assert r.returncode == 0 and "removed" in r.stdout, r.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    fresh = tmp_path / "fresh"
+    assert sc(shardcast_bin, "synth", "--config", tiny, "--out", fresh, "--layers", "1", "--seed", "7").returncode == 0
+    assert (out / "model.safetensors").read_bytes() == (fresh / "model.safetensors").read_bytes()
+    # both beside each other (another tool's output): model.safetensors decides
+    old = tmp_path / "old"
+    assert sc(shardcast_bin, "synth", "--config", tiny, "--out", old, "--layers", "1", "--max-shard-size", "16M",
+              "--seed", "1").returncode == 0
+    for f in old.iterdir():
+        if f.name != "config.json":
+            (out / f.name).write_bytes(f.read_bytes())
+    digests = {}
+    for name, where in (("both", out), ("fresh", fresh)):
+        report = tmp_path / f"{name}.json"
+        r = sc(shardcast_bin, "load", "--checkpoint", where, "--nproc", 2, "--checksum-only", "--quiet", "--json", report)
+        assert r.returncode == 0, r.stderr[-2000:]
+        digests[name] = [x["digest"] for x in json.loads(report.read_text())["ranks"]]
+    assert digests["both"] == digests["fresh"], digests
+
+
+def test_synth_of_a_checkpoint_larger_than_the_disk_writes_nothing(shardcast_bin, tmp_path):
+    """A config of absurd sizes (hidden_size 10^12) filled the disk with one file until killed."""
+    cfg = tmp_path / "huge.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 10 ** 12, "intermediate_size": 1000,
+                               "num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 8,
+                               "vocab_size": 100}))
+    r = sc(shardcast_bin, "synth", "--config", cfg, "--out", tmp_path / "huge", "--layers", "1")
+    assert r.returncode == 2 and "more than an exabyte" in r.stderr and "free" in r.stderr, r.stderr
+    assert not (tmp_path / "huge").exists()
+
+
+def test_a_launch_of_no_ranks_is_refused(shardcast_bin):
+    for cmd in (["load", "--checkpoint", "/nonexistent"], ["convert", "/nonexistent", "/tmp/shardcast-x"]):
+        r = sc(shardcast_bin, *cmd, "--nproc", "0")
+        assert r.returncode != 0 and "not in range 1 to 1024" in r.stderr, (cmd, r.stderr)
+
+
+def test_inspect_and_plan_read_headers_without_mapping_the_files(shardcast_bin, tmp_path):
+    """inspect and plan --checkpoint mapped every file whole: 15 GB of address space for an 8B checkpoint,
+    refused under ulimit -v where load (pread) went through."""
+    import resource
+    ckpt = tmp_path / "l8"
+    assert sc(shardcast_bin, "synth", "--config", CONFIGS / "llama-3.1-8b.json", "--out", ckpt, "--sparse",
+              "--max-shard-size", "5GB").returncode == 0
+
+    def capped():
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, resource.RLIM_INFINITY))
+
+    for args in (["inspect", ckpt], ["plan", "--config", CONFIGS / "llama-3.1-8b.json", "--world-size", "8",
+                                      "--checkpoint", ckpt, "--schedule", "--rank", "3"]):
+        r = subprocess.run([str(shardcast_bin), *map(str, args)], capture_output=True, text=True, timeout=120,
+                           preexec_fn=capped)
+        assert r.returncode == 0, (args, r.stderr[-1500:])
