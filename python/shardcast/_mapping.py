@@ -75,16 +75,30 @@ def entry_shape(keys: Dict[str, Tuple[int, ...]], key: str, floating: bool = Tru
 
 
 def conversion_rules(model):
-    """transformers' checkpoint conversion rules for the model's type ([] without any)."""
+    """transformers' checkpoint conversion rules for the model ([] without any), looked up as transformers
+    looks them up (extract_weight_conversions_for_model): by the model's class name first (class-specific
+    rules: GPTNeoXForCausalLM's "embed_out." -> "lm_head."), then by its config's model_type. A stand-in
+    for a model not yet built (the stream beside the build) names its class in `class_name`."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
-    if model_type is None:
-        return []
     try:
         from transformers.conversion_mapping import get_checkpoint_conversion_mapping
     except ImportError:
         return []
-    return get_checkpoint_conversion_mapping(model_type) or []
+    for name in (getattr(model, "class_name", None) or _class_name(type(model)), model_type):
+        rules = get_checkpoint_conversion_mapping(name) if name else None
+        if rules is not None:
+            return rules
+    return []
+
+
+def _class_name(cls) -> str:
+    """The model's own class name: fully_shard makes a class "FSDP<name>" of it, whose base it is."""
+    if cls.__name__.startswith("FSDP"):
+        base = next((c for c in cls.__mro__[1:] if c.__name__ == cls.__name__[len("FSDP"):]), None)
+        if base is not None:
+            return base.__name__
+    return cls.__name__
 
 
 def _op_names(rule) -> List[str]:

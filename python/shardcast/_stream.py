@@ -112,10 +112,13 @@ def plan(path: str, config, dtype: torch.dtype, rank: int, world: int,
 
 
 class _WithConfig:
-    """What conversion_rules reads of a model: its config."""
+    """What conversion_rules reads of a model: its config, and its class's name (the config's first
+    architecture, the class AutoModelForCausalLM builds of a checkpoint it names)."""
 
     def __init__(self, config):
         self.config = config
+        architectures = getattr(config, "architectures", None) or [None]
+        self.class_name = architectures[0] or "_WithConfig"
 
 
 def _fused(merges, keys: Dict[str, Tuple[int, ...]]):

@@ -119,7 +119,35 @@ def shard_units(model: torch.nn.Module, shard: Sequence[str] = ("layers",)) -> L
             raise InvalidArgument(f"{type(model).__name__} declares no _no_split_modules and has no model.layers: "
                                   "pass shard=(class names or module-name patterns)")
         units = list(layers)
-    return units
+    return _dtype_units(model, units) + units
+
+
+def _dtype_units(model: torch.nn.Module, units: List[torch.nn.Module]) -> List[torch.nn.Module]:
+    """The modules whose own parameters are all of another dtype than the rest of their unit's (a router
+    gate kept in float32 by `_keep_in_fp32_modules_strict` in a bf16 decoder layer): FSDP2 all-gathers one
+    dtype a unit, and a unit of two failed at the first forward ("FSDP expects uniform original parameter
+    dtype"). Each gets a fully_shard of its own, before its unit's."""
+    owner = {}  # module -> the unit (or the root) that would manage its parameters
+    for unit in [model] + units:
+        for m in unit.modules():
+            owner[m] = unit  # inner units come later and take their own modules back
+    dtypes: dict = {}
+    for m, unit in owner.items():
+        for p in m.parameters(recurse=False):
+            count = dtypes.setdefault(unit, {})
+            count[p.dtype] = count.get(p.dtype, 0) + p.numel()
+    out, inside = [], set()  # the outermost such module: its children of its dtype go with it
+    for m, unit in owner.items():  # module order: a parent before its children
+        if m in inside:
+            continue
+        own = {p.dtype for p in m.parameters(recurse=False)}
+        count = dtypes.get(unit, {})
+        if m is unit or len(own) != 1 or len(count) < 2:
+            continue
+        if next(iter(own)) != max(count, key=count.get):  # the unit's dominant dtype stays with the unit
+            out.append(m)
+            inside.update(m.modules())
+    return out
 
 
 def _model_class(config, trust_remote_code: bool):

@@ -69,14 +69,33 @@ std::string LayerTypeRotaryInvFreq(const BufferInitContext& ctx, at::Tensor& out
   return FillRotary(ctx, view, out);
 }
 
-// Gemma's scaled embedding (gemma, gemma2, gemma3): the embeddings are multiplied by sqrt(hidden_size),
-// kept as a 0-d buffer in the model's dtype. fill_ rounds the double as torch.tensor(double) does.
+// The scaled embedding's factor, kept as a 0-d buffer in the model's dtype (fill_ rounds the double as
+// torch.tensor(double) does): sqrt(hidden_size) for the Gemma family (gemma, gemma2, gemma3, vaultgemma,
+// t5gemma2, ...), the config's scale_emb for MiniCPM3. Any other model_type with such a buffer is a
+// ConfigError naming it (buffer_init gives its value): the buffer's name alone does not say its value.
 std::string EmbedScale(const BufferInitContext& ctx, at::Tensor& out) {
   if (out.dim() != 0 || !at::isFloatingType(out.scalar_type())) {
     throw Error(ErrorKind::kConfig, ctx.source, "buffer '" + ctx.key + "' must be a 0-d floating tensor for embed_scale");
   }
   const nlohmann::json* c = &ctx.config;
   if (!c->contains("hidden_size") && c->contains("text_config")) c = &(*c)["text_config"];
+  auto type_of = [](const nlohmann::json& j) {
+    return j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>() : std::string();
+  };
+  const std::string type = type_of(*c).empty() ? type_of(ctx.config) : type_of(*c);
+  if (type == "minicpm3") {
+    const nlohmann::json scale = c->contains("scale_emb") ? (*c)["scale_emb"] : nlohmann::json(12);  // its default
+    if (!scale.is_number()) {
+      throw Error(ErrorKind::kConfig, ctx.source, "buffer '" + ctx.key + "' needs scale_emb, a number (minicpm3)");
+    }
+    out.fill_(scale.get<double>());
+    return "scale_emb " + scale.dump();
+  }
+  if (type.find("gemma") == std::string::npos) {
+    throw Error(ErrorKind::kConfig, ctx.source,
+                "buffer '" + ctx.key + "': no rule knows the embedding scale of model_type \"" + type +
+                    "\" (sqrt(hidden_size) is Gemma's, scale_emb MiniCPM3's); give it with buffer_init");
+  }
   if (!c->contains("hidden_size") || !(*c)["hidden_size"].is_number_unsigned()) {
     throw Error(ErrorKind::kConfig, ctx.source, "buffer '" + ctx.key + "' needs hidden_size, a positive integer");
   }

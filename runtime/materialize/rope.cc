@@ -15,6 +15,7 @@ struct RopeParams {
   double theta = 10000.0;
   double max_position = 2048;
   size_t dim = 0;
+  bool hunyuan = false;  // model_type hunyuan_*: "dynamic" with a fixed alpha is its NTK-alpha RoPE
 
   [[noreturn]] void Fail(const std::string& what) const { throw Error(ErrorKind::kConfig, source, what); }
   bool Has(const char* k) const { return scaling && scaling->contains(k) && !(*scaling)[k].is_null(); }
@@ -47,7 +48,13 @@ RopeInit Linear(const RopeParams& p) {
 }
 
 // Dynamic NTK at init: seq_len = max_position_embeddings, so the base scale is (factor - factor + 1).
+// Hunyuan's checkpoints label their NTK-alpha RoPE "dynamic" with a fixed, nonzero "alpha", which
+// transformers' Hunyuan models compute as theta * alpha^(dim / (dim - 2)), static.
 RopeInit Dynamic(const RopeParams& p) {
+  if (p.hunyuan && p.Has("alpha") && p.Number("alpha") != 0) {
+    const double d = static_cast<double>(p.dim);
+    return RopeInit{"ntk_alpha", DefaultInvFreq(p.theta * std::pow(p.Number("alpha"), d / (d - 2)), p.dim), 1.0};
+  }
   const double factor = p.Number("factor");
   const double seq = p.max_position;
   const double d = static_cast<double>(p.dim);
@@ -154,6 +161,8 @@ RopeInit ComputeRope(const nlohmann::json& config, std::string_view source, size
     p.max_position = config["max_position_embeddings"].get<double>();
   }
   if (!(p.theta > 0)) p.Fail("rope_theta must be positive");
+  p.hunyuan = config.contains("model_type") && config["model_type"].is_string() &&
+              config["model_type"].get<std::string>().rfind("hunyuan", 0) == 0;
   std::string type = "default";
   for (const char* k : {"rope_type", "type"}) {
     if (p.Has(k) && (*p.scaling)[k].is_string()) {

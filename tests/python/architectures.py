@@ -29,6 +29,16 @@ def configs():
                                         num_experts_per_tok=2, num_shared_experts=1, head_dim=8,
                                         mlp_layer_types=["dense", "sparse"], **common),
         "phimoe": t.PhimoeConfig(intermediate_size=16, num_local_experts=5, num_experts_per_tok=2, **common),
+        # Found by an outside trial: a rename keyed by class name (GPTNeoXForCausalLM: "embed_out." ->
+        # "lm_head."), MiniCPM3's embed_scale (scale_emb, not sqrt(hidden_size)), Hunyuan's "dynamic" RoPE
+        # with a fixed alpha (NTK-alpha).
+        "gpt_neox": t.AutoConfig.for_model("gpt_neox", intermediate_size=40, rotary_pct=0.5, **common),
+        "minicpm3": t.AutoConfig.for_model("minicpm3", intermediate_size=40, scale_emb=12.0, q_lora_rank=20,
+                                           kv_lora_rank=12, qk_rope_head_dim=8, qk_nope_head_dim=6, v_head_dim=10,
+                                           head_dim=None, **common),
+        "hunyuan_v1_dense": t.AutoConfig.for_model("hunyuan_v1_dense", intermediate_size=40, head_dim=8,
+                                                   rope_scaling={"type": "dynamic", "factor": 1.0, "alpha": 1000.0},
+                                                   **common),
     }
     return out
 

@@ -65,7 +65,7 @@ def flow(root, rank, world):
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
         prep = shardcast.prepare(model, config=config)
-        for layer in model.model.layers:
+        for layer in shardcast._world.shard_units(model):  # the decoder layers, wherever the model keeps them
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
         report = shardcast.load(model, ckpt, verify=True, chunk_bytes=4096)

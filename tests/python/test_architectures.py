@@ -11,8 +11,10 @@ import transformers  # noqa: F401
 from architectures import configs
 
 # The architectures whose layout from_pretrained predicts from the header, and so streams beside the build
-# when asked: all but those whose checkpoint names transformers renames (hy_v3, phimoe), which load after it.
-BESIDE = {"gemma2", "gemma3", "gpt_oss", "llama_tied", "olmo3", "olmoe", "phi3", "qwen2", "qwen2_moe"}
+# when asked: all but those whose checkpoint names transformers renames (hy_v3, phimoe, gpt_neox), which load
+# after it.
+BESIDE = {"gemma2", "gemma3", "gpt_oss", "hunyuan_v1_dense", "llama_tied", "minicpm3", "olmo3", "olmoe", "phi3", "qwen2",
+          "qwen2_moe"}
 
 
 # A scenario of the W=3 launch test_fsdp2 shares (conftest.py: fsdp2_run), which saves a start-up of 3 ranks.

@@ -152,6 +152,41 @@ def test_shard_units_follow_no_split_modules():
     assert shardcast._pretrained.shard_units(model, ()) == []
 
 
+def test_a_module_kept_in_float32_gets_a_unit_of_its_own_and_the_model_runs(tmp_path):
+    """ERNIE-4.5-MoE keeps its router gate in float32 (_keep_in_fp32_modules_strict) inside bf16 decoder
+    layers: one fully_shard over a layer held two dtypes, and the loaded model failed its first forward
+    ("FSDP expects uniform original parameter dtype"). The gate gets a unit of its own, before its layer's;
+    in a process of its own (a world of one), the model's logits equal transformers'."""
+    import subprocess
+    import sys
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg = AutoConfig.for_model("ernie4_5_moe", hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, vocab_size=37, intermediate_size=40, moe_num_experts=5, moe_k=2,
+                               moe_intermediate_size=16, moe_num_shared_experts=1, max_position_embeddings=128)
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    names = {m: n for n, m in meta.named_modules()}
+    units = shardcast._pretrained.shard_units(meta)
+    gates = [names[u] for u in units if {p.dtype for p in u.parameters()} == {torch.float32}]
+    assert gates and all(g.endswith("mlp.gate") for g in gates), [names[u] for u in units]
+    assert units.index(next(u for u in units if names[u].endswith("mlp.gate"))) < len(gates), "before the layers"
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(tmp_path / "ernie")
+    code = (
+        "import sys, torch, shardcast\n"
+        "from transformers import AutoModelForCausalLM\n"
+        "ids = torch.tensor([[1, 5, 9, 3]])\n"
+        "ours = shardcast.from_pretrained(sys.argv[1], dtype=torch.bfloat16)\n"
+        "theirs = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16)\n"
+        "with torch.no_grad():\n"
+        "    a, b = ours(ids).logits, theirs(ids).logits\n"
+        "print('equal' if torch.equal(a, b) else f'differ {(a.float() - b.float()).abs().max().item()}')\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "ernie")], capture_output=True, text=True,
+                          timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "equal", done.stdout
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_accelerate_fsdp2_preparation_then_shardcast_load(run, world):
     import accelerate  # noqa: F401  (required: a missing one fails, never skips)
