@@ -61,6 +61,10 @@ def resolve_checkpoint(path_or_repo_id: Union[str, os.PathLike], revision: Optio
     """
     name = os.fspath(path_or_repo_id)
     if os.path.isdir(name):
+        if not os.path.isfile(os.path.join(name, "config.json")):
+            raise CheckpointError(f"'{name}' holds no config.json: from_pretrained builds the model its config "
+                                  "describes (shardcast.load takes a model you built, with a checkpoint of weights "
+                                  "alone)")
         return name
     if os.path.exists(name):
         raise InvalidArgument(f"'{name}' is a file: pass the checkpoint's directory (config.json and *.safetensors)")

@@ -16,6 +16,7 @@ struct RopeParams {
   double max_position = 2048;
   size_t dim = 0;
   bool hunyuan = false;  // model_type hunyuan_*: "dynamic" with a fixed alpha is its NTK-alpha RoPE
+  double top_original = 0;  // the config's own original_max_position_embeddings (Phi-3 keeps it there), or 0
 
   [[noreturn]] void Fail(const std::string& what) const { throw Error(ErrorKind::kConfig, source, what); }
   bool Has(const char* k) const { return scaling && scaling->contains(k) && !(*scaling)[k].is_null(); }
@@ -127,11 +128,39 @@ RopeInit Yarn(const RopeParams& p) {
   return RopeInit{"yarn", std::move(inv), attention};
 }
 
+// LongRoPE (Phi-3 128k, Phi-3.5, Phi-4-mini) at init: no sequence yet, so the short factors, one a
+// frequency: 1 / (short_factor[i] * base^(2i / dim)) in float32, as transformers computes it. (Past
+// original_max_position_embeddings transformers' forward switches to the long factors itself.)
+RopeInit LongRope(const RopeParams& p) {
+  if (!p.Has("short_factor") || !(*p.scaling)["short_factor"].is_array()) {
+    p.Fail("rope type longrope needs \"short_factor\", a list of numbers");
+  }
+  const nlohmann::json& factors = (*p.scaling)["short_factor"];
+  if (factors.size() != p.dim / 2) {
+    p.Fail("rope short_factor has " + std::to_string(factors.size()) + " numbers, but the rotary dim " +
+           std::to_string(p.dim) + " needs " + std::to_string(p.dim / 2));
+  }
+  const double original = p.top_original > 0 ? p.top_original
+                                               : p.Number("original_max_position_embeddings", p.max_position);
+  const double factor = p.Has("factor") ? p.Number("factor") : p.max_position / original;
+  const double attention = p.Has("attention_factor") ? p.Number("attention_factor")
+                           : factor <= 1 ? 1.0 : std::sqrt(1 + std::log(factor) / std::log(original));
+  std::vector<float> inv(p.dim / 2);
+  const float fbase = static_cast<float>(p.theta), fdim = static_cast<float>(p.dim);
+  for (size_t i = 0; i < inv.size(); ++i) {
+    if (!factors[i].is_number()) p.Fail("rope short_factor must hold numbers");
+    const float e = static_cast<float>(2 * i) / fdim;
+    inv[i] = 1.0f / (static_cast<float>(factors[i].get<double>()) * std::pow(fbase, e));
+  }
+  return RopeInit{"longrope", std::move(inv), attention};
+}
+
 using RopeRule = RopeInit (*)(const RopeParams&);
 
 const std::map<std::string, RopeRule>& RopeRules() {
   static const std::map<std::string, RopeRule> rules = {
-      {"default", Default}, {"linear", Linear}, {"dynamic", Dynamic}, {"llama3", Llama3}, {"yarn", Yarn}};
+      {"default", Default}, {"linear", Linear}, {"dynamic", Dynamic}, {"llama3", Llama3}, {"yarn", Yarn},
+      {"longrope", LongRope}};
   return rules;
 }
 
@@ -161,6 +190,9 @@ RopeInit ComputeRope(const nlohmann::json& config, std::string_view source, size
     p.max_position = config["max_position_embeddings"].get<double>();
   }
   if (!(p.theta > 0)) p.Fail("rope_theta must be positive");
+  if (config.contains("original_max_position_embeddings") && config["original_max_position_embeddings"].is_number()) {
+    p.top_original = config["original_max_position_embeddings"].get<double>();
+  }
   p.hunyuan = config.contains("model_type") && config["model_type"].is_string() &&
               config["model_type"].get<std::string>().rfind("hunyuan", 0) == 0;
   std::string type = "default";
@@ -170,6 +202,10 @@ RopeInit ComputeRope(const nlohmann::json& config, std::string_view source, size
       break;
     }
   }
+  // Phi-3's configs name LongRoPE "su" (and once "yarn"): transformers' Phi-3 config reads both as longrope.
+  const std::string model_type =
+      config.contains("model_type") && config["model_type"].is_string() ? config["model_type"].get<std::string>() : "";
+  if ((model_type == "phi3" || model_type == "phi4_multimodal") && (type == "su" || type == "yarn")) type = "longrope";
   auto it = RopeRules().find(type);
   if (it == RopeRules().end()) {
     std::string known;

@@ -33,6 +33,10 @@ def configs():
         # "lm_head."), MiniCPM3's embed_scale (scale_emb, not sqrt(hidden_size)), Hunyuan's "dynamic" RoPE
         # with a fixed alpha (NTK-alpha).
         "gpt_neox": t.AutoConfig.for_model("gpt_neox", intermediate_size=40, rotary_pct=0.5, **common),
+        # LongRoPE (Phi-3 128k, Phi-3.5, Phi-4-mini): the short factors at init
+        "phi3_longrope": t.Phi3Config(intermediate_size=40, pad_token_id=0, original_max_position_embeddings=64,
+                                      rope_scaling={"type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
+                                                    "long_factor": [2.0, 2.5, 3.0, 3.5]}, **common),
         "minicpm3": t.AutoConfig.for_model("minicpm3", intermediate_size=40, scale_emb=12.0, q_lora_rank=20,
                                            kv_lora_rank=12, qk_rope_head_dim=8, qk_nope_head_dim=6, v_head_dim=10,
                                            head_dim=None, **common),

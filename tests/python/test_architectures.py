@@ -13,7 +13,8 @@ from architectures import configs
 # The architectures whose layout from_pretrained predicts from the header, and so streams beside the build
 # when asked: all but those whose checkpoint names transformers renames (hy_v3, phimoe, gpt_neox), which load
 # after it.
-BESIDE = {"gemma2", "gemma3", "gpt_oss", "hunyuan_v1_dense", "llama_tied", "minicpm3", "olmo3", "olmoe", "phi3", "qwen2",
+BESIDE = {"gemma2", "gemma3", "gpt_oss", "hunyuan_v1_dense", "llama_tied", "minicpm3", "olmo3", "olmoe", "phi3",
+          "phi3_longrope", "qwen2",
           "qwen2_moe"}
 
 

@@ -138,6 +138,10 @@ def test_repo_id_not_in_cache_is_a_checkpoint_error(tmp_path, monkeypatch):
         with pytest.raises(shardcast.CheckpointError, match="no such directory") as e:
             shardcast._pretrained.resolve_checkpoint(missing)
         assert "hf download" not in str(e.value)
+    # a directory of weights without config.json: said so (it was an InternalError wrapping transformers'
+    # "Should have a `model_type` key")
+    with pytest.raises(shardcast.CheckpointError, match="holds no config.json"):
+        shardcast._pretrained.resolve_checkpoint(tmp_path)
 
 
 def test_shard_units_follow_no_split_modules():

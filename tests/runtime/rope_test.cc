@@ -118,9 +118,27 @@ TEST(Rope, TransformersFiveRopeParametersLayout) {
   ExpectWithin1Ulp(ComputeRope(cfg, "c", 32).inv_freq, Base(250000, 32));
 }
 
+// LongRoPE at init (no sequence yet): the short factors, 1 / (short[i] * theta^(2i / dim)); Phi-3's "su" (and
+// "yarn") name it there. A list of another length than dim / 2 is a ConfigError.
+TEST(Rope, LongRopeTakesTheShortFactorsAtInit) {
+  auto cfg = nlohmann::json::parse(R"({"model_type": "phi3", "rope_theta": 10000.0, "max_position_embeddings": 131072,
+      "original_max_position_embeddings": 4096,
+      "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.05, 1.5, 2.0], "long_factor": [1, 2, 3, 4]}})");
+  std::vector<LD> want = Base(10000, 8);
+  const LD shortf[] = {1.0L, 1.05L, 1.5L, 2.0L};
+  for (size_t i = 0; i < want.size(); ++i) want[i] /= static_cast<LD>(static_cast<float>(shortf[i]));
+  const RopeInit r = ComputeRope(cfg, "c", 8);
+  ExpectWithin1Ulp(r.inv_freq, want);
+  EXPECT_NEAR(r.attention_scaling, std::sqrt(1 + std::log(32.0) / std::log(4096.0)), 1e-12);
+  cfg["rope_scaling"]["type"] = "su";
+  ExpectWithin1Ulp(ComputeRope(cfg, "c", 8).inv_freq, want);
+  EXPECT_SC_ERROR(ComputeRope(cfg, "c.json", 16), ErrorKind::kConfig, "c.json", "short_factor has 4 numbers",
+                  "needs 8");
+}
+
 TEST(Rope, UnknownTypeOrMissingFieldIsAConfigError) {
-  auto cfg = nlohmann::json::parse(R"({"rope_scaling": {"rope_type": "longrope"}})");
-  EXPECT_SC_ERROR(ComputeRope(cfg, "c.json", 64), ErrorKind::kConfig, "c.json", "rope type \"longrope\" has no init rule",
+  auto cfg = nlohmann::json::parse(R"({"rope_scaling": {"rope_type": "su"}})");
+  EXPECT_SC_ERROR(ComputeRope(cfg, "c.json", 64), ErrorKind::kConfig, "c.json", "rope type \"su\" has no init rule",
                   "llama3");
   auto missing = nlohmann::json::parse(R"({"rope_scaling": {"rope_type": "llama3", "factor": 8}})");
   EXPECT_SC_ERROR(ComputeRope(missing, "c.json", 64), ErrorKind::kConfig, "low_freq_factor");
