@@ -1,8 +1,11 @@
 #include "runtime/materialize/materializer.h"
 
 #include <ATen/ATen.h>
+#include <dlfcn.h>
+#include <link.h>
 
 #include <memory>
+#include <string>
 #include <nlohmann/json.hpp>
 
 #include "allocators/error.h"
@@ -26,6 +29,34 @@ at::Tensor PinnedZeroTensor(at::IntArrayRef sizes, at::ScalarType dtype) {
                        at::TensorOptions().dtype(dtype));
 }
 
+// ATen's CUDA kernels register when libtorch_cuda loads. Python's `import torch` loads it; a C++ program
+// (the CLI, the API's users) links it only by name, which an --as-needed linker drops (nothing calls into
+// it by symbol), and linking it always would cost every process 0.5 s and ~360 MB of mapped pages. So the
+// first CUDA target loads it here, beside the libtorch_cpu this process runs on. A torch without CUDA has
+// none: at::zeros then says so.
+void LoadTorchCuda() {
+  static const bool loaded = [] {
+    if (dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD) != nullptr) return true;
+    std::string dir;
+    dl_iterate_phdr(
+        [](struct dl_phdr_info* info, size_t, void* out) {
+          const std::string name = info->dlpi_name ? info->dlpi_name : "";
+          const size_t slash = name.rfind('/');
+          if (slash != std::string::npos && name.compare(slash + 1, std::string::npos, "libtorch_cpu.so") == 0) {
+            *static_cast<std::string*>(out) = name.substr(0, slash + 1);
+            return 1;
+          }
+          return 0;
+        },
+        &dir);
+    for (const std::string& name : {dir.empty() ? std::string() : dir + "libtorch_cuda.so", std::string("libtorch_cuda.so")}) {
+      if (!name.empty() && dlopen(name.c_str(), RTLD_NOW | RTLD_GLOBAL) != nullptr) return true;
+    }
+    return false;
+  }();
+  (void)loaded;
+}
+
 }  // namespace
 
 at::Tensor AllocateZeroed(at::IntArrayRef sizes, at::ScalarType dtype, Target target, const PrepareOptions& options) {
@@ -35,6 +66,7 @@ at::Tensor AllocateZeroed(at::IntArrayRef sizes, at::ScalarType dtype, Target ta
     case Target::kPinned:
       return PinnedZeroTensor(sizes, dtype);
     case Target::kCuda:
+      LoadTorchCuda();
       try {
         return at::zeros(sizes, at::TensorOptions().dtype(dtype).device(at::Device(at::kCUDA, options.device_index)));
       } catch (const c10::Error& e) {

@@ -485,3 +485,20 @@ def test_inspect_and_plan_read_headers_without_mapping_the_files(shardcast_bin, 
         r = subprocess.run([str(shardcast_bin), *map(str, args)], capture_output=True, text=True, timeout=120,
                            preexec_fn=capped)
         assert r.returncode == 0, (args, r.stderr[-1500:])
+
+
+def test_a_cuda_target_finds_torchs_cuda_backend(shardcast_bin):
+    """The CLI links libtorch_cuda by name only, which an --as-needed linker drops: --target cuda then found
+    no CUDA backend at all ("Could not run 'aten::empty.memory_format' with arguments from the 'CUDA'
+    backend", with the dispatcher's dump). It loads libtorch_cuda at the first CUDA target: on a GPU host the
+    prepare runs; on one without a GPU, torch's own words about the driver come back."""
+    import torch
+    if torch.version.cuda is None:
+        pytest.skip("torch is a CPU build: it has no CUDA backend to load")
+    r = sc(shardcast_bin, "prepare", "--config", ROOT / "configs" / "tiny-moe.json", "--world-size", "1", "--rank", "0",
+           "--target", "cuda", "--layers", "1")
+    assert "Could not run" not in r.stderr, r.stderr[-1500:]
+    if torch.cuda.is_available():
+        assert r.returncode == 0, r.stderr[-1500:]
+    else:
+        assert r.returncode != 0 and "cannot allocate on cuda:0" in r.stderr, r.stderr[-1500:]
