@@ -250,7 +250,11 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], *, source: Op
     Atomic: everything is written into out_dir.tmp-<id>, and renamed into place only once every rank
     synced its bytes; a kill -9 of any rank leaves the previous out_dir intact or no out_dir at all.
     An existing out_dir, or a leftover out_dir.tmp-* of a save that died, is an error unless
-    overwrite=True (which replaces the one and removes the other). timeout: seconds per collective.
+    overwrite=True (which replaces the one and removes the other). Replacing out_dir replaces its model's
+    files (model.safetensors or model-NNNNN-of-NNNNN.safetensors, the index, config.json and
+    generation_config.json) and keeps every other file and folder in it (the tokenizer, a README, an
+    adapter), as save_pretrained does: saving back into the folder a model was loaded from loses nothing
+    else. timeout: seconds per collective.
 
     Parameter and buffer names are written without the levels torch.compile (`_orig_mod.`),
     checkpoint_wrapper (`_checkpoint_wrapped_module.`) and FSDP1 (`_fsdp_wrapped_module.`) add, as DCP
@@ -298,4 +302,4 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], *, source: Op
     return logged("save", out_text, rank, SaveReport.from_dict(_agreed(problem, lambda: _shardcast.save_entries(
         entries, layouts.table, out_text, options, dtype_name, max_shard_text, overwrite_flag,
         config_json, generation_json, ops, rank, world, progress_cb,
-        problem, _store_host(store) if store is not None else ""))))
+        problem, _store_host(store) if store is not None else "", keep_other_files=True))))

@@ -134,6 +134,37 @@ std::string WithAbsentRanks(const std::string& m, int world_size) {
   throw Error(final.kind, phase, final.message);
 }
 
+// Whether a rank published a failure while this rank's group is made: a rank whose own making failed
+// (FailMakingTogether) never publishes the address gloo waits for here, so without this every other rank
+// waited out gloo's timeout (10 minutes by default) before taking the note. Asked over a connection of its
+// own (gloo's wait holds the store's), made at the first ask, each ask bounded by 1 s; never where the
+// store cannot be cloned or answers late. The making, abandoned then, still holds the store's connection
+// until gloo's timeout: a later operation of this process waits for it (a job that ends on the error does
+// not; a retry in the same process is slow, not wrong).
+struct FailureWatch {
+  bool tried = false;
+  c10::intrusive_ptr<c10d::Store> own;  // the clone: also the store the agreement then runs on
+  std::unique_ptr<StoreChannel> channel;
+};
+std::function<bool()> FailurePublished(const std::shared_ptr<FailureWatch>& watch,
+                                       const c10::intrusive_ptr<c10d::Store>& store, const std::string& host) {
+  return [watch, store, host]() {
+    if (!watch->tried) {
+      watch->tried = true;
+      std::function<c10::intrusive_ptr<c10d::Store>()> clone = [store] { return store->clone(); };
+      try {
+        std::optional<c10::intrusive_ptr<c10d::Store>> own = WithDeadline(std::move(clone), std::chrono::seconds(1));
+        if (own && *own) {
+          watch->own = *own;
+          watch->channel = std::make_unique<StoreChannel>(*own, host, StoreAddress{}, std::chrono::seconds(1));
+        }
+      } catch (...) {  // a store that cannot be cloned: no watch, the making's own deadline stands
+      }
+    }
+    return watch->channel && watch->channel->Published();
+  };
+}
+
 // What the making of a group threw, as a communication error of ours; *named: whether it needs no ranks
 // named (FailMakingTogether): its message names the ranks that never published their addresses, or it is
 // a shardcast Error this rank raised itself (an allocation refused; gloo raises none of ours).
@@ -183,8 +214,11 @@ std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c
   const std::string where = "rank " + std::to_string(rank) + ": this operation's Gloo group (" +
                             std::to_string(world_size) + " ranks, over " + store_host + ")";
   std::optional<AgreedGroup> agreed;
+  bool published = false;
+  auto watch = std::make_shared<FailureWatch>();
   try {
-    agreed = WithDeadline(std::move(make), RendezvousDeadline(timeout));
+    agreed = WithDeadlineUnless(std::move(make), RendezvousDeadline(timeout), FailurePublished(watch, store, store_host),
+                                std::chrono::milliseconds(std::max(100, world_size)), &published);
   } catch (const Error& e) {
     throw Error(e.kind(), where, e.what());
   } catch (const c10::Error& e) {
@@ -193,6 +227,11 @@ std::unique_ptr<Communicator> CreateGlooCommunicatorOnStore(c10::intrusive_ptr<c
   } catch (const std::exception& e) {
     throw Error(LooksLikeTimeout(e.what()) ? ErrorKind::kCommTimeout : ErrorKind::kComm, where,
                 WithAbsentRanks(CleanC10dMessage(e.what()), world_size));
+  }
+  if (published) {  // a rank failed while the group was made, and said so: this rank takes its note now, over
+                     // the watch's connection (the store's own is held by gloo's wait, abandoned with its thread)
+    FailMakingTogether(watch->own, std::move(store_host), AddressOf(store), rank, world_size,
+                       Error(ErrorKind::kComm, where, "another rank failed while the group was made"), true, phase);
   }
   if (!agreed) {
     throw Error(ErrorKind::kCommTimeout, where,

@@ -176,6 +176,27 @@ def frozen(root, rank, world, who=2):
     return {"first": first, "error": error, "seconds": time.monotonic() - start}
 
 
+def making(root, rank, world):
+    """SHARDCAST_FAULT fails rank 1's making of the operation's Gloo group (an allocation refused): every
+    rank's error and seconds under a 60 s timeout, then a second load (the fault acts once) on the group."""
+    path = os.path.join(root, "model.safetensors")
+    from safetensors.torch import load_file
+    ref = load_file(path)["w"]
+    b, e = rows(ref.shape[0], world, rank)
+    start = time.monotonic()
+    try:
+        shardcast.load({"w": (torch.empty(e - b, ref.shape[1]), b, e)}, path, timeout=60)
+        error = None
+    except shardcast.ShardcastError as err:
+        error = {"class": type(err).__name__, "message": str(err)}
+    seconds = time.monotonic() - start
+    local = torch.empty(e - b, ref.shape[1])
+    start = time.monotonic()
+    shardcast.load({"w": (local, b, e)}, path, timeout=60)
+    return {"error": error, "seconds": seconds, "after": torch.equal(local, ref[b:e]),
+            "after_seconds": time.monotonic() - start}
+
+
 def main():
     mode, root, out = sys.argv[1:4]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -189,7 +210,7 @@ def main():
             time.sleep(0.1)
         os._exit(0)
     try:
-        result = {"subgroup": subgroup, "failure": failure, "kept": kept}[mode](root, rank, world)
+        result = {"subgroup": subgroup, "failure": failure, "kept": kept, "making": making}[mode](root, rank, world)
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -90,6 +90,18 @@ def errors(root, saved, rank, world, models):
     res["overwrite_f32"] = catch(lambda: shardcast.save(qwen, fresh, source="rank0", dtype=torch.float32,
                                                         overwrite=True, max_shard_size="30KB", timeout=60))
     res["leftover_exists"] = os.path.exists(leftover)
+    # saved over again, with a tokenizer and a folder of the user's beside the model: they stay (save
+    # removed every other file of out_dir); the model's old shards of another count do not
+    if rank == 0:
+        with open(os.path.join(fresh, "tokenizer.json"), "w") as f:
+            f.write("{}")
+        os.makedirs(os.path.join(fresh, "notes"))
+        with open(os.path.join(fresh, "notes", "run.txt"), "w") as f:
+            f.write("kept")
+    dist.barrier()
+    res["overwrite_kept"] = catch(lambda: shardcast.save(qwen, fresh, dtype=torch.float32, overwrite=True,
+                                                         timeout=60))
+    res["listing_after_overwrite"] = sorted(os.listdir(fresh))
 
     mesh = init_device_mesh("cpu", (world,))
     from torch.distributed.tensor import DTensor, Partial

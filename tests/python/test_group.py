@@ -61,6 +61,25 @@ def test_the_gloo_group_is_kept_between_operations_only_where_every_rank_holds_i
         assert sub == [{"what": "subgroup", "ok": True, "error": None, "group": "new"}], (rank, sub)
 
 
+# A rank whose own making of the operation's Gloo group fails (an allocation refused, an interface it cannot
+# bind) publishes its error, but never the address gloo's full mesh waits for: every other rank waited out
+# gloo's timeout (60 s here, 10 min by default) before it took the note. They watch the store while the
+# group is made, over a connection of their own, and take it at once.
+def test_a_rank_failing_to_make_the_group_ends_every_rank_at_once_with_its_cause(tmp_path):
+    torch.manual_seed(0)
+    save_file({"w": torch.randn(1000, 8)}, str(tmp_path / "model.safetensors"))
+    results = ranks.run("group_worker.py", "making", tmp_path, 3, tmp_path, timeout=240,
+                        env={"SHARDCAST_FAULT": "1:make:enomem"})
+    errors = [r["error"] for r in results]
+    assert all(e is not None for e in errors), results
+    assert len({(e["class"], e["message"]) for e in errors}) == 1, errors
+    assert errors[0]["class"] == "IoError" and "rank 1 allocation" in errors[0]["message"], errors[0]
+    assert all(r["seconds"] < 20 for r in results), [r["seconds"] for r in results]
+    # The next load on the group works. (It may wait: the abandoned making still holds this process's store
+    # connection until gloo's own timeout, 60 s here: measured 54-57 s.)
+    assert all(r["after"] for r in results), "the next load on the group"
+
+
 def frozen_survivors(tmp_path, mode, frozen):
     """The survivors' results of group_worker's `mode` (W=3, rank `frozen` SIGSTOPped after a first load
     that made a new group), each checked for a CommTimeout."""

@@ -141,6 +141,22 @@ def test_a_leftover_tmp_dir_is_named_then_removed_with_overwrite(run, checkpoint
     assert json.loads((saved / "fresh" / "config.json").read_text())["dtype"] == "float32"
 
 
+def test_saving_over_a_folder_keeps_the_users_other_files(run, checkpoints):
+    """overwrite=True replaced the whole folder: a tokenizer, a README or a folder of the user's beside the
+    model was lost (saving back where the model was loaded from is the usual case). The model's own files
+    are replaced (30 KB shards become one file); everything else stays, as save_pretrained leaves it."""
+    rs, saved = errors(run)
+    assert {r["type"] for r in rs["overwrite_kept"]} == {None}, rs["overwrite_kept"]
+    for listing in rs["listing_after_overwrite"]:
+        assert listing == ["config.json", "generation_config.json", "model.safetensors", "notes",
+                           "tokenizer.json"] or listing == ["config.json", "model.safetensors", "notes",
+                                                            "tokenizer.json"], listing
+    assert (saved / "fresh" / "notes" / "run.txt").read_text() == "kept"
+    want, _, _ = original(checkpoints, "qwen3_moe")
+    got = tensors(saved / "fresh")
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k].float()) for k in want)
+
+
 def test_a_shard1_weight_is_saved_in_place_and_a_partial_one_is_refused(run):
     rs, _ = errors(run)
     assert {r["type"] for r in rs["shard1"]} == {None}, rs["shard1"]
