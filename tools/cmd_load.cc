@@ -133,8 +133,10 @@ void PrintReport(const LoadReport& r) {
     slowest = std::max(slowest, rr.seconds);
     read += rr.bytes_read, sent += rr.bytes_sent;
   }
-  std::printf("\nload: %.3f s, %.2f GB/s; %s on %d node(s); storage reads %s = %.2fx the checkpoint, %s sent\n",
-              slowest, slowest > 0 ? r.total_bytes / slowest / 1e9 : 0.0, r.mesh.c_str(), r.nodes,
+  // --setup-only moves no bytes: no rate (the planned bytes over the setup's seconds were reported as one)
+  const double gbps = r.setup_only || slowest <= 0 ? 0.0 : r.total_bytes / slowest / 1e9;
+  std::printf("\nload: %.3f s, %.2f GB/s%s; %s on %d node(s); storage reads %s = %.2fx the checkpoint, %s sent\n",
+              slowest, gbps, r.setup_only ? " (setup only: no bytes moved)" : "", r.mesh.c_str(), r.nodes,
               HumanBytes(read).c_str(), r.checkpoint_bytes ? static_cast<double>(read) / r.checkpoint_bytes : 0.0,
               HumanBytes(sent).c_str());
   std::printf("%5s %12s %12s %12s %12s %9s %16s %16s %8s\n", "rank", "read", "received", "stored", "sent", "seconds",
@@ -261,7 +263,7 @@ void AddLoad(CLI::App& app, Runner* run, const std::vector<std::string>& argv,
                   "rest (default 1)");
   cmd->add_option("--nodes", args->nodes, "with --nproc: split the ranks into N nodes (LOCAL_RANK, GROUP_RANK)");
   cmd->add_option("--backend", args->backend, "gloo (default) or nccl (with --target cuda; CUDA builds)");
-  cmd->add_option("--layers", args->layers, "keep only the first N decoder layers of the config");
+  cmd->add_option("--layers", args->layers, "keep only the first N decoder layers of the config")->check(CLI::Range(0, 1 << 30));
   cmd->add_flag("--checksum-only", args->checksum_only,
                 "receive and hash only, keep nothing (benchmarks); the report has each rank's digest of it");
   cmd->add_flag("--quiet", args->quiet, "no progress output");

@@ -294,8 +294,8 @@ void AddPlan(CLI::App& app, Runner* run) {
   auto* cmd = app.add_subcommand("plan", "What a model spec holds, what each rank holds, and the forecast peak memory");
   cmd->add_option("--config", args->config, "HF config.json")->required();
   cmd->add_option("--world-size", args->world_size, "number of ranks (default 1)");
-  cmd->add_option("--rank", args->rank, "show only this rank (default: all)");
-  cmd->add_option("--layers", args->layers, "keep only the first N decoder layers (default: all)");
+  cmd->add_option("--rank", args->rank, "show only this rank (default: all)")->check(CLI::Range(0, 1 << 30));
+  cmd->add_option("--layers", args->layers, "keep only the first N decoder layers (default: all)")->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--dtype", args->dtype,
                   "bf16, f16 or f32: forecast fp8 block-quantized weights loaded (dequantized) in this dtype");
   cmd->add_flag("--json", args->json, "print JSON instead of tables");

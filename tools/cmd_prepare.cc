@@ -102,7 +102,7 @@ void AddPrepare(CLI::App& app, Runner* run) {
   cmd->add_option("--world-size", args->world_size, "number of ranks")->required();
   cmd->add_option("--rank", args->rank, "this rank")->required();
   cmd->add_option("--target", args->target, "cpu (default), pinned or cuda");
-  cmd->add_option("--layers", args->layers, "keep only the first N decoder layers (default: all)");
+  cmd->add_option("--layers", args->layers, "keep only the first N decoder layers (default: all)")->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--json", args->json, "also write the report as JSON to this file");
   cmd->add_option("--dump", args->dump, "write the materialized buffers to DIR/model.safetensors");
   cmd->callback([args, run] { *run = [args] { return RunCommand("prepare", [&] { return RunPrepare(*args); }); }; });

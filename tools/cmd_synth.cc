@@ -108,7 +108,7 @@ void AddSynth(CLI::App& app, Runner* run) {
   auto* cmd = app.add_subcommand("synth", "Write a deterministic synthetic checkpoint for a model config");
   cmd->add_option("--config", args->config, "HF config.json")->required();
   cmd->add_option("--out", args->out, "output directory")->required();
-  cmd->add_option("--layers", args->layers, "keep only the first N decoder layers (default: all)");
+  cmd->add_option("--layers", args->layers, "keep only the first N decoder layers (default: all)")->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--max-shard-size", args->max_shard, "split into files of at most this size, e.g. 2G (default: one file)");
   cmd->add_option("--seed", args->seed, "value seed (default 0)");
   cmd->add_flag("--sparse", args->sparse, "full-size files whose data area is a hole (no disk used)");

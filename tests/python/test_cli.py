@@ -463,10 +463,14 @@ def test_synth_of_a_checkpoint_larger_than_the_disk_writes_nothing(shardcast_bin
     assert not (tmp_path / "huge").exists()
 
 
-def test_a_launch_of_no_ranks_is_refused(shardcast_bin):
+def test_a_launch_of_no_ranks_and_negative_counts_are_refused(shardcast_bin):
+    """--nproc 0 ran one rank in the process; plan --rank -1 and --layers -2 meant "all", unsaid."""
     for cmd in (["load", "--checkpoint", "/nonexistent"], ["convert", "/nonexistent", "/tmp/shardcast-x"]):
         r = sc(shardcast_bin, *cmd, "--nproc", "0")
         assert r.returncode != 0 and "not in range 1 to 1024" in r.stderr, (cmd, r.stderr)
+    for flag in ("--rank", "--layers"):
+        r = sc(shardcast_bin, "plan", "--config", CONFIGS / "llama-3.1-8b.json", "--world-size", "2", flag, "-1")
+        assert r.returncode != 0 and "not in range 0 to" in r.stderr, (flag, r.stderr)
 
 
 def test_inspect_and_plan_read_headers_without_mapping_the_files(shardcast_bin, tmp_path):
