@@ -56,7 +56,25 @@ def channel(pg, store):
 
 
 def _next(ch) -> int:
-    return next(_CALLS.setdefault(ch[1], itertools.count()))
+    n = next(_CALLS.setdefault(ch[1], itertools.count()))
+    _NEXT[ch[1]] = n + 1
+    return n
+
+
+_NEXT: Dict[str, int] = {}  # per group: the number its next exchange will take
+_READ_BY_ALL: Dict[str, int] = {}  # per group: the exchanges before this one were read by every rank
+
+
+def operation_began(store, group: str, rank: int) -> None:
+    """An operation (a load, a save) over `group` begins on this rank. Every exchange made before the
+    previous operation began was read by every rank before that operation's handshake, a collective this
+    rank then ended with all of them: rank 0 drops the keys it keeps of those. (computed_on_rank0 waits for
+    no rank, so nothing else drops its keys: a plain load's names of fused experts, ~1 MB at Qwen3-30B-A3B's
+    scale, stayed in the store for every load of a long-lived process.)"""
+    read = _READ_BY_ALL.get(group)
+    _READ_BY_ALL[group] = _NEXT.get(group, 0)
+    if rank == 0 and read is not None and store is not None:
+        _forget(store, group, read)
 
 
 def _key(n: int, rank: Union[int, str] = 0) -> str:

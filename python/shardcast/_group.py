@@ -49,9 +49,34 @@ def operation_store(pg, store):
     if pg is None:
         return None
     import torch.distributed as dist
+    from ._exchange import operation_began
     name = dist.distributed_c10d._get_process_group_name(pg)
     n = next(_OPERATIONS.setdefault(name, itertools.count()))
+    rank = dist.get_rank(pg)
+    operation_began(store, name, rank)
+    if rank == 0 and n >= 2:
+        _drop_operation(store, n - 2)
     return dist.PrefixStore(f"shardcast/op/{n}", store)
+
+
+# What an operation leaves under its prefix: the agreement on its Gloo group (runtime/comm/gloo_groups.cc),
+# and on a failure the note, its acknowledgements and who arrived (runtime/comm/store_channel.cc). (Gloo's
+# own rendezvous keys, where a group was made, are gloo's names and stay.)
+_OPERATION_KEYS = ("group/decision", "group/who", "group/token", "group/differ", "group/arrived",
+                   "shardcast/failure", "shardcast/failure_acks", "shardcast/reached/ready")
+
+
+def _drop_operation(store, n: int) -> None:
+    """Rank 0 drops operation n's keys as operation n + 2 begins: it ended operation n + 1 with every rank,
+    each of which had ended operation n, so none reads them again. (Each kept ~6 keys, for every load and
+    save of a long-lived process.)"""
+    import torch.distributed as dist
+    prefixed = dist.PrefixStore(f"shardcast/op/{n}", store)
+    for key in _OPERATION_KEYS:
+        try:
+            prefixed.delete_key(key)
+        except Exception:  # noqa: BLE001 -- a key never set, or a store without delete_key
+            pass
 
 
 def _store_address(store) -> Tuple[str, int]:

@@ -197,6 +197,20 @@ def making(root, rank, world):
             "after_seconds": time.monotonic() - start}
 
 
+def keys(root, rank, world):
+    """The store's key count after each of 6 loads over the default group (rank 0's view)."""
+    path = os.path.join(root, "model.safetensors")
+    from safetensors.torch import load_file
+    ref = load_file(path)["w"]
+    store = dist.distributed_c10d._get_default_store()
+    counts, ok = [], True
+    for _ in range(6):
+        ok = load_rows(path, ref, None, rank, world) and ok
+        dist.barrier()
+        counts.append(store.num_keys())
+    return {"counts": counts, "ok": ok}
+
+
 def main():
     mode, root, out = sys.argv[1:4]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -210,7 +224,8 @@ def main():
             time.sleep(0.1)
         os._exit(0)
     try:
-        result = {"subgroup": subgroup, "failure": failure, "kept": kept, "making": making}[mode](root, rank, world)
+        result = {"subgroup": subgroup, "failure": failure, "kept": kept, "making": making,
+                  "keys": keys}[mode](root, rank, world)
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -80,6 +80,18 @@ def test_a_rank_failing_to_make_the_group_ends_every_rank_at_once_with_its_cause
     assert all(r["after"] for r in results), "the next load on the group"
 
 
+# Each load left its keys in the group's store (the agreement on its Gloo group, rank 0's reading of the
+# checkpoint's keys: the names of every fused expert, ~1 MB at Qwen3-30B-A3B's scale) for the life of the
+# process: ~6 keys a load, found by an outside trial. Rank 0 drops what every rank has read.
+def test_the_stores_keys_stay_flat_over_many_loads(tmp_path):
+    torch.manual_seed(0)
+    save_file({"w": torch.randn(100, 8)}, str(tmp_path / "model.safetensors"))
+    results = ranks.run("group_worker.py", "keys", tmp_path, 2, tmp_path, timeout=240)
+    for rank, r in enumerate(results):
+        assert r["ok"], f"rank {rank}: rows differ"
+        assert len(set(r["counts"][3:])) == 1, r["counts"]
+
+
 def frozen_survivors(tmp_path, mode, frozen):
     """The survivors' results of group_worker's `mode` (W=3, rank `frozen` SIGSTOPped after a first load
     that made a new group), each checked for a CommTimeout."""
