@@ -199,17 +199,13 @@ void FailHandshake(Communicator& comm, ErrorKind kind, const std::string& proble
 }
 
 SourceChoice ChooseSource(const std::vector<int64_t>& probes, const NodeMap& nodes, double copies) {
-  std::vector<int> blind, other;
+  // A rank that sees no checkpoint at its path is blind: it is served. One that sees another size (another
+  // index, another file) sees a checkpoint all the same: it reads its own, and the handshake's file match
+  // (sizes, headers, samples) says whether it is rank 0's. (Taken for blind, it was served rank 0's values
+  // where it had been given other ones, and an index rewritten over the same files would be refused.)
+  std::vector<int> blind;
   for (size_t r = 0; r < probes.size(); ++r) {
     if (probes[r] < 0) blind.push_back(static_cast<int>(r));
-    else if (probes[r] != probes[0]) other.push_back(static_cast<int>(r));
-  }
-  if (!other.empty() && probes[0] >= 0) {
-    throw Error(ErrorKind::kManifestMismatch, "",
-                "rank(s) " + RankList(other) + " see another checkpoint than rank 0 at the path they were given (" +
-                    "its index or only file is " + std::to_string(probes[other[0]]) + " bytes on rank " +
-                    std::to_string(other[0]) + ", " + std::to_string(probes[0]) +
-                    " on rank 0): ranks must load the same checkpoint (source=rank0 serves rank 0's to every rank)");
   }
   const int n = nodes.nodes();
   if (blind.empty()) {

@@ -51,8 +51,9 @@ Agreement Handshake(Communicator& comm, const Plan& plan, const HandshakeRequest
 //                                          several, HSDP (>= 1.5 copies): striped (each shard read once)
 //   every node's first rank sees it        node-leader
 //   otherwise                              rank0 (the reason names the ranks that do not see it)
-// A rank that sees another checkpoint at its path (a probe of another size) is a kManifestMismatch naming
-// it: it asked for other values than rank 0's (source=rank0, asked for, serves rank 0's to it).
+// A rank whose probe is another size sees a checkpoint, as one of the same size does: it reads its own,
+// and the files' match in the handshake (MatchFiles: sizes, headers, data samples) refuses one that is
+// not rank 0's (source=rank0, asked for, serves rank 0's to every rank).
 struct SourceChoice {
   Source source = Source::kRank0;
   std::string reason;

@@ -110,10 +110,18 @@ int RunConvert(const ConvertArgs& a) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   std::error_code ec;
-  if (fs::exists(a.dst, ec) && fs::exists(a.src, ec) && fs::equivalent(a.src, a.dst, ec)) {
-    throw Error(ErrorKind::kInvalidArgument, a.dst,
-                "is SRC itself: convert writes a new checkpoint beside its input (--overwrite would replace the "
-                "input with it); give another directory");
+  if (fs::exists(a.dst, ec) && fs::exists(a.src, ec)) {
+    // DST is SRC, or a folder holding it: --overwrite would replace the input with the output
+    const fs::path dst_real = fs::canonical(a.dst, ec);
+    for (fs::path p = fs::canonical(a.src, ec); !ec && !p.empty(); p = p.parent_path()) {
+      if (p == dst_real) {
+        throw Error(ErrorKind::kInvalidArgument, a.dst,
+                    (p == fs::canonical(a.src, ec) ? std::string("is SRC itself") : "holds SRC") +
+                        ": convert writes a new checkpoint beside its input (--overwrite would replace the input "
+                        "with it); give another directory");
+      }
+      if (p == p.parent_path()) break;
+    }
   }
   if (fs::exists(a.dst, ec) && !a.overwrite) {
     throw Error(ErrorKind::kInvalidArgument, a.dst, "exists; pass --overwrite to replace it");

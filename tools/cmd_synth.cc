@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <regex>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -23,6 +25,7 @@ struct SynthArgs {
   uint64_t seed = 0;
   bool sparse = false;
   bool bf16_twin = false;
+  bool overwrite = false;
 };
 
 // The checkpoint's bytes (the entries a checkpoint stores), as a long double: a config of absurd sizes
@@ -57,18 +60,37 @@ void CheckRoom(const ModelSpec& spec, const std::string& out, bool sparse) {
   }
 }
 
-// The files of an earlier checkpoint in `out` (*.safetensors and the index), removed so that the directory
-// holds exactly the one written now: beside an older index and shards, a new model.safetensors was read
-// by transformers and the index by any reader preferring it. Returns how many.
-size_t RemoveEarlierCheckpoint(const std::string& out) {
+// A model's own files: model.safetensors, model-NNNNN-of-NNNNN.safetensors and the index (what synth
+// writes; any other file, an adapter or consolidated.safetensors, is not the model's and stays).
+bool IsModelFile(const std::string& name) {
+  static const std::regex kShard("model-[0-9]{5}-of-[0-9]{5}\\.safetensors");
+  return name == kSingleFileName || name == kIndexFileName || std::regex_match(name, kShard);
+}
+
+std::vector<fs::path> EarlierModelFiles(const std::string& out) {
+  std::vector<fs::path> found;
   std::error_code ec;
-  if (!fs::is_directory(out, ec)) return 0;
-  size_t n = 0;
+  if (!fs::is_directory(out, ec)) return found;
   for (const auto& e : fs::directory_iterator(out, ec)) {
-    const std::string name = e.path().filename();
-    const bool weights = name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0;
-    if ((weights || name == kIndexFileName) && e.is_regular_file(ec) && fs::remove(e.path(), ec)) ++n;
+    if (IsModelFile(e.path().filename()) && e.is_regular_file(ec)) found.push_back(e.path());
   }
+  return found;
+}
+
+// The files of an earlier model in `out`, removed (with --overwrite) so that the directory holds exactly
+// the one written now: beside an older index and shards, a new model.safetensors was read by transformers
+// and the index by readers preferring it. Without --overwrite, a kInvalidArgument naming them.
+size_t RemoveEarlierModel(const std::string& out, bool overwrite) {
+  const std::vector<fs::path> found = EarlierModelFiles(out);
+  if (found.empty()) return 0;
+  if (!overwrite) {
+    throw Error(ErrorKind::kInvalidArgument, out,
+                "holds a model's files already (" + std::to_string(found.size()) + ", e.g. " +
+                    found.front().filename().string() + "); pass --overwrite to replace them");
+  }
+  std::error_code ec;
+  size_t n = 0;
+  for (const fs::path& f : found) n += fs::remove(f, ec) ? 1 : 0;
   return n;
 }
 
@@ -80,8 +102,8 @@ int Synth(const SynthArgs& a) {
   opt.sparse = a.sparse;
   opt.bf16_twin = a.bf16_twin;
   CheckRoom(spec, a.out, a.sparse);
-  if (const size_t n = RemoveEarlierCheckpoint(a.out)) {
-    std::printf("synth: removed %zu file(s) of an earlier checkpoint in %s\n", n, a.out.c_str());
+  if (const size_t n = RemoveEarlierModel(a.out, a.overwrite)) {
+    std::printf("synth: removed %zu file(s) of an earlier model in %s\n", n, a.out.c_str());
   }
   auto t0 = std::chrono::steady_clock::now();
   WrittenCheckpoint w = WriteSynthCheckpoint(spec, a.out, opt);
@@ -112,6 +134,7 @@ void AddSynth(CLI::App& app, Runner* run) {
   cmd->add_option("--max-shard-size", args->max_shard, "split into files of at most this size, e.g. 2G (default: one file)");
   cmd->add_option("--seed", args->seed, "value seed (default 0)");
   cmd->add_flag("--sparse", args->sparse, "full-size files whose data area is a hole (no disk used)");
+  cmd->add_flag("--overwrite", args->overwrite, "replace the model files (model*.safetensors, index) already in DIR");
   cmd->add_flag("--bf16-twin", args->bf16_twin,
                 "for an fp8 config: write the same model with its fp8 weights dequantized to BF16, no scales");
   cmd->callback([args, run] { *run = [args] { return RunCommand("synth", [&] { return Synth(*args); }); }; });

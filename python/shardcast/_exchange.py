@@ -65,16 +65,16 @@ _NEXT: Dict[str, int] = {}  # per group: the number its next exchange will take
 _READ_BY_ALL: Dict[str, int] = {}  # per group: the exchanges before this one were read by every rank
 
 
-def operation_began(store, group: str, rank: int) -> None:
-    """An operation (a load, a save) over `group` begins on this rank. Every exchange made before the
+def operation_began(group: str) -> List[str]:
+    """An operation (a load, a save) over `group` begins on this rank: the keys of the exchanges every rank
+    has read for sure, which rank 0 then drops (the others keep none). Every exchange made before the
     previous operation began was read by every rank before that operation's handshake, a collective this
-    rank then ended with all of them: rank 0 drops the keys it keeps of those. (computed_on_rank0 waits for
-    no rank, so nothing else drops its keys: a plain load's names of fused experts, ~1 MB at Qwen3-30B-A3B's
-    scale, stayed in the store for every load of a long-lived process.)"""
+    rank then ended with all of them. (computed_on_rank0 waits for no rank, so nothing else drops its
+    keys: a plain load's names of fused experts, ~1 MB at Qwen3-30B-A3B's scale, stayed in the store for
+    every load of a long-lived process.)"""
     read = _READ_BY_ALL.get(group)
     _READ_BY_ALL[group] = _NEXT.get(group, 0)
-    if rank == 0 and read is not None and store is not None:
-        _forget(store, group, read)
+    return [] if read is None else _forgotten(group, read)
 
 
 def _key(n: int, rank: Union[int, str] = 0) -> str:
@@ -201,13 +201,17 @@ def _forget(store, group: str, n: int) -> None:
     `gathered` and `decided`, after the wait for them): a rank sets its key of n only after it ended every
     exchange before n, having read all it reads of them. `computed_on_rank0` waits for no rank, so it drops
     nothing (a mapping's load makes one, then a `gathered`, with no handshake between them)."""
+    for key in _forgotten(group, n):
+        try:
+            store.delete_key(key)
+        except Exception:  # noqa: BLE001 -- a key that was never set, or a store without delete_key
+            pass
+
+
+def _forgotten(group: str, n: int) -> List[str]:
+    """The keys rank 0 keeps of every exchange of `group` before n, no longer kept."""
     kept = _KEPT.get(group, {})
-    for m in sorted(m for m in kept if m < n):
-        for suffix in kept.pop(m):
-            try:
-                store.delete_key(_key(m, suffix))
-            except Exception:  # noqa: BLE001 -- a key that was never set, or a store without delete_key
-                pass
+    return [_key(m, suffix) for m in sorted(m for m in kept if m < n) for suffix in kept.pop(m)]
 
 
 def computed_on_rank0(ch, rank: int, world: int, compute: Callable[[], Any], timeout_s: float) -> Any:

@@ -52,11 +52,22 @@ def operation_store(pg, store):
     from ._exchange import operation_began
     name = dist.distributed_c10d._get_process_group_name(pg)
     n = next(_OPERATIONS.setdefault(name, itertools.count()))
-    rank = dist.get_rank(pg)
-    operation_began(store, name, rank)
-    if rank == 0 and n >= 2:
-        _drop_operation(store, n - 2)
+    read = operation_began(name)  # every rank notes where its exchanges stand; rank 0 alone keeps keys
+    if dist.get_rank(pg) == 0 and (read or n >= 2):
+        _bounded(lambda: _drop(store, read, n - 2))
     return dist.PrefixStore(f"shardcast/op/{n}", store)
+
+
+_DROP_WAIT_S = 5.0
+
+
+def _bounded(fn) -> None:
+    """fn() on a thread of its own, waited for at most _DROP_WAIT_S: a store that stopped answering (its
+    server frozen) never returns a delete, and the operation then names it under its own deadline."""
+    import threading
+    t = threading.Thread(target=fn, name="shardcast-store-drop", daemon=True)
+    t.start()
+    t.join(_DROP_WAIT_S)
 
 
 # What an operation leaves under its prefix: the agreement on its Gloo group (runtime/comm/gloo_groups.cc),
@@ -66,15 +77,19 @@ _OPERATION_KEYS = ("group/decision", "group/who", "group/token", "group/differ",
                    "shardcast/failure", "shardcast/failure_acks", "shardcast/reached/ready")
 
 
-def _drop_operation(store, n: int) -> None:
-    """Rank 0 drops operation n's keys as operation n + 2 begins: it ended operation n + 1 with every rank,
-    each of which had ended operation n, so none reads them again. (Each kept ~6 keys, for every load and
-    save of a long-lived process.)"""
+def _drop(store, exchanges, n: int) -> None:
+    """Rank 0 drops the exchanges' keys every rank has read (_exchange.operation_began), and operation n's
+    keys as operation n + 2 begins: it ended operation n + 1 with every rank, each of which had ended
+    operation n, so none reads them again. (Each operation kept ~6 keys, for every load and save of a
+    long-lived process.)"""
     import torch.distributed as dist
-    prefixed = dist.PrefixStore(f"shardcast/op/{n}", store)
-    for key in _OPERATION_KEYS:
+    keys = [(store, k) for k in exchanges]
+    if n >= 0:
+        prefixed = dist.PrefixStore(f"shardcast/op/{n}", store)
+        keys += [(prefixed, k) for k in _OPERATION_KEYS]
+    for where, key in keys:
         try:
-            prefixed.delete_key(key)
+            where.delete_key(key)
         except Exception:  # noqa: BLE001 -- a key never set, or a store without delete_key
             pass
 

@@ -123,31 +123,42 @@ def shard_units(model: torch.nn.Module, shard: Sequence[str] = ("layers",)) -> L
 
 
 def _dtype_units(model: torch.nn.Module, units: List[torch.nn.Module]) -> List[torch.nn.Module]:
-    """The modules whose own parameters are all of another dtype than the rest of their unit's (a router
-    gate kept in float32 by `_keep_in_fp32_modules_strict` in a bf16 decoder layer): FSDP2 all-gathers one
-    dtype a unit, and a unit of two failed at the first forward ("FSDP expects uniform original parameter
-    dtype"). Each gets a fully_shard of its own, before its unit's."""
-    owner = {}  # module -> the unit (or the root) that would manage its parameters
-    for unit in [model] + units:
-        for m in unit.modules():
-            owner[m] = unit  # inner units come later and take their own modules back
-    dtypes: dict = {}
-    for m, unit in owner.items():
+    """The modules whose parameters (their own and their children's) are all of another dtype than the
+    rest of their unit's (a router gate kept in float32 by `_keep_in_fp32_modules_strict` in a bf16 decoder
+    layer): FSDP2 all-gathers one dtype a unit, and a unit of two failed at the first forward ("FSDP expects
+    uniform original parameter dtype"). Each gets a fully_shard of its own, before its unit's: the
+    outermost such module, never one holding a unit, in module order."""
+    modules = dict(model.named_modules())  # parents before children
+    unit_names = {name for name, m in modules.items() if any(m is u for u in units)}
+
+    def parent(name: str) -> str:
+        return name.rsplit(".", 1)[0] if "." in name else ""
+
+    def above(name: str) -> List[str]:  # the names above `name`, the root's "" included
+        parts = name.split(".") if name else []
+        return [""] + [".".join(parts[:i]) for i in range(1, len(parts))]
+
+    owner: Dict[str, str] = {}  # module -> the innermost unit (or the root) whose fully_shard takes its parameters
+    for name in modules:
+        owner[name] = name if (name in unit_names or not name) else owner[parent(name)]
+    holds_unit = {a for name in unit_names for a in above(name)}
+    count: Dict[str, Dict[torch.dtype, int]] = {}
+    for name, m in modules.items():
         for p in m.parameters(recurse=False):
-            count = dtypes.setdefault(unit, {})
-            count[p.dtype] = count.get(p.dtype, 0) + p.numel()
-    out, inside = [], set()  # the outermost such module: its children of its dtype go with it
-    for m, unit in owner.items():  # module order: a parent before its children
-        if m in inside:
+            per = count.setdefault(owner[name], {})
+            per[p.dtype] = per.get(p.dtype, 0) + p.numel()
+    out, taken = [], set()
+    for name, m in modules.items():
+        unit = owner[name]
+        if name == unit or name in holds_unit or any(a in taken for a in above(name)):
             continue
-        own = {p.dtype for p in m.parameters(recurse=False)}
-        count = dtypes.get(unit, {})
-        if m is unit or len(own) != 1 or len(count) < 2:
-            continue
-        if next(iter(own)) != max(count, key=count.get):  # the unit's dominant dtype stays with the unit
+        dtypes = {p.dtype for p in m.parameters()}
+        per = count.get(unit, {})
+        if len(dtypes) == 1 and len(per) > 1 and next(iter(dtypes)) != max(per, key=per.get):
             out.append(m)
-            inside.update(m.modules())
+            taken.add(name)
     return out
+
 
 
 def _model_class(config, trust_remote_code: bool):

@@ -74,21 +74,27 @@ std::string LayerTypeRotaryInvFreq(const BufferInitContext& ctx, at::Tensor& out
 // t5gemma2, ...), the config's scale_emb for MiniCPM3. Any other model_type with such a buffer is a
 // ConfigError naming it (buffer_init gives its value): the buffer's name alone does not say its value.
 std::string EmbedScale(const BufferInitContext& ctx, at::Tensor& out) {
-  if (out.dim() != 0 || !at::isFloatingType(out.scalar_type())) {
-    throw Error(ErrorKind::kConfig, ctx.source, "buffer '" + ctx.key + "' must be a 0-d floating tensor for embed_scale");
-  }
   const nlohmann::json* c = &ctx.config;
   if (!c->contains("hidden_size") && c->contains("text_config")) c = &(*c)["text_config"];
   auto type_of = [](const nlohmann::json& j) {
     return j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>() : std::string();
   };
   const std::string type = type_of(*c).empty() ? type_of(ctx.config) : type_of(*c);
+  // MiniCPM3's is torch.tensor(scale_emb): int64 for its default (and its hub configs') integer 12
+  const bool integral_ok = type == "minicpm3" && at::isIntegralType(out.scalar_type(), /*includeBool=*/false);
+  if (out.dim() != 0 || !(at::isFloatingType(out.scalar_type()) || integral_ok)) {
+    throw Error(ErrorKind::kConfig, ctx.source, "buffer '" + ctx.key + "' must be a 0-d floating tensor for embed_scale");
+  }
   if (type == "minicpm3") {
     const nlohmann::json scale = c->contains("scale_emb") ? (*c)["scale_emb"] : nlohmann::json(12);  // its default
     if (!scale.is_number()) {
       throw Error(ErrorKind::kConfig, ctx.source, "buffer '" + ctx.key + "' needs scale_emb, a number (minicpm3)");
     }
-    out.fill_(scale.get<double>());
+    if (scale.is_number_integer()) {
+      out.fill_(scale.get<int64_t>());  // as torch.tensor(int), into the buffer's own dtype
+    } else {
+      out.fill_(scale.get<double>());
+    }
     return "scale_emb " + scale.dump();
   }
   if (type.find("gemma") == std::string::npos) {

@@ -33,10 +33,10 @@ at::Tensor PinnedZeroTensor(at::IntArrayRef sizes, at::ScalarType dtype) {
 // (the CLI, the API's users) links it only by name, which an --as-needed linker drops (nothing calls into
 // it by symbol), and linking it always would cost every process 0.5 s and ~360 MB of mapped pages. So the
 // first CUDA target loads it here, beside the libtorch_cpu this process runs on. A torch without CUDA has
-// none: at::zeros then says so.
+// none: kUnsupported saying so (ATen's own error is the dispatcher's dump).
 void LoadTorchCuda() {
-  static const bool loaded = [] {
-    if (dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD) != nullptr) return true;
+  static const std::string failed = []() -> std::string {
+    if (dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD) != nullptr) return "";
     std::string dir;
     dl_iterate_phdr(
         [](struct dl_phdr_info* info, size_t, void* out) {
@@ -49,12 +49,20 @@ void LoadTorchCuda() {
           return 0;
         },
         &dir);
+    std::string why;
     for (const std::string& name : {dir.empty() ? std::string() : dir + "libtorch_cuda.so", std::string("libtorch_cuda.so")}) {
-      if (!name.empty() && dlopen(name.c_str(), RTLD_NOW | RTLD_GLOBAL) != nullptr) return true;
+      if (name.empty()) continue;
+      if (dlopen(name.c_str(), RTLD_NOW | RTLD_GLOBAL) != nullptr) return "";
+      const char* e = dlerror();
+      why = e ? e : name + ": not loaded";
     }
-    return false;
+    return why.empty() ? std::string("libtorch_cuda.so: not found") : why;
   }();
-  (void)loaded;
+  if (!failed.empty()) {
+    throw Error(ErrorKind::kUnsupported, "target cuda",
+                "this process's torch has no CUDA backend to load (" + failed + "): a CPU build of torch, or its "
+                "CUDA libraries are missing");
+  }
 }
 
 }  // namespace

@@ -37,7 +37,7 @@ def configs():
         "phi3_longrope": t.Phi3Config(intermediate_size=40, pad_token_id=0, original_max_position_embeddings=64,
                                       rope_scaling={"type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],
                                                     "long_factor": [2.0, 2.5, 3.0, 3.5]}, **common),
-        "minicpm3": t.AutoConfig.for_model("minicpm3", intermediate_size=40, scale_emb=12.0, q_lora_rank=20,
+        "minicpm3": t.AutoConfig.for_model("minicpm3", intermediate_size=40, scale_emb=12, q_lora_rank=20,
                                            kv_lora_rank=12, qk_rope_head_dim=8, qk_nope_head_dim=6, v_head_dim=10,
                                            head_dim=None, **common),
         "hunyuan_v1_dense": t.AutoConfig.for_model("hunyuan_v1_dense", intermediate_size=40, head_dim=8,

@@ -412,6 +412,8 @@ def test_convert_writes_a_checkpoint_every_reader_opens_and_never_over_its_input
     before = sorted(p.name for p in src.iterdir())
     r = sc(shardcast_bin, "convert", src, src, "--overwrite")
     assert r.returncode == 2 and "is SRC itself" in r.stderr, r.stderr
+    r = sc(shardcast_bin, "convert", src, tmp_path, "--overwrite")  # the folder holding SRC
+    assert r.returncode == 2 and "holds SRC" in r.stderr, r.stderr
     assert sorted(p.name for p in src.iterdir()) == before
     out = tmp_path / "out"
     r = sc(shardcast_bin, "convert", src, f"{out}/")
@@ -424,15 +426,20 @@ def test_convert_writes_a_checkpoint_every_reader_opens_and_never_over_its_input
 
 def test_synth_into_an_earlier_checkpoint_leaves_only_the_new_one(shardcast_bin, tmp_path):
     """A second synth (one file) beside an earlier one's index and shards: shardcast read the old index,
-    transformers the new model.safetensors. The old files are removed, and a directory holding both (left
-    by another tool) loads model.safetensors, as transformers does."""
+    transformers the new model.safetensors. With --overwrite the old model's files are removed (only
+    those: a file of the user's stays), without it they are refused; and a directory holding both (left by
+    another tool) loads model.safetensors, as transformers does."""
     out = tmp_path / "ckpt"
     tiny = ROOT / "configs" / "tiny-moe.json"
     assert sc(shardcast_bin, "synth", "--config", tiny, "--out", out, "--layers", "1", "--max-shard-size", "16M",
               "--seed", "1").returncode == 0
+    (out / "adapter_model.safetensors").write_bytes(b"not the model's")  # the user's: stays
     r = sc(shardcast_bin, "synth", "--config", tiny, "--out", out, "--layers", "1", "--seed", "7")
+    assert r.returncode == 2 and "pass --overwrite" in r.stderr, r.stderr  # a model there: not without asking
+    r = sc(shardcast_bin, "synth", "--config", tiny, "--out", out, "--layers", "1", "--seed", "7", "--overwrite")
     assert r.returncode == 0 and "removed" in r.stdout, r.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["adapter_model.safetensors", "config.json", "model.safetensors"]
+    (out / "adapter_model.safetensors").unlink()
     fresh = tmp_path / "fresh"
     assert sc(shardcast_bin, "synth", "--config", tiny, "--out", fresh, "--layers", "1", "--seed", "7").returncode == 0
     assert (out / "model.safetensors").read_bytes() == (fresh / "model.safetensors").read_bytes()

@@ -199,12 +199,13 @@ def test_a_rank_given_another_checkpoint_with_the_same_headers_fails_every_rank(
 def test_a_rank_seeing_another_checkpoint_of_other_sizes_fails_every_rank(run, resized):
     """source auto, rank 1's path holding another checkpoint (float32 weights: its files and index of other
     sizes): it was taken as a rank that does not see the checkpoint and served rank 0's values, unseen; now
-    one ManifestMismatch on every rank naming it (source=rank0, asked for, still serves rank 0's)."""
+    it reads its own, and the handshake's file match refuses it: one ManifestMismatch on every rank naming
+    rank 1 and both sizes (source=rank0, asked for, still serves rank 0's)."""
     results = run("other_size", 3)
     assert all(r.get("error") for r in results), results
     agreed = [r["shardcast"] for r in results]
     assert agreed[0] and all(a == agreed[0] for a in agreed), agreed
-    assert any(line.startswith("ManifestMismatch") and "rank(s) 1 see another checkpoint than rank 0" in line
+    assert any(line.startswith("ManifestMismatch") and "bytes on rank 0 but" in line and "on rank 1" in line
                for line in agreed[0]), agreed
 
 

@@ -128,10 +128,10 @@ TEST(ChooseSource, FollowsWhoSeesTheFilesTheNodesAndTheCopies) {
   const SourceChoice c = ChooseSource({10, 10, -1, -1}, one, 1.0);
   EXPECT_EQ(c.source, Source::kRank0);
   EXPECT_EQ(c.reason, "rank(s) 2, 3 do not see it as rank 0 does");
-  // Another size is another checkpoint: those ranks asked for other values than rank 0's (it was served
-  // rank 0's, unseen).
-  EXPECT_SC_ERROR(ChooseSource({10, 10, 11, -1}, one, 1.0), ErrorKind::kManifestMismatch,
-                  "rank(s) 2 see another checkpoint than rank 0", "11 bytes on rank 2, 10 on rank 0");
+  // Another size sees a checkpoint all the same (it was taken for blind and served rank 0's values): it
+  // reads its own, and the handshake's file match decides.
+  EXPECT_EQ(ChooseSource({10, 10, 11, 10}, one, 1.0).source, Source::kEachRank);
+  EXPECT_EQ(ChooseSource({10, 10, 11, -1}, one, 1.0).reason, "rank(s) 3 do not see it as rank 0 does");
   EXPECT_EQ(ChooseSource({10, -1, 10, -1}, two, 1.0).source, Source::kNodeLeader);
   EXPECT_EQ(ChooseSource({10, -1, -1, 10}, two, 1.0).source, Source::kRank0);
   EXPECT_EQ(ChooseSource({10}, NodeMapFromKeys({3}), 1.0).source, Source::kEachRank);
