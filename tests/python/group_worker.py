@@ -105,13 +105,12 @@ def failure(root, rank, world):
 
 def decision_of_last_operation(group=None):
     """The decision the last shardcast operation over `group` agreed on: "reuse" or "new" (read from the
-    group's store, where every operation has its own prefix shardcast/op/N)."""
+    group's store, where every operation has its own prefix shardcast/op/N; rank 0 drops those of the
+    operations before the last two, so the highest N still there is the last)."""
     c10d = dist.distributed_c10d
     store = c10d._get_default_store() if group is None else c10d._world.pg_map[group][1]
-    n = 0
-    while store.check([f"shardcast/op/{n}/group/decision"]):
-        n += 1
-    return store.get(f"shardcast/op/{n - 1}/group/decision").decode().split(" ")[0] if n else None
+    held = [n for n in range(64) if store.check([f"shardcast/op/{n}/group/decision"])]
+    return store.get(f"shardcast/op/{held[-1]}/group/decision").decode().split(" ")[0] if held else None
 
 
 def kept(root, rank, world):
@@ -167,13 +166,19 @@ def frozen(root, rank, world, who=2):
     dist.barrier()  # every rank read the store before one freezes (rank 0 serves it)
     if rank == who:
         os.kill(os.getpid(), signal.SIGSTOP)  # the test kills it once the others are done
+    error, seconds = attempt(path, ref, b, e, timeout=5)
+    return {"first": first, "error": error, "seconds": seconds}
+
+
+def attempt(path, ref, b, e, timeout):
+    """(the error of a load of rows [b, e), or None; its seconds)."""
     start = time.monotonic()
     try:
-        shardcast.load({"w": (torch.empty(e - b, ref.shape[1]), b, e)}, path, timeout=5)
+        shardcast.load({"w": (torch.empty(e - b, ref.shape[1]), b, e)}, path, timeout=timeout)
         error = None
     except shardcast.ShardcastError as err:
         error = {"class": type(err).__name__, "message": str(err)}
-    return {"first": first, "error": error, "seconds": time.monotonic() - start}
+    return error, time.monotonic() - start
 
 
 def making(root, rank, world):
@@ -183,13 +188,7 @@ def making(root, rank, world):
     from safetensors.torch import load_file
     ref = load_file(path)["w"]
     b, e = rows(ref.shape[0], world, rank)
-    start = time.monotonic()
-    try:
-        shardcast.load({"w": (torch.empty(e - b, ref.shape[1]), b, e)}, path, timeout=60)
-        error = None
-    except shardcast.ShardcastError as err:
-        error = {"class": type(err).__name__, "message": str(err)}
-    seconds = time.monotonic() - start
+    error, seconds = attempt(path, ref, b, e, timeout=60)
     local = torch.empty(e - b, ref.shape[1])
     start = time.monotonic()
     shardcast.load({"w": (local, b, e)}, path, timeout=60)

@@ -74,12 +74,17 @@ def root(tiny_checkpoints, tmp_path_factory):
     return root
 
 
+def _copies(root, name):
+    """ROOT/<name>-<rank>/llama, a copy of the llama for each of 3 ranks: rank 1's, for the fixture to change."""
+    for r in range(3):
+        shutil.copytree(root / "llama", root / f"{name}-{r}" / "llama", dirs_exist_ok=True)
+    return root / f"{name}-1" / "llama"
+
+
 @pytest.fixture(scope="module")
 def truncated(root):
     """ROOT/copy-<rank>/llama for 3 ranks, a copy of the llama each, rank 1's first file truncated: the file."""
-    for r in range(3):
-        shutil.copytree(root / "llama", root / f"copy-{r}" / "llama", dirs_exist_ok=True)
-    victim = sorted(p for p in (root / "copy-1" / "llama").iterdir() if p.suffix == ".safetensors")[0]
+    victim = sorted(p for p in _copies(root, "copy").iterdir() if p.suffix == ".safetensors")[0]
     with open(victim, "r+b") as f:
         f.truncate(os.path.getsize(victim) - 100)
     return victim
@@ -89,9 +94,7 @@ def truncated(root):
 def other_values(root):
     """ROOT/values-<rank>/llama for 3 ranks, rank 1's first file with its last 64 bytes changed (its header
     kept): the file."""
-    for r in range(3):
-        shutil.copytree(root / "llama", root / f"values-{r}" / "llama", dirs_exist_ok=True)
-    victim = sorted(p for p in (root / "values-1" / "llama").iterdir() if p.suffix == ".safetensors")[0]
+    victim = sorted(p for p in _copies(root, "values").iterdir() if p.suffix == ".safetensors")[0]
     data = bytearray(victim.read_bytes())
     data[-64:] = bytes(b ^ 0xFF for b in data[-64:])
     victim.write_bytes(bytes(data))
@@ -103,9 +106,7 @@ def unsampled(root):
     """ROOT/unsampled-<rank>/llama for 3 ranks, rank 1's largest file with every byte of one tensor changed (so
     rank 1 reads some of them in any layout), a tensor lying where the handshake's samples (the data's first,
     middle and last 4 KiB) do not look: the file."""
-    for r in range(3):
-        shutil.copytree(root / "llama", root / f"unsampled-{r}" / "llama", dirs_exist_ok=True)
-    victim = max((p for p in (root / "unsampled-1" / "llama").iterdir() if p.suffix == ".safetensors"),
+    victim = max((p for p in _copies(root, "unsampled").iterdir() if p.suffix == ".safetensors"),
                  key=os.path.getsize)
     data = bytearray(victim.read_bytes())
     n = int.from_bytes(data[:8], "little")
@@ -125,9 +126,7 @@ def resized(root):
     """ROOT/resized-<rank>/llama for 3 ranks, rank 1's the same keys in float32 (files and index of other
     sizes): its directory."""
     from safetensors.torch import load_file, save_file
-    for r in range(3):
-        shutil.copytree(root / "llama", root / f"resized-{r}" / "llama", dirs_exist_ok=True)
-    victim = root / "resized-1" / "llama"
+    victim = _copies(root, "resized")
     for f in victim.iterdir():
         if f.suffix == ".safetensors":
             save_file({k: v.float() if v.is_floating_point() else v for k, v in load_file(str(f)).items()}, str(f))

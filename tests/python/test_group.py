@@ -7,6 +7,13 @@ from safetensors.torch import save_file
 import ranks
 
 
+def launch(tmp_path, mode, world, shape, **kw):
+    """group_worker's `mode` over `world` ranks, on a checkpoint of one random tensor "w" of `shape`."""
+    torch.manual_seed(0)
+    save_file({"w": torch.randn(*shape)}, str(tmp_path / "model.safetensors"))
+    return ranks.run("group_worker.py", mode, tmp_path, world, tmp_path, timeout=240, **kw)
+
+
 # Regression (issue 20): every load and save called dist.new_group(backend="gloo"), which is collective
 # over the whole world: ranks 0 and 1 loading through a subgroup hung waiting for rank 2, which never
 # calls shardcast; and each call made a new group that was never destroyed.
@@ -66,10 +73,7 @@ def test_the_gloo_group_is_kept_between_operations_only_where_every_rank_holds_i
 # gloo's timeout (60 s here, 10 min by default) before it took the note. They watch the store while the
 # group is made, over a connection of their own, and take it at once.
 def test_a_rank_failing_to_make_the_group_ends_every_rank_at_once_with_its_cause(tmp_path):
-    torch.manual_seed(0)
-    save_file({"w": torch.randn(1000, 8)}, str(tmp_path / "model.safetensors"))
-    results = ranks.run("group_worker.py", "making", tmp_path, 3, tmp_path, timeout=240,
-                        env={"SHARDCAST_FAULT": "1:make:enomem"})
+    results = launch(tmp_path, "making", 3, (1000, 8), env={"SHARDCAST_FAULT": "1:make:enomem"})
     errors = [r["error"] for r in results]
     assert all(e is not None for e in errors), results
     assert len({(e["class"], e["message"]) for e in errors}) == 1, errors
@@ -84,10 +88,7 @@ def test_a_rank_failing_to_make_the_group_ends_every_rank_at_once_with_its_cause
 # checkpoint's keys: the names of every fused expert, ~1 MB at Qwen3-30B-A3B's scale) for the life of the
 # process: ~6 keys a load, found by an outside trial. Rank 0 drops what every rank has read.
 def test_the_stores_keys_stay_flat_over_many_loads(tmp_path):
-    torch.manual_seed(0)
-    save_file({"w": torch.randn(100, 8)}, str(tmp_path / "model.safetensors"))
-    results = ranks.run("group_worker.py", "keys", tmp_path, 2, tmp_path, timeout=240)
-    for rank, r in enumerate(results):
+    for rank, r in enumerate(launch(tmp_path, "keys", 2, (100, 8))):
         assert r["ok"], f"rank {rank}: rows differ"
         assert len(set(r["counts"][3:])) == 1, r["counts"]
 
