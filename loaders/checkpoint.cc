@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <optional>
+#include <regex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -120,6 +121,12 @@ Top OpenTop(const std::string& path, const OpenOptions& options) {
 }
 
 }  // namespace
+
+bool IsModelFileName(const std::string& name) {
+  if (name == kSingleFileName) return true;
+  static const std::regex kShard("model-[0-9]{5}-of-[0-9]{5}\\.safetensors");
+  return std::regex_match(name, kShard);
+}
 
 int64_t ProbeCheckpoint(const std::string& path) {
   struct stat st;

@@ -37,6 +37,9 @@ struct Table;  // loaders/weight_map.h
 
 inline constexpr const char* kIndexFileName = "model.safetensors.index.json";
 inline constexpr const char* kSingleFileName = "model.safetensors";
+// "model.safetensors" or "model-NNNNN-of-NNNNN.safetensors": the names a Hugging Face model's weight files
+// have (the files a save or synth replaces; any other .safetensors file is not the model's).
+bool IsModelFileName(const std::string& name);
 // The largest index accepted. DeepSeek-V3's (92k keys) is ~9 MB.
 inline constexpr uint64_t kMaxIndexBytes = 256ull << 20;
 // The deepest nesting of objects and arrays accepted in an index, the top-level object included.

@@ -3,7 +3,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <regex>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -60,19 +59,14 @@ void CheckRoom(const ModelSpec& spec, const std::string& out, bool sparse) {
   }
 }
 
-// A model's own files: model.safetensors, model-NNNNN-of-NNNNN.safetensors and the index (what synth
-// writes; any other file, an adapter or consolidated.safetensors, is not the model's and stays).
-bool IsModelFile(const std::string& name) {
-  static const std::regex kShard("model-[0-9]{5}-of-[0-9]{5}\\.safetensors");
-  return name == kSingleFileName || name == kIndexFileName || std::regex_match(name, kShard);
-}
-
 std::vector<fs::path> EarlierModelFiles(const std::string& out) {
   std::vector<fs::path> found;
   std::error_code ec;
   if (!fs::is_directory(out, ec)) return found;
   for (const auto& e : fs::directory_iterator(out, ec)) {
-    if (IsModelFile(e.path().filename()) && e.is_regular_file(ec)) found.push_back(e.path());
+    // a model's own files (what synth writes); an adapter or consolidated.safetensors is not the model's
+    const std::string name = e.path().filename();
+    if ((IsModelFileName(name) || name == kIndexFileName) && e.is_regular_file(ec)) found.push_back(e.path());
   }
   return found;
 }

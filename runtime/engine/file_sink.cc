@@ -12,10 +12,10 @@
 #include <cerrno>
 #include <ctime>
 #include <filesystem>
-#include <regex>
 #include <string>
 
 #include "allocators/error.h"
+#include "loaders/checkpoint.h"
 #include "runtime/agree/fault.h"
 
 namespace shardcast {
@@ -310,13 +310,6 @@ void WriteText(const std::string& dir, const std::string& name, const std::strin
 
 namespace {
 
-// "model.safetensors" or "model-NNNNN-of-NNNNN.safetensors": the names a Hugging Face model's files have.
-bool IsModelFileName(const std::string& name) {
-  if (name == "model.safetensors") return true;
-  static const std::regex kShard("model-[0-9]{5}-of-[0-9]{5}\\.safetensors");
-  return std::regex_match(name, kShard);
-}
-
 // `from` (a folder) into `to` (created): files hard-linked or copied, links as links, folders recursively.
 void LinkTree(const std::filesystem::path& from, const std::filesystem::path& to, bool top) {
   namespace fs = std::filesystem;
@@ -333,7 +326,7 @@ void LinkTree(const std::filesystem::path& from, const std::filesystem::path& to
     // (a hub cache's snapshot links into blobs/). Any other safetensors file (an adapter, a training
     // state's rank files) is the user's and stays, as torch's writers leave it.
     if (top && (fs::is_regular_file(st) || fs::is_symlink(st)) &&
-        (name == "model.safetensors.index.json" || IsModelFileName(name))) {
+        (name == kIndexFileName || IsModelFileName(name))) {
       continue;
     }
     if (fs::is_symlink(st)) {
