@@ -225,6 +225,15 @@ def _saved(obj, name: str) -> str:
             return f.read()
 
 
+def shard_size_text(max_shard_size) -> str:
+    """max_shard_size as the size parser's text: bytes as an int, or a size string ("5GB", "500MiB"), as
+    transformers takes it. A float or a bool is refused: str(1.5) would be read as one byte."""
+    if isinstance(max_shard_size, str) or (isinstance(max_shard_size, int) and not isinstance(max_shard_size, bool)):
+        return str(max_shard_size)
+    raise InvalidArgument(f"max_shard_size={max_shard_size!r}: takes bytes as an int or a size string such as "
+                          f"\"5GB\", not {type(max_shard_size).__name__}")
+
+
 def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], *, source: Optional[str] = None,
          max_shard_size: Union[int, str] = "5GB", dtype: Optional[Union[torch.dtype, str]] = None,
          overwrite: bool = False, config=None, process_group=None, timeout: Optional[float] = None,
@@ -280,7 +289,7 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], *, source: Op
         options = _options(source=source if source is not None else "each-rank", chunk_bytes=chunk_bytes,
                            staging_slots=staging_slots, timeout_ms=_timeout_ms(timeout))
         progress_cb = _progress(progress, rank, "save")
-        max_shard_text, overwrite_flag = str(max_shard_size), bool(overwrite)
+        max_shard_text, overwrite_flag = shard_size_text(max_shard_size), bool(overwrite)
         if isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype):
             dtype = getattr(torch, dtype)  # "bfloat16"
         if dtype is not None:

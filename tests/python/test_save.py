@@ -197,3 +197,15 @@ def test_a_source_save_does_not_have_is_invalid_argument(tmp_path, source):
         shardcast.save(model, tmp_path / "out", source=source)
     assert not (tmp_path / "out").exists()
     assert shardcast.save(model, tmp_path / "out", source="rank0")["mode"] == "rank0"
+
+
+# A float max_shard_size was read as text ("1.5": one byte, a file per tensor); transformers refuses it too.
+@pytest.mark.parametrize("size", [1.5, True, None])
+def test_a_max_shard_size_neither_int_nor_text_is_invalid_argument(tmp_path, size):
+    import shardcast
+    model = torch.nn.Linear(4, 3)
+    with pytest.raises(shardcast.InvalidArgument, match=f"max_shard_size={size!r}: takes bytes as an int"):
+        shardcast.save(model, tmp_path / "out", max_shard_size=size)
+    assert not (tmp_path / "out").exists()
+    shardcast.save(model, tmp_path / "out", max_shard_size=1000)
+    assert (tmp_path / "out" / "model.safetensors").exists()

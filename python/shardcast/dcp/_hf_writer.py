@@ -189,6 +189,7 @@ class HuggingFaceStorageWriter(StorageWriter):
         from .._group import _store_host, operation_store
         from .._load import _options
         from .._progress import _progress_printer
+        from .._save import shard_size_text
         layout: _SaveLayout = plan.storage_data
         pg, rank, world, store = _group(run_group(self.process_group))
         if getattr(layout, "local", False):
@@ -207,12 +208,13 @@ class HuggingFaceStorageWriter(StorageWriter):
                                       f"HuggingFaceStorageWriter.prepare_global_plan did not run on the coordinator")
             numbers = _file_numbers(self.fqn_to_index_mapping)
             entries, table = _local_entries(layout, plan.items, planner, rank), layout.layouts
+            shard_size = shard_size_text(self.max_shard_size)
         except Exception as e:  # noqa: BLE001 -- any failure here must reach every rank, not only this one
             kind = type(e).__name__ if isinstance(e, ShardcastError) else "InternalError"
             problem = (kind, str(e) if isinstance(e, ShardcastError) else f"{type(e).__name__}: {e}")
-            entries, table, numbers = [], [], {}
+            entries, table, numbers, shard_size = [], [], {}, "5GB"
         self.report = _shardcast.save_entries(
-            entries, table, self.path, options, None, str(self.max_shard_size), True, "", "",
+            entries, table, self.path, options, None, shard_size, True, "", "",
             operation_store(pg, store), rank, world, progress, problem,
             _store_host(store) if store is not None else "", file_numbers=numbers, keep_other_files=True,
             numbered_files=True)
