@@ -107,7 +107,9 @@ class Communicator {
 // deadline a little past `timeout`. `phase` names the operation in the error a worker raises when rank
 // 0 is lost or frozen during the rendezvous: the same error as a peer that lost it later in that phase.
 // The group's first collective, a barrier that readies it on every rank, is already that phase: a failure
-// in it is the phase's one agreed error (FailTogether), whichever rank failed first.
+// in it is the phase's one agreed error (FailTogether), whichever rank failed first. A rank whose own
+// making of the group fails (rank 0, the store host, too) publishes its error, and every other rank, still
+// inside gloo's wait for its address, takes it within about a second (a watch over a second connection).
 std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::chrono::milliseconds timeout,
                                                      const char* phase = "load");
 

@@ -267,12 +267,13 @@ std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::
   IgnoreBrokenPipes();
   struct Made {
     c10::intrusive_ptr<c10d::Backend> backend;
-    c10::intrusive_ptr<c10d::Store> store;
     std::exception_ptr failed;  // the making of the group threw this, the store up: FailMakingTogether
   };
   // The TCPStore client and gloo's rendezvous read the store with no deadline of their own: against a
-  // frozen rank 0 they would wait forever. So the whole rendezvous runs under one deadline.
-  std::function<Made()> make = [rv, timeout]() -> Made {
+  // frozen rank 0 they would wait forever. So the whole rendezvous (the store, then the group) runs under
+  // one deadline.
+  const auto until = std::chrono::steady_clock::now() + RendezvousDeadline(timeout);
+  std::function<c10::intrusive_ptr<c10d::Store>()> connect = [rv, timeout]() -> c10::intrusive_ptr<c10d::Store> {
     c10d::TCPStoreOptions so;
     so.port = static_cast<uint16_t>(rv.master_port);
     so.isServer = rv.rank == 0;
@@ -281,19 +282,42 @@ std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::
     so.timeout = timeout;
     if (rv.rank == 0 && rv.listen_fd >= 0) so.masterListenFd = rv.listen_fd;  // bound by the launcher: no port race
     auto store = c10::make_intrusive<c10d::TCPStore>(rv.master_addr, so);
-    c10::intrusive_ptr<c10d::Store> prefixed = c10::make_intrusive<c10d::PrefixStore>("shardcast", store);
-    try {
-      FaultPoint("make", rv.rank);
-      return {MakeGlooGroup(prefixed, rv.rank, rv.world_size, timeout, rv.master_addr, kGlooConnect), prefixed, nullptr};
-    } catch (...) {
-      return {nullptr, prefixed, std::current_exception()};
-    }
+    return c10::make_intrusive<c10d::PrefixStore>("shardcast", store);
   };
+  // Then the group, watched as CreateGlooCommunicatorOnStore's is: a rank that fails its own making
+  // (rank 0 too, whose store the others read) publishes its error, and the others take it at once rather
+  // than after gloo's timeout, when rank 0 has ended and its store with it.
+  std::optional<c10::intrusive_ptr<c10d::Store>> store;
   std::optional<Made> made;
+  bool published = false;
+  auto watch = std::make_shared<FailureWatch>();
+  auto left = [&until] {
+    return std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                      until - std::chrono::steady_clock::now()));
+  };
   try {
-    made = WithDeadline(std::move(make), RendezvousDeadline(timeout));
+    store = WithDeadline(std::move(connect), left());
+    if (store) {
+      std::function<Made()> make = [rv, timeout, s = *store]() -> Made {
+        try {
+          FaultPoint("make", rv.rank);
+          return {MakeGlooGroup(s, rv.rank, rv.world_size, timeout, rv.master_addr, kGlooConnect), nullptr};
+        } catch (...) {
+          return {nullptr, std::current_exception()};
+        }
+      };
+      made = WithDeadlineUnless(std::move(make), left(), FailurePublished(watch, *store, StoreHost(rv)),
+                                std::chrono::milliseconds(std::max(100, rv.world_size)), &published);
+    }
   } catch (const std::exception& e) {
     throw RendezvousError(rv, phase, e);
+  }
+  if (published) {  // a rank failed while the group was made, and said so: take its note over the watch's
+                    // connection (the store's own is held by gloo's wait, abandoned with its thread)
+    FailMakingTogether(watch->own, StoreHost(rv), StoreAt(rv), rv.rank, rv.world_size,
+                       Error(ErrorKind::kComm, "rank " + std::to_string(rv.rank),
+                             "another rank failed while the group was made"),
+                       true, phase);
   }
   if (!made) {
     if (rv.rank != 0) {
@@ -317,9 +341,9 @@ std::unique_ptr<Communicator> CreateGlooCommunicator(const Rendezvous& rv, std::
         return Error(ErrorKind::kInternal, "rank " + std::to_string(rv.rank), "the Gloo group threw a non-exception");
       }
     }();
-    FailMakingTogether(made->store, StoreHost(rv), StoreAt(rv), rv.rank, rv.world_size, mine, own, phase);
+    FailMakingTogether(*store, StoreHost(rv), StoreAt(rv), rv.rank, rv.world_size, mine, own, phase);
   }
-  auto comm = std::make_unique<C10dCommunicator>(std::move(made->backend), made->store, StoreHost(rv), timeout,
+  auto comm = std::make_unique<C10dCommunicator>(std::move(made->backend), *store, StoreHost(rv), timeout,
                                                  c10::Device(c10::kCPU), /*owns=*/true, StoreAt(rv));
   comm->Ready(phase);
   return comm;
