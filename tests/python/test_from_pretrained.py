@@ -191,6 +191,36 @@ def test_a_module_kept_in_float32_gets_a_unit_of_its_own_and_the_model_runs(tmp_
     assert done.stdout.strip().splitlines()[-1] == "equal", done.stdout
 
 
+def test_units_of_another_dtype_are_the_outermost_modules_all_of_it():
+    """_dtype_units' rules, each once: a float32 module in a bf16 unit gets a unit (the outermost such module,
+    not its children too); a module holding a unit never does, nor one of the unit's own dtype; a module
+    mixing dtypes is passed over for its children; a float32 module outside every unit is judged against
+    the root's own parameters (model[1] bf16 against model[2] float32, the root's dtype the larger)."""
+    from shardcast._world import _dtype_units
+    lin = torch.nn.Linear
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn, self.gate = lin(8, 8), torch.nn.Sequential(lin(2, 2), lin(2, 2))  # bf16 the larger
+            self.mixed = torch.nn.Sequential(lin(2, 2), lin(2, 2))
+
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.ModuleList([Layer(), Layer()]), lin(4, 4), lin(2, 2)).to(torch.bfloat16)
+    layers = list(model[0])
+    for layer in layers:
+        layer.gate.float()
+        layer.mixed[1].float()
+    model[2].float()
+    layers[1].gate[0].weight = layers[1].gate[1].weight  # tied: one parameter under two modules
+    names = {m: n for n, m in model.named_modules()}
+    picked = [names[m] for m in _dtype_units(model, layers)]
+    assert picked == ["0.0.gate", "0.0.mixed.1", "0.1.gate", "0.1.mixed.1", "2"], picked
+    with torch.device("meta"):
+        plain = torch.nn.Sequential(lin(2, 2), lin(2, 2)).to(torch.bfloat16)
+    assert _dtype_units(plain, [plain[0]]) == []
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_accelerate_fsdp2_preparation_then_shardcast_load(run, world):
     import accelerate  # noqa: F401  (required: a missing one fails, never skips)
