@@ -4,6 +4,7 @@
 #include "loaders/safetensors_header.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -226,7 +227,24 @@ class HeaderSax : public nlohmann::json_sax<nlohmann::json> {
   std::unordered_set<std::string> top_keys_, meta_keys_;
 };
 
+// The offset of the first control character in a key (C0 and DEL, and C1, U+0080-U+009F, as UTF-8's
+// 0xC2 0x80-0x9F; the key is valid UTF-8 already), or npos.
+size_t FindControl(std::string_view key) {
+  for (size_t i = 0; i < key.size(); ++i) {
+    const auto c = static_cast<unsigned char>(key[i]);
+    if (c < 0x20 || c == 0x7f) return i;
+    if (c == 0xc2 && i + 1 < key.size() && static_cast<unsigned char>(key[i + 1]) <= 0x9f) return i;
+  }
+  return std::string_view::npos;
+}
+
 void CheckTensor(std::string_view file, const TensorInfo& t) {
+  if (const size_t at = FindControl(t.key); at != std::string_view::npos) {
+    char byte[8];
+    std::snprintf(byte, sizeof(byte), "0x%02x", static_cast<unsigned char>(t.key[at]));
+    Fail(file, Quote(t.key) + " (shown with '?' for each byte not printable ASCII): a tensor key holds a control "
+               "character (byte " + std::string(byte) + " at offset " + std::to_string(at) + " of the key)");
+  }
   if (t.begin > t.end) {
     Fail(file, Quote(t.key) + ": data_offsets " + ByteRangeText(t.begin, t.end) + " end before they begin");
   }

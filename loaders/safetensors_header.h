@@ -8,6 +8,9 @@
 //   - every tensor has a known dtype, a shape of non-negative integers, and data_offsets [begin, end]
 //     with begin <= end, numel * element size == end - begin (overflow-checked);
 //   - sorted by offset, tensors tile the data area from 0 with no gap or overlap, ending at its end.
+// One rule of shardcast's own: a tensor key holds no control character (C0, DEL, C1; JSON escapes such
+// as "\u001b" decode to them). Keys reach error messages on every rank and terminals; one holding a
+// newline could forge a "[rank N]" line, an escape sequence rewrite the screen. No checkpoint has one.
 // Every error is ErrorKind::kCheckpoint and names the file, the key and the byte range involved.
 // Pure functions; thread-safe. Each thread keeps one JSON parser's buffers for its next header, sized
 // for the largest header it parsed up to 1 MB; a larger one is parsed with buffers freed after.

@@ -55,5 +55,23 @@ TEST(Header, AcceptsUtf8Keys) {
   EXPECT_NE(h.Find("gr\xC3\xBC\xC3\x9F\xE2\x82\xAC"), nullptr);
 }
 
+// Regression (outside trial): a key holding "\n  [rank 2] ...\u001b[2J" passed into ManifestMismatch's
+// text raw, forging a rank's line and clearing the terminal. Control characters (C0, DEL, C1) in a key
+// are refused by both parsers, the key shown with '?' for them; other non-ASCII keys stay fine.
+TEST(Header, RefusesKeysHoldingControlCharacters) {
+  const std::string tail = R"(":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})";
+  for (const std::string& key : {std::string("a\\n  [rank 2] forged"), std::string("x\\u001b[2J"),
+                                 std::string("del\\u007f"), std::string("c1\\u0085"), std::string("\\t")}) {
+    SCOPED_TRACE(key);
+    const std::string json = "{\"" + key + tail;
+    const std::string img = Image(json, "x");
+    EXPECT_SC_ERROR(Parse(json, "x"), ErrorKind::kCheckpoint, "t.safetensors", "a tensor key holds a control character");
+    EXPECT_SC_ERROR(ParseHeaderDiagnosing("t.safetensors", json, img.size()), ErrorKind::kCheckpoint,
+                    "a tensor key holds a control character");
+  }
+  EXPECT_SC_ERROR(Parse("{\"a\\n[rank 2]" + tail, "x"), ErrorKind::kCheckpoint, "tensor 'a?[rank 2]'", "offset 1");
+  EXPECT_NE(Parse("{\"\xC2\xA0nbsp\xC2\xBF" + tail, "x").Find("\xC2\xA0nbsp\xC2\xBF"), nullptr);  // not C1
+}
+
 }  // namespace
 }  // namespace shardcast
