@@ -90,6 +90,19 @@ def _import_modeling(config, model_cls=None) -> None:
         pass
 
 
+def _cast_floating(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Parameters and persistent buffers of a floating dtype to `dtype`, as transformers' dtype= builds
+    them. Non-persistent buffers keep theirs: RoPE's inv_freq stays float32 (model.to(dtype) made it
+    bf16, and its rule then refused it)."""
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None and p.is_floating_point() and p.dtype != dtype:
+                module._parameters[name] = torch.nn.Parameter(p.to(dtype), requires_grad=p.requires_grad)
+        for name, b in module._buffers.items():
+            if b is not None and b.is_floating_point() and name not in module._non_persistent_buffers_set:
+                module._buffers[name] = b.to(dtype)
+
+
 def _build_meta_with(model_cls, config, dtype: Optional[torch.dtype], trust_remote_code: bool):
     """model_cls: an AutoModel* class (its from_config), a transformers model class (its _from_config), or
     a callable(config) returning a module on meta, whose floating tensors are then cast to `dtype`."""
@@ -106,7 +119,7 @@ def _build_meta_with(model_cls, config, dtype: Optional[torch.dtype], trust_remo
             if not isinstance(model, torch.nn.Module):
                 raise InvalidArgument(f"model_cls={model_cls!r} returned {type(model).__name__}, not a torch.nn.Module")
             if dtype is not None:
-                model = model.to(dtype)  # floating tensors only
+                _cast_floating(model, dtype)
         else:
             raise InvalidArgument(f"model_cls={model_cls!r}: expected an AutoModel* class, a transformers model "
                                   f"class or a callable(config) returning a module")

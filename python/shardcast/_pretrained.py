@@ -376,6 +376,7 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
             report = _finish_stream(stream, model, failed, path, source, target, config, load_kwargs, clock)
         else:
             report = load(model, path, source=source, target=target, config=config, **load_kwargs)
+            report = type(report).from_dict({**report, "stream_beside_build": False})  # a key either way
             clock.lap("stream")
         if dc is not None and hasattr(model, "tie_weights"):
             # transformers' FSDP layout unties tied weights; its from_pretrained ties them again after the load
@@ -384,6 +385,7 @@ def from_pretrained(path_or_local_repo_id: Union[str, os.PathLike], *, mesh=None
         if not keep_quantized and hasattr(model.config, "quantization_config"):
             del model.config.quantization_config  # dequantized, as transformers drops it after dequantizing
         logged("from_pretrained", f"{path} ({type(model).__name__})", None, model.shardcast_report)
+        model.eval()  # as transformers' from_pretrained returns it: dropout and MoE routing noise off
         return model
     finally:
         if ahead is not None:

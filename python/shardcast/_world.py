@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import fnmatch
+import math
 import os
 from typing import Dict, List, Optional, Sequence
 
@@ -104,7 +105,9 @@ def shard_units(model: torch.nn.Module, shard: Sequence[str] = ("layers",)) -> L
             continue
         cls = type(module).__name__
         for sel in shard:
-            if (sel == "layers" and cls in no_split) or sel == cls or fnmatch.fnmatchcase(name, sel):
+            # "layers" is the keyword, never a name: a bare AutoModel's own "layers" ModuleList matched it
+            # (fully_shard of a ModuleList, which has no forward, failed)
+            if (cls in no_split) if sel == "layers" else (sel == cls or fnmatch.fnmatchcase(name, sel)):
                 break
         else:
             continue
@@ -247,6 +250,13 @@ def _parallelize(model, config, dc, trust_remote_code: bool):
     """Lays out the meta model with transformers' own plans (TP, EP, then FSDP2/HSDP), as its
     from_pretrained(distributed_config=...) does between building the model and loading weights."""
     cls = type(model) if hasattr(type(model), "maybe_distribute_model") else _model_class(config, trust_remote_code)
+    import torch.distributed as dist
+    # transformers' own check of this raises RuntimeError, which would read as shardcast's InternalError
+    sizes = [getattr(dc, n, 1) or 1 for n in ("pp_size", "dp_replicate_size", "fsdp_size", "tp_size")]
+    if dist.is_initialized() and sizes != [1, 1, 1, 1] and math.prod(sizes) != dist.get_world_size():
+        raise InvalidArgument(f"distributed_config {_sizes(dc)}: its mesh (pp x dp_replicate x fsdp x tp; ep_size "
+                              f"splits the fsdp ranks) needs {math.prod(sizes)} processes, but the world has "
+                              f"{dist.get_world_size()}")
     try:
         dc, _, mesh_manager = cls.prepare_distribute_model(dc, device_map=None)
         if mesh_manager is None:  # every size 1: nothing to lay out

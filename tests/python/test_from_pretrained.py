@@ -228,3 +228,82 @@ def test_accelerate_fsdp2_preparation_then_shardcast_load(run, world):
         for name, r in result.items():
             assert r["bad"] == [] and (r["logits_equal"] or forward_unsupported(r)), (rank, name, r)
             assert r["units"] >= 3 and r["verify"] == "ok", (rank, name, r)  # layers + accelerate's embed/tail groups
+
+
+_WORLD_OF_ONE = r'''
+import json, sys, tempfile, torch, torch.distributed as dist, shardcast
+from transformers import AutoModel, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+root, out = sys.argv[1], {}
+cfg = LlamaConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                  vocab_size=11, intermediate_size=8, attention_dropout=0.5)
+torch.manual_seed(0)
+AutoModelForCausalLM.from_config(cfg).save_pretrained(root + "/lm")
+AutoModel.from_config(cfg).save_pretrained(root + "/base")
+ids = torch.tensor([[1, 5, 9, 3]])
+
+def same(ours, theirs):
+    return all(torch.equal(p.full_tensor() if hasattr(p, "full_tensor") else p, dict(theirs.named_parameters())[n])
+               for n, p in ours.named_parameters())
+
+m = shardcast.from_pretrained(root + "/lm", dtype=torch.bfloat16, stream_beside_build=False)
+ref = AutoModelForCausalLM.from_pretrained(root + "/lm", dtype=torch.bfloat16)
+with torch.no_grad():
+    out["eval"] = [m.training, torch.equal(m(ids).logits, m(ids).logits), torch.equal(m(ids).logits, ref(ids).logits)]
+out["key"] = m.shardcast_report["stream_beside_build"]
+base = shardcast.from_pretrained(root + "/base", model_cls=AutoModel, dtype=torch.bfloat16)
+out["automodel"] = same(base, AutoModel.from_pretrained(root + "/base", dtype=torch.bfloat16))
+built = shardcast.from_pretrained(root + "/lm", model_cls=lambda c: LlamaForCausalLM(c), dtype=torch.bfloat16)
+out["callable"] = [same(built, ref), str(built.model.rotary_emb.inv_freq.dtype)]
+try:
+    shardcast.from_pretrained(root + "/lm", tp_size=2)
+except Exception as e:
+    out["mesh"] = f"{type(e).__name__}: {e}"
+print(json.dumps(out))
+dist.destroy_process_group()
+'''
+
+
+def test_the_model_comes_back_as_transformers_returns_it(tmp_path):
+    """From outside trials: the model came back in training mode (transformers' from_pretrained returns it in
+    eval(): with attention dropout every forward differed); report["stream_beside_build"] was a KeyError where
+    it did not stream; model_cls=AutoModel failed in fully_shard (its own "layers" ModuleList taken for the
+    "layers" keyword); a callable model_cls at bf16 cast RoPE's float32 inv_freq and its rule refused it; sizes
+    whose mesh is not the world were transformers' RuntimeError, an InternalError. In a world of one."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", _WORLD_OF_ONE, str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["eval"] == [False, True, True], out
+    assert out["key"] is False, out
+    assert out["automodel"] is True, out
+    assert out["callable"] == [True, "torch.float32"], out
+    assert out["mesh"].startswith("InvalidArgument:") and "needs 2 processes, but the world has 1" in out["mesh"], out
+
+
+def test_prepare_pretrained_without_fsdp_names_what_is_missing(tmp_path):
+    """ACCELERATE.md's snippet in a run where accelerate does not enable FSDP (CPU): accelerator.prepare moved
+    the meta model whole and torch's bare NotImplementedError came out; now an InvalidArgument saying why."""
+    import subprocess
+    import sys
+    code = (
+        "import sys, torch\n"
+        "from accelerate import Accelerator\n"
+        "from accelerate.utils import FullyShardedDataParallelPlugin\n"
+        "from transformers import AutoModelForCausalLM, LlamaConfig\n"
+        "from shardcast import InvalidArgument\n"
+        "from shardcast.integrations.accelerate import prepare_pretrained\n"
+        "cfg = LlamaConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,\n"
+        "                  vocab_size=11, intermediate_size=8)\n"
+        "AutoModelForCausalLM.from_config(cfg).save_pretrained(sys.argv[1])\n"
+        "try:\n"
+        "    prepare_pretrained(Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2)), sys.argv[1])\n"
+        "except InvalidArgument as e:\n"
+        "    print('refused:', e)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "llama")], capture_output=True, text=True,
+                          timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "refused: accelerator.prepare did not shard the meta model" in done.stdout, done.stdout
+    assert "FullyShardedDataParallelPlugin(fsdp_version=2)" in done.stdout, done.stdout
