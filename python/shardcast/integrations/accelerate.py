@@ -20,6 +20,7 @@ import torch
 
 from .._meta_model import _build_meta
 from .._pretrained import resolve_checkpoint
+from .._shardcast import InvalidArgument
 
 __all__ = ["prepare_pretrained"]
 
@@ -51,6 +52,14 @@ def prepare_pretrained(accelerator, path_or_local_repo_id: Union[str, os.PathLik
         plugin.cpu_ram_efficient_loading = False
     try:
         model = accelerator.prepare(model)
+    except NotImplementedError as e:  # torch's "Cannot copy out of meta tensor": no FSDP, the model moved whole
+        if "meta" not in str(e):
+            raise
+        raise InvalidArgument(
+            f"accelerator.prepare did not shard the meta model (distributed_type "
+            f"{getattr(accelerator, 'distributed_type', '?')}) but moved it to {device}: prepare_pretrained "
+            f"needs accelerate's FSDP2 (FullyShardedDataParallelPlugin(fsdp_version=2), launched with --use_fsdp "
+            f"--fsdp_version 2); accelerate enables FSDP on GPUs only") from None
     finally:
         if efficient:
             plugin.cpu_ram_efficient_loading = efficient
