@@ -80,6 +80,9 @@ LoadReport BaselineLoad(Communicator& comm, RankState* state, const std::string&
   r.world_size = world;
   r.entries = entries.size();
   r.total_bytes = total;
+  r.checkpoint_bytes = total;  // read once, by rank 0: the report's storage reads are then 1.00x
+  r.mesh = "mesh (" + std::to_string(world) + ")";  // FSDP dim-0 rows only, as above
+  r.nodes = 1;
   r.seconds = seconds;
   r.ranks = GatherReports(comm, mine);
   return r;
