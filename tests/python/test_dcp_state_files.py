@@ -156,6 +156,25 @@ def test_hostile_metadata_is_refused_by_name(tmp_path, edit, words):
         decode_metadata(json.dumps(doc).encode(), "md")
 
 
+# Regression (fault campaign): a value nested 600 deep (a list in a list ..., as long as the string saved)
+# raised a bare RecursionError on every rank, naming neither the file nor the key.
+def test_a_value_nested_past_the_recursion_limit_is_refused_by_file_and_key(tmp_path):
+    depth = 600
+    dcp.save({"w": torch.ones(2), "extra": {"deep": "x" * (2 * depth - 2)}}, storage_writer=StorageWriter(tmp_path),
+             no_dist=True)
+    row = _row(json.loads((tmp_path / ".metadata.json").read_text()), "extra.deep")
+    path = tmp_path / row["file"]
+    raw = bytearray(path.read_bytes())
+    assert row["length"] == 2 * depth, row
+    raw[row["byte_offset"]:row["byte_offset"] + row["length"]] = b"[" * depth + b"]" * depth
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointException) as caught:
+        dcp.load({"w": torch.zeros(2), "extra": {"deep": ""}}, storage_reader=StorageReader(tmp_path), no_dist=True)
+    error = caught.value.failures[0][0]
+    assert isinstance(error, CheckpointError), repr(error)
+    assert f"{row['file']}: byte item 'extra.deep': the value nests too deep" in str(error), str(error)
+
+
 def test_hostile_rank_file_header_is_refused(tmp_path):
     _single(tmp_path, StorageWriter(tmp_path))
     path = tmp_path / "__0_0.safetensors"

@@ -5,6 +5,7 @@ import dataclasses
 import io
 import json
 import os
+import sys
 import uuid
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -165,7 +166,11 @@ class StorageReader(_TorchStorageReader):
         except (ValueError, RecursionError) as e:
             raise CheckpointError(f"{where}: not JSON ({type(e).__name__}: {e})") from e
         out = io.BytesIO()
-        torch.save(decode_value(doc, where), out)
+        try:  # decoding recurses as deep as the value nests, and a hostile file nests it past any stack
+            torch.save(decode_value(doc, where), out)
+        except RecursionError:
+            raise CheckpointError(f"{where}: the value nests too deep to decode within Python's recursion limit "
+                                  f"({sys.getrecursionlimit()})") from None
         out.seek(0)
         return out
 
