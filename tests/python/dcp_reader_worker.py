@@ -34,7 +34,9 @@ MODE "truncated": this rank's own copy of the checkpoint (ROOT/copy-<rank>/llama
   test changed values in rank 1's, its headers kept. MODE "copies_verify": the same with rank 1's copy changed
   where the handshake's samples do not look (ROOT/unsampled-<rank>/llama), read with verify=True. MODE
   "other_size": source auto, rank 1's copy another checkpoint (its weights in float32: every file and the
-  index of other sizes; ROOT/resized-<rank>/llama). MODE "kill":
+  index of other sizes; ROOT/resized-<rank>/llama). MODE "unindexed": rank 1's copy (ROOT/unindexed-<rank>/llama)
+  lacks its index and its last file, so that rank alone sees a directory to read file by file; source auto
+  must load torch's values (rank 0 serves rank 1), each-rank must be one error on every rank. MODE "kill":
   SHARDCAST_FAULT kills a rank mid-stream. These write the exception each survivor raised.
 MODE "block_size": an fp8 checkpoint quantized in 120 x 120 blocks with no config.json (ROOT/blocks120),
   through both quantized readers given block_size=120, compared bit for bit; then each rank giving another
@@ -314,6 +316,30 @@ def groups(root, world, problems):
     return seconds
 
 
+def unindexed(root, rank, world):
+    """The "unindexed" mode (see the module's doc): the loads' results on this rank."""
+    keys = checkpoint_keys(os.path.join(root, "llama"))
+    path = os.path.join(root, f"unindexed-{rank}", "llama")
+    problems = []
+    theirs, ours = state_dict(keys, world), state_dict(keys, world)
+    dcp.load(theirs, storage_reader=TorchReader(os.path.join(root, "llama")))
+    start = time.monotonic()
+    reader = sdcp.HuggingFaceStorageReader(path, timeout=20)
+    dcp.load(ours, storage_reader=reader)
+    result = {"checked": compare(theirs, ours, "unindexed copy on rank 1, source auto", problems),
+              "problems": problems, "source": reader.last_report[0]["source"]}
+    try:
+        dcp.load(state_dict(keys, world), storage_reader=sdcp.HuggingFaceStorageReader(path, source="each-rank",
+                                                                                       timeout=20))
+        result["shardcast"] = []
+    except BaseException as e:  # noqa: BLE001 -- DCP's CheckpointException is a BaseException
+        failures = getattr(e, "failures", None) or {rank: (e, None)}
+        result["shardcast"] = sorted({f"{type(x[0]).__name__}: {x[0]}" for x in failures.values()})
+    result["seconds"] = time.monotonic() - start
+    dist.barrier()
+    return result
+
+
 def run(mode, root, rank, world):
     """One mode's result on this rank; an unexpected exception is its "crash"."""
     result = {}
@@ -348,6 +374,8 @@ def run(mode, root, rank, world):
                 failures = getattr(e, "failures", None) or {rank: (e, None)}
                 result["shardcast"] = sorted({f"{type(x[0]).__name__}: {x[0]}" for x in failures.values()})
             dist.barrier()
+        elif mode == "unindexed":
+            result = unindexed(root, rank, world)
         elif mode in ("truncated", "kill", "other_values", "copies_verify", "other_size"):
             path = os.path.join(root, "llama")
             if mode == "truncated":

@@ -139,6 +139,17 @@ def resized(root):
 
 
 @pytest.fixture(scope="module")
+def unindexed(root):
+    """ROOT/unindexed-<rank>/llama for 3 ranks, rank 1's without model.safetensors.index.json and its last
+    file: that file."""
+    victim = _copies(root, "unindexed")
+    (victim / "model.safetensors.index.json").unlink()
+    missing = sorted(p for p in victim.iterdir() if p.suffix == ".safetensors")[-1]
+    missing.unlink()
+    return missing
+
+
+@pytest.fixture(scope="module")
 def blocks120(root):
     """ROOT/blocks120: one fp8 weight (300 x 300, cut by 120-blocks both ways) quantized in 120 x 120 blocks,
     its scale grid [3, 3] as 128-blocks would also need, and no config.json to say which."""
@@ -154,10 +165,10 @@ def blocks120(root):
 
 
 @pytest.fixture(scope="module")
-def run(root, truncated, other_values, unsampled, resized, blocks120, tmp_path_factory):
+def run(root, truncated, other_values, unsampled, resized, unindexed, blocks120, tmp_path_factory):
     """run(scenario, world): its per-rank results, one launch per world size (rank start-up dominates)."""
     return ranks.Scenarios(WORKER, tmp_path_factory, {3: ["compare", "truncated", "other_values", "groups",
-                                                          "block_size", "copies_verify", "other_size"],
+                                                          "block_size", "copies_verify", "other_size", "unindexed"],
                                                       4: ["compare"]}, root=root)
 
 
@@ -206,6 +217,21 @@ def test_a_rank_seeing_another_checkpoint_of_other_sizes_fails_every_rank(run, r
     assert agreed[0] and all(a == agreed[0] for a in agreed), agreed
     assert any(line.startswith("ManifestMismatch") and "bytes on rank 0 but" in line and "on rank 1" in line
                for line in agreed[0]), agreed
+
+
+def test_a_rank_whose_copy_lacks_the_index_is_served_by_rank0_or_refused_by_name(run, unindexed):
+    """Regression: rank 1's copy without its index was, to rank 1 alone, a directory to read file by file, so
+    it planned other read rounds than rank 0 and every rank failed with an InternalError about "read rounds"
+    that named no file. The choice is rank 0's now: under source auto rank 0 serves rank 1 (torch's values on
+    every rank), and under each-rank every rank fails at once with one error naming rank 1 and the file."""
+    results = run("unindexed", 3)
+    for rank, r in enumerate(results):
+        assert r["problems"] == [] and r["checked"] > 10, f"rank {rank}: {r}"
+        assert r["source"] == "rank0", f"rank {rank}: {r}"
+    agreed = [r["shardcast"] for r in results]
+    assert agreed[0] and all(a == agreed[0] for a in agreed), agreed
+    assert any("rank 1" in line and unindexed.name in line and "no such file" in line for line in agreed[0]), agreed[0]
+    assert all(r["seconds"] < 20 for r in results), [r["seconds"] for r in results]
 
 
 def test_copies_that_differ_where_no_sample_looks_fail_verify_as_a_checkpoint_error(run, unsampled):

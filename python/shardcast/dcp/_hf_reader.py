@@ -109,6 +109,7 @@ class HuggingFaceStorageReader(_TorchReader):
         # per-rank files only: (fqn, piece offsets) -> its file, and (fqn, file) -> the piece's shape
         self._chunks: Optional[Dict[Tuple[str, Tuple[int, ...]], str]] = None
         self._pieces: Dict[Tuple[str, str], Tuple[int, ...]] = {}
+        self._read_by_file: Optional[bool] = None  # read_metadata's answer: rank 0's, where ranks read together
         self.last_report: Optional[List[dict]] = None
 
     # -- metadata -----------------------------------------------------------------------------------------
@@ -123,21 +124,23 @@ class HuggingFaceStorageReader(_TorchReader):
         return os.path.isdir(path) and not any(os.path.exists(os.path.join(path, name)) for name in
                                                ("model.safetensors.index.json", "model.safetensors"))
 
-    def _scan(self) -> List[list]:
-        """[[key, dtype name, shape, file, offsets]] of every tensor (of every piece, in per-rank files), by
-        the loader's validating reader; offsets is None for a whole tensor of a checkpoint read whole."""
+    def _scan(self) -> Dict[str, Any]:
+        """{"by_file": whether the checkpoint is read file by file, "tensors": [[key, dtype name, shape, file,
+        offsets]] of every tensor (of every piece, read file by file)}, by the loader's validating reader;
+        offsets is None for a whole tensor of a checkpoint read whole."""
         path = os.fspath(self.path)
         if self._by_file():
             pieces = pieces_by_file(path)
             if pieces:
-                return pieces
-        return [[k, d, list(s), f, None] for k, d, s, f in _shardcast.checkpoint_tensors(path)]
+                return {"by_file": True, "tensors": pieces}
+        return {"by_file": False,
+                "tensors": [[k, d, list(s), f, None] for k, d, s, f in _shardcast.checkpoint_tensors(path)]}
 
     def _group_arg(self):
         """The group this load runs over: the reader's process_group, else the one dcp.load was given."""
         return run_group(self._process_group)
 
-    def _tensors(self) -> List[list]:
+    def _tensors(self) -> Dict[str, Any]:
         run = dcp_run()
         if run is None or not run[0]:
             # dcp.load(no_dist=True), or a call outside DCP (transformers' consolidation asks rank 0 alone; a
@@ -145,7 +148,8 @@ class HuggingFaceStorageReader(_TorchReader):
             # one, so it reads for itself.
             return self._scan()
         # rank 0's reading, whatever path each rank names its copy by: read_data's agreement catches a copy
-        # that differs
+        # that differs. Whether to read file by file is rank 0's answer too, so every rank plans the same
+        # rounds, and a copy missing a file (its index, model.safetensors) is the load's to serve or refuse.
         return on_rank0(self._group_arg(), self._scan, self._timeout_s(), "the checkpoint's headers")
 
     def read_metadata(self) -> Metadata:
@@ -154,7 +158,9 @@ class HuggingFaceStorageReader(_TorchReader):
         retry with `rank=` (rank-local metadata, which an HF checkpoint has not) after an agreed failure."""
         state_dict_metadata: Dict[str, TensorStorageMetadata] = {}
         storage_data: Dict[MetadataIndex, Any] = {}
-        for key, dtype_name, shape, file, offsets in self._tensors():
+        scan = self._tensors()
+        self._read_by_file = scan["by_file"]
+        for key, dtype_name, shape, file, offsets in scan["tensors"]:
             dtype = _torch_dtype(dtype_name, key, file)
             size = torch.Size(shape)
             offsets = list(offsets) if offsets is not None else [0] * len(shape)
@@ -189,7 +195,9 @@ class HuggingFaceStorageReader(_TorchReader):
         self._dtypes = {k: self._delivered_dtype(k, v.properties.dtype)
                         for k, v in metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
         self._chunks = None
-        if self._by_file():
+        # read_metadata's answer (rank 0's); this rank's own only for metadata this reader did not read
+        by_file = self._read_by_file if self._read_by_file is not None else self._by_file()
+        if by_file:
             self._chunks, self._pieces = {}, {}
             for index, info in (metadata.storage_data or {}).items():
                 file = getattr(info, "relative_path", info)
