@@ -27,7 +27,9 @@ MODE "groups" (world 3): loads over another group than the default one, with the
   torch's readers are never told): dcp.load(no_dist=True) on the last rank alone, and on every rank from a
   path of its own; dcp.load and dcp.save with process_group= the subgroup of ranks 1 and 2, which holds no rank
   0; then a collective load (regression, review: the non-zero ranks waited for rank 0's headers until the
-  timeout, 10 minutes by default)
+  timeout, 10 minutes by default). Before them, a reader given its own group of one on rank 0 alone, and a
+  writer given one on the last rank alone, while DCP runs over every rank: each is one error on every rank
+  within seconds (regression: every rank waited out the reader's or the writer's timeout)
 MODE "truncated": this rank's own copy of the checkpoint (ROOT/copy-<rank>/llama, read as "llama" from
   ROOT/copy-<rank>: one path on every rank, as a checkpoint copied to each node's disk) is read; the test truncated
   rank 1's. MODE "other_values": each rank reads its own copy by its own path (ROOT/values-<rank>/llama); the
@@ -340,6 +342,32 @@ def unindexed(root, rank, world):
     return result
 
 
+def mismatched(root, world):
+    """{"reader"/"writer": [seconds, the errors this rank was told]} of a storage layer given its own group of
+    one on a single rank (rank 0's reader, the last rank's writer) while DCP runs over the default group."""
+    llama = os.path.join(root, "llama")
+    keys = checkpoint_keys(llama)
+    rank = dist.get_rank()
+    own = [dist.new_group([r], backend="gloo") for r in range(world)]  # every rank makes each, in one order
+    out = {}
+    for what, who in (("reader", 0), ("writer", world - 1)):
+        pg = own[rank] if rank == who else None
+        start, errors = time.monotonic(), []
+        try:
+            if what == "reader":
+                dcp.load(state_dict(keys, world),
+                         storage_reader=sdcp.HuggingFaceStorageReader(llama, process_group=pg, timeout=20))
+            else:
+                dcp.save(state_dict(keys, world), storage_writer=sdcp.HuggingFaceStorageWriter(
+                    os.path.join(root, f"groups-mismatched-{world}"), process_group=pg, timeout=20))
+        except BaseException as e:  # noqa: BLE001 -- DCP's CheckpointException is a BaseException
+            failures = getattr(e, "failures", None) or {rank: (e, None)}
+            errors = sorted({f"{type(x[0]).__name__}: {x[0]}" for x in failures.values()})
+        out[what] = [time.monotonic() - start, errors]
+        dist.barrier()
+    return out
+
+
 def run(mode, root, rank, world):
     """One mode's result on this rank; an unexpected exception is its "crash"."""
     result = {}
@@ -354,6 +382,7 @@ def run(mode, root, rank, world):
             dist.barrier()  # rank 0 hosts the store: it stays until every rank read its last exchange
         elif mode == "groups":
             problems = []
+            result["mismatched"] = mismatched(root, world)
             result["seconds"] = groups(root, world, problems)
             result["problems"] = problems
         elif mode == "block_size":

@@ -270,6 +270,21 @@ def test_no_dist_and_subgroup_loads_need_no_reader_told_the_group(run):
     assert "no_dist on the last rank" in results[2]["seconds"] and "subgroup save" in results[1]["seconds"]
 
 
+def test_a_storage_layer_given_another_group_on_one_rank_fails_every_rank_at_once(run):
+    """Regression: a reader given a group of one on rank 0 alone (DCP over all 3 ranks) exchanged the headers
+    over that group while the others waited for them on DCP's, and a writer given one on the last rank alone
+    met the others in no save: every rank waited out the timeout (20 s here, 10 minutes by default) and no
+    error said why. Now each is one error on every rank within seconds, naming both group sizes."""
+    results = run("groups", 3)
+    for what in ("reader", "writer"):
+        told = [r["mismatched"][what] for r in results]
+        assert all(seconds < 10 for seconds, _ in told), (what, told)
+        assert told[0][1] and all(errors == told[0][1] for _, errors in told), (what, told)
+        assert all("a group of 3 ranks" in line and "given a process_group of 1" in line for line in told[0][1]), told
+    # DCP re-raises a read_metadata failure as its AssertionError carrying the message; the writer's is as is
+    assert all(line.startswith("InvalidArgument") for line in results[0]["mismatched"]["writer"][1])
+
+
 def test_rank_killed_mid_stream_ends_every_rank(root, tmp_path):
     world = 3
     results = ranks.run(WORKER, "kill", root, world, tmp_path, timeout=120, allow_fail=True, faulted=(1,),

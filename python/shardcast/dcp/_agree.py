@@ -120,6 +120,24 @@ def dcp_run() -> Optional[Tuple[bool, Any]]:
     return None
 
 
+def group_problem(given, run_pg) -> Optional[str]:
+    """The InvalidArgument's message where a storage layer was given a process_group (`given`; None: not
+    told) of other ranks than the group its DCP step runs over (`run_pg`, dcp_run()'s; None: the default
+    group); None where they agree. Found on this rank alone, before it waits on either group: a rank that
+    exchanges over another group than its peers waits out the timeout, with nothing to say why."""
+    if given is None or given is run_pg:
+        return None
+    import torch.distributed as dist
+    theirs = dist.get_process_group_ranks(run_pg)
+    ours = dist.get_process_group_ranks(given) if dist.get_rank(given) >= 0 else None
+    if ours == theirs:
+        return None
+    told = ("a process_group this rank is not a member of" if ours is None else
+            f"a process_group of {len(ours)}{' (other ranks)' if len(ours) == len(theirs) else ''}")
+    return (f"rank {dist.get_rank()}: dcp runs over a group of {len(theirs)} ranks but shardcast's storage layer "
+            f"was given {told}: pass it the process_group given to dcp.save/dcp.load, or none")
+
+
 def run_group(given):
     """The group a storage layer given `given` (None: not told) runs over: `given` where told, else the
     process_group the calling dcp.load/dcp.save was given (None: the default group)."""

@@ -44,7 +44,7 @@ from .._group import _group, _store_host, operation_store
 from .._layouts import _Layouts
 from .._load import _options
 from .._shardcast import InvalidArgument, ShardcastError
-from ._agree import alone as _alone, dcp_run, on_rank0, run_group
+from ._agree import alone as _alone, dcp_run, group_problem, on_rank0, run_group
 from ._hf_files import pieces_by_file
 
 try:
@@ -150,7 +150,20 @@ class HuggingFaceStorageReader(_TorchReader):
         # rank 0's reading, whatever path each rank names its copy by: read_data's agreement catches a copy
         # that differs. Whether to read file by file is rank 0's answer too, so every rank plans the same
         # rounds, and a copy missing a file (its index, model.safetensors) is the load's to serve or refuse.
-        return on_rank0(self._group_arg(), self._scan, self._timeout_s(), "the checkpoint's headers")
+        # Over DCP's own group, whatever each reader was given: a rank 0 given another group tells every
+        # rank so through this exchange; another rank takes rank 0's answer (keeping the exchanges numbered
+        # in step) and raises, and DCP's gather after this step tells the others.
+        problem = group_problem(self._process_group, run[1])
+        problem = problem and f"{os.fspath(self.path)}: {problem}"
+
+        def scan():
+            if problem is not None:
+                raise InvalidArgument(problem)
+            return self._scan()
+        result = on_rank0(run[1], scan, self._timeout_s(), "the checkpoint's headers")
+        if problem is not None:
+            raise InvalidArgument(problem)
+        return result
 
     def read_metadata(self) -> Metadata:
         """The Metadata torch's reader builds (one whole-tensor chunk per key, the file's dtype and shape),

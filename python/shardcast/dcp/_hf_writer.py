@@ -47,7 +47,7 @@ from torch.futures import Future
 from .. import _shardcast
 from .._group import _group
 from .._shardcast import InvalidArgument, ShardcastError, Unsupported
-from ._agree import alone as _alone, run_group
+from ._agree import alone as _alone, dcp_run, group_problem, run_group
 from ._cover import cover_problem
 
 __all__ = ["HuggingFaceStorageWriter"]
@@ -133,6 +133,11 @@ class HuggingFaceStorageWriter(StorageWriter):
     def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
         self.is_coordinator = is_coordinator
         self._use_collectives = kwargs.get("use_collectives", True)
+        run = dcp_run()
+        if run is not None and run[0]:  # on this rank, before DCP's gather: every rank hears of it there
+            problem = group_problem(self.process_group, run[1])
+            if problem is not None:
+                raise InvalidArgument(f"{self.path}: {problem}")
         if self._per_rank_files is not None:
             self._per_rank_files.set_up_storage_writer(is_coordinator, *args, **kwargs)
 
