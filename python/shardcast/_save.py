@@ -10,6 +10,7 @@ the C++ core lays the files out and streams every rank's rows to their final off
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -33,6 +34,26 @@ def _meta_state_dict(model) -> Dict[str, torch.Tensor]:
             for k, v in model.state_dict(keep_vars=True).items()}
 
 
+@contextlib.contextmanager
+def _own_class_names(model):
+    """transformers looks up class-keyed conversions (GPTNeoXForCausalLM's "lm_head." <- "embed_out.") by
+    type(module).__name__, which fully_shard made "FSDP<name>": the saved checkpoint then kept the loaded
+    name. Within this, each such module's class is its base again (the same object layout; restored after)."""
+    from ._mapping import _class_name
+    changed = []
+    for module in model.modules():
+        cls = type(module)
+        if cls.__name__.startswith("FSDP") and _class_name(cls) != cls.__name__:
+            base = next(c for c in cls.__mro__[1:] if c.__name__ == _class_name(cls))
+            module.__class__ = base
+            changed.append((module, cls))
+    try:
+        yield
+    finally:
+        for module, cls in changed:
+            module.__class__ = cls
+
+
 def output_tensors(model) -> Dict[str, Tuple[Tuple[int, ...], torch.dtype]]:
     """{key: (shape, dtype)} of the tensors `save_pretrained` would write for this model, in its order."""
     sd = _meta_state_dict(model)
@@ -46,7 +67,8 @@ def output_tensors(model) -> Dict[str, Tuple[Tuple[int, ...], torch.dtype]]:
         PreTrainedModel = None
     if PreTrainedModel is not None and isinstance(unwrapped(model), PreTrainedModel):
         sd = remove_tied_weights_from_state_dict(sd, unwrapped(model))
-        sd = revert_weight_conversion(unwrapped(model), sd)
+        with _own_class_names(unwrapped(model)):
+            sd = revert_weight_conversion(unwrapped(model), sd)
     else:  # a plain module: tied parameters are one object under several names; keep the first
         names, by_name = {}, {}
         for name, p in named_parameters(model, remove_duplicate=False):
@@ -249,9 +271,10 @@ def save(model: torch.nn.Module, out_dir: Union[str, os.PathLike], *, source: Op
     holds more than its shard plus the staging ring (chunk_bytes x staging_slots). mode= is its deprecated
     old name (a DeprecationWarning; removed in the next release): the same idea as load's source=.
 
-    The keys, shapes and files are those save_pretrained writes (per-expert tensors, restored module
-    names, tied weights once, persistent buffers in, non-persistent out), split by max_shard_size
-    ("5GB", decimal as in transformers; or bytes). dtype: None keeps each tensor's dtype; float16,
+    The keys, shapes and values are those save_pretrained writes (per-expert tensors, restored module
+    names, tied weights once, persistent buffers in, non-persistent out), split into files by
+    max_shard_size ("5GB", decimal as in transformers; or bytes); which file holds a tensor may differ
+    from save_pretrained's split (the index names it). dtype: None keeps each tensor's dtype; float16,
     bfloat16 or float32 converts floating tensors on the way out (an InvalidArgument for a model kept
     quantized, whose F32 block scales it would convert too). config: what to write as config.json
     (default model.config; a PretrainedConfig, a dict or a path), its dtype set to the written one.

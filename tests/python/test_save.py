@@ -209,3 +209,32 @@ def test_a_max_shard_size_neither_int_nor_text_is_invalid_argument(tmp_path, siz
     assert not (tmp_path / "out").exists()
     shardcast.save(model, tmp_path / "out", max_shard_size=1000)
     assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+_NEOX = r'''
+import os, sys, tempfile, torch, torch.distributed as dist, shardcast
+from transformers import AutoConfig, AutoModelForCausalLM
+from safetensors import safe_open
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+root = sys.argv[1]
+cfg = AutoConfig.for_model("gpt_neox", hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                           intermediate_size=40, vocab_size=37, rotary_pct=0.5)
+AutoModelForCausalLM.from_config(cfg).save_pretrained(root + "/src")
+shardcast.save(shardcast.from_pretrained(root + "/src", dtype=torch.float32), root + "/out")
+with safe_open(os.path.join(root, "out", "model.safetensors"), "pt") as h:
+    print(" ".join(sorted(k for k in h.keys() if "layers" not in k)))
+dist.destroy_process_group()
+'''
+
+
+def test_a_class_keyed_rename_is_reverted_on_save(tmp_path):
+    """Outside trial: GPT-NeoX's head, loaded as lm_head (transformers' rename keyed by the class name
+    GPTNeoXForCausalLM), was saved as lm_head: transformers looks the rename up by type(model).__name__,
+    which fully_shard made FSDPGPTNeoXForCausalLM. Saved as embed_out, as save_pretrained writes it."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", _NEOX, str(tmp_path)], capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    keys = done.stdout.strip().splitlines()[-1].split()
+    assert "embed_out.weight" in keys and "lm_head.weight" not in keys, keys
