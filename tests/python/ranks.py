@@ -206,6 +206,16 @@ class Scenarios:
         return results, why
 
 
+def python_out(code, *args, timeout=240):
+    """The last line a fresh `python -c code args...` prints (one thread a rank's worth of torch), after
+    it ended well: for what needs a process of its own (a world of one, accelerate's state)."""
+    import sys
+    done = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+
+
 def shardcast_error(call, key="type"):
     """What a worker reports of a failure every rank must share: {key: the class name of the ShardcastError
     `call` raised (None if it raised none), "message": its text}. Any other exception propagates."""

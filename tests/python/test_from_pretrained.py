@@ -8,7 +8,6 @@ local Hugging Face cache laid out as the hub lays it out (snapshots/<rev>/ symli
 import hashlib
 import json
 import os
-import shutil
 
 import pytest
 
@@ -161,8 +160,6 @@ def test_a_module_kept_in_float32_gets_a_unit_of_its_own_and_the_model_runs(tmp_
     layers: one fully_shard over a layer held two dtypes, and the loaded model failed its first forward
     ("FSDP expects uniform original parameter dtype"). The gate gets a unit of its own, before its layer's;
     in a process of its own (a world of one), the model's logits equal transformers'."""
-    import subprocess
-    import sys
     from transformers import AutoConfig, AutoModelForCausalLM
     cfg = AutoConfig.for_model("ernie4_5_moe", hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                num_key_value_heads=2, vocab_size=37, intermediate_size=40, moe_num_experts=5, moe_k=2,
@@ -185,10 +182,7 @@ def test_a_module_kept_in_float32_gets_a_unit_of_its_own_and_the_model_runs(tmp_
         "with torch.no_grad():\n"
         "    a, b = ours(ids).logits, theirs(ids).logits\n"
         "print('equal' if torch.equal(a, b) else f'differ {(a.float() - b.float()).abs().max().item()}')\n")
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "ernie")], capture_output=True, text=True,
-                          timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip().splitlines()[-1] == "equal", done.stdout
+    assert ranks.python_out(code, tmp_path / "ernie") == "equal"
 
 
 def test_units_of_another_dtype_are_the_outermost_modules_all_of_it():
@@ -270,12 +264,7 @@ def test_the_model_comes_back_as_transformers_returns_it(tmp_path):
     it did not stream; model_cls=AutoModel failed in fully_shard (its own "layers" ModuleList taken for the
     "layers" keyword); a callable model_cls at bf16 cast RoPE's float32 inv_freq and its rule refused it; sizes
     whose mesh is not the world were transformers' RuntimeError, an InternalError. In a world of one."""
-    import subprocess
-    import sys
-    done = subprocess.run([sys.executable, "-c", _WORLD_OF_ONE, str(tmp_path)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = json.loads(ranks.python_out(_WORLD_OF_ONE, tmp_path, timeout=300))
     assert out["eval"] == [False, True, True], out
     assert out["key"] is False, out
     assert out["automodel"] is True, out
@@ -286,8 +275,6 @@ def test_the_model_comes_back_as_transformers_returns_it(tmp_path):
 def test_prepare_pretrained_without_fsdp_names_what_is_missing(tmp_path):
     """ACCELERATE.md's snippet in a run where accelerate does not enable FSDP (CPU): accelerator.prepare moved
     the meta model whole and torch's bare NotImplementedError came out; now an InvalidArgument saying why."""
-    import subprocess
-    import sys
     code = (
         "import sys, torch\n"
         "from accelerate import Accelerator\n"
@@ -302,8 +289,6 @@ def test_prepare_pretrained_without_fsdp_names_what_is_missing(tmp_path):
         "    prepare_pretrained(Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2)), sys.argv[1])\n"
         "except InvalidArgument as e:\n"
         "    print('refused:', e)\n")
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "llama")], capture_output=True, text=True,
-                          timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "refused: accelerator.prepare did not shard the meta model" in done.stdout, done.stdout
-    assert "FullyShardedDataParallelPlugin(fsdp_version=2)" in done.stdout, done.stdout
+    out = ranks.python_out(code, tmp_path / "llama")
+    assert out.startswith("refused: accelerator.prepare did not shard the meta model"), out
+    assert "FullyShardedDataParallelPlugin(fsdp_version=2)" in out, out
