@@ -1,5 +1,6 @@
 """What dcp_reader_worker.py's scenarios share: the checkpoint's keys, state dicts of sentinel DTensors in
-layouts that cycle over the keys, and bit-for-bit comparison of two state dicts (each rank's local pieces)."""
+layouts that cycle over the keys, bit-for-bit comparison of two state dicts (each rank's local pieces), and
+the errors a failed dcp call gave."""
 import os
 import zlib
 
@@ -77,3 +78,10 @@ def _read_all(path):
         if name.endswith(".safetensors"):
             out.update(load_file(os.path.join(path, name)))
     return out
+
+
+def errors_of(e: BaseException, rank: int) -> list:
+    """["Class: message"] of every rank's failure DCP's CheckpointException carries (a BaseException, with
+    `failures` by rank), or of `e` itself where it carries none."""
+    failures = getattr(e, "failures", None) or {rank: (e, None)}
+    return sorted({f"{type(x[0]).__name__}: {x[0]}" for x in failures.values()})

@@ -60,7 +60,7 @@ from torch.distributed.tensor import distribute_tensor
 
 import ranks
 import shardcast.dcp as sdcp
-from dcp_reader_common import _read_all, checkpoint_keys, compare, layouts, sentinel_like, state_dict
+from dcp_reader_common import _read_all, checkpoint_keys, compare, errors_of, layouts, sentinel_like, state_dict
 
 
 def boxes(root, world, problems):
@@ -335,8 +335,7 @@ def unindexed(root, rank, world):
                                                                                        timeout=20))
         result["shardcast"] = []
     except BaseException as e:  # noqa: BLE001 -- DCP's CheckpointException is a BaseException
-        failures = getattr(e, "failures", None) or {rank: (e, None)}
-        result["shardcast"] = sorted({f"{type(x[0]).__name__}: {x[0]}" for x in failures.values()})
+        result["shardcast"] = errors_of(e, rank)
     result["seconds"] = time.monotonic() - start
     dist.barrier()
     return result
@@ -361,8 +360,7 @@ def mismatched(root, world):
                 dcp.save(state_dict(keys, world), storage_writer=sdcp.HuggingFaceStorageWriter(
                     os.path.join(root, f"groups-mismatched-{world}"), process_group=pg, timeout=20))
         except BaseException as e:  # noqa: BLE001 -- DCP's CheckpointException is a BaseException
-            failures = getattr(e, "failures", None) or {rank: (e, None)}
-            errors = sorted({f"{type(x[0]).__name__}: {x[0]}" for x in failures.values()})
+            errors = errors_of(e, rank)
         out[what] = [time.monotonic() - start, errors]
         dist.barrier()
     return out
@@ -400,8 +398,7 @@ def run(mode, root, rank, world):
                          storage_reader=sdcp.QuantizedHuggingFaceStorageReader(path, block_size=120 + 8 * rank))
                 result["error"] = None
             except BaseException as e:  # noqa: BLE001 -- DCP's CheckpointException is a BaseException
-                failures = getattr(e, "failures", None) or {rank: (e, None)}
-                result["shardcast"] = sorted({f"{type(x[0]).__name__}: {x[0]}" for x in failures.values()})
+                result["shardcast"] = errors_of(e, rank)
             dist.barrier()
         elif mode == "unindexed":
             result = unindexed(root, rank, world)
@@ -426,8 +423,7 @@ def run(mode, root, rank, world):
                 result["error"] = None
             except BaseException as e:  # noqa: BLE001 -- DCP's CheckpointException is a BaseException
                 result["error"] = f"{type(e).__name__}: {e}"
-                failures = getattr(e, "failures", None) or {rank: (e, None)}  # CheckpointException: per rank
-                result["shardcast"] = sorted({f"{type(x[0]).__name__}: {x[0]}" for x in failures.values()})
+                result["shardcast"] = errors_of(e, rank)
             result["seconds"] = time.monotonic() - start
     except Exception:  # noqa: BLE001
         result["crash"] = traceback.format_exc()
