@@ -71,10 +71,12 @@ def _bounded(fn) -> None:
 
 
 # What an operation leaves under its prefix: the agreement on its Gloo group (runtime/comm/gloo_groups.cc),
-# and on a failure the note, its acknowledgements and who arrived (runtime/comm/store_channel.cc). (Gloo's
+# who came to its agreement collectives, and on a failure the note, its acknowledgements and who arrived
+# (runtime/comm/store_channel.cc, c10d_backend.cc). (Gloo's
 # own rendezvous keys, where a group was made, are gloo's names and stay.)
 _OPERATION_KEYS = ("group/decision", "group/who", "group/token", "group/differ", "group/arrived",
-                   "shardcast/failure", "shardcast/failure_acks", "shardcast/reached/ready")
+                   "shardcast/failure", "shardcast/failure_acks", "shardcast/reached/ready",
+                   "shardcast/reached/collectives")
 
 
 def _drop(store, exchanges, n: int) -> None:

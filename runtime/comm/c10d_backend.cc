@@ -60,6 +60,23 @@ void C10dCommunicator::Run(const std::string& what, F&& op) {
   }
 }
 
+// A collective that times out says nothing of who is missing: a rank frozen between the stream and the
+// verdict left every survivor with "rank 0: all-reduce of 6 values: Operation timed out!". So each rank
+// appends itself to the store's list on the way into each agreement collective (queued on the channel's
+// worker, not awaited: no round trip on the collective's path), and rank 0, whose failure note every rank
+// raises, names the ranks whose entries fall short. The stream's broadcasts are not counted: one append per
+// message and rank would be the store's load at scale; a stream step's failure names its peer already.
+template <typename F>
+void C10dCommunicator::RunCounted(const std::string& what, const char* which, F&& op) {
+  const int times = ++counted_;
+  channel_.ReachLater(kCollectiveStep, rank_);
+  try {
+    Run(what, std::forward<F>(op));
+  } catch (const Error& e) {
+    throw WithAbsentFromCollective(channel_, e, rank_, size_, times, std::string("this ") + which);
+  }
+}
+
 // The operation's sends: each keeps its tensor (and so the caller's bytes' wrapper) until waited for or gone.
 struct C10dCommunicator::Pending : PendingSend {
   Pending(C10dCommunicator* c, c10::intrusive_ptr<c10d::Work> w, std::shared_ptr<std::vector<at::Tensor>> t, int peer,
@@ -115,7 +132,7 @@ void C10dCommunicator::Recv(void* data, uint64_t bytes, int peer) {
 }
 
 void C10dCommunicator::AllReduceSum(int64_t* values, uint64_t count) {
-  Run("all-reduce of " + std::to_string(count) + " values", [&] {
+  RunCounted("all-reduce of " + std::to_string(count) + " values", "all-reduce", [&] {
     std::vector<at::Tensor> t = {at::from_blob(values, {static_cast<int64_t>(count)}, at::kLong)};
     c10d::AllreduceOptions o;
     o.reduceOp = c10d::ReduceOp::SUM;
@@ -124,12 +141,18 @@ void C10dCommunicator::AllReduceSum(int64_t* values, uint64_t count) {
   });
 }
 
+void C10dCommunicator::Barrier() {
+  RunCounted("barrier", "barrier", [&] { WaitBarrier(); });
+}
+
 void C10dCommunicator::BarrierAs(const std::string& what) {
-  Run(what, [&] {
-    c10d::BarrierOptions o;
-    o.timeout = timeout_;
-    Wait(backend_->barrier(o));
-  });
+  Run(what, [&] { WaitBarrier(); });
+}
+
+void C10dCommunicator::WaitBarrier() {
+  c10d::BarrierOptions o;
+  o.timeout = timeout_;
+  Wait(backend_->barrier(o));
 }
 
 // Readies a group just made (MakeGlooGroup) on every rank with its first collective, a barrier: no rank
@@ -204,16 +227,30 @@ void C10dCommunicator::Abort() {
   }
 }
 
-Error WithAbsentFromGroup(StoreChannel& channel, const Error& e, int rank, int world_size) {
+namespace {
+
+Error WithAbsent(StoreChannel& channel, const Error& e, int rank, int world_size, const char* step, int times,
+                 const std::string& what) {
   if (rank != 0) return e;
-  std::optional<std::vector<int>> missing = channel.NotReached(kArrivedStep, world_size);
+  std::optional<std::vector<int>> missing = channel.NotReached(step, world_size, times);
   if (missing && !missing->empty()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
-    missing = channel.NotReached(kArrivedStep, world_size);
+    missing = channel.NotReached(step, world_size, times);
   }
   if (!missing || missing->empty()) return e;
-  return Error(e.kind(), "", std::string(e.what()) + " (" + RanksText(*missing) +
-                                 " never came to the group: died, froze or came late)");
+  return Error(e.kind(), "", std::string(e.what()) + " (" + RanksText(*missing) + " never came to " + what +
+                                 ": died, froze or came late)");
+}
+
+}  // namespace
+
+Error WithAbsentFromGroup(StoreChannel& channel, const Error& e, int rank, int world_size) {
+  return WithAbsent(channel, e, rank, world_size, kArrivedStep, 1, "the group");
+}
+
+Error WithAbsentFromCollective(StoreChannel& channel, const Error& e, int rank, int world_size, int times,
+                               const std::string& what) {
+  return WithAbsent(channel, e, rank, world_size, kCollectiveStep, times, what);
 }
 
 at::Tensor C10dCommunicator::Wrap(void* data, uint64_t bytes) {

@@ -32,10 +32,20 @@ std::string CleanC10dMessage(const std::string& m);
 // is made (before the barrier that readies it) or as making it fails. A rank not on it died or froze before.
 inline constexpr const char* kArrivedStep = "ready";
 
+// The store's list of the ranks that came to each of an operation's agreement collectives (its all-reduces and
+// barriers, not the stream's messages): a rank appends itself on the way into each, so the k-th finds each
+// live rank on it k times.
+inline constexpr const char* kCollectiveStep = "collectives";
+
 // `e` on rank 0, with the ranks not on kArrivedStep's list added where the store can say; `e` elsewhere. A peer
 // killed just before fails the others at once (its pairs close), maybe before a live peer appended itself: so
 // a list with ranks on it is read again a moment later.
 Error WithAbsentFromGroup(StoreChannel& channel, const Error& e, int rank, int world_size);
+
+// The same for the `times`-th agreement collective, `what` ("this all-reduce"): the ranks on kCollectiveStep's
+// list fewer than `times` times.
+Error WithAbsentFromCollective(StoreChannel& channel, const Error& e, int rank, int world_size, int times,
+                               const std::string& what);
 
 class C10dCommunicator : public Communicator {
  public:
@@ -68,7 +78,8 @@ class C10dCommunicator : public Communicator {
   std::unique_ptr<PendingSend> SendAsync(const void* data, uint64_t bytes, int peer) override;
   void Recv(void* data, uint64_t bytes, int peer) override;
   void AllReduceSum(int64_t* values, uint64_t count) override;
-  void Barrier() override { BarrierAs("barrier"); }
+  void Barrier() override;
+  // A barrier named `what`, not counted among the agreement's collectives (Ready's).
   void BarrierAs(const std::string& what);
 
   // Readies a group just made (MakeGlooGroup) on every rank with its first collective, a barrier, under the
@@ -82,9 +93,14 @@ class C10dCommunicator : public Communicator {
 
   at::Tensor Wrap(void* data, uint64_t bytes);
   void Wait(const c10::intrusive_ptr<c10d::Work>& work);
+  void WaitBarrier();
   // Runs one operation; any failure finishes the communicator and is re-raised in our terms.
   template <typename F>
   void Run(const std::string& what, F&& op);
+  // Run for an agreement collective, `which` ("all-reduce"): this rank goes on kCollectiveStep's list first,
+  // and rank 0's failure in it names the ranks that never came to it.
+  template <typename F>
+  void RunCounted(const std::string& what, const char* which, F&& op);
 
   c10::intrusive_ptr<c10d::Backend> backend_;
   StoreChannel channel_;
@@ -95,6 +111,7 @@ class C10dCommunicator : public Communicator {
   std::mutex mu_;
   std::optional<std::string> finished_;
   bool readying_ = false;  // in Ready: the only collective that may run is its barrier
+  int counted_ = 0;        // agreement collectives entered (RunCounted)
 };
 
 }  // namespace shardcast

@@ -66,7 +66,10 @@ std::string FreshToken() {
 // The ranks that appended themselves to "group/who".
 std::vector<bool> Came(c10d::Store& store, int world_size) {
   const std::vector<uint8_t> v = store.check({"group/who"}) ? store.get("group/who") : std::vector<uint8_t>{};
-  return RanksOn(std::string(v.begin(), v.end()), world_size);
+  const std::vector<int> times = TimesOn(std::string(v.begin(), v.end()), world_size);
+  std::vector<bool> came(times.size());
+  for (size_t r = 0; r < times.size(); ++r) came[r] = times[r] > 0;
+  return came;
 }
 
 std::string Absent(c10d::Store& store, int world_size) {

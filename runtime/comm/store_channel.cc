@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <future>
 #include <map>
@@ -62,6 +63,15 @@ DeadlineWorker::~DeadlineWorker() {
     q_->tasks.clear();  // never run: nobody waits for them any more
   }
   q_->cv.notify_all();
+}
+
+void DeadlineWorker::Post(std::function<void()> task) {
+  Submit([task = std::move(task)] {
+    try {
+      task();
+    } catch (...) {  // a store that failed: the channel's next awaited call finds it
+    }
+  });
 }
 
 void DeadlineWorker::Submit(std::function<void()> task) {
@@ -270,13 +280,15 @@ void StoreChannel::AwaitAcks(int n, std::chrono::milliseconds wait) {
   }
 }
 
-std::vector<bool> RanksOn(const std::string& list, int world_size) {
-  std::vector<bool> on(static_cast<size_t>(std::max(world_size, 0)), false);
+std::vector<int> TimesOn(const std::string& list, int world_size) {
+  std::vector<int> times(static_cast<size_t>(std::max(world_size, 0)), 0);
   std::istringstream in(list);
-  for (int r; in >> r;) {
-    if (r >= 0 && r < world_size) on[static_cast<size_t>(r)] = true;
+  for (std::string word; in >> word;) {
+    if (word.empty() || word.size() > 9 || !std::all_of(word.begin(), word.end(), ::isdigit)) continue;
+    const int r = std::stoi(word);
+    if (r < world_size) ++times[static_cast<size_t>(r)];
   }
-  return on;
+  return times;
 }
 
 void StoreChannel::Reach(const std::string& step, int rank) {
@@ -287,16 +299,27 @@ void StoreChannel::Reach(const std::string& step, int rank) {
   });
 }
 
-std::optional<std::vector<int>> StoreChannel::NotReached(const std::string& step, int world_size) {
+void StoreChannel::ReachLater(const std::string& step, int rank) {
+  if (!store_ || loss_) return;
+  try {
+    if (!worker_) worker_ = std::make_unique<DeadlineWorker>();
+    worker_->Post([store = store_, key = "shardcast/reached/" + step, me = Bytes(std::to_string(rank) + " ")] {
+      store->append(key, me);
+    });
+  } catch (...) {  // no thread or no memory for it: the list lacks this rank, which only words an error
+  }
+}
+
+std::optional<std::vector<int>> StoreChannel::NotReached(const std::string& step, int world_size, int times) {
   auto list = Call<std::string>([key = "shardcast/reached/" + step](c10d::Store& s) {
     const std::vector<uint8_t> v = s.check({key}) ? s.get(key) : std::vector<uint8_t>{};
     return std::string(v.begin(), v.end());
   });
   if (!list) return std::nullopt;
-  const std::vector<bool> came = RanksOn(*list, world_size);
+  const std::vector<int> came = TimesOn(*list, world_size);
   std::vector<int> missing;
   for (int r = 0; r < world_size; ++r) {
-    if (!came[static_cast<size_t>(r)]) missing.push_back(r);
+    if (came[static_cast<size_t>(r)] < times) missing.push_back(r);
   }
   return missing;
 }

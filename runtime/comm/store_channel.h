@@ -42,6 +42,9 @@ class DeadlineWorker {
   DeadlineWorker(const DeadlineWorker&) = delete;
   DeadlineWorker& operator=(const DeadlineWorker&) = delete;
 
+  // Runs task after those submitted before, awaited by no one: its exception is dropped.
+  void Post(std::function<void()> task);
+
   // op's value, or its exception rethrown, or nullopt when it did not finish within `deadline`.
   template <typename T>
   std::optional<T> Run(std::function<T()> op, std::chrono::milliseconds deadline) {
@@ -84,8 +87,13 @@ class StoreChannel {
   // Who reached a step, for the error of a collective that never ends: `Reach` adds this rank to the step's
   // list (one append), `NotReached` reads which ranks of [0, world_size) are not on it (one read); nullopt
   // where the store cannot say. A store that fails or is late here is the channel's loss, as above.
+  // `times`: a step a rank reaches again and again (each of an operation's agreement collectives) is on
+  // the list once a time; NotReached names the ranks on it fewer than `times` times. ReachLater queues the
+  // append on the channel's worker, in order with its other calls, and returns at once: for a step on the
+  // way into every collective, which a store round trip would make slower.
   void Reach(const std::string& step, int rank);
-  std::optional<std::vector<int>> NotReached(const std::string& step, int world_size);
+  void ReachLater(const std::string& step, int rank);
+  std::optional<std::vector<int>> NotReached(const std::string& step, int world_size, int times = 1);
 
  private:
   // Runs op on the worker; nullopt (and loss_ set) when it failed or missed the deadline. The result
@@ -101,9 +109,9 @@ class StoreChannel {
   std::unique_ptr<DeadlineWorker> worker_;  // made at the first call: a channel never used has no thread
 };
 
-// Which ranks of [0, world_size) are on `list`, the text ranks append themselves to ("0 2 1 "); anything
-// else in it is passed over.
-std::vector<bool> RanksOn(const std::string& list, int world_size);
+// How many times each rank of [0, world_size) is on `list`, the text ranks append themselves to
+// ("0 2 1 0 "); anything else in it is passed over.
+std::vector<int> TimesOn(const std::string& list, int world_size);
 
 // Runs `op` on a thread of its own and waits at most `deadline`: its value, or its exception rethrown,
 // or nullopt when it is late. A late thread is abandoned, so `op` must own (by value or reference

@@ -100,3 +100,16 @@ TEST(StoreProbe, ANameIsResolvedOnceToTheAddressesTheProbeThenUses) {
 
 }  // namespace
 }  // namespace shardcast
+
+namespace shardcast {
+namespace {
+
+// The store's lists of ranks that came to a step: each entry once a time it came, anything else passed over.
+TEST(StoreLists, CountTheTimesEachRankCame) {
+  EXPECT_EQ(TimesOn("0 2 1 0 x -1 7 2 ", 3), (std::vector<int>{2, 1, 2}));
+  EXPECT_EQ(TimesOn("", 2), (std::vector<int>{0, 0}));
+  EXPECT_TRUE(TimesOn("0 1 ", 0).empty());
+}
+
+}  // namespace
+}  // namespace shardcast
