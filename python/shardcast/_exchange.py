@@ -81,6 +81,35 @@ def _key(n: int, rank: Union[int, str] = 0) -> str:
     return f"{_PREFIX}{n}/{rank}"
 
 
+# The store's server refuses a value over 8 MiB ("Invalid payload size") and resets the connection, which
+# reads as the store lost: rank 0's reading of 80,000 tensors' headers was 9.4 MB. A larger value than
+# _PART_BYTES goes in parts under "<key>/<i>", set before the key, which then holds "#<count>" (no JSON
+# value begins with "#"). Each part is its own request: a multi_set of them all would be one payload again.
+_PART_BYTES = 4 << 20
+
+
+def _put(store, key: str, text: str) -> List[str]:
+    """Sets `key` to `text`, in parts where it is large (read back with _got); the part keys set (none for
+    a value in one key), which whoever drops `key` drops too."""
+    data = text.encode()
+    if len(data) <= _PART_BYTES:
+        store.set(key, data)
+        return []
+    parts = [f"{key}/{i}" for i in range((len(data) + _PART_BYTES - 1) // _PART_BYTES)]
+    for i, part in enumerate(parts):
+        store.set(part, data[i * _PART_BYTES:(i + 1) * _PART_BYTES])
+    store.set(key, f"#{len(parts)}")
+    return parts
+
+
+def _got(store, key: str) -> bytes:
+    """What _put set under `key`, whole (the key is there: waited for)."""
+    value = store.get(key)
+    if not value.startswith(b"#"):
+        return value
+    return b"".join(store.get(f"{key}/{i}") for i in range(int(value[1:])))
+
+
 def _through_store(ch, body: Callable[[Any], Any], timeout_s: float, what: str,
                    who: Optional[Tuple[str, int]] = None) -> Any:
     """body(store): one exchange's store calls (set, append, wait, get), under one deadline. A CommTimeout
@@ -230,14 +259,15 @@ def computed_on_rank0(ch, rank: int, world: int, compute: Callable[[], Any], tim
         except BaseException:
             _through_store(ch, lambda store: store.set(key, json.dumps(["failed", None])), timeout_s, what)
             raise
-        _through_store(ch, lambda store: store.set(key, json.dumps(["ok", value])), timeout_s, what)
+        parts = _through_store(ch, lambda store: _put(store, key, json.dumps(["ok", value])), timeout_s, what)
+        _keep(ch, n, [part[len(_key(n, "")):] for part in parts])
         return value
 
     deadline = time.monotonic() + timeout_s
 
     def fetch(store):
         store.wait([key], _left(deadline))
-        return json.loads(store.get(key))
+        return json.loads(_got(store, key))
 
     status, value = _through_store(ch, fetch, timeout_s, what)
     return value if status == "ok" else None

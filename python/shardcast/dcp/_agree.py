@@ -8,26 +8,23 @@ for ever, not even on a frozen rank 0 (shardcast._exchange._through_store).
 
 Only calls inside a dcp.load over the group come here, on every rank of it at once: a call outside DCP
 (transformers' consolidate_distributed_checkpoint asks rank 0 alone; a script may ask any rank) and a
-`dcp.load(..., no_dist=True)` read for themselves (_hf_reader.py), so the exchanges are numbered per group
-and every rank's n-th is rank 0's n-th, whatever path each rank names the checkpoint by (each node's copy
+`dcp.load(..., no_dist=True)` read for themselves (_hf_reader.py), so the exchanges are numbered per group,
+with the group's other exchanges (_exchange.py: rank 0 drops each key once every rank read it; a process
+that loaded again and again kept every load's headers), and every rank's n-th is rank 0's n-th, whatever path each rank names the checkpoint by (each node's copy
 may have its own). A rank given other files than rank 0's is found by read_data's agreement, which matches
 every rank's files with rank 0's (their names, sizes, headers and first data bytes); numbered by path, as it
 once was, such a rank waited for an answer under its own path until the timeout.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 from .. import _shardcast
-from .._exchange import _left, _through_store, channel
+from .._exchange import _got, _keep, _key, _left, _next, _put, _through_store, channel
 from .._group import _group
-
-_CALLS: Dict[str, int] = {}  # group -> this process's exchanges over it so far
-_PREFIX = "shardcast/dcp/agree/"
 
 
 def _raise(kind: str, message: str):
@@ -45,11 +42,11 @@ def on_rank0(process_group, compute: Callable[[], Any], timeout_s: float, what: 
     pg, rank, world, store = _group(process_group)
     if world == 1 or store is None:
         return compute()
-    import torch.distributed as dist
-    name = dist.distributed_c10d._get_process_group_name(pg)
-    n = _CALLS[name] = _CALLS.get(name, 0) + 1
-    key = f"{_PREFIX}{hashlib.sha256(name.encode()).hexdigest()[:32]}/{n}"
+    ch = channel(pg, store)
+    n = _next(ch)  # numbered with the group's other exchanges, and dropped with them once every rank read it
+    key = _key(n)
     if rank == 0:
+        _keep(ch, n, [0])
         error = None
         try:
             _shardcast.fault_point("metadata", 0)  # tests only: rank 0 killed or frozen before it answers
@@ -61,8 +58,9 @@ def on_rank0(process_group, compute: Callable[[], Any], timeout_s: float, what: 
             error = _shardcast.InternalError(reply[2])
             error.__cause__ = e
         try:  # under a deadline, as every store call here
-            _through_store(channel(pg, store), lambda s: s.set(key, json.dumps(reply)), timeout_s,
-                           f"rank 0: {what}, told to the others")
+            parts = _through_store(ch, lambda s: _put(s, key, json.dumps(reply)), timeout_s,
+                                   f"rank 0: {what}, told to the others")
+            _keep(ch, n, [part[len(_key(n, "")):] for part in parts])
         except _shardcast.ShardcastError as lost:
             if error is not None:  # rank 0's own failure is the cause; the others hear of it by their timeout
                 raise error from lost
@@ -74,9 +72,9 @@ def on_rank0(process_group, compute: Callable[[], Any], timeout_s: float, what: 
 
     def fetch(s):
         s.wait([key], _left(deadline))
-        return json.loads(s.get(key))
+        return json.loads(_got(s, key))
 
-    reply = _through_store(channel(pg, store), fetch, timeout_s, f"rank {rank}: {what} from rank 0")
+    reply = _through_store(ch, fetch, timeout_s, f"rank {rank}: {what} from rank 0")
     if reply[0] == "ok":
         return reply[1]
     _raise(reply[1], reply[2])
