@@ -92,13 +92,18 @@ def conversion_rules(model):
     return []
 
 
-def _class_name(cls) -> str:
-    """The model's own class name: fully_shard makes a class "FSDP<name>" of it, whose base it is."""
+def _own_class(cls) -> type:
+    """The module's own class: fully_shard makes a class "FSDP<name>" of it, whose base it is."""
     if cls.__name__.startswith("FSDP"):
         base = next((c for c in cls.__mro__[1:] if c.__name__ == cls.__name__[len("FSDP"):]), None)
         if base is not None:
-            return base.__name__
-    return cls.__name__
+            return base
+    return cls
+
+
+def _class_name(cls) -> str:
+    """The module's own class name (_own_class's)."""
+    return _own_class(cls).__name__
 
 
 def _op_names(rule) -> List[str]:

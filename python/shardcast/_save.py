@@ -21,7 +21,7 @@ import torch
 from . import _shardcast
 from ._shardcast import InvalidArgument
 from ._log import logged
-from ._mapping import compositions, quantized_keys
+from ._mapping import _class_name, _own_class, compositions, quantized_keys
 from ._names import fqn, named_buffers, named_parameters, unwrapped
 from ._report import SaveReport
 
@@ -39,13 +39,11 @@ def _own_class_names(model):
     """transformers looks up class-keyed conversions (GPTNeoXForCausalLM's "lm_head." <- "embed_out.") by
     type(module).__name__, which fully_shard made "FSDP<name>": the saved checkpoint then kept the loaded
     name. Within this, each such module's class is its base again (the same object layout; restored after)."""
-    from ._mapping import _class_name
     changed = []
     for module in model.modules():
         cls = type(module)
-        if cls.__name__.startswith("FSDP") and _class_name(cls) != cls.__name__:
-            base = next(c for c in cls.__mro__[1:] if c.__name__ == _class_name(cls))
-            module.__class__ = base
+        if _own_class(cls) is not cls:
+            module.__class__ = _own_class(cls)
             changed.append((module, cls))
     try:
         yield
@@ -229,7 +227,7 @@ def config_texts(model, config, dtype) -> Tuple[str, str]:
             del cfg.quantization_config
         if name is not None:
             cfg.dtype = name
-        cfg.architectures = [type(unwrapped(model)).__name__.removeprefix("FSDP")]
+        cfg.architectures = [_class_name(type(unwrapped(model)))]
         config_text = _saved(cfg, "config.json")
     generation = ""
     gen = getattr(model, "generation_config", None)
