@@ -14,6 +14,7 @@
 #include <cstring>
 #include <thread>
 
+#include "runtime/comm/c10d_backend.h"
 #include "runtime/comm/c10d_communicator.h"
 #include "runtime/comm/store_channel.h"
 
@@ -95,7 +96,18 @@ class NcclCommunicator : public Communicator {
   // Verdicts are host values: staged through a device buffer kept for the communicator's life (grown
   // as needed, freed by its destructor on every path). The copies are on the communicator's stream, so
   // they are ordered with the all-reduce and waited for under the same deadline.
+  // Each is one of the agreement's collectives (Barrier's too): this rank goes on the store's list of those
+  // that came to it first, and rank 0's failure in it names the ranks that never came (c10d_backend.cc).
   void AllReduceSum(int64_t* values, uint64_t count) override {
+    const int times = ++counted_;
+    channel_->ReachLater(kCollectiveStep, rank_);
+    try {
+      AllReduceOnDevice(values, count);
+    } catch (const Error& e) {
+      throw WithAbsentFromCollective(*channel_, e, rank_, size_, times, "this all-reduce");
+    }
+  }
+  void AllReduceOnDevice(int64_t* values, uint64_t count) {
     const uint64_t bytes = count * sizeof(int64_t);
     int64_t* d = static_cast<int64_t*>(scratch_.Reserve(bytes, [&](cudaError_t rc) {
       Fail(ErrorKind::kIo, "all-reduce: cannot allocate " + std::to_string(bytes) + " bytes of device memory (cudaMalloc): " +
@@ -203,6 +215,7 @@ class NcclCommunicator : public Communicator {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   bool finished_ = false;
+  int counted_ = 0;  // all-reduces entered (AllReduceSum)
   DeviceScratch scratch_;  // freed after the destructor ended comm_ and stream_
 };
 
