@@ -76,7 +76,7 @@ def _bounded(fn) -> None:
 # own rendezvous keys, where a group was made, are gloo's names and stay.)
 _OPERATION_KEYS = ("group/decision", "group/who", "group/token", "group/differ", "group/arrived",
                    "shardcast/failure", "shardcast/failure_acks", "shardcast/reached/ready",
-                   "shardcast/reached/collectives")
+                   "shardcast/reached/collectives", "shardcast/reached/failing")
 
 
 def _drop(store, exchanges, n: int) -> None:

@@ -3,7 +3,9 @@
 #include <ATen/ops/from_blob.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <functional>
+#include <iterator>
 #include <thread>
 
 #include "allocators/error.h"
@@ -63,9 +65,11 @@ void C10dCommunicator::Run(const std::string& what, F&& op) {
 // A collective that times out says nothing of who is missing: a rank frozen between the stream and the
 // verdict left every survivor with "rank 0: all-reduce of 6 values: Operation timed out!". So each rank
 // appends itself to the store's list on the way into each agreement collective (queued on the channel's
-// worker, not awaited: no round trip on the collective's path), and rank 0, whose failure note every rank
-// raises, names the ranks whose entries fall short. The stream's broadcasts are not counted: one append per
-// message and rank would be the store's load at scale; a stream step's failure names its peer already.
+// worker, not awaited: no round trip on the collective's path), and a rank whose collective failed names the
+// ranks whose entries fall short, less those that came to the failure agreement (alive: they failed
+// elsewhere). Every rank words its own note so: the one that stands is rank 0's, or, where rank 0's came
+// late, the first other rank's. The stream's broadcasts are not counted: one append per message and rank
+// would be the store's load at scale; a stream step's failure names its peer already.
 template <typename F>
 void C10dCommunicator::RunCounted(const std::string& what, const char* which, F&& op) {
   const int times = ++counted_;
@@ -73,7 +77,7 @@ void C10dCommunicator::RunCounted(const std::string& what, const char* which, F&
   try {
     Run(what, std::forward<F>(op));
   } catch (const Error& e) {
-    throw WithAbsentFromCollective(channel_, e, rank_, size_, times, std::string("this ") + which);
+    throw WithAbsentFromCollective(channel_, e, size_, times, std::string("this ") + which);
   }
 }
 
@@ -229,13 +233,26 @@ void C10dCommunicator::Abort() {
 
 namespace {
 
-Error WithAbsent(StoreChannel& channel, const Error& e, int rank, int world_size, const char* step, int times,
-                 const std::string& what) {
-  if (rank != 0) return e;
+// The ranks short of `times` on `step`'s list, less (where `failing_alive`) those on kFailingStep's; nullopt
+// where the store cannot say.
+std::optional<std::vector<int>> Absent(StoreChannel& channel, int world_size, const char* step, int times,
+                                       bool failing_alive) {
   std::optional<std::vector<int>> missing = channel.NotReached(step, world_size, times);
+  if (!missing || missing->empty() || !failing_alive) return missing;
+  const std::optional<std::vector<int>> not_failing = channel.NotReached(kFailingStep, world_size);
+  if (!not_failing) return missing;
+  std::vector<int> absent;
+  std::set_intersection(missing->begin(), missing->end(), not_failing->begin(), not_failing->end(),
+                        std::back_inserter(absent));
+  return absent;
+}
+
+Error WithAbsent(StoreChannel& channel, const Error& e, int world_size, const char* step, int times,
+                 const std::string& what, bool failing_alive) {
+  std::optional<std::vector<int>> missing = Absent(channel, world_size, step, times, failing_alive);
   if (missing && !missing->empty()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
-    missing = channel.NotReached(step, world_size, times);
+    missing = Absent(channel, world_size, step, times, failing_alive);
   }
   if (!missing || missing->empty()) return e;
   return Error(e.kind(), "", std::string(e.what()) + " (" + RanksText(*missing) + " never came to " + what +
@@ -245,12 +262,13 @@ Error WithAbsent(StoreChannel& channel, const Error& e, int rank, int world_size
 }  // namespace
 
 Error WithAbsentFromGroup(StoreChannel& channel, const Error& e, int rank, int world_size) {
-  return WithAbsent(channel, e, rank, world_size, kArrivedStep, 1, "the group");
+  if (rank != 0) return e;
+  return WithAbsent(channel, e, world_size, kArrivedStep, 1, "the group", /*failing_alive=*/false);
 }
 
-Error WithAbsentFromCollective(StoreChannel& channel, const Error& e, int rank, int world_size, int times,
+Error WithAbsentFromCollective(StoreChannel& channel, const Error& e, int world_size, int times,
                                const std::string& what) {
-  return WithAbsent(channel, e, rank, world_size, kCollectiveStep, times, what);
+  return WithAbsent(channel, e, world_size, kCollectiveStep, times, what, /*failing_alive=*/true);
 }
 
 at::Tensor C10dCommunicator::Wrap(void* data, uint64_t bytes) {

@@ -37,14 +37,21 @@ inline constexpr const char* kArrivedStep = "ready";
 // live rank on it k times.
 inline constexpr const char* kCollectiveStep = "collectives";
 
+// The store's list of the ranks that came to the failure agreement to take the published note (FetchFailure):
+// alive, whatever they were doing when they failed.
+inline constexpr const char* kFailingStep = "failing";
+
 // `e` on rank 0, with the ranks not on kArrivedStep's list added where the store can say; `e` elsewhere. A peer
 // killed just before fails the others at once (its pairs close), maybe before a live peer appended itself: so
 // a list with ranks on it is read again a moment later.
 Error WithAbsentFromGroup(StoreChannel& channel, const Error& e, int rank, int world_size);
 
-// The same for the `times`-th agreement collective, `what` ("this all-reduce"): the ranks on kCollectiveStep's
-// list fewer than `times` times.
-Error WithAbsentFromCollective(StoreChannel& channel, const Error& e, int rank, int world_size, int times,
+// The same for the `times`-th agreement collective, `what` ("this all-reduce"), on every rank (the note that
+// stands may be any rank's, where rank 0's came late): the ranks on kCollectiveStep's list fewer than `times`
+// times, less those on kFailingStep's. A rank killed mid-stream fails rank 0 in the barrier after it, while
+// live ranks still stream: they never come to the barrier, but rank 0's abort fails them within
+// milliseconds, and they come to the failure agreement instead.
+Error WithAbsentFromCollective(StoreChannel& channel, const Error& e, int world_size, int times,
                                const std::string& what);
 
 class C10dCommunicator : public Communicator {
@@ -58,7 +65,10 @@ class C10dCommunicator : public Communicator {
   ~C10dCommunicator() override = default;
 
   std::optional<FailureNote> PublishFailure(const FailureNote& mine) override { return channel_.Publish(mine); }
-  std::optional<FailureNote> FetchFailure(std::chrono::milliseconds wait) override { return channel_.Fetch(wait); }
+  std::optional<FailureNote> FetchFailure(std::chrono::milliseconds wait) override {
+    channel_.ReachLater(kFailingStep, rank_);
+    return channel_.Fetch(wait);
+  }
   void AwaitFailureAcks(int n, std::chrono::milliseconds wait) override { channel_.AwaitAcks(n, wait); }
 
   // The Gloo group's identity between operations (KeepGlooGroup): its token, agreed by every rank, and

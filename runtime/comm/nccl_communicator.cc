@@ -104,7 +104,7 @@ class NcclCommunicator : public Communicator {
     try {
       AllReduceOnDevice(values, count);
     } catch (const Error& e) {
-      throw WithAbsentFromCollective(*channel_, e, rank_, size_, times, "this all-reduce");
+      throw WithAbsentFromCollective(*channel_, e, size_, times, "this all-reduce");
     }
   }
   void AllReduceOnDevice(int64_t* values, uint64_t count) {
@@ -128,7 +128,10 @@ class NcclCommunicator : public Communicator {
     finished_ = true;
   }
   std::optional<FailureNote> PublishFailure(const FailureNote& mine) override { return channel_->Publish(mine); }
-  std::optional<FailureNote> FetchFailure(std::chrono::milliseconds wait) override { return channel_->Fetch(wait); }
+  std::optional<FailureNote> FetchFailure(std::chrono::milliseconds wait) override {
+    channel_->ReachLater(kFailingStep, rank_);
+    return channel_->Fetch(wait);
+  }
   void AwaitFailureAcks(int n, std::chrono::milliseconds wait) override { channel_->AwaitAcks(n, wait); }
 
  private:

@@ -79,6 +79,16 @@ class FaultTest : public LoadTest, public ::testing::WithParamInterface<FaultCas
     // all-reduce of 6 values: Operation timed out!" with rank 1 frozen.
     EXPECT_TRUE(NamesRank(first->message, faulted)) << first->message;
   }
+  const size_t never = first->message.find(" never came to ");
+  if (never != std::string::npos && std::string(action) != "stop") {
+    // A killed rank's peers are all released at once (its connections close, then each failed rank's abort):
+    // a survivor that failed elsewhere came to the failure agreement, and is not named as never come.
+    const size_t open = first->message.rfind('(', never);
+    const std::string named = first->message.substr(open == std::string::npos ? 0 : open, never - open);
+    for (int r = 0; r < world; ++r) {
+      if (r != faulted) EXPECT_FALSE(NamesRank(named, r)) << "survivor " << r << " named: " << first->message;
+    }
+  }
   if (faulted != 0 && (std::string(point) == "group" || std::string(point) == "make")) {
     // A barrier's or a connect's failure alone names no one: the message names the rank that never came.
     EXPECT_NE(first->message.find(std::to_string(faulted) + " never came to the group"), std::string::npos)
