@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <map>
 #include <optional>
 #include <set>
 #include <unordered_map>
@@ -15,6 +16,25 @@ namespace shardcast {
 namespace {
 
 bool FromCheckpoint(Role r) { return r != Role::kNonPersistentBuffer; }
+
+// Of a composed key's parts (keys[i] found as parts[i]), the first whose shape is not the one most of them
+// have, as "; '<key>' is [8, 3] in the checkpoint (<file>) where the other 127 are [8, 4]"; else, where all
+// have one shape, that shape: the message then says what each part holds, and the model what it expects.
+std::string OddPart(const std::vector<std::string>& keys, const std::vector<const Checkpoint::Entry*>& parts) {
+  std::map<std::vector<uint64_t>, size_t> count;
+  for (const Checkpoint::Entry* p : parts) ++count[p->info->shape];
+  if (count.empty()) return "";
+  const auto most = std::max_element(count.begin(), count.end(),
+                                     [](const auto& a, const auto& b) { return a.second < b.second; });
+  if (count.size() == 1) return "; each part is " + ShapeText(most->first);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i]->info->shape == most->first) continue;
+    return "; '" + keys[i] + "' is " + ShapeText(parts[i]->info->shape) + " in the checkpoint (" + parts[i]->file->path() +
+           ") where " + std::to_string(most->second) + " of the " + std::to_string(parts.size()) + " parts are " +
+           ShapeText(most->first);
+  }
+  return "";
+}
 
 // Rank 0's side of the resolution: one plan entry at a time, by key.
 class Resolver {
@@ -33,9 +53,11 @@ class Resolver {
     me.layout = e.layout_index;
     if (auto c = mapping_.compose.find(e.key); c != mapping_.compose.end()) {
       uint64_t numel = 0;
+      std::vector<const Checkpoint::Entry*> parts;
       for (const std::string& ck : c->second) {
         const Checkpoint::Entry* found = ckpt_.Find(ck);
         if (found == nullptr) throw Missing(e.key, ck);
+        parts.push_back(found);
         me.parts.push_back(Part(e, me.key, ck, *found));
         KeepKeys(me.key, &me.parts.back());
         numel += me.parts.back().numel;  // the elements it supplies (an NVFP4 part: twice its bytes)
@@ -43,7 +65,8 @@ class Resolver {
       if (numel != Numel(e.shape)) {
         throw Error(ErrorKind::kManifestMismatch, "key '" + e.key + "'",
                     "its " + std::to_string(c->second.size()) + " checkpoint parts hold " + std::to_string(numel) +
-                        " elements but rank 0's plan has " + ShapeText(e.shape) + " = " + std::to_string(Numel(e.shape)));
+                        " elements but rank 0's plan has " + ShapeText(e.shape) + " = " +
+                        std::to_string(Numel(e.shape)) + OddPart(c->second, parts));
       }
       return me;
     }

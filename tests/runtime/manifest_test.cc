@@ -152,7 +152,14 @@ TEST_F(ManifestMapping, StripPrefixAndComposedEntries) {
                   "has no tensor 'model.embed_tokens.weight'");  // stripped: the checkpoint keeps the prefix
   m.compose["language_model.lm_head.weight"] = {"language_model.model.norm.weight"};
   EXPECT_SC_ERROR(Resolve(plan, *ckpt, m, StreamParams{}), ErrorKind::kManifestMismatch,
-                  "parts hold 8 elements", "[5, 8] = 40");
+                  "parts hold 8 elements", "[5, 8] = 40; each part is [8]");
+  // Regression (outside trial): of 128 fused experts, one saved [8, 3] where the others are [8, 4] was only
+  // "its 128 checkpoint parts hold 4088 elements": the user searched 128 tensors by hand. The odd one is named.
+  m.compose["language_model.lm_head.weight"] = {"language_model.model.embed_tokens.weight",
+                                                 "language_model.model.norm.weight",
+                                                 "language_model.model.embed_tokens.weight"};
+  EXPECT_SC_ERROR(Resolve(plan, *ckpt, m, StreamParams{}), ErrorKind::kManifestMismatch, "parts hold 88 elements",
+                  "'language_model.model.norm.weight' is [8] in the checkpoint (", "where 2 of the 3 parts are [5, 8]");
 }
 
 // The wire blobs of manifests over the test layouts (1-3 d meshes, strided shards, replicas) and one
