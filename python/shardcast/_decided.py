@@ -10,7 +10,8 @@ import json
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ._exchange import _absent, _came, _dropped, _first_line, _keep, _key, _late, _left, _next, _through_store
+from ._exchange import (_absent, _came, _dropped, _first_line, _keep, _key, _late, _left, _next, _put, _split,
+                        _through_store, _values)
 
 
 def decided(ch, rank: int, world: int, value: Any, decide: Callable[[List[Any]], Dict[str, Any]], timeout_s: float,
@@ -68,15 +69,17 @@ def decided(ch, rank: int, world: int, value: Any, decide: Callable[[List[Any]],
                                                           timeout_s])))
         return _through_store(ch, body, timeout_s, what)
 
+    mine, mine_parts = _split(_key(n, rank), json.dumps(value))
+
     def gather(store):  # rank 0
-        store.set(_key(n, 0), json.dumps(value))
+        _put(store, _key(n, 0), mine, mine_parts)
         _came(store, n, 0)
         keys = [_key(n, r) for r in range(world)]
         try:
             store.wait(keys, _left(deadline))
         except (TimeoutError, dist.DistStoreError):
             return None, "timeout"
-        return [json.loads(v) for v in store.multi_get(keys)], None
+        return _values(store, ch, n, 0, keys), None
 
     def tell(store, parts: Dict[str, str], outcome: str):  # rank 0
         if parts:
@@ -84,7 +87,7 @@ def decided(ch, rank: int, world: int, value: Any, decide: Callable[[List[Any]],
         return settle(store, outcome)  # after the parts: a rank that reads it finds its part there
 
     def wait(store):  # every other rank
-        store.set(_key(n, rank), json.dumps(value))
+        _put(store, _key(n, rank), mine, mine_parts)
         _came(store, n, rank)
         try:
             store.wait([told_key], _left(deadline))

@@ -81,33 +81,45 @@ def _key(n: int, rank: Union[int, str] = 0) -> str:
     return f"{_PREFIX}{n}/{rank}"
 
 
-# The store's server refuses a value over 8 MiB ("Invalid payload size") and resets the connection, which
-# reads as the store lost: rank 0's reading of 80,000 tensors' headers was 9.4 MB. A larger value than
-# _PART_BYTES goes in parts under "<key>/<i>", set before the key, which then holds "#<count>" (no JSON
-# value begins with "#"). Each part is its own request: a multi_set of them all would be one payload again.
+# The store's server refuses any one value over 8 MiB in a request ("Invalid payload size") and resets the
+# connection, which reads as the store lost (and breaks that client for the process): rank 0's reading of
+# 80,000 tensors' headers was 9.4 MB. A larger value than _PART_BYTES goes in parts under "<key>/<i>", set
+# before the key, which then holds "#<count>" (no JSON value begins with "#"). Replies have no such limit.
 _PART_BYTES = 4 << 20
 
 
-def _put(store, key: str, text: str) -> List[str]:
-    """Sets `key` to `text`, in parts where it is large (read back with _got); the part keys set (none for
-    a value in one key), which whoever drops `key` drops too."""
+def _split(key: str, text: str) -> Tuple[bytes, List[str]]:
+    """(text's bytes, the keys of its parts: none where it fits one value), for _put; a caller that drops
+    `key` keeps the parts' keys first, so that a _put that fails midway leaves none it does not know."""
     data = text.encode()
     if len(data) <= _PART_BYTES:
-        store.set(key, data)
-        return []
-    parts = [f"{key}/{i}" for i in range((len(data) + _PART_BYTES - 1) // _PART_BYTES)]
-    for i, part in enumerate(parts):
-        store.set(part, data[i * _PART_BYTES:(i + 1) * _PART_BYTES])
-    store.set(key, f"#{len(parts)}")
-    return parts
+        return data, []
+    return data, [f"{key}/{i}" for i in range((len(data) + _PART_BYTES - 1) // _PART_BYTES)]
+
+
+def _put(store, key: str, data: bytes, parts: List[str]) -> None:
+    """Sets `key` to data (_split's), in its parts where it has some: read back whole by _whole."""
+    if parts:
+        store.multi_set(parts, [data[i * _PART_BYTES:(i + 1) * _PART_BYTES] for i in range(len(parts))])
+        data = f"#{len(parts)}".encode()
+    store.set(key, data)
+
+
+def _whole(store, key: str, value: bytes) -> bytes:
+    """`value`, read from `key`, whole: its parts read where _put split it."""
+    if not value.startswith(b"#"):
+        return value
+    return b"".join(store.multi_get([f"{key}/{i}" for i in range(int(value[1:]))]))
 
 
 def _got(store, key: str) -> bytes:
     """What _put set under `key`, whole (the key is there: waited for)."""
-    value = store.get(key)
-    if not value.startswith(b"#"):
-        return value
-    return b"".join(store.get(f"{key}/{i}") for i in range(int(value[1:])))
+    return _whole(store, key, store.get(key))
+
+
+def _suffixes(n: int, parts: List[str]) -> List[str]:
+    """The parts' keys of exchange n as _key's suffixes, for _keep."""
+    return [part[len(_key(n, "")):] for part in parts]
 
 
 def _through_store(ch, body: Callable[[Any], Any], timeout_s: float, what: str,
@@ -259,8 +271,9 @@ def computed_on_rank0(ch, rank: int, world: int, compute: Callable[[], Any], tim
         except BaseException:
             _through_store(ch, lambda store: store.set(key, json.dumps(["failed", None])), timeout_s, what)
             raise
-        parts = _through_store(ch, lambda store: _put(store, key, json.dumps(["ok", value])), timeout_s, what)
-        _keep(ch, n, [part[len(_key(n, "")):] for part in parts])
+        data, parts = _split(key, json.dumps(["ok", value]))
+        _keep(ch, n, _suffixes(n, parts))
+        _through_store(ch, lambda store: _put(store, key, data, parts), timeout_s, what)
         return value
 
     deadline = time.monotonic() + timeout_s
@@ -304,15 +317,16 @@ def gathered(ch, rank: int, world: int, value: Any, timeout_s: float, what: str 
     def settle(store, outcome: list) -> list:
         return json.loads(store.compare_set(outcome_key, "", json.dumps(outcome)))
 
+    mine, parts = _split(keys[rank], json.dumps(value))
+
     def exchange(store):
-        store.set(_key(n, rank), json.dumps(value))
+        _put(store, keys[rank], mine, parts)
         _came(store, n, rank)
         try:
             store.wait(keys, _left(deadline))
         except (TimeoutError, dist.DistStoreError):
             return None  # this rank's deadline passed: settled below, in calls of their own
-        every = [json.loads(v) for v in store.multi_get(keys)]
-        return every, settle(store, ["ok"])
+        return _values(store, ch, n, rank, keys), settle(store, ["ok"])
 
     def timed_out(store):
         """The outcome some rank set first (with the values where it is "ok"), else this rank's own. It
@@ -325,7 +339,7 @@ def gathered(ch, rank: int, world: int, value: Any, timeout_s: float, what: str 
         else:
             settled = settle(store, ["timeout", absent or [], timeout_s])
         if settled[0] == "ok":
-            return [json.loads(v) for v in store.multi_get(keys)], settled
+            return _values(store, ch, n, rank, keys), settled
         if settled[1]:  # the ranks still waiting for the absent ones' values wake now and read the outcome
             store.multi_set([keys[r] for r in settled[1]], ["null"] * len(settled[1]))
         return None, settled
@@ -336,6 +350,17 @@ def gathered(ch, rank: int, world: int, value: Any, timeout_s: float, what: str 
         raise _late(what, settled[1], settled[2], ch)
     if rank == 0:  # every rank came: what they read before is theirs no longer
         _dropped(ch, n, timeout_s, what)
+    return every
+
+
+def _values(store, ch, n: int, rank: int, keys: List[str]) -> List[Any]:
+    """Every rank's value of exchange n (JSON), whole (a rank's over _PART_BYTES is in parts: rank 0 keeps
+    their keys, which it alone drops)."""
+    every = []
+    for key, value in zip(keys, store.multi_get(keys)):
+        if rank == 0 and value.startswith(b"#"):
+            _keep(ch, n, _suffixes(n, [f"{key}/{i}" for i in range(int(value[1:]))]))
+        every.append(json.loads(_whole(store, key, value)))
     return every
 
 

@@ -1,9 +1,12 @@
-"""One rank of test_dcp_store.py: `python dcp_store_worker.py MODE ROOT OUT` with torchrun's variables set.
+"""One rank of test_store.py: `python dcp_store_worker.py MODE ROOT OUT` with torchrun's variables set.
 
 MODE keys: six dcp.loads of ROOT/small (one tensor "w") through shardcast.dcp.HuggingFaceStorageReader over
 the default group; the default store's key count after each, taken on rank 0 while the others wait.
 MODE wide: one dcp.load of every tensor of ROOT/wide, whose headers rank 0 reads for every rank: more than
 the store takes in one value (8 MiB); each rank's tensors compared with the file's.
+MODE mapping: shardcast.load of every tensor of ROOT/wide through an explicit mapping, each rank a box of one
+element of each: the checkpoint's shapes, which rank 0 reads for every rank, and every rank's boxes, which
+every rank reads, are each more than one store value too.
 """
 import datetime
 import json
@@ -15,6 +18,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 
+import shardcast
 import shardcast.dcp
 
 
@@ -41,12 +45,21 @@ def wide(root):
     return {"tensors": len(sd), "differ": [k[:40] for k, v in sd.items() if not torch.equal(v, ref[k])][:5]}
 
 
+def mapping(root):
+    path = os.path.join(root, "wide", "model.safetensors")
+    ref = load_file(path)
+    rank = dist.get_rank()
+    local = {k: torch.empty(1) for k in ref}
+    shardcast.load({k: (t, (rank,)) for k, t in local.items()}, path, timeout=60)  # boxes, at their offsets
+    return {"tensors": len(local), "differ": [k[:40] for k, t in local.items() if not torch.equal(t, ref[k][rank:rank + 1])][:5]}
+
+
 def main():
     mode, root, out = sys.argv[1:4]
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     try:
-        result = {"keys": keys, "wide": wide}[mode](root)
+        result = {"keys": keys, "wide": wide, "mapping": mapping}[mode](root)
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -23,7 +23,7 @@ import time
 from typing import Any, Callable, Optional, Tuple
 
 from .. import _shardcast
-from .._exchange import _got, _keep, _key, _left, _next, _put, _through_store, channel
+from .._exchange import _got, _keep, _key, _left, _next, _put, _split, _suffixes, _through_store, channel
 from .._group import _group
 
 
@@ -58,9 +58,9 @@ def on_rank0(process_group, compute: Callable[[], Any], timeout_s: float, what: 
             error = _shardcast.InternalError(reply[2])
             error.__cause__ = e
         try:  # under a deadline, as every store call here
-            parts = _through_store(ch, lambda s: _put(s, key, json.dumps(reply)), timeout_s,
-                                   f"rank 0: {what}, told to the others")
-            _keep(ch, n, [part[len(_key(n, "")):] for part in parts])
+            data, parts = _split(key, json.dumps(reply))
+            _keep(ch, n, _suffixes(n, parts))
+            _through_store(ch, lambda s: _put(s, key, data, parts), timeout_s, f"rank 0: {what}, told to the others")
         except _shardcast.ShardcastError as lost:
             if error is not None:  # rank 0's own failure is the cause; the others hear of it by their timeout
                 raise error from lost
