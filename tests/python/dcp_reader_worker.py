@@ -45,6 +45,7 @@ MODE "block_size": an fp8 checkpoint quantized in 120 x 120 blocks with no confi
   block_size, which must be one error on every rank. MODE "scenarios": several modes in turn, in these
   processes (ranks.each_scenario).
 """
+import logging
 import os
 import sys
 import time
@@ -416,6 +417,9 @@ def run(mode, root, rank, world):
             start = time.monotonic()
             keys = checkpoint_keys(os.path.join(root, "llama"))
             sd = state_dict(keys, world)
+            logged = logging.getLogger("shardcast")  # what the reader logs before DCP's own gather raises
+            logged.addHandler(logging.Handler())
+            logged.handlers[-1].emit = lambda record: result.setdefault("logged", []).append(record.getMessage())
             try:
                 source = None if mode == "other_size" else "each-rank"
                 dcp.load(sd, storage_reader=sdcp.HuggingFaceStorageReader(path, source=source, timeout=20,

@@ -292,6 +292,11 @@ def test_rank_killed_mid_stream_ends_every_rank(root, tmp_path):
     assert results[1] is None
     for rank in (0, 2):  # shardcast's group, or DCP's own collective after it, reports the lost peer
         assert results[rank]["error"], results[rank]
+        # DCP's gather after the failed read raises Gloo's bare "Connection closed by peer" in place of the
+        # reader's agreed error: the reader logs that one first, naming the rank lost (outside trial: the
+        # writer's "rank 0 had committed <dir>" was seen nowhere).
+        logged = results[rank].get("logged", [])
+        assert any(line.startswith("dcp read_data: Comm") and "rank 1" in line for line in logged), results[rank]
 
 
 # -- per-rank files as hostile or unusual input, in this process (a world of one) ---------------------------

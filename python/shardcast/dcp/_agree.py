@@ -17,7 +17,9 @@ once was, such a rank waited for an answer under its own path until the timeout.
 """
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import sys
 import time
 from typing import Any, Callable, Optional, Tuple
@@ -78,6 +80,22 @@ def on_rank0(process_group, compute: Callable[[], Any], timeout_s: float, what: 
     if reply[0] == "ok":
         return reply[1]
     _raise(reply[1], reply[2])
+
+
+def logged(step):
+    """A DCP storage step (read_metadata, read_data, write_data) whose CommError or CommTimeout is also logged
+    (ERROR on the "shardcast" logger: stderr where logging is not set up) before it is raised. DCP catches a
+    step's exception on each rank and then gathers every rank's outcome over its own group; where a peer died,
+    that gather fails with Gloo's bare "Connection closed by peer", which DCP raises instead: shardcast's agreed
+    error (naming the rank lost and, for a save, whether the previous checkpoint stands) was seen nowhere."""
+    @functools.wraps(step)
+    def run(*args, **kwargs):
+        try:
+            return step(*args, **kwargs)
+        except (_shardcast.CommError, _shardcast.CommTimeout) as e:
+            logging.getLogger("shardcast").error("dcp %s: %s: %s", step.__name__, type(e).__name__, e)
+            raise
+    return run
 
 
 def alone(plans: list, process_group) -> bool:

@@ -44,7 +44,7 @@ from .._group import _group, _store_host, operation_store
 from .._layouts import _Layouts
 from .._load import _options
 from .._shardcast import InvalidArgument, ShardcastError
-from ._agree import alone as _alone, dcp_run, group_problem, on_rank0, run_group
+from ._agree import alone as _alone, dcp_run, group_problem, logged, on_rank0, run_group
 from ._hf_files import pieces_by_file
 
 try:
@@ -165,6 +165,7 @@ class HuggingFaceStorageReader(_TorchReader):
             raise InvalidArgument(problem)
         return result
 
+    @logged
     def read_metadata(self) -> Metadata:
         """The Metadata torch's reader builds (one whole-tensor chunk per key, the file's dtype and shape),
         from one reading of the checkpoint by rank 0. No keyword arguments, as torch's: DCP then does not
@@ -255,6 +256,7 @@ class HuggingFaceStorageReader(_TorchReader):
         return rounds
 
     # -- data ---------------------------------------------------------------------------------------------
+    @logged
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         pg, rank, world, store = _group(self._group_arg())
         if isinstance(plan.storage_data, dict) and plan.storage_data.get(_ALONE):

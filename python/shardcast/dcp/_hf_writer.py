@@ -47,7 +47,7 @@ from torch.futures import Future
 from .. import _shardcast
 from .._group import _group
 from .._shardcast import InvalidArgument, ShardcastError, Unsupported
-from ._agree import alone as _alone, dcp_run, group_problem, run_group
+from ._agree import alone as _alone, dcp_run, group_problem, logged, run_group
 from ._cover import cover_problem
 
 __all__ = ["HuggingFaceStorageWriter"]
@@ -188,6 +188,7 @@ class HuggingFaceStorageWriter(StorageWriter):
         layout = dataclasses.replace(layout, local=local)
         return [dataclasses.replace(p, storage_data=layout) for p in plans]
 
+    @logged
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
         if self._per_rank_files is not None:
             return self._per_rank_files.write_data(plan, planner)

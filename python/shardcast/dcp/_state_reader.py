@@ -16,6 +16,7 @@ from torch.distributed.checkpoint.storage import StorageReader as _TorchStorageR
 from torch.futures import Future
 
 from .._shardcast import CheckpointError, InvalidArgument
+from ._agree import logged
 from ._state_codec import (DEFAULT_BLOCK_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_METADATA_BYTES, METADATA_NAME,
                            StoredItem, _rank, decode_metadata)
 from ._state_files import _copy_box, _RankFile, open_regular
@@ -71,6 +72,7 @@ class StorageReader(_TorchStorageReader):
             self.path = os.fspath(checkpoint_id)
         self.load_id = uuid.uuid4().hex
 
+    @logged
     def read_metadata(self, *args: Any) -> Metadata:
         # No **kwargs: DCP then never falls back to rank-local metadata (read_metadata(rank=r), for a save
         # without collectives, which StorageWriter refuses), where a rank that fails its read raises alone
@@ -137,6 +139,7 @@ class StorageReader(_TorchStorageReader):
             reqs.sort(key=lambda r: r[1].offset)  # one sweep through each file
         return per_file
 
+    @logged
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         for name, reqs in self._by_file(plan).items():
             f = _RankFile(os.path.join(self.path, name), self.max_header_bytes, self.save_id)

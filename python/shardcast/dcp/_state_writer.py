@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from .._shardcast import CheckpointError, InternalError, InvalidArgument, IoError, Unsupported, fault_point
+from ._agree import logged
 from ._state_codec import (_CODE_OF, _FILE_RE, DEFAULT_BLOCK_BYTES, FORMAT, METADATA_NAME, StoredItem, _fsync_dir,
                            _name_of, _rank, chunk_key, encode_metadata)
 from ._state_files import _bins, _header_bytes, _write_all, _write_tensor
@@ -154,6 +155,7 @@ class StorageWriter(_TorchStorageWriter):
                 return raw, "torch.save"
             raise
 
+    @logged
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
         prefix, save_id = plan.storage_data
         self._written_save_id = save_id  # the coordinator's finish() names it in the metadata
